@@ -1,0 +1,179 @@
+"""How a call with ``mx.nd`` arrays reaches the forward.
+
+* ``direct``: not recording: run the forward on the caller's thread; no
+  operator machinery at all.
+* ``function``: recording: run the forward on the caller's thread, then
+  record one autograd node whose backward calls the gradient closures (the
+  mechanism of ``mx.autograd.Function``, with MXNet 1.9.1's ``req`` bug fixed:
+  its callback compares the integer req code with ``'add'`` and returns early
+  on ``null``, so ``grad_req='add'`` never accumulated).
+* ``custom``: ``mx.nd.Custom`` through the registered CustomOpProp: what
+  symbols and hybridized graphs use.
+
+:func:`forced_path` pins one path (tests prove them equivalent; benchmarks
+compare them).
+"""
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import itertools
+import threading
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+import mxnet as mx
+import numpy as np
+
+from mxnet.base import _LIB, MXCallbackList, NDArrayHandle, c_array, c_handle_array, check_call
+from mxnet.ndarray import NDArray
+
+from . import errors
+from . import params as _params
+
+if TYPE_CHECKING:
+    from .operator import CustomOperator
+
+PATHS = ("direct", "function", "custom")
+_forced = threading.local()
+
+
+@contextlib.contextmanager
+def forced_path(path: str | None) -> Iterator[None]:
+    """Within the block, send NDArray calls through ``path`` (``None``: automatic).
+
+    Example:
+        >>> from customop.dispatch import forced_path
+        >>> with forced_path('custom'):
+        ...     pass  # every op(x_nd) here goes through mx.nd.Custom
+    """
+    if path is not None and path not in PATHS:
+        raise ValueError(f"dispatch path must be one of {PATHS} or None, got {path!r}")
+    old = getattr(_forced, "path", None)
+    _forced.path = path
+    try:
+        yield
+    finally:
+        _forced.path = old
+
+
+def choose(recording: bool) -> str:
+    path = getattr(_forced, "path", None)
+    if path is not None:
+        return path
+    return "function" if recording else "direct"
+
+
+def to_ndarrays(op: CustomOperator, inputs: list[Any]) -> list[mx.nd.NDArray]:
+    ctx = next(a.context for a in inputs if isinstance(a, mx.nd.NDArray))
+    out = []
+    for name, a in zip(op.signature.inputs, inputs):
+        if isinstance(a, mx.nd.NDArray):
+            out.append(a)
+        elif isinstance(a, mx.sym.Symbol) or not isinstance(
+                a, np.ndarray | np.generic | bool | int | float):
+            raise op.error(TypeError, f"input {name!r} is a {type(a).__name__}; pass "
+                           "mx.nd.NDArray (or numpy arrays) like the other inputs")
+        else:
+            arr = np.asarray(a)
+            if isinstance(a, float):
+                arr = arr.astype(np.float32)  # MXNet's default dtype for Python floats
+            out.append(mx.nd.array(arr.reshape(arr.shape or (1,)), ctx=ctx, dtype=arr.dtype))
+    return out
+
+
+def call_ndarray(op: CustomOperator, inputs: list[Any], params: dict[str, Any]) -> Any:
+    nd_inputs = to_ndarrays(op, inputs)
+    path = choose(mx.autograd.is_recording())
+    if path == "direct":
+        outs = call_direct(op, nd_inputs, params)
+    elif path == "function":
+        outs = call_function(op, nd_inputs, params)
+    else:
+        outs = call_custom(op, nd_inputs, params)
+    return outs[0] if op.num_outputs == 1 else tuple(outs)
+
+
+def call_direct(op: CustomOperator, nd_inputs: list[mx.nd.NDArray],
+                params: dict[str, Any]) -> list[mx.nd.NDArray]:
+    mode = op.mode_impl
+    ctx = nd_inputs[0].context
+    with mx.autograd.pause():
+        outs = op.run_forward([mode.from_nd(a) for a in nd_inputs], params)
+        return [_fresh(mode.to_nd(o, ctx), nd_inputs) for o in outs]
+
+
+_REQ = ("null", "write", "inplace", "add")
+_bwd_functype = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                                 ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_int),
+                                 ctypes.c_int, ctypes.c_void_p)
+_del_functype = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)
+_alive: dict[int, Any] = {}  # callbacks MXNet still holds, by node
+_counter = itertools.count()
+
+
+def call_function(op: CustomOperator, nd_inputs: list[mx.nd.NDArray],
+                  params: dict[str, Any]) -> list[mx.nd.NDArray]:
+    mode = op.mode_impl
+    ctx = nd_inputs[0].context
+    with mx.autograd.pause():
+        args = [mode.from_nd(a) for a in nd_inputs]
+        outs = op.run_forward(args, params)
+        nd_outs = [_fresh(mode.to_nd(o, ctx), nd_inputs) for o in outs]
+
+    def backward(num_ograds, num_igrads, ptrs, reqs, is_train, _):
+        try:
+            reqs = [_REQ[reqs[i]] for i in range(num_igrads)]
+            igrads = [NDArray(ctypes.cast(ptrs[num_ograds + i], NDArrayHandle), writable=True)
+                      for i in range(num_igrads)]
+            g = None
+            if op.need_top_grad:
+                g = [mode.from_nd(NDArray(ctypes.cast(ptrs[i], NDArrayHandle), writable=False))
+                     for i in range(num_ograds)]
+                g = [v.reshape(o.shape) if op.mode == "numpy" else v for v, o in zip(g, outs)]
+            grads = op.run_backward(args, outs, g, params, [r != "null" for r in reqs])
+            for dst, req, grad in zip(igrads, reqs, grads):
+                if grad is not None:
+                    mode.assign(dst, req, grad)
+                elif req in ("write", "inplace"):
+                    dst[:] = 0
+        except Exception as exc:
+            errors.stash(errors.named(exc, op.op_type, "backward"))
+            return False
+        return True
+
+    key = next(_counter)
+
+    def delete(_):
+        _alive.pop(key, None)
+        return True
+
+    callbacks = [ctypes.cast(_bwd_functype(backward), ctypes.CFUNCTYPE(ctypes.c_int)),
+                 ctypes.cast(_del_functype(delete), ctypes.CFUNCTYPE(ctypes.c_int))]
+    context = MXCallbackList(
+        ctypes.c_int(len(callbacks)),
+        ctypes.cast(c_array(ctypes.CFUNCTYPE(ctypes.c_int), callbacks),
+                    ctypes.POINTER(ctypes.CFUNCTYPE(ctypes.c_int))),
+        ctypes.cast(c_array(ctypes.c_void_p, [None] * len(callbacks)),
+                    ctypes.POINTER(ctypes.c_void_p)))
+    _alive[key] = (context, callbacks, backward, delete)
+    check_call(_LIB.MXCustomFunctionRecord(
+        ctypes.c_int(len(nd_inputs)), c_handle_array(nd_inputs),
+        ctypes.c_int(len(nd_outs)), c_handle_array(nd_outs), ctypes.byref(context)))
+    return nd_outs
+
+
+def call_custom(op: CustomOperator, nd_inputs: list[mx.nd.NDArray],
+                params: dict[str, Any]) -> list[mx.nd.NDArray]:
+    attrs = {k: _params.encode(v) for k, v in params.items()}
+    outs = mx.nd.Custom(*nd_inputs, op_type=op.op_type, **attrs)
+    outs = [outs] if isinstance(outs, mx.nd.NDArray) else list(outs)
+    for o in outs:  # surface a forward error here, with its real type
+        o.wait_to_read()
+    return outs
+
+
+def _fresh(out: mx.nd.NDArray, inputs: list[mx.nd.NDArray]) -> mx.nd.NDArray:
+    # A forward that returns an input unchanged must not hand back the input itself.
+    handle = out.handle.value
+    return out.copy() if any(a.handle.value == handle for a in inputs) else out

@@ -1,0 +1,128 @@
+"""Output shapes and dtypes, found by running the forward once per input signature.
+
+A signature is (parameters, input shapes, input dtypes).  Real calls record
+theirs for free; MXNet's shape and type passes (symbols, Module, hybridized
+blocks) run the forward on placeholder inputs (ones, integer zeros) once and
+reuse the answer.  ``infer_shape=``/``infer_type=`` on the decorator replace
+this for forwards that cannot run on placeholders.
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from .operator import CustomOperator
+
+Shape = tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class OutputMeta:
+    """What MXNet must know about one output: legacy shape, dtype, and 0-d-ness."""
+
+    shape: Shape
+    dtype: np.dtype
+    scalar: bool
+
+    @classmethod
+    def of(cls, shape: Shape, dtype: Any) -> OutputMeta:
+        shape = tuple(int(d) for d in shape)
+        # Legacy MXNet shapes: () means "unknown", so a 0-d result is declared (1,).
+        return cls(shape or (1,), np.dtype(dtype), shape == ())
+
+
+def known(shape: Shape | None) -> bool:
+    return bool(shape) and all(d > 0 for d in shape)
+
+
+class Inference:
+    """Per-operator caches of output metadata."""
+
+    def __init__(self, op: CustomOperator):
+        self.op = op
+        self.by_signature: dict[tuple, tuple[OutputMeta, ...]] = {}
+        self.by_shapes: dict[tuple, tuple[OutputMeta, ...]] = {}
+
+    def record(self, pkey: str, shapes: tuple[Shape, ...], dtypes: tuple[np.dtype, ...],
+               metas: tuple[OutputMeta, ...]) -> None:
+        self.by_signature[(pkey, shapes, dtypes)] = metas
+        self.by_shapes.setdefault((pkey, shapes), metas)
+
+    def outputs(self, pkey: str, params: dict[str, Any], shapes: tuple[Shape, ...],
+                dtypes: tuple[np.dtype, ...] | None) -> tuple[OutputMeta, ...]:
+        """Output metadata for inputs of these shapes (and dtypes, when known)."""
+        if dtypes is not None and (pkey, shapes, dtypes) in self.by_signature:
+            return self.by_signature[(pkey, shapes, dtypes)]
+        if dtypes is None and (pkey, shapes) in self.by_shapes:
+            return self.by_shapes[(pkey, shapes)]
+        op = self.op
+        if op.user_infer_shape is not None:
+            metas = self._from_user(params, shapes, dtypes)
+        elif dtypes is not None:
+            metas = self._run(params, shapes, dtypes)
+        else:
+            metas = self._guess_dtypes(params, shapes)
+            dtypes = None
+        if dtypes is not None:
+            self.record(pkey, shapes, dtypes, metas)
+        else:
+            self.by_shapes[(pkey, shapes)] = metas
+        return metas
+
+    def _run(self, params, shapes, dtypes) -> tuple[OutputMeta, ...]:
+        mode = self.op.mode_impl
+        args = [mode.placeholder(s, d) for s, d in zip(shapes, dtypes)]
+        with np.errstate(all="ignore"):
+            outs = self.op.run_forward(args, params, where="shape inference on placeholder inputs")
+        metas = [OutputMeta.of(mode.shape(o), mode.dtype(o)) for o in outs]
+        if self.op.user_infer_type is not None:
+            out_dtypes = self.dtypes_only(params, dtypes)
+            metas = [OutputMeta.of(() if m.scalar else m.shape, d) for m, d in zip(metas, out_dtypes)]
+        return tuple(metas)
+
+    def _guess_dtypes(self, params, shapes) -> tuple[OutputMeta, ...]:
+        # MXNet's shape pass does not tell dtypes: try float32, then int32 for
+        # each subset of inputs (labels), smallest subsets first.
+        n = len(shapes)
+        first_error = None
+        for k in range(n + 1):
+            for ints in itertools.combinations(range(n), k):
+                dtypes = tuple(np.dtype(np.int32 if i in ints else np.float32) for i in range(n))
+                try:
+                    return self._run(params, shapes, dtypes)
+                except Exception as exc:  # noqa: BLE001 - any failure means "try the next guess"
+                    first_error = first_error or exc
+            if k >= 2:
+                break
+        first_error.add_note(
+            f"customop {self.op.op_type!r} runs its forward on placeholder inputs (ones; integer "
+            "zeros) to infer output shapes; if it cannot, pass infer_shape= (and infer_type=) "
+            "to @customop")
+        raise first_error
+
+    def _from_user(self, params, shapes, dtypes) -> tuple[OutputMeta, ...]:
+        op = self.op
+        out_shapes = op.user_infer_shape(*[tuple(s) for s in shapes], **params)
+        if op.num_outputs == 1 or isinstance(out_shapes, tuple) and all(
+                isinstance(d, int | np.integer) for d in out_shapes):
+            out_shapes = [out_shapes]
+        out_shapes = list(out_shapes)
+        out_dtypes = self.dtypes_only(params, dtypes or tuple(np.dtype(np.float32) for _ in shapes))
+        if len(out_shapes) != op.num_outputs:
+            raise op.error(ValueError, f"infer_shape returned {len(out_shapes)} shapes for "
+                           f"{op.num_outputs} output(s)")
+        return tuple(OutputMeta.of(s, d) for s, d in zip(out_shapes, out_dtypes))
+
+    def dtypes_only(self, params, dtypes: tuple[np.dtype, ...]) -> list[np.dtype]:
+        """Output dtypes when shapes are unknown: infer_type=, else the first float input's."""
+        op = self.op
+        if op.user_infer_type is not None:
+            out = op.user_infer_type(*dtypes, **params)
+            out = list(out) if isinstance(out, list | tuple) else [out]
+            return [np.dtype(d) for d in out]
+        floats = [d for d in dtypes if np.issubdtype(d, np.floating)]
+        return [floats[0] if floats else np.dtype(np.float32)] * op.num_outputs

@@ -1,0 +1,126 @@
+"""The registered ``CustomOpProp``/``CustomOp`` pair behind every operator.
+
+This is the path MXNet itself drives: ``mx.sym`` graphs, Module,
+``simple_bind``, hybridized blocks, exported models and ``mx.nd.Custom``.
+One prop class is registered per ``op_type``; it looks the operator up at
+creation time, so redefining a function (a notebook cell re-run) takes effect.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import mxnet as mx
+import numpy as np
+
+from . import errors
+from . import params as _params
+from .inference import known
+from mxnet.ndarray.ndarray import _DTYPE_MX_TO_NP
+
+if TYPE_CHECKING:
+    from .operator import CustomOperator
+
+_decoded: dict[tuple, dict[str, Any]] = {}
+
+
+def _decode_cached(kwargs: dict[str, str]) -> dict[str, Any]:
+    key = tuple(sorted(kwargs.items()))
+    params = _decoded.get(key)
+    if params is None:
+        params = _decoded[key] = _params.decode_attrs(kwargs)
+    return dict(params)
+
+
+def register(op_type: str, registry: dict[str, CustomOperator]) -> None:
+    """Register the CustomOpProp for ``op_type`` (once per process)."""
+
+    class Prop(mx.operator.CustomOpProp):
+        def __init__(self, **kwargs: str):
+            self.op = op = registry[op_type]
+            super().__init__(need_top_grad=op.need_top_grad)
+            self.params = _decode_cached(kwargs)
+            try:
+                op.signature.check_params(self.params)
+            except Exception as exc:
+                errors.stash(errors.mark(exc))
+                raise
+            self.pkey = op.param_key(self.params)
+            self.shapes: tuple | None = None
+
+        def list_arguments(self) -> list[str]:
+            return list(self.op.signature.inputs)
+
+        def list_outputs(self) -> list[str]:
+            return self.op.output_names
+
+        def infer_shape(self, in_shape):
+            shapes = tuple(tuple(int(d) for d in s) for s in in_shape)
+            if not all(known(s) for s in shapes):
+                return in_shape, [()] * self.op.num_outputs, []
+            self.shapes = shapes
+            metas = self._guarded(self.op.inference.outputs, self.pkey, self.params, shapes, None)
+            return in_shape, [m.shape for m in metas], []
+
+        def infer_type(self, in_type):
+            dtypes = tuple(np.dtype(t if t is not None else np.float32) for t in in_type)
+            if self.shapes is None:
+                out = self._guarded(self.op.inference.dtypes_only, self.params, dtypes)
+            else:
+                metas = self._guarded(self.op.inference.outputs, self.pkey, self.params,
+                                      self.shapes, dtypes)
+                out = [m.dtype for m in metas]
+            return [d.type for d in dtypes], [np.dtype(d).type for d in out], []
+
+        def create_operator(self, ctx, shapes, dtypes):
+            n = len(self.op.signature.inputs)  # MXNet also passes the output shapes
+            shapes = tuple(tuple(int(d) for d in s) for s in shapes[:n])
+            dtypes = tuple(np.dtype(_DTYPE_MX_TO_NP[t]) for t in dtypes[:n])
+            metas = self._guarded(self.op.inference.outputs, self.pkey, self.params,
+                                  shapes, dtypes)
+            return _Op(self.op, self.params, [m.scalar for m in metas])
+
+        def _guarded(self, fn, *args):
+            try:
+                return fn(*args)
+            except Exception as exc:
+                errors.stash(errors.named(exc, self.op.op_type, "shape/type inference"))
+                raise
+
+    mx.operator.register(op_type)(Prop)
+
+
+class _Op(mx.operator.CustomOp):
+    def __init__(self, op: CustomOperator, params: dict[str, Any], scalar: list[bool]):
+        super().__init__()
+        self.op, self.params, self.scalar = op, params, scalar
+
+    def forward(self, is_train, req, in_data, out_data, aux):
+        op, mode = self.op, self.op.mode_impl
+        try:
+            outs = op.run_forward([mode.from_nd(a) for a in in_data], self.params)
+            for dst, r, value in zip(out_data, req, outs):
+                mode.assign(dst, r, value)
+        except Exception as exc:
+            errors.stash(errors.named(exc, op.op_type, "forward"))
+            raise
+
+    def backward(self, req, out_grad, in_data, out_data, in_grad, aux):
+        op, mode = self.op, self.op.mode_impl
+        try:
+            args = [mode.from_nd(a) for a in in_data]
+            outs = [mode.as_scalar_view(v) if s else v
+                    for v, s in zip((mode.from_nd(o) for o in out_data), self.scalar)]
+            grads_in = None
+            if op.need_top_grad:
+                grads_in = [mode.as_scalar_view(v) if s else v
+                            for v, s in zip((mode.from_nd(o) for o in out_grad), self.scalar)]
+            wanted = [r != "null" for r in req]
+            grads = op.run_backward(args, outs, grads_in, self.params, wanted)
+            for dst, r, grad in zip(in_grad, req, grads):
+                if grad is not None:
+                    mode.assign(dst, r, grad)
+                elif r in ("write", "inplace"):
+                    dst[:] = 0
+        except Exception as exc:
+            errors.stash(errors.named(exc, op.op_type, "backward"))
+            raise
