@@ -24,7 +24,6 @@ from typing import TYPE_CHECKING, Any
 
 import mxnet as mx
 import numpy as np
-
 from mxnet.base import _LIB, MXCallbackList, NDArrayHandle, c_array, c_handle_array, check_call
 from mxnet.ndarray import NDArray
 

@@ -81,7 +81,8 @@ class Inference:
         metas = [OutputMeta.of(mode.shape(o), mode.dtype(o)) for o in outs]
         if self.op.user_infer_type is not None:
             out_dtypes = self.dtypes_only(params, dtypes)
-            metas = [OutputMeta.of(() if m.scalar else m.shape, d) for m, d in zip(metas, out_dtypes)]
+            metas = [OutputMeta.of(() if m.scalar else m.shape, d)
+                     for m, d in zip(metas, out_dtypes)]
         return tuple(metas)
 
     def _guess_dtypes(self, params, shapes) -> tuple[OutputMeta, ...]:

@@ -11,11 +11,11 @@ from typing import TYPE_CHECKING, Any
 
 import mxnet as mx
 import numpy as np
+from mxnet.ndarray.ndarray import _DTYPE_MX_TO_NP
 
 from . import errors
 from . import params as _params
 from .inference import known
-from mxnet.ndarray.ndarray import _DTYPE_MX_TO_NP
 
 if TYPE_CHECKING:
     from .operator import CustomOperator
