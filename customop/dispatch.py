@@ -83,8 +83,9 @@ def to_ndarrays(op: CustomOperator, inputs: list[Any]) -> list[mx.nd.NDArray]:
 
 def call_ndarray(op: CustomOperator, inputs: list[Any], params: dict[str, Any]) -> Any:
     nd_inputs = to_ndarrays(op, inputs)
-    path = choose(mx.autograd.is_recording())
-    if path == "direct":
+    recording = mx.autograd.is_recording()
+    path = choose(recording)
+    if path == "direct" or path == "function" and not recording:
         outs = call_direct(op, nd_inputs, params)
     elif path == "function":
         outs = call_function(op, nd_inputs, params)

@@ -1,11 +1,17 @@
-"""The one place that decides where an input's gradient comes from.
+"""The one place that decides where each input's gradient comes from.
 
-Order: a ``def_grad`` closure; else an automatic gradient (when the operator
-allows it); else zero (``None``).
+Order, per input: integer inputs get zero; a ``def_grad`` closure wins; else,
+when the operator allows it (``auto_grad=True``), an automatic gradient: HIPS
+``autograd`` (``make_vjp``) over the forward in ``'numpy'`` mode, ``mx.autograd``
+recording the forward again in ``'mxnet'`` mode; else zero (``None``).
 """
 from __future__ import annotations
 
+import warnings
 from typing import TYPE_CHECKING, Any
+
+import mxnet as mx
+import numpy as np
 
 from . import errors
 
@@ -13,15 +19,95 @@ if TYPE_CHECKING:
     from .operator import CustomOperator
 
 
-def compute(op: CustomOperator, argnum: int, ans: Any, args: list[Any], g: Any,
-            params: dict[str, Any]) -> Any | None:
-    """Gradient of input ``argnum`` for upstream gradient ``g``, or ``None`` for zero."""
-    maker = op.grads.get(argnum)
-    if maker is None:
-        return None
-    name = op.signature.inputs[argnum]
+def compute_all(op: CustomOperator, ans: Any, args: list[Any], g: Any,
+                params: dict[str, Any], wanted: list[bool]) -> list[Any | None]:
+    """Gradients for every input (``None`` means zero) given upstream gradient ``g``."""
+    grads: list[Any | None] = [None] * len(args)
+    auto = []
+    for i, (arg, want) in enumerate(zip(args, wanted)):
+        if not want or not np.issubdtype(op.mode_impl.dtype(arg), np.floating):
+            continue
+        if i in op.grads:
+            grads[i] = _from_closure(op, i, ans, args, g, params)
+        elif op.auto_grad:
+            auto.append(i)
+    if auto:
+        found = (_numpy_vjp if op.mode == "numpy" else _mxnet_vjp)(op, auto, ans, args, g, params)
+        for i, grad in zip(auto, found):
+            grads[i] = grad
+    return grads
+
+
+def _from_closure(op, i, ans, args, g, params):
+    name = op.signature.inputs[i]
     try:
-        closure = maker(ans, *args, **params)
-        return closure(g)
+        return op.grads[i](ans, *args, **params)(g)
     except Exception as exc:
         raise errors.named(exc, op.op_type, f"gradient for input {name!r}") from None
+
+
+def _untraceable(op, argnums, how: str, cause: BaseException | str) -> BaseException:
+    names = ", ".join(repr(op.signature.inputs[i]) for i in argnums)
+    return op.error(TypeError, f"cannot compute an automatic gradient for input(s) {names}: "
+                    f"{cause}. {how} or register a gradient with def_grad.")
+
+
+_NUMPY_HOW = ("Write the forward with `import autograd.numpy as np` "
+              "(HIPS autograd traces only its wrapped functions)")
+
+
+def _numpy_vjp(op, argnums, ans, args, g, params):
+    import autograd  # imported here: only 'numpy'-mode ops without def_grad need it
+    import autograd.builtins
+
+    def traced(*xs):
+        full = list(args)
+        for i, x in zip(argnums, xs):
+            full[i] = x
+        out = op.fn(*full, **params)
+        # A plain tuple of boxes is invisible to the tracer; autograd's own tuple is not.
+        return autograd.builtins.tuple(out) if isinstance(out, tuple | list) else out
+
+    heads = _ones_like_outputs(ans) if g is None else g
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", UserWarning)  # "Output seems independent of input"
+            vjp, _ = autograd.make_vjp(traced, tuple(range(len(argnums))))(
+                *[args[i] for i in argnums])
+            found = vjp(heads)
+    except UserWarning as w:
+        raise _untraceable(op, argnums, _NUMPY_HOW, f"the output does not depend on them "
+                           f"through autograd.numpy ({w})") from None
+    except Exception as exc:
+        if getattr(exc, "_customop_named", False):
+            raise
+        raise _untraceable(op, argnums, _NUMPY_HOW, f"{type(exc).__name__}: {exc}") from exc
+    return [np.asarray(x) for x in found]
+
+
+def _mxnet_vjp(op, argnums, ans, args, g, params):
+    xs = [args[i].copy() for i in argnums]
+    for x in xs:
+        x.attach_grad()
+    full = list(args)
+    for i, x in zip(argnums, xs):
+        full[i] = x
+    how = "Write the forward with differentiable mx.nd operators (no asnumpy)"
+    try:
+        with mx.autograd.record():
+            outs = op.fn(*full, **params)
+        outs = list(outs) if isinstance(outs, tuple | list) else [outs]
+        heads = [mx.nd.ones_like(o) for o in outs] if g is None else (
+            list(g) if isinstance(g, tuple | list) else [g])
+        mx.autograd.backward(outs, head_grads=heads)
+        return [x.grad for x in xs]
+    except mx.base.MXNetError as exc:
+        raise _untraceable(op, argnums, how, str(exc).strip().splitlines()[-1]) from exc
+    except Exception as exc:
+        raise errors.named(exc, op.op_type, "automatic gradient") from None
+
+
+def _ones_like_outputs(ans):
+    if isinstance(ans, tuple):
+        return tuple(np.ones_like(a) for a in ans)
+    return np.ones_like(ans)

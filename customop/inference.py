@@ -9,15 +9,18 @@ this for forwards that cannot run on placeholders.
 from __future__ import annotations
 
 import itertools
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import mxnet as mx
 import numpy as np
 
 if TYPE_CHECKING:
     from .operator import CustomOperator
 
 Shape = tuple[int, ...]
+_placeholder_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="customop-infer")
 
 
 @dataclass(frozen=True)
@@ -74,9 +77,16 @@ class Inference:
         return metas
 
     def _run(self, params, shapes, dtypes) -> tuple[OutputMeta, ...]:
+        if self.op.mode == "mxnet":
+            # MXNet asks for shapes from inside an imperative call; NDArray ops issued on
+            # that thread (while it records) corrupt its state, so run them on our own thread.
+            return _placeholder_thread.submit(self._run_here, params, shapes, dtypes).result()
+        return self._run_here(params, shapes, dtypes)
+
+    def _run_here(self, params, shapes, dtypes) -> tuple[OutputMeta, ...]:
         mode = self.op.mode_impl
         args = [mode.placeholder(s, d) for s, d in zip(shapes, dtypes)]
-        with np.errstate(all="ignore"):
+        with np.errstate(all="ignore"), mx.autograd.pause():
             outs = self.op.run_forward(args, params, where="shape inference on placeholder inputs")
         metas = [OutputMeta.of(mode.shape(o), mode.dtype(o)) for o in outs]
         if self.op.user_infer_type is not None:

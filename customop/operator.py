@@ -123,19 +123,14 @@ class CustomOperator:
 
     def run_backward(self, args: list[Any], outs: list[Any], out_grads: list[Any] | None,
                      params: dict[str, Any], wanted: list[bool]) -> list[Any | None]:
-        """Gradients for each input (``None`` means zero) from the registered closures."""
+        """Gradients for each input (``None`` means zero); see :mod:`customop.gradients`."""
         ans = outs[0] if self.num_outputs == 1 else tuple(outs)
         g = None
         if self.need_top_grad and out_grads is not None:
             g = out_grads[0] if self.num_outputs == 1 else tuple(out_grads)
-        grads: list[Any | None] = []
-        for i, (arg, want) in enumerate(zip(args, wanted)):
-            if not want or not _is_float(self.mode_impl.dtype(arg)):
-                grads.append(None)
-                continue
-            grad = gradients.compute(self, i, ans, args, g, params)
-            grads.append(None if grad is None else self._check_grad(i, arg, grad))
-        return grads
+        grads = gradients.compute_all(self, ans, args, g, params, wanted)
+        return [None if grad is None else self._check_grad(i, arg, grad)
+                for i, (arg, grad) in enumerate(zip(args, grads))]
 
     # ---- validation ---------------------------------------------------------------------
     def _check_outputs(self, result: Any) -> list[Any]:
@@ -199,10 +194,6 @@ class CustomOperator:
         args = [self.mode_impl.from_numpy(np.asarray(a)) for a in inputs]
         outs = [self.mode_impl.to_numpy(o) for o in self.run_forward(args, params)]
         return outs[0] if self.num_outputs == 1 else tuple(outs)
-
-
-def _is_float(dtype: np.dtype) -> bool:
-    return np.issubdtype(dtype, np.floating)
 
 
 def _count_returns(fn: Callable) -> int:
