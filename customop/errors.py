@@ -16,7 +16,7 @@ import mxnet as mx
 
 _pending: deque[BaseException] = deque(maxlen=16)
 _lock = threading.Lock()
-_CALLBACK_FAILURES = ("callbacks[kCustomOp", "callbacks[kCustomFunction", "CustomFunctionBwdFunc")
+_CALLBACK_FAILURES = ("params.info->callbacks[", "callbacks[kCustom", "CustomFunctionBwdFunc")
 
 
 def named(exc: BaseException, op: str, where: str) -> BaseException:

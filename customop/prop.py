@@ -39,15 +39,20 @@ def register(op_type: str, registry: dict[str, CustomOperator]) -> None:
             self.op = op = registry[op_type]
             super().__init__(need_top_grad=op.need_top_grad)
             self.params = _decode_cached(kwargs)
+            # MXNet does not guard the prop's constructor (an exception there crashes the
+            # process), so a bad parameter is reported from list_arguments, which it guards.
+            self.bad_params: BaseException | None = None
             try:
                 op.signature.check_params(self.params)
             except Exception as exc:
-                errors.stash(errors.mark(exc))
-                raise
+                self.bad_params = errors.mark(exc)
             self.pkey = op.param_key(self.params)
             self.shapes: tuple | None = None
 
         def list_arguments(self) -> list[str]:
+            if self.bad_params is not None:
+                errors.stash(self.bad_params)
+                raise self.bad_params
             return list(self.op.signature.inputs)
 
         def list_outputs(self) -> list[str]:

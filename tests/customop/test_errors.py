@@ -1,0 +1,166 @@
+"""Item 8: errors keep their type, name the operator and argument, and leave MXNet usable."""
+import mxnet as mx
+import numpy as np
+import pytest
+
+from customop import customop
+from customop.dispatch import forced_path
+from tests.customop import opdefs, paths
+
+NAME = r"customop 'tests\.customop\.test_errors\."
+
+
+class LabelError(Exception):
+    """A user's own exception type."""
+
+
+@customop("numpy")
+def explodes(x, when="forward"):
+    if when == "forward":
+        raise LabelError(f"label {int(x.size)} out of range")
+    return x * 2
+
+
+explodes.def_grad(lambda ans, x, when="forward": lambda g: (_ for _ in ()).throw(
+    KeyError("grad blew up")) if when == "grad" else g * 2)
+
+
+@customop("numpy")
+def wrong_grad_shape(x):
+    return x * 2
+
+
+wrong_grad_shape.def_grad(lambda ans, x: lambda g: np.ones((7,)))
+
+
+@customop("numpy")
+def returns_text(x):
+    return "not an array"
+
+
+@customop("numpy", num_outputs=2)
+def returns_one_of_two(x):
+    return x
+
+
+def assert_usable():
+    """The process (and the ops) work normally after the error."""
+    out, (g,) = paths.run(opdefs.square_np, [np.array([1.0, 2.0], np.float32)])
+    np.testing.assert_array_equal(g, [2.0, 4.0])
+
+
+def run_forward(op, how, *args, **params):
+    xs = [mx.nd.array(a) for a in args]
+    if how == "symbol":
+        syms = [mx.sym.var(n) for n in op.signature.inputs]
+        out = op(*syms, **params)
+        out = mx.sym.Group(list(out)) if isinstance(out, tuple) else out
+        ex = out.bind(mx.cpu(), dict(zip(op.signature.inputs, xs)))
+        return ex.forward()[0].asnumpy()
+    with forced_path(how), mx.autograd.record(how != "direct"):
+        out = op(*xs, **params)
+    return out.asnumpy()
+
+
+def run_backward(op, how, *args, **params):
+    _, grads = paths.run(op, list(args), params=params, how=how)
+    return grads
+
+
+HOWS = ("direct", *paths.ALL)
+
+
+@pytest.mark.parametrize("how", HOWS)
+def test_exception_in_forward_keeps_type_and_names_op(how):
+    # graph paths meet the error first while inferring shapes on placeholder inputs
+    where = r"explodes' \((forward|shape inference.*)\).*label 6"
+    with pytest.raises(LabelError, match=NAME + where):
+        run_forward(explodes, how, np.ones((2, 3), np.float32))
+    assert_usable()
+
+
+@pytest.mark.parametrize("how", paths.ALL)
+def test_exception_in_gradient_keeps_type_and_names_input(how):
+    with pytest.raises(KeyError, match=NAME + r"explodes' \(gradient for input 'x'\)"):
+        run_backward(explodes, how, np.ones((2, 3), np.float32), when="grad")
+    assert_usable()
+
+
+@pytest.mark.parametrize("how", paths.ALL)
+def test_gradient_of_the_wrong_shape(how):
+    with pytest.raises(ValueError, match=NAME + r"wrong_grad_shape'.*input 'x'.*\(7,\).*\(3,\)"):
+        run_backward(wrong_grad_shape, how, np.ones((3,), np.float32))
+    assert_usable()
+
+
+@pytest.mark.parametrize("how", HOWS)
+def test_forward_returning_the_wrong_thing(how):
+    with pytest.raises(TypeError, match=NAME + r"returns_text': output 0 is a str"):
+        run_forward(returns_text, how, np.ones((3,), np.float32))
+    with pytest.raises(TypeError, match=r"returned 1 output\(s\) but the op declares 2"):
+        run_forward(returns_one_of_two, how, np.ones((3,), np.float32))
+    assert_usable()
+
+
+def test_a_tuple_from_a_single_output_op_says_what_to_do():
+    @customop("numpy")
+    def pair(x):
+        out = (x, x)
+        return out
+
+    with pytest.raises(TypeError, match="pass num_outputs=2"):
+        pair(mx.nd.ones((2,)))
+
+
+@pytest.mark.parametrize("args, kwargs, match", [
+    ((1, 2, 3), {}, r"takes 2 array input\(s\) \(x, y\) but 3 were given"),
+    ((1,), {}, r"missing array input 'y'"),
+    ((1, 2), {"z": 1}, r"unknown keyword 'z'"),
+    ((1,), {"x": 1, "y": 2}, r"got input 'x' twice"),
+])
+def test_wrong_arity_and_unknown_keywords(args, kwargs, match):
+    args = tuple(mx.nd.ones((2, 2)) for _ in args)
+    kwargs = {k: mx.nd.ones((2, 2)) for k in kwargs}
+    op = r"customop 'tests\.customop\.opdefs\.softmax_ce'.*"
+    with pytest.raises(TypeError, match=op + match):
+        opdefs.softmax_ce(*args, **kwargs)
+    assert_usable()
+
+
+def test_positional_parameter_is_pointed_to_its_keyword():
+    with pytest.raises(TypeError, match=r"pass parameter\(s\) 'alpha' by keyword"):
+        opdefs.affine_pair(mx.nd.ones(2), mx.nd.ones(2), 0.5)
+
+
+@pytest.mark.parametrize("bad", [mx.nd.ones((2,)), np.ones(2), mx.sym.var("a")])
+def test_array_where_a_parameter_belongs(bad):
+    with pytest.raises(TypeError, match=r"affine_pair': parameter 'alpha'.*Pass arrays as"):
+        opdefs.affine_pair(mx.nd.ones(2), mx.nd.ones(2), alpha=bad)
+
+
+def test_mixing_symbols_and_ndarrays_names_the_input():
+    with pytest.raises(TypeError, match=r"input 'y' is a NDArray.*make every input a Symbol"):
+        opdefs.softmax_ce(mx.sym.var("x"), mx.nd.ones(3))
+
+
+def test_unknown_parameter_through_mx_nd_custom_keeps_its_type():
+    with pytest.raises(TypeError, match=r"unknown parameter 'beta'"):
+        mx.nd.Custom(mx.nd.ones(2), mx.nd.ones(2), op_type=opdefs.affine_pair.op_type, beta=1)
+    assert_usable()
+
+
+def test_bad_decorations_are_refused_early():
+    with pytest.raises(ValueError, match="mode must be 'numpy' or 'mxnet'"):
+        customop("torch")(lambda x: x)
+    with pytest.raises(TypeError, match=r"\*args"):
+        @customop("numpy")
+        def star(*args):
+            return args[0]
+    with pytest.raises(TypeError, match=r"\['name'\] are reserved"):
+        @customop("numpy")
+        def named(x, name="a"):
+            return x
+    with pytest.raises(TypeError, match="at least one array input"):
+        @customop("numpy")
+        def no_inputs(alpha=1.0):
+            return alpha
