@@ -15,7 +15,7 @@ $(STAMP): requirements.txt requirements-dev.txt setup.py
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(PY) examples/demo.py
+	$(PY) notebooks/demo.py
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
