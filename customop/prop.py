@@ -7,10 +7,12 @@ creation time, so redefining a function (a notebook cell re-run) takes effect.
 """
 from __future__ import annotations
 
+import ctypes
 from typing import TYPE_CHECKING, Any
 
 import mxnet as mx
 import numpy as np
+from mxnet.base import _LIB, check_call
 from mxnet.ndarray.ndarray import _DTYPE_MX_TO_NP
 
 from . import errors
@@ -94,17 +96,29 @@ def register(op_type: str, registry: dict[str, CustomOperator]) -> None:
     mx.operator.register(op_type)(Prop)
 
 
+def _data_ptr(arr: mx.nd.NDArray) -> int:
+    ptr = ctypes.c_void_p()
+    check_call(_LIB.MXNDArrayGetData(arr.handle, ctypes.byref(ptr)))
+    return ptr.value or 0
+
+
 class _Op(mx.operator.CustomOp):
     def __init__(self, op: CustomOperator, params: dict[str, Any], scalar: list[bool]):
         super().__init__()
         self.op, self.params, self.scalar = op, params, scalar
+        self.saved: tuple | None = None
 
     def forward(self, is_train, req, in_data, out_data, aux):
         op, mode = self.op, self.op.mode_impl
         try:
-            outs = op.run_forward([mode.from_nd(a) for a in in_data], self.params)
+            args = [mode.from_nd(a) for a in in_data]
+            outs = op.run_forward(args, self.params)
             for dst, r, value in zip(out_data, req, outs):
                 mode.assign(dst, r, value)
+            if is_train and op.mode == "numpy":
+                # backward gets the same buffers again; keep the host copies instead of
+                # copying every input and output a second time
+                self.saved = ([_data_ptr(a) for a in (*in_data, *out_data)], args, outs)
         except Exception as exc:
             errors.stash(errors.named(exc, op.op_type, "forward"))
             raise
@@ -112,9 +126,13 @@ class _Op(mx.operator.CustomOp):
     def backward(self, req, out_grad, in_data, out_data, in_grad, aux):
         op, mode = self.op, self.op.mode_impl
         try:
-            args = [mode.from_nd(a) for a in in_data]
-            outs = [mode.as_scalar_view(v) if s else v
-                    for v, s in zip((mode.from_nd(o) for o in out_data), self.scalar)]
+            saved, self.saved = self.saved, None
+            if saved is not None and saved[0] == [_data_ptr(a) for a in (*in_data, *out_data)]:
+                args, outs = saved[1], saved[2]
+            else:
+                args = [mode.from_nd(a) for a in in_data]
+                outs = [mode.from_nd(o) for o in out_data]
+            outs = [mode.as_scalar_view(v) if s else v for v, s in zip(outs, self.scalar)]
             grads_in = None
             if op.need_top_grad:
                 grads_in = [mode.as_scalar_view(v) if s else v

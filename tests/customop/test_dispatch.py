@@ -121,3 +121,21 @@ def test_numpy_mode_backward_reuses_the_forward_copies():
     finally:
         mx.nd.NDArray.asnumpy = real
     assert sorted(copies) == [(1,), (3,), (3, 4)]  # each input once, plus the head gradient
+
+
+@pytest.mark.parametrize("how", ["custom", "symbol"])
+def test_custom_path_backward_reuses_the_forward_copies(how, monkeypatch):
+    """The registered CustomOp keeps its host copies from forward(is_train=True) for backward."""
+    x = np.random.normal(size=(3, 4)).astype(np.float32)
+    y = np.array([0, 1, 2], np.int32)
+    _, (want, _) = paths.run(opdefs.softmax_ce, [x, y], how=how)
+    copies = []
+    real = mx.nd.NDArray.asnumpy
+    monkeypatch.setattr(mx.nd.NDArray, "asnumpy",
+                        lambda self: copies.append(self.shape) or real(self))
+    _, (got, _) = paths.run(opdefs.softmax_ce, [x, y], how=how)
+    monkeypatch.undo()
+    np.testing.assert_allclose(got, want)
+    # x and y once (forward), the head gradient once (backward); the test itself reads
+    # back the output and x.grad
+    assert sorted(copies) == sorted([(3, 4), (3,), (1,), (1,), (3, 4)]), copies
