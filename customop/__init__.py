@@ -1,12 +1,25 @@
 """customop: MinPy-style custom operators for Apache MXNet 1.9.
 
 ``@customop('numpy'|'mxnet')`` turns a forward function into a registered
-MXNet CustomOp; ``op.def_grad(fn, argnum)`` attaches gradients.
+MXNet CustomOp; ``op.def_grad(fn, argnum)`` attaches gradients;
+``check_grad(op, *inputs)`` checks them against finite differences.
 """
+from typing import Any
+
 from . import errors as _errors
 from .operator import CustomOperator, customop
 
 _errors.install()
 
-__all__ = ["customop", "CustomOperator"]
+__all__ = ["customop", "CustomOperator", "check_grad"]
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> Any:
+    # Imported on first use so that ``python -m customop.check`` does not find its own
+    # module already loaded (runpy warns about that).
+    if name == "check_grad":
+        from .check import check_grad
+
+        return check_grad
+    raise AttributeError(f"module 'customop' has no attribute {name!r}")
