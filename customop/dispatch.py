@@ -120,6 +120,9 @@ def call_function(op: CustomOperator, nd_inputs: list[mx.nd.NDArray],
         args = [mode.from_nd(a) for a in nd_inputs]
         outs = op.run_forward(args, params)
         nd_outs = [_fresh(mode.to_nd(o, ctx), nd_inputs) for o in outs]
+    # The closure outlives this call inside MXNet's graph node; holding the recorded outputs
+    # themselves would tie the node to itself and it would never be freed.
+    args, outs = _detached(args), _detached(outs)
 
     def backward(num_ograds, num_igrads, ptrs, reqs, is_train, _):
         try:
@@ -171,6 +174,10 @@ def call_custom(op: CustomOperator, nd_inputs: list[mx.nd.NDArray],
     for o in outs:  # surface a forward error here, with its real type
         o.wait_to_read()
     return outs
+
+
+def _detached(values: list[Any]) -> list[Any]:
+    return [v.detach() if isinstance(v, NDArray) else v for v in values]
 
 
 def _fresh(out: mx.nd.NDArray, inputs: list[mx.nd.NDArray]) -> mx.nd.NDArray:
