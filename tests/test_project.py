@@ -66,8 +66,26 @@ def test_make_targets_set_up_the_venv_and_lint():
 
 
 def test_public_api_is_type_hinted():
-    for fn in (customop.customop, CustomOperator.def_grad, CustomOperator.__init__):
+    from customop.check import check_grad
+
+    for fn in (customop.customop, CustomOperator.def_grad, CustomOperator.__init__, check_grad):
         sig = inspect.signature(fn)
         params = [p for p in sig.parameters.values() if p.name != "self"]
         assert all(p.annotation is not inspect.Parameter.empty for p in params), fn
         assert sig.return_annotation is not inspect.Signature.empty or fn is CustomOperator.__init__
+
+
+def test_benchmark_runs_and_checks_its_variants():
+    # A smoke run of `make bench`'s script: every variant is first checked against native, then
+    # timed; the numbers themselves are BENCHMARKS.md's business, not a test's.
+    makefile = (ROOT / "Makefile").read_text()
+    assert re.search(r"^bench: \$\(STAMP\)\n\t.*benchmarks/overhead.py", makefile, re.M)
+    proc = subprocess.run([sys.executable, "benchmarks/overhead.py", "--sizes", "10",
+                           "--repeats", "4", "--quick"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "every variant matches native" in proc.stderr
+    variants = {line.split()[3] for line in proc.stdout.splitlines() if line.startswith("x*x ")}
+    assert {"native", "handwritten", "ag.Function", "hips", "mx/default", "mx/direct",
+            "mx/function", "mx/custom", "mx/nd.Custom", "np/default", "np/custom"} <= variants
+    assert "allocator: MALLOC_MMAP_THRESHOLD_" in proc.stdout and "Targets:" in proc.stdout
