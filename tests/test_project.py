@@ -26,6 +26,26 @@ def test_readme_quick_start_runs_as_written(tmp_path):
     assert "(8, 5)" in out.stdout
 
 
+def test_readme_check_grad_and_command_line_run_as_written(tmp_path):
+    readme = (ROOT / "README.md").read_text()
+    quick = re.search(r"## Quick start\s+```python\n(.*?)```", readme, re.S).group(1)
+    check = re.search(r"## Checking gradients.*?```python\n(.*?)```", readme, re.S).group(1)
+    (tmp_path / "my_module.py").write_text(quick + check)
+    out = subprocess.run([sys.executable, "my_module.py"], capture_output=True, text=True,
+                         timeout=120, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert "check_grad '__main__.my_softmax': passed" in out.stdout
+    assert "skipped: integer input, not differentiable" in out.stdout
+
+    command = re.search(r"```sh\n(\.venv/bin/python -m customop\.check .*?)\n```", readme,
+                        re.S).group(1)
+    argv = re.sub(r"\[.*?\]", "", command.replace("\\\n", " ")).split()[1:]
+    out = subprocess.run([sys.executable, *argv], capture_output=True, text=True, timeout=120,
+                         cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "check_grad 'my_module.my_softmax': passed" in out.stdout
+
+
 def test_demo_loss_goes_down():
     sys.path.insert(0, str(ROOT / "notebooks"))
     try:
