@@ -36,6 +36,7 @@ from typing import Any
 import mxnet as mx
 import numpy as np
 
+from .modes import NumpyMode
 from .operator import CustomOperator
 
 __all__ = ["check_grad", "GradReport", "GradRow", "Tolerance", "TOLERANCES", "main"]
@@ -229,7 +230,7 @@ def _bind(sym, names, arrays, ctx, grad_req, float64=False):
 
 # ---- the three gradients -----------------------------------------------------------------
 def _imperative_grads(target: _Target, arrays, heads, wrt, ctx) -> dict[int, np.ndarray]:
-    xs = [mx.nd.array(a.reshape(_mx_shape(a)), ctx=ctx, dtype=a.dtype) for a in arrays]
+    xs = [NumpyMode.to_nd(a, ctx) for a in arrays]
     for i in wrt:
         xs[i].attach_grad()
     with mx.autograd.record():

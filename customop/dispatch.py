@@ -29,6 +29,7 @@ from mxnet.ndarray import NDArray
 
 from . import errors
 from . import params as _params
+from .modes import NumpyMode
 
 if TYPE_CHECKING:
     from .operator import CustomOperator
@@ -58,6 +59,8 @@ def forced_path(path: str | None) -> Iterator[None]:
 
 def choose(recording: bool) -> str:
     path = getattr(_forced, "path", None)
+    if path == "function" and not recording:
+        return "direct"  # unrecorded, the function path is the direct path
     if path is not None:
         return path
     return "function" if recording else "direct"
@@ -77,15 +80,14 @@ def to_ndarrays(op: CustomOperator, inputs: list[Any]) -> list[mx.nd.NDArray]:
             arr = np.asarray(a)
             if isinstance(a, float):
                 arr = arr.astype(np.float32)  # MXNet's default dtype for Python floats
-            out.append(mx.nd.array(arr.reshape(arr.shape or (1,)), ctx=ctx, dtype=arr.dtype))
+            out.append(NumpyMode.to_nd(arr, ctx))
     return out
 
 
 def call_ndarray(op: CustomOperator, inputs: list[Any], params: dict[str, Any]) -> Any:
     nd_inputs = to_ndarrays(op, inputs)
-    recording = mx.autograd.is_recording()
-    path = choose(recording)
-    if path == "direct" or path == "function" and not recording:
+    path = choose(mx.autograd.is_recording())
+    if path == "direct":
         outs = call_direct(op, nd_inputs, params)
     elif path == "function":
         outs = call_function(op, nd_inputs, params)

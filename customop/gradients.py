@@ -61,10 +61,7 @@ def _numpy_vjp(op, argnums, ans, args, g, params):
     import autograd.builtins
 
     def traced(*xs):
-        full = list(args)
-        for i, x in zip(argnums, xs):
-            full[i] = x
-        out = op.fn(*full, **params)
+        out = op.fn(*_substituted(args, argnums, xs), **params)
         # A plain tuple of boxes is invisible to the tracer; autograd's own tuple is not.
         return autograd.builtins.tuple(out) if isinstance(out, tuple | list) else out
 
@@ -89,13 +86,10 @@ def _mxnet_vjp(op, argnums, ans, args, g, params):
     xs = [args[i].copy() for i in argnums]
     for x in xs:
         x.attach_grad()
-    full = list(args)
-    for i, x in zip(argnums, xs):
-        full[i] = x
     how = "Write the forward with differentiable mx.nd operators (no asnumpy)"
     try:
         with mx.autograd.record():
-            outs = op.fn(*full, **params)
+            outs = op.fn(*_substituted(args, argnums, xs), **params)
         outs = list(outs) if isinstance(outs, tuple | list) else [outs]
         heads = [mx.nd.ones_like(o) for o in outs] if g is None else (
             list(g) if isinstance(g, tuple | list) else [g])
@@ -105,6 +99,14 @@ def _mxnet_vjp(op, argnums, ans, args, g, params):
         raise _untraceable(op, argnums, how, str(exc).strip().splitlines()[-1]) from exc
     except Exception as exc:
         raise errors.named(exc, op.op_type, "automatic gradient") from None
+
+
+def _substituted(args, argnums, xs):
+    # The forward's inputs with those being differentiated replaced by traced copies.
+    full = list(args)
+    for i, x in zip(argnums, xs):
+        full[i] = x
+    return full
 
 
 def _ones_like_outputs(ans):
