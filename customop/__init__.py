@@ -2,16 +2,22 @@
 
 ``@customop('numpy'|'mxnet')`` turns a forward function into a registered
 MXNet CustomOp; ``op.def_grad(fn, argnum)`` attaches gradients;
-``check_grad(op, *inputs)`` checks them against finite differences.
+``check_grad(op, *inputs)`` checks them against finite differences;
+``imports``/``load_checkpoint`` reload saved graphs, importing their ops first.
 """
 from typing import Any
 
+from . import auxstate as _auxstate
 from . import errors as _errors
+from . import loading as _loading
+from .loading import imports, load_checkpoint
 from .operator import CustomOperator, customop
 
 _errors.install()
+_auxstate.install()
+_loading._record_hand_registrations()
 
-__all__ = ["customop", "CustomOperator", "check_grad"]
+__all__ = ["customop", "CustomOperator", "check_grad", "imports", "load_checkpoint"]
 __version__ = "0.1.0"
 
 

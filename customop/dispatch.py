@@ -7,6 +7,9 @@
   mechanism of ``mx.autograd.Function``, with MXNet 1.9.1's ``req`` bug fixed:
   its callback compares the integer req code with ``'add'`` and returns early
   on ``null``, so ``grad_req='add'`` never accumulated).
+* ``native``: recording, for an ``'mxnet'``-mode op without ``def_grad``:
+  its forward is differentiable ``mx.nd`` code, so it simply runs recorded
+  (no callback, no second forward in backward).
 * ``custom``: ``mx.nd.Custom`` through the registered CustomOpProp: what
   symbols and hybridized graphs use.
 
@@ -27,14 +30,14 @@ import numpy as np
 from mxnet.base import _LIB, MXCallbackList, NDArrayHandle, c_array, c_handle_array, check_call
 from mxnet.ndarray import NDArray
 
-from . import errors
+from . import auxstate, errors
 from . import params as _params
 from .modes import NumpyMode
 
 if TYPE_CHECKING:
     from .operator import CustomOperator
 
-PATHS = ("direct", "function", "custom")
+PATHS = ("direct", "function", "native", "custom")
 _forced = threading.local()
 
 
@@ -57,19 +60,23 @@ def forced_path(path: str | None) -> Iterator[None]:
         _forced.path = old
 
 
-def choose(recording: bool) -> str:
+def choose(recording: bool, native: bool = False) -> str:
     path = getattr(_forced, "path", None)
-    if path == "function" and not recording:
-        return "direct"  # unrecorded, the function path is the direct path
+    if path in ("function", "native") and not recording:
+        return "direct"  # unrecorded, the recording paths are the direct path
+    if path == "native" and not native:
+        return "function"  # only ops without def_grad can record natively
     if path is not None:
         return path
-    return "function" if recording else "direct"
+    if not recording:
+        return "direct"
+    return "native" if native else "function"
 
 
 def to_ndarrays(op: CustomOperator, inputs: list[Any]) -> list[mx.nd.NDArray]:
     ctx = next(a.context for a in inputs if isinstance(a, mx.nd.NDArray))
     out = []
-    for name, a in zip(op.signature.inputs, inputs):
+    for name, a in zip(op.signature.arrays, inputs):
         if isinstance(a, mx.nd.NDArray):
             out.append(a)
         elif isinstance(a, mx.sym.Symbol) or not isinstance(
@@ -86,23 +93,59 @@ def to_ndarrays(op: CustomOperator, inputs: list[Any]) -> list[mx.nd.NDArray]:
 
 def call_ndarray(op: CustomOperator, inputs: list[Any], params: dict[str, Any]) -> Any:
     nd_inputs = to_ndarrays(op, inputs)
-    path = choose(mx.autograd.is_recording())
+    op.check_aux(nd_inputs, params)
+    path = choose(mx.autograd.is_recording(), op.records_natively)
+    if op.signature.aux and path != "direct":
+        auxstate.expect_update()
     if path == "direct":
         outs = call_direct(op, nd_inputs, params)
     elif path == "function":
         outs = call_function(op, nd_inputs, params)
+    elif path == "native":
+        outs = call_native(op, nd_inputs, params)
     else:
         outs = call_custom(op, nd_inputs, params)
     return outs[0] if op.num_outputs == 1 else tuple(outs)
+
+
+def call_without_inputs(op: CustomOperator, params: dict[str, Any], ctx: mx.Context) -> Any:
+    """An operator with no array inputs (a generator): its outputs, on ``ctx``."""
+    if getattr(_forced, "path", None) == "custom":
+        attrs = {k: _params.encode(v) for k, v in params.items()}
+        with ctx:
+            outs = mx.nd.Custom(op_type=op.op_type, **attrs)
+        outs = [outs] if isinstance(outs, mx.nd.NDArray) else list(outs)
+    else:
+        mode = op.mode_impl
+        with ctx, mx.autograd.pause(train_mode=mx.autograd.is_training()):
+            outs = [mode.to_nd(o, ctx) for o in op.run_forward([], params)]
+    return outs[0] if op.num_outputs == 1 else tuple(outs)
+
+
+def _run(op: CustomOperator, nd_inputs: list[mx.nd.NDArray], params: dict[str, Any]):
+    """Run the forward on mode arrays, storing aux updates; (mode args, mode outputs)."""
+    mode = op.mode_impl
+    args = [mode.from_nd(a) for a in nd_inputs]
+    outs = op.run_forward(args, params)
+    n = len(op.signature.inputs)
+    if op.signature.aux:
+        auxstate.write_back(op.mode, nd_inputs[n:], args[n:], wait=False)
+    return args, outs
 
 
 def call_direct(op: CustomOperator, nd_inputs: list[mx.nd.NDArray],
                 params: dict[str, Any]) -> list[mx.nd.NDArray]:
     mode = op.mode_impl
     ctx = nd_inputs[0].context
-    with mx.autograd.pause():
-        outs = op.run_forward([mode.from_nd(a) for a in nd_inputs], params)
+    with mx.autograd.pause(train_mode=mx.autograd.is_training()):
+        _, outs = _run(op, nd_inputs, params)
         return [_fresh(mode.to_nd(o, ctx), nd_inputs) for o in outs]
+
+
+def call_native(op: CustomOperator, nd_inputs: list[mx.nd.NDArray],
+                params: dict[str, Any]) -> list[mx.nd.NDArray]:
+    outs = op.run_forward(list(nd_inputs), params)
+    return [_fresh(o, nd_inputs) for o in outs]
 
 
 _REQ = ("null", "write", "inplace", "add")
@@ -118,15 +161,21 @@ def call_function(op: CustomOperator, nd_inputs: list[mx.nd.NDArray],
                   params: dict[str, Any]) -> list[mx.nd.NDArray]:
     mode = op.mode_impl
     ctx = nd_inputs[0].context
-    with mx.autograd.pause():
-        args = [mode.from_nd(a) for a in nd_inputs]
-        outs = op.run_forward(args, params)
+    n = len(op.signature.inputs)
+    aux_nd = nd_inputs[n:]
+    nd_inputs = nd_inputs[:n]
+    with mx.autograd.pause(train_mode=mx.autograd.is_training()):
+        args, outs = _run(op, [*nd_inputs, *aux_nd], params)
         nd_outs = [_fresh(mode.to_nd(o, ctx), nd_inputs) for o in outs]
     # The closure outlives this call inside MXNet's graph node; holding the recorded outputs
     # themselves would tie the node to itself and it would never be freed.
-    args, outs = _detached(args), _detached(outs)
+    args, outs = _detached(args[:n]), _detached(outs)
 
     def backward(num_ograds, num_igrads, ptrs, reqs, is_train, _):
+        with auxstate.in_callback():
+            return run_backward(num_ograds, num_igrads, ptrs, reqs)
+
+    def run_backward(num_ograds, num_igrads, ptrs, reqs):
         try:
             reqs = [_REQ[reqs[i]] for i in range(num_igrads)]
             igrads = [NDArray(ctypes.cast(ptrs[num_ograds + i], NDArrayHandle), writable=True)
@@ -136,7 +185,11 @@ def call_function(op: CustomOperator, nd_inputs: list[mx.nd.NDArray],
                 g = [mode.from_nd(NDArray(ctypes.cast(ptrs[i], NDArrayHandle), writable=False))
                      for i in range(num_ograds)]
                 g = [v.reshape(o.shape) if op.mode == "numpy" else v for v, o in zip(g, outs)]
-            grads = op.run_backward(args, outs, g, params, [r != "null" for r in reqs])
+            aux = [mode.from_nd(a) for a in aux_nd]  # the states as they are now
+            grads = op.run_backward([*args, *aux], outs, g, params,
+                                    [r != "null" for r in reqs])
+            if aux:
+                auxstate.write_back(op.mode, aux_nd, aux, wait=True)
             for dst, req, grad in zip(igrads, reqs, grads):
                 if grad is not None:
                     mode.assign(dst, req, grad)
@@ -173,6 +226,7 @@ def call_custom(op: CustomOperator, nd_inputs: list[mx.nd.NDArray],
     attrs = {k: _params.encode(v) for k, v in params.items()}
     outs = mx.nd.Custom(*nd_inputs, op_type=op.op_type, **attrs)
     outs = [outs] if isinstance(outs, mx.nd.NDArray) else list(outs)
+    outs = outs[:op.num_outputs]
     for o in outs:  # surface a forward error here, with its real type
         o.wait_to_read()
     return outs

@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, Any
 import mxnet as mx
 import numpy as np
 
+from . import auxstate
+
 if TYPE_CHECKING:
     from .operator import CustomOperator
 
@@ -80,12 +82,21 @@ class Inference:
         if self.op.mode == "mxnet":
             # MXNet asks for shapes from inside an imperative call; NDArray ops issued on
             # that thread (while it records) corrupt its state, so run them on our own thread.
-            return _placeholder_thread.submit(self._run_here, params, shapes, dtypes).result()
+            return _placeholder_thread.submit(self._run_off_thread, params, shapes,
+                                              dtypes).result()
         return self._run_here(params, shapes, dtypes)
+
+    def _run_off_thread(self, params, shapes, dtypes) -> tuple[OutputMeta, ...]:
+        with auxstate.in_callback():  # the caller is inside MXNet and waits for us
+            return self._run_here(params, shapes, dtypes)
 
     def _run_here(self, params, shapes, dtypes) -> tuple[OutputMeta, ...]:
         mode = self.op.mode_impl
         args = [mode.placeholder(s, d) for s, d in zip(shapes, dtypes)]
+        if self.op.signature.aux:  # scratch states: whatever the forward writes is dropped
+            aux_dtype = dtypes[0] if dtypes else np.dtype(np.float32)
+            args += [mode.placeholder(s, aux_dtype)
+                     for s in self.op.aux_shapes(list(shapes), params)]
         with np.errstate(all="ignore"), mx.autograd.pause():
             outs = self.op.run_forward(args, params, where="shape inference on placeholder inputs")
         metas = [OutputMeta.of(mode.shape(o), mode.dtype(o)) for o in outs]

@@ -34,7 +34,7 @@ class CustomOperator:
     def __init__(self, fn: Callable, mode: Mode, *, name: str | None = None,
                  need_top_grad: bool = True, infer_shape: Callable | None = None,
                  infer_type: Callable | None = None, num_outputs: int | None = None,
-                 auto_grad: bool = True):
+                 auto_grad: bool = True, aux: dict[str, Callable] | None = None):
         if mode not in MODES:
             raise ValueError(f"customop mode must be 'numpy' or 'mxnet', got {mode!r}")
         functools.update_wrapper(self, fn)
@@ -42,7 +42,15 @@ class CustomOperator:
         self.mode = mode
         self.mode_impl = MODES[mode]
         self.op_type: str = name or f"{fn.__module__}.{fn.__qualname__}"
-        self.signature = Signature(fn, self.op_type)
+        aux = dict(aux or {})
+        for key, shape_fn in aux.items():
+            if not callable(shape_fn):
+                raise TypeError(f"customop {self.op_type!r}: aux={{{key!r}: ...}} must map the "
+                                "state's name to a function of the input shapes returning its "
+                                f"shape, got {type(shape_fn).__name__}")
+        self.aux_shape_fns: dict[str, Callable] = aux
+        self.signature = Signature(fn, self.op_type, tuple(aux))
+        self.twins: dict[str, CustomOperator] = {mode: self}
         self.need_top_grad = bool(need_top_grad)
         self.user_infer_shape = infer_shape
         self.user_infer_type = infer_type
@@ -73,6 +81,93 @@ class CustomOperator:
         self.grads[argnum] = fn
         return self
 
+    def twin(self, mode: Mode, **options: Any) -> Callable[[Callable], CustomOperator]:
+        """Decorate the same operator's implementation in the other mode.
+
+        The twin computes the same math (e.g. the readable ``'numpy'`` reference
+        of a fast ``'mxnet'`` op); it must take the same inputs, auxiliary states
+        and parameters.  It is a full operator with its own ``op_type``
+        (``"<op_type>.<mode>"``) and gradients, shares this op's docstring, and is
+        reached as ``op.numpy`` / ``op.mxnet`` from either twin.  ``options``
+        override the decorator arguments copied from this op.
+
+        Example:
+            >>> import mxnet as mx, numpy
+            >>> from customop import customop
+            >>> @customop('mxnet')
+            ... def double(x):
+            ...     \"\"\"Twice the input.\"\"\"
+            ...     return 2 * x
+            >>> @double.twin('numpy')
+            ... def _double_reference(x):
+            ...     return 2 * numpy.asarray(x)
+            >>> double.numpy(mx.nd.ones((2,))).asnumpy(), double.mxnet is double
+            (array([2., 2.], dtype=float32), True)
+        """
+        if mode not in MODES:
+            raise self.error(ValueError, f"twin mode must be 'numpy' or 'mxnet', got {mode!r}")
+        if mode in self.twins:
+            raise self.error(ValueError, f"already has a {mode!r} implementation "
+                             f"({self.twins[mode].op_type!r}); a twin is in the other mode")
+        settings = dict(name=f"{self.op_type}.{mode}", need_top_grad=self.need_top_grad,
+                        infer_shape=self.user_infer_shape, infer_type=self.user_infer_type,
+                        num_outputs=self.num_outputs, auto_grad=self.auto_grad,
+                        aux=self.aux_shape_fns)
+        settings.update(options)
+
+        def wrap(fn: Callable) -> CustomOperator:
+            other = CustomOperator(fn, mode, **settings)
+            mine, theirs = self.signature, other.signature
+            if (mine.inputs, mine.aux, mine.required, mine.defaults) != (
+                    theirs.inputs, theirs.aux, theirs.required, theirs.defaults):
+                raise self.error(TypeError, f"twin {fn.__qualname__!r} must take the same "
+                                 f"arrays and parameters: {mine.describe()}, parameters "
+                                 f"{_params_text(mine)}; got {theirs.describe()}, parameters "
+                                 f"{_params_text(theirs)}")
+            other.__doc__ = self.__doc__
+            self.twins[mode] = other
+            other.twins = self.twins
+            return other
+        return wrap
+
+    @property
+    def numpy(self) -> CustomOperator:
+        """The ``'numpy'``-mode implementation of this operator (see :meth:`twin`)."""
+        return self._twin("numpy")
+
+    @property
+    def mxnet(self) -> CustomOperator:
+        """The ``'mxnet'``-mode implementation of this operator (see :meth:`twin`)."""
+        return self._twin("mxnet")
+
+    def _twin(self, mode: str) -> CustomOperator:
+        try:
+            return self.twins[mode]
+        except KeyError:
+            raise self.error(AttributeError, f"has no {mode!r}-mode twin; add one with "
+                             f"@{self.__name__}.twin({mode!r})") from None
+
+    @property
+    def records_natively(self) -> bool:
+        """An 'mxnet'-mode op with only automatic gradients records its own mx.nd ops."""
+        return (self.mode == "mxnet" and not self.grads and self.auto_grad
+                and self.need_top_grad)
+
+    def aux_shapes(self, input_shapes: list[tuple[int, ...]],
+                   params: dict[str, Any]) -> list[tuple[int, ...]]:
+        """The shape of every auxiliary state for inputs of these shapes."""
+        out = []
+        for name in self.signature.aux:
+            try:
+                shape = self.aux_shape_fns[name](*[tuple(s) for s in input_shapes], **params)
+                shape = (int(shape),) if isinstance(shape, int | np.integer) else tuple(
+                    int(d) for d in shape)
+            except Exception as exc:
+                raise errors.named(exc, self.op_type, f"shape of auxiliary state {name!r}") \
+                    from None
+            out.append(shape)
+        return out
+
     @property
     def output_names(self) -> list[str]:
         return ["output"] if self.num_outputs == 1 else [
@@ -89,12 +184,23 @@ class CustomOperator:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         node_name = kwargs.pop("name", None)
-        inputs, params = self.signature.bind(args, kwargs)
-        if any(isinstance(a, mx.sym.Symbol) for a in inputs):
-            return self._call_symbol(inputs, params, node_name)
-        if any(isinstance(a, mx.nd.NDArray) for a in inputs):
-            return dispatch.call_ndarray(self, inputs, params)
-        return self._call_numpy(inputs, params)
+        ctx = kwargs.pop("ctx", None)
+        arrays, params = self.signature.bind(args, kwargs)
+        if any(_is_np_interface(a) for a in arrays):
+            return _as_np_interface(self(*[_as_legacy(a) for a in arrays], name=node_name,
+                                         ctx=ctx, **params))
+        if any(isinstance(a, mx.sym.Symbol) for a in arrays):
+            return self._call_symbol(arrays, params, node_name)
+        if not self.signature.inputs:
+            if node_name is not None:
+                raise self.error(TypeError, "name= names a Symbol node, but an operator "
+                                 "without inputs called directly returns NDArrays; build "
+                                 f"its Symbol with mx.sym.Custom(op_type={self.op_type!r}, "
+                                 "name=..., **params)")
+            return dispatch.call_without_inputs(self, params, ctx or mx.current_context())
+        if any(isinstance(a, mx.nd.NDArray) for a in arrays):
+            return dispatch.call_ndarray(self, arrays, params)
+        return self._call_numpy(arrays, params)
 
     # ---- pieces shared by every dispatch path -----------------------------------------
     def error(self, cls: type[BaseException], msg: str) -> BaseException:
@@ -128,9 +234,28 @@ class CustomOperator:
         g = None
         if self.need_top_grad and out_grads is not None:
             g = out_grads[0] if self.num_outputs == 1 else tuple(out_grads)
-        grads = gradients.compute_all(self, ans, args, g, params, wanted)
+        n = len(self.signature.inputs)
+        wanted = [*wanted[:n], *[False] * (len(args) - n)]
+        grads = gradients.compute_all(self, ans, args, g, params, wanted)[:n]
         return [None if grad is None else self._check_grad(i, arg, grad)
                 for i, (arg, grad) in enumerate(zip(args, grads))]
+
+    def check_aux(self, arrays: list[Any], params: dict[str, Any]) -> None:
+        """Raise unless the auxiliary states given with the inputs have the declared shape."""
+        n = len(self.signature.inputs)
+        if not self.signature.aux:
+            return
+        if len(arrays) == n:
+            raise self.error(TypeError, f"auxiliary state(s) {', '.join(self.signature.aux)} "
+                             "missing; with arrays, pass them after the inputs (they are "
+                             "updated in place). Only Symbol calls may leave them out.")
+        shapes = self.aux_shapes([self.mode_impl.shape(a) if not isinstance(a, mx.nd.NDArray)
+                                  else a.shape for a in arrays[:n]], params)
+        for name, a, want in zip(self.signature.aux, arrays[n:], shapes):
+            got = tuple(a.shape) if hasattr(a, "shape") else np.shape(a)
+            if got != tuple(want):
+                raise self.error(ValueError, f"auxiliary state {name!r} has shape {got}, but "
+                                 f"for these inputs it must be {tuple(want)}")
 
     # ---- validation ---------------------------------------------------------------------
     def _check_outputs(self, result: Any) -> list[Any]:
@@ -174,26 +299,59 @@ class CustomOperator:
         return grad
 
     # ---- call styles other than mx.nd ---------------------------------------------------
-    def _call_symbol(self, inputs: list[Any], params: dict[str, Any], node_name: str | None):
-        for name, a in zip(self.signature.inputs, inputs):
+    def _call_symbol(self, arrays: list[Any], params: dict[str, Any], node_name: str | None):
+        for name, a in zip(self.signature.arrays, arrays):
             if not isinstance(a, mx.sym.Symbol):
                 raise self.error(TypeError, f"input {name!r} is a {type(a).__name__}, but other "
                                  "inputs are mx.sym.Symbol; make every input a Symbol "
                                  "(e.g. mx.sym.Variable)")
         attrs = {k: _params.encode(v) for k, v in params.items()}
-        if node_name is not None:
-            attrs["name"] = node_name
-        sym = mx.sym.Custom(*inputs, op_type=self.op_type, **attrs)
+        if len(arrays) < len(self.signature.arrays):
+            # MXNet takes Symbols passed after the arguments as the auxiliary states; ours
+            # carry a zero initializer so that Module.init_params accepts their names.
+            node_name = mx.name.NameManager.current.get(node_name, "custom")
+            arrays = [*arrays, *[mx.sym.Variable(f"{node_name}_{a}", init=mx.init.Zero())
+                                 for a in self.signature.aux]]
+            with mx.name.NameManager():
+                sym = mx.sym.Custom(*arrays, op_type=self.op_type, name=node_name, **attrs)
+        else:
+            if node_name is not None:
+                attrs["name"] = node_name
+            sym = mx.sym.Custom(*arrays, op_type=self.op_type, **attrs)
         return sym if self.num_outputs == 1 else tuple(sym[i] for i in range(self.num_outputs))
 
     def _call_numpy(self, inputs: list[Any], params: dict[str, Any]):
-        for name, a in zip(self.signature.inputs, inputs):
+        self.check_aux(inputs, params)
+        for name, a in zip(self.signature.arrays, inputs):
             if not isinstance(a, np.ndarray | np.generic | bool | int | float):
                 raise self.error(TypeError, f"input {name!r} is a {type(a).__name__}; pass "
                                  "numpy arrays, mx.nd.NDArray or mx.sym.Symbol")
         args = [self.mode_impl.from_numpy(np.asarray(a)) for a in inputs]
         outs = [self.mode_impl.to_numpy(o) for o in self.run_forward(args, params)]
+        n = len(self.signature.inputs)
+        for a, new in zip(inputs[n:], args[n:]):  # auxiliary states are updated in place
+            if isinstance(a, np.ndarray):
+                a[...] = self.mode_impl.to_numpy(new).reshape(a.shape)
         return outs[0] if self.num_outputs == 1 else tuple(outs)
+
+
+def _params_text(sig: Signature) -> str:
+    return ", ".join([*sig.required, *(f"{k}={v!r}" for k, v in sig.defaults.items())]) or "none"
+
+
+def _is_np_interface(a: Any) -> bool:
+    return isinstance(a, mx.np.ndarray) or (isinstance(a, mx.sym.Symbol) and isinstance(
+        a, mx.sym.np._Symbol))
+
+
+def _as_legacy(a: Any) -> Any:
+    return a.as_nd_ndarray() if _is_np_interface(a) else a
+
+
+def _as_np_interface(out: Any) -> Any:
+    if isinstance(out, tuple):
+        return tuple(_as_np_interface(o) for o in out)
+    return out.as_np_ndarray() if isinstance(out, mx.nd.NDArray | mx.sym.Symbol) else out
 
 
 def _count_returns(fn: Callable) -> int:
@@ -230,8 +388,8 @@ def _register(op: CustomOperator) -> None:
 
 def customop(mode: Mode, *, name: str | None = None, need_top_grad: bool = True,
              infer_shape: Callable | None = None, infer_type: Callable | None = None,
-             num_outputs: int | None = None,
-             auto_grad: bool = True) -> Callable[[Callable], CustomOperator]:
+             num_outputs: int | None = None, auto_grad: bool = True,
+             aux: dict[str, Callable] | None = None) -> Callable[[Callable], CustomOperator]:
     """Turn a forward function into a registered MXNet custom operator.
 
     Args:
@@ -246,9 +404,17 @@ def customop(mode: Mode, *, name: str | None = None, need_top_grad: bool = True,
         num_outputs: how many outputs the forward returns; default read from
             its ``return a, b`` statements.
         auto_grad: give inputs without ``def_grad`` an automatic gradient.
+        aux: ``{name: shape_fn}`` declares the forward's last positional array
+            parameters as auxiliary states (MXNet's ``list_auxiliary_states``):
+            state the op owns and updates in place, never differentiated.
+            ``shape_fn(*input_shapes, **params)`` gives its shape; its dtype is
+            the first input's.  Symbol calls may leave them out (MXNet creates
+            ``<node>_<name>`` variables, zero-initialised); array calls pass them.
 
     Positional parameters without defaults are array inputs; parameters with
-    defaults are operator parameters (Python literals, kept exactly).
+    defaults are operator parameters (Python literals, kept exactly).  A
+    forward without array inputs (a generator) is called with parameters only
+    and returns NDArrays on ``ctx=`` (default ``mx.current_context()``).
 
     Example:
         >>> import mxnet as mx, numpy
@@ -264,5 +430,5 @@ def customop(mode: Mode, *, name: str | None = None, need_top_grad: bool = True,
     def wrap(fn: Callable) -> CustomOperator:
         return CustomOperator(fn, mode, name=name, need_top_grad=need_top_grad,
                               infer_shape=infer_shape, infer_type=infer_type,
-                              num_outputs=num_outputs, auto_grad=auto_grad)
+                              num_outputs=num_outputs, auto_grad=auto_grad, aux=aux)
     return wrap

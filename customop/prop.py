@@ -15,7 +15,7 @@ import numpy as np
 from mxnet.base import _LIB, check_call
 from mxnet.ndarray.ndarray import _DTYPE_MX_TO_NP
 
-from . import errors
+from . import auxstate, errors
 from . import params as _params
 from .inference import known
 
@@ -60,13 +60,18 @@ def register(op_type: str, registry: dict[str, CustomOperator]) -> None:
         def list_outputs(self) -> list[str]:
             return self.op.output_names
 
+        def list_auxiliary_states(self) -> list[str]:
+            return list(self.op.signature.aux)
+
         def infer_shape(self, in_shape):
             shapes = tuple(tuple(int(d) for d in s) for s in in_shape)
+            n_aux = len(self.op.signature.aux)
             if not all(known(s) for s in shapes):
-                return in_shape, [()] * self.op.num_outputs, []
+                return in_shape, [()] * self.op.num_outputs, [()] * n_aux
             self.shapes = shapes
             metas = self._guarded(self.op.inference.outputs, self.pkey, self.params, shapes, None)
-            return in_shape, [m.shape for m in metas], []
+            aux = self._guarded(self.op.aux_shapes, list(shapes), self.params) if n_aux else []
+            return in_shape, [m.shape for m in metas], aux
 
         def infer_type(self, in_type):
             dtypes = tuple(np.dtype(t if t is not None else np.float32) for t in in_type)
@@ -76,7 +81,8 @@ def register(op_type: str, registry: dict[str, CustomOperator]) -> None:
                 metas = self._guarded(self.op.inference.outputs, self.pkey, self.params,
                                       self.shapes, dtypes)
                 out = [m.dtype for m in metas]
-            return [d.type for d in dtypes], [np.dtype(d).type for d in out], []
+            aux = [dtypes[0].type if dtypes else np.float32] * len(self.op.signature.aux)
+            return [d.type for d in dtypes], [np.dtype(d).type for d in out], aux
 
         def create_operator(self, ctx, shapes, dtypes):
             n = len(self.op.signature.inputs)  # MXNet also passes the output shapes
@@ -84,6 +90,8 @@ def register(op_type: str, registry: dict[str, CustomOperator]) -> None:
             dtypes = tuple(np.dtype(_DTYPE_MX_TO_NP[t]) for t in dtypes[:n])
             metas = self._guarded(self.op.inference.outputs, self.pkey, self.params,
                                   shapes, dtypes)
+            if self.op.signature.aux:
+                auxstate.expect_update()
             return _Op(self.op, self.params, [m.scalar for m in metas])
 
         def _guarded(self, fn, *args):
@@ -109,12 +117,23 @@ class _Op(mx.operator.CustomOp):
         self.saved: tuple | None = None
 
     def forward(self, is_train, req, in_data, out_data, aux):
+        with auxstate.in_callback():
+            self._forward(is_train, req, in_data, out_data, aux)
+
+    def backward(self, req, out_grad, in_data, out_data, in_grad, aux):
+        with auxstate.in_callback():
+            self._backward(req, out_grad, in_data, out_data, in_grad, aux)
+
+    def _forward(self, is_train, req, in_data, out_data, aux):
         op, mode = self.op, self.op.mode_impl
         try:
             args = [mode.from_nd(a) for a in in_data]
-            outs = op.run_forward(args, self.params)
+            states = [mode.from_nd(a) for a in aux]
+            outs = op.run_forward([*args, *states], self.params)
             for dst, r, value in zip(out_data, req, outs):
                 mode.assign(dst, r, value)
+            if aux:
+                auxstate.write_back(op.mode, aux, states, wait=True)
             if is_train and op.mode == "numpy":
                 # backward gets the same buffers again; keep the host copies instead of
                 # copying every input and output a second time
@@ -123,7 +142,7 @@ class _Op(mx.operator.CustomOp):
             errors.stash(errors.named(exc, op.op_type, "forward"))
             raise
 
-    def backward(self, req, out_grad, in_data, out_data, in_grad, aux):
+    def _backward(self, req, out_grad, in_data, out_data, in_grad, aux):
         op, mode = self.op, self.op.mode_impl
         try:
             saved, self.saved = self.saved, None
@@ -138,7 +157,10 @@ class _Op(mx.operator.CustomOp):
                 grads_in = [mode.as_scalar_view(v) if s else v
                             for v, s in zip((mode.from_nd(o) for o in out_grad), self.scalar)]
             wanted = [r != "null" for r in req]
-            grads = op.run_backward(args, outs, grads_in, self.params, wanted)
+            states = [mode.from_nd(a) for a in aux]
+            grads = op.run_backward([*args, *states], outs, grads_in, self.params, wanted)
+            if aux:
+                auxstate.write_back(op.mode, aux, states, wait=True)
             for dst, r, grad in zip(in_grad, req, grads):
                 if grad is not None:
                     mode.assign(dst, r, grad)

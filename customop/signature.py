@@ -1,8 +1,9 @@
-"""Which arguments of a forward function are array inputs and which are parameters.
+"""Which arguments of a forward function are array inputs, auxiliary states and parameters.
 
-Positional parameters without a default are the operator's array inputs (in
-order); parameters with a default and keyword-only parameters are operator
-parameters, which must be Python literals.
+Positional parameters without a default are arrays, in order: the operator's
+inputs, then the auxiliary states named in ``aux=`` (state the operator owns
+and updates, never differentiated).  Parameters with a default and
+keyword-only parameters are operator parameters, which must be Python literals.
 """
 from __future__ import annotations
 
@@ -14,12 +15,12 @@ from . import params as _params
 
 
 class Signature:
-    """The split of a forward function's parameters into inputs and parameters."""
+    """The split of a forward function's parameters into inputs, aux states and parameters."""
 
-    def __init__(self, fn: Callable, op: str):
+    def __init__(self, fn: Callable, op: str, aux: tuple[str, ...] = ()):
         self.op = op
         sig = inspect.signature(fn)
-        self.inputs: list[str] = []
+        arrays: list[str] = []
         self.defaults: dict[str, Any] = {}
         self.required: list[str] = []
         for p in sig.parameters.values():
@@ -32,50 +33,88 @@ class Signature:
                 (self.required.append(p.name) if p.default is p.empty
                  else self.defaults.__setitem__(p.name, p.default))
             elif p.default is p.empty:
-                self.inputs.append(p.name)
+                arrays.append(p.name)
             else:
                 self.defaults[p.name] = p.default
-        if not self.inputs:
-            raise TypeError(f"customop {op!r}: the forward function needs at least one array "
-                            "input (a positional parameter without a default).")
+        unknown = [a for a in aux if a not in arrays]
+        if unknown:
+            raise TypeError(
+                f"customop {op!r}: aux= names {', '.join(map(repr, unknown))}, which "
+                f"{'is' if len(unknown) == 1 else 'are'} not a positional array parameter of the "
+                f"forward (its array parameters: {', '.join(arrays) or 'none'}); list the "
+                "auxiliary states as positional parameters after the inputs.")
+        n_in = len(arrays) - len(aux)
+        if tuple(arrays[n_in:]) != tuple(aux) and aux:
+            raise TypeError(
+                f"customop {op!r}: auxiliary states {', '.join(map(repr, aux))} must be the last "
+                f"positional parameters of the forward, in that order (got {', '.join(arrays)}).")
+        self.inputs: list[str] = arrays[:n_in]
+        self.aux: list[str] = arrays[n_in:]
         clash = (set(self.defaults) | set(self.required)) & _params.RESERVED
         if clash:
             raise TypeError(f"customop {op!r}: parameter name(s) {sorted(clash)} are reserved "
                             "by mx.nd.Custom / mx.sym.Custom; rename them.")
 
     @property
+    def arrays(self) -> list[str]:
+        """Every array parameter of the forward: inputs, then auxiliary states."""
+        return [*self.inputs, *self.aux]
+
+    @property
     def param_names(self) -> list[str]:
         return [*self.required, *self.defaults]
 
+    def describe(self) -> str:
+        if not self.aux:
+            return ", ".join(self.inputs) or "no inputs"
+        text = f"inputs: {', '.join(self.inputs) or 'none'}"
+        if self.aux:
+            text += f"; auxiliary states: {', '.join(self.aux)}"
+        return text
+
     def bind(self, args: tuple, kwargs: dict[str, Any]) -> tuple[list[Any], dict[str, Any]]:
-        """Split a call into (inputs in order, normalized parameters)."""
-        n = len(self.inputs)
+        """Split a call into (arrays in order, normalized parameters).
+
+        The arrays are the inputs followed by whichever auxiliary states were
+        passed (a Symbol call may leave them out; the caller decides).
+        """
+        names = self.arrays
+        n = len(names)
         if len(args) > n:
             extra = self.param_names[: len(args) - n]
             hint = (f"; pass parameter(s) {', '.join(map(repr, extra))} by keyword"
                     if extra else "")
-            raise TypeError(f"customop {self.op!r} takes {n} array input(s) "
-                            f"({', '.join(self.inputs)}) but {len(args)} were given{hint}.")
-        inputs = list(args)
+            what = (f"{n} array input(s) ({', '.join(names)})" if not self.aux else
+                    f"{n} array argument(s) ({self.describe()})")
+            raise TypeError(f"customop {self.op!r} takes {what} but {len(args)} were "
+                            f"given{hint}.")
+        arrays = list(args)
         params: dict[str, Any] = {}
         for key, value in kwargs.items():
-            if key in self.inputs:
-                idx = self.inputs.index(key)
-                if idx < len(args):
+            if key in names:
+                if names.index(key) < len(args):
                     raise TypeError(f"customop {self.op!r} got input {key!r} twice.")
                 continue
             if key not in self.defaults and key not in self.required:
                 known = ", ".join(self.param_names) or "none"
                 raise TypeError(f"customop {self.op!r} got an unknown keyword {key!r} "
-                                f"(inputs: {', '.join(self.inputs)}; parameters: {known}).")
+                                f"({self.describe()}; parameters: {known}).")
             params[key] = _params.normalize(value, self.op, key)
         for name in self.inputs[len(args):]:
             if name not in kwargs:
                 raise TypeError(f"customop {self.op!r} is missing array input {name!r} "
-                                f"(inputs: {', '.join(self.inputs)}).")
-            inputs.append(kwargs[name])
+                                f"({self.describe()}).")
+            arrays.append(kwargs[name])
+        given = [name for i, name in enumerate(self.aux, len(self.inputs))
+                 if i < len(args) or name in kwargs]
+        if given and len(given) < len(self.aux):
+            missing = [a for a in self.aux if a not in given]
+            raise TypeError(f"customop {self.op!r} is missing auxiliary state(s) "
+                            f"{', '.join(map(repr, missing))} ({self.describe()}); pass every "
+                            "auxiliary state, or none with Symbols (MXNet then creates them).")
+        arrays += [kwargs[name] for name in given[len(arrays) - len(self.inputs):]]
         self.check_params(params)
-        return inputs, params
+        return arrays, params
 
     def check_params(self, params: dict[str, Any]) -> None:
         """Raise if a parameter is unknown or a required one is missing."""

@@ -1,0 +1,119 @@
+"""Loading saved graphs: import the module behind every ``Custom`` node first.
+
+A symbol file stores each custom node as ``op: "Custom"`` with its ``op_type``;
+MXNet can only load it once the op is registered, and otherwise fails deep
+inside ``bind`` with ``Cannot find custom operator`` (MXNet issue #8801).  Our
+``op_type`` is ``"<module>.<qualname>"``, so the module can be found and
+imported before MXNet looks.
+"""
+from __future__ import annotations
+
+import importlib
+import json
+from typing import Any
+
+import mxnet as mx
+
+from .operator import _REGISTRY
+
+
+def custom_op_types(symbol_json: str) -> list[str]:
+    """The ``op_type`` of every ``Custom`` node in a symbol's JSON text, in graph order."""
+    graph = json.loads(symbol_json)
+    seen: list[str] = []
+    for node in graph.get("nodes", []):
+        if node.get("op") == "Custom":
+            attrs = node.get("attrs") or node.get("attr") or node.get("param") or {}
+            op_type = attrs.get("op_type")
+            if op_type and op_type not in seen:
+                seen.append(op_type)
+    return seen
+
+
+def ensure_registered(op_types: list[str], source: str) -> None:
+    """Import the module that defines each ``op_type``; raise naming any that cannot be found.
+
+    An op registered by hand (``mx.operator.register``) in a module that imports
+    cleanly is left for MXNet to find.
+    """
+    missing = []
+    for op_type in op_types:
+        if op_type in _REGISTRY or op_type in _hand_registered:
+            continue
+        tried = _import_defining_module(op_type)
+        if op_type not in _REGISTRY and not any(ok for _, ok in tried):
+            missing.append((op_type, [m for m, _ in tried]))
+    if missing:
+        lines = [f"  {t!r}: no importable module among {', '.join(map(repr, m)) or '-'}"
+                 for t, m in missing]
+        raise RuntimeError(
+            f"customop: {source} uses custom operator(s) that are not registered, and the "
+            "module named in their op_type cannot be imported:\n" + "\n".join(lines)
+            + "\nMake the module importable (PYTHONPATH) or import it before loading; an op "
+              "defined in a script is registered as '__main__.<name>' and must be defined "
+              "there again before loading.")
+
+
+def imports(symbol_file: str, input_names: str | list[str], param_file: str | None = None,
+            ctx: Any = None, **kwargs: Any) -> mx.gluon.SymbolBlock:
+    """``gluon.SymbolBlock.imports`` that first imports the modules defining its custom ops.
+
+    Example:
+        >>> import customop
+        >>> net = customop.imports('model-symbol.json', ['data'],
+        ...                        'model-0000.params')  # doctest: +SKIP
+    """
+    with open(symbol_file, encoding="utf-8") as f:
+        ensure_registered(custom_op_types(f.read()), repr(symbol_file))
+    return mx.gluon.SymbolBlock.imports(symbol_file, input_names, param_file, ctx, **kwargs)
+
+
+def load_checkpoint(prefix: str, epoch: int) -> tuple[mx.sym.Symbol, dict, dict]:
+    """``mx.model.load_checkpoint`` that first imports the modules defining its custom ops.
+
+    Returns ``(symbol, arg_params, aux_params)``.
+
+    Example:
+        >>> import customop
+        >>> sym, args, auxs = customop.load_checkpoint('model', 1)  # doctest: +SKIP
+    """
+    symbol_file = f"{prefix}-symbol.json"
+    with open(symbol_file, encoding="utf-8") as f:
+        ensure_registered(custom_op_types(f.read()), repr(symbol_file))
+    return mx.model.load_checkpoint(prefix, epoch)
+
+
+_hand_registered: set[str] = set()
+
+
+def _record_hand_registrations() -> None:
+    # Props registered by hand after us are known by name, so loading leaves them alone.
+    register = mx.operator.register
+    if getattr(register, "_customop_recorded", False):
+        return
+
+    def recorded(reg_name):
+        _hand_registered.add(reg_name)
+        return register(reg_name)
+    recorded._customop_recorded = True
+    mx.operator.register = recorded
+
+
+def _import_defining_module(op_type: str) -> list[tuple[str, bool]]:
+    """Import the longest importable dotted prefix of op_type; [(module, imported)]."""
+    parts = op_type.split(".")
+    tried = []
+    for k in range(len(parts) - 1, 0, -1):
+        module = ".".join(parts[:k])
+        if module in ("__main__", "__mp_main__"):
+            tried.append((module, False))
+            break
+        try:
+            importlib.import_module(module)
+        except ImportError:
+            tried.append((module, False))
+            continue
+        tried.append((module, True))
+        if op_type in _REGISTRY:
+            break
+    return tried
