@@ -4,6 +4,7 @@ from __future__ import annotations
 import ast
 import functools
 import inspect
+import itertools
 import textwrap
 from collections.abc import Callable
 from typing import Any, Literal
@@ -34,7 +35,8 @@ class CustomOperator:
     def __init__(self, fn: Callable, mode: Mode, *, name: str | None = None,
                  need_top_grad: bool = True, infer_shape: Callable | None = None,
                  infer_type: Callable | None = None, num_outputs: int | None = None,
-                 auto_grad: bool = True, aux: dict[str, Callable] | None = None):
+                 auto_grad: bool = True, aux: dict[str, Callable] | None = None,
+                 optional: tuple[str, ...] | list[str] = ()):
         if mode not in MODES:
             raise ValueError(f"customop mode must be 'numpy' or 'mxnet', got {mode!r}")
         functools.update_wrapper(self, fn)
@@ -49,7 +51,7 @@ class CustomOperator:
                                 "state's name to a function of the input shapes returning its "
                                 f"shape, got {type(shape_fn).__name__}")
         self.aux_shape_fns: dict[str, Callable] = aux
-        self.signature = Signature(fn, self.op_type, tuple(aux))
+        self.signature = Signature(fn, self.op_type, tuple(aux), tuple(optional))
         self.twins: dict[str, CustomOperator] = {mode: self}
         self.need_top_grad = bool(need_top_grad)
         self.user_infer_shape = infer_shape
@@ -60,6 +62,13 @@ class CustomOperator:
         self.inference = Inference(self)
         self._pkeys: dict[tuple, str] = {}
         _register(self)
+        # One registered operator per set of absent optional inputs (MXNet's argument list
+        # is fixed per op_type); this op is the one with every input present.
+        self.variants: dict[frozenset[str], CustomOperator] = {}
+        opt = self.signature.optional
+        for k in range(1, len(opt) + 1):
+            for absent in itertools.combinations(opt, k):
+                self.variants[frozenset(absent)] = _Variant(self, absent)
 
     # ---- public API -----------------------------------------------------------------
     def def_grad(self, fn: GradMaker, argnum: int = 0) -> CustomOperator:
@@ -79,6 +88,8 @@ class CustomOperator:
             raise errors.mark(TypeError(f"customop {self.op_type!r}: def_grad needs a callable, "
                                         f"got {type(fn).__name__}"))
         self.grads[argnum] = fn
+        for variant in self.variants.values():
+            variant.adopt_grads()
         return self
 
     def twin(self, mode: Mode, **options: Any) -> Callable[[Callable], CustomOperator]:
@@ -112,7 +123,7 @@ class CustomOperator:
         settings = dict(name=f"{self.op_type}.{mode}", need_top_grad=self.need_top_grad,
                         infer_shape=self.user_infer_shape, infer_type=self.user_infer_type,
                         num_outputs=self.num_outputs, auto_grad=self.auto_grad,
-                        aux=self.aux_shape_fns)
+                        aux=self.aux_shape_fns, optional=tuple(self.signature.optional))
         settings.update(options)
 
         def wrap(fn: Callable) -> CustomOperator:
@@ -146,6 +157,22 @@ class CustomOperator:
         except KeyError:
             raise self.error(AttributeError, f"has no {mode!r}-mode twin; add one with "
                              f"@{self.__name__}.twin({mode!r})") from None
+
+    def variant(self, present: int | list[str]) -> CustomOperator:
+        """The operator registered for a call with only these inputs (names, or the first n).
+
+        Optional inputs left out of a call are run by a registered variant whose
+        ``op_type`` is ``"<op_type>~without_<name>"``; calls pick it themselves.
+        """
+        names = self.signature.inputs
+        given = names[:present] if isinstance(present, int) else list(present)
+        absent = frozenset(n for n in names if n not in given)
+        if not absent:
+            return self
+        if absent not in self.variants:
+            raise self.error(TypeError, f"input(s) {', '.join(sorted(absent))} cannot be left "
+                             f"out (optional inputs: {', '.join(self.signature.optional)})")
+        return self.variants[absent]
 
     @property
     def records_natively(self) -> bool:
@@ -186,6 +213,10 @@ class CustomOperator:
         node_name = kwargs.pop("name", None)
         ctx = kwargs.pop("ctx", None)
         arrays, params = self.signature.bind(args, kwargs)
+        if self.variants and any(a is None for a in arrays):
+            absent = frozenset(n for n, a in zip(self.signature.inputs, arrays) if a is None)
+            return self.variants[absent](*[a for a in arrays if a is not None], name=node_name,
+                                          ctx=ctx, **params)
         if any(_is_np_interface(a) for a in arrays):
             return _as_np_interface(self(*[_as_legacy(a) for a in arrays], name=node_name,
                                          ctx=ctx, **params))
@@ -335,6 +366,57 @@ class CustomOperator:
         return outs[0] if self.num_outputs == 1 else tuple(outs)
 
 
+class _Variant(CustomOperator):
+    """The operator for calls that leave some optional inputs out (they reach it as None)."""
+
+    def __init__(self, full: CustomOperator, absent: tuple[str, ...]):
+        names = full.signature.inputs
+        self.full = full
+        self.positions = [i for i, n in enumerate(names) if n not in absent]
+        sig = inspect.signature(full.fn)
+        params = [p for p in sig.parameters.values() if p.name not in absent]
+        present = [p.replace(default=inspect.Parameter.empty) if p.name in names else p
+                   for p in params]
+
+        def forward(*arrays, **kw):
+            return full.fn(*self._full_args(arrays), **kw)
+
+        forward.__signature__ = sig.replace(parameters=present)
+        forward.__module__ = full.fn.__module__
+        forward.__qualname__ = f"{full.fn.__qualname__}~without_{'_'.join(absent)}"
+        forward.__doc__ = full.fn.__doc__
+        super().__init__(forward, full.mode, name=f"{full.op_type}~without_{'_'.join(absent)}",
+                         need_top_grad=full.need_top_grad, infer_shape=_dropping(
+                             full.user_infer_shape, self), infer_type=_dropping(
+                             full.user_infer_type, self), num_outputs=full.num_outputs,
+                         auto_grad=full.auto_grad)
+        self.adopt_grads()
+
+    def _full_args(self, arrays):
+        full = [None] * len(self.full.signature.inputs)
+        for i, a in zip(self.positions, arrays):
+            full[i] = a
+        return [*full, *arrays[len(self.positions):]]
+
+    def adopt_grads(self) -> None:
+        self.grads = {}
+        for j, i in enumerate(self.positions):
+            if i in self.full.grads:
+                self.grads[j] = self._grad_for(self.full.grads[i])
+
+    def _grad_for(self, maker):
+        def grad(ans, *arrays, **params):
+            return maker(ans, *self._full_args(arrays), **params)
+        return grad
+
+
+def _dropping(fn: Callable | None, variant: _Variant) -> Callable | None:
+    # infer_shape/infer_type of the full op, called with None for the absent inputs.
+    if fn is None:
+        return None
+    return lambda *values, **params: fn(*variant._full_args(values), **params)
+
+
 def _params_text(sig: Signature) -> str:
     return ", ".join([*sig.required, *(f"{k}={v!r}" for k, v in sig.defaults.items())]) or "none"
 
@@ -389,7 +471,8 @@ def _register(op: CustomOperator) -> None:
 def customop(mode: Mode, *, name: str | None = None, need_top_grad: bool = True,
              infer_shape: Callable | None = None, infer_type: Callable | None = None,
              num_outputs: int | None = None, auto_grad: bool = True,
-             aux: dict[str, Callable] | None = None) -> Callable[[Callable], CustomOperator]:
+             aux: dict[str, Callable] | None = None,
+             optional: tuple[str, ...] | list[str] = ()) -> Callable[[Callable], CustomOperator]:
     """Turn a forward function into a registered MXNet custom operator.
 
     Args:
@@ -410,6 +493,10 @@ def customop(mode: Mode, *, name: str | None = None, need_top_grad: bool = True,
             ``shape_fn(*input_shapes, **params)`` gives its shape; its dtype is
             the first input's.  Symbol calls may leave them out (MXNet creates
             ``<node>_<name>`` variables, zero-initialised); array calls pass them.
+        optional: names of positional parameters defaulting to ``None`` that are
+            optional array inputs (``def f(pred, label, weight=None)``): a call
+            may leave them out, on every call style, and the forward and the
+            gradient closures then see ``None``.
 
     Positional parameters without defaults are array inputs; parameters with
     defaults are operator parameters (Python literals, kept exactly).  A
@@ -430,5 +517,6 @@ def customop(mode: Mode, *, name: str | None = None, need_top_grad: bool = True,
     def wrap(fn: Callable) -> CustomOperator:
         return CustomOperator(fn, mode, name=name, need_top_grad=need_top_grad,
                               infer_shape=infer_shape, infer_type=infer_type,
-                              num_outputs=num_outputs, auto_grad=auto_grad, aux=aux)
+                              num_outputs=num_outputs, auto_grad=auto_grad, aux=aux,
+                              optional=optional)
     return wrap

@@ -17,8 +17,10 @@ from . import params as _params
 class Signature:
     """The split of a forward function's parameters into inputs, aux states and parameters."""
 
-    def __init__(self, fn: Callable, op: str, aux: tuple[str, ...] = ()):
+    def __init__(self, fn: Callable, op: str, aux: tuple[str, ...] = (),
+                 optional: tuple[str, ...] = ()):
         self.op = op
+        self.optional: list[str] = []
         sig = inspect.signature(fn)
         arrays: list[str] = []
         self.defaults: dict[str, Any] = {}
@@ -34,8 +36,22 @@ class Signature:
                  else self.defaults.__setitem__(p.name, p.default))
             elif p.default is p.empty:
                 arrays.append(p.name)
+            elif p.name in optional:
+                if p.default is not None:
+                    raise TypeError(f"customop {op!r}: optional input {p.name!r} must default "
+                                    f"to None (got {p.default!r}).")
+                arrays.append(p.name)
+                self.optional.append(p.name)
             else:
                 self.defaults[p.name] = p.default
+        not_optional = [o for o in optional if o not in self.optional]
+        if not_optional:
+            raise TypeError(f"customop {op!r}: optional= names {', '.join(map(repr, not_optional))}"
+                            ", which must be positional parameters of the forward defaulting to "
+                            "None (e.g. def f(pred, label, weight=None, *, alpha=1.0)).")
+        if optional and aux:
+            raise TypeError(f"customop {op!r}: an operator cannot have both optional inputs and "
+                            "auxiliary states.")
         unknown = [a for a in aux if a not in arrays]
         if unknown:
             raise TypeError(
@@ -101,6 +117,9 @@ class Signature:
                                 f"({self.describe()}; parameters: {known}).")
             params[key] = _params.normalize(value, self.op, key)
         for name in self.inputs[len(args):]:
+            if name in self.optional and name not in kwargs:
+                arrays.append(None)
+                continue
             if name not in kwargs:
                 raise TypeError(f"customop {self.op!r} is missing array input {name!r} "
                                 f"({self.describe()}).")
