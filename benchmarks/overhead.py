@@ -23,6 +23,9 @@ gradient of ones).  Variants:
   with default dispatch, each path pinned with ``forced_path`` (``direct`` is
   forward only, ``function`` is forward+backward only: unrecorded it *is*
   ``direct``), and ``mx.nd.Custom(x, op_type=op.op_type)`` called directly;
+* ``mx-auto/native`` and ``mx-auto/function``: the ``'mxnet'``-mode op without
+  ``def_grad``, recorded natively (its default under ``record()``) and through
+  the callback node with an automatic gradient (a second, recorded forward);
 * ``hips``: HIPS ``autograd`` on NumPy (the plain function forward,
   ``make_vjp``/``grad`` for forward+backward), the reference for numpy mode.
 
@@ -118,8 +121,21 @@ def np_loss(x):
 for _op in (mx_square, mx_loss, np_square, np_loss):
     _op.def_grad(_grad)
 
+
+# The same 'mxnet'-mode forwards without def_grad: recorded natively by default.
+@customop("mxnet", name="bench.mx_auto_square")
+def mx_auto_square(x):
+    return x * x
+
+
+@customop("mxnet", name="bench.mx_auto_loss")
+def mx_auto_loss(x):
+    return mx.nd.sum(x * x)
+
+
 DECORATED = {("mx", SQUARE.name): mx_square, ("mx", LOSS.name): mx_loss,
-             ("np", SQUARE.name): np_square, ("np", LOSS.name): np_loss}
+             ("np", SQUARE.name): np_square, ("np", LOSS.name): np_loss,
+             ("mx-auto", SQUARE.name): mx_auto_square, ("mx-auto", LOSS.name): mx_auto_loss}
 
 
 # ---- the hand-written CustomOp, as MXNet's tutorial writes one ---------------------------
@@ -259,6 +275,9 @@ def variants_for(kind: Kind) -> list[Variant]:
         Variant("ag.Function", both(lambda x: function()(x))),
         *decorated_variants("mx", DECORATED["mx", kind.name]),
         *decorated_variants("np", DECORATED["np", kind.name]),
+        Variant("mx-auto/native", {"fwd+bwd": fwd_bwd_of(DECORATED["mx-auto", kind.name])}),
+        Variant("mx-auto/function",
+                {"fwd+bwd": fwd_bwd_of(pinned(DECORATED["mx-auto", kind.name], "function"))}),
         hips_variant(kind),
     ]
 

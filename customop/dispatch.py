@@ -112,9 +112,9 @@ def call_without_inputs(op: CustomOperator, params: dict[str, Any], ctx: mx.Cont
     """An operator with no array inputs (a generator): its outputs, on ``ctx``."""
     if getattr(_forced, "path", None) == "custom":
         attrs = {k: _params.encode(v) for k, v in params.items()}
-        with ctx:
-            outs = mx.nd.Custom(op_type=op.op_type, **attrs)
+        outs = mx.nd.Custom(op_type=op.op_type, **attrs)
         outs = [outs] if isinstance(outs, mx.nd.NDArray) else list(outs)
+        outs = [o if o.context == ctx else o.as_in_context(ctx) for o in outs]
     else:
         mode = op.mode_impl
         with ctx, mx.autograd.pause(train_mode=mx.autograd.is_training()):

@@ -109,3 +109,21 @@ def test_benchmark_runs_and_checks_its_variants():
     assert {"native", "handwritten", "ag.Function", "hips", "mx/default", "mx/direct",
             "mx/function", "mx/custom", "mx/nd.Custom", "np/default", "np/custom"} <= variants
     assert "allocator: MALLOC_MMAP_THRESHOLD_" in proc.stdout and "Targets:" in proc.stdout
+
+
+def test_readme_state_and_twin_examples_run_as_written(tmp_path):
+    readme = (ROOT / "README.md").read_text()
+    quick = re.search(r"## Quick start\s+```python\n(.*?)```", readme, re.S).group(1)
+    section = readme[readme.index("## State, generators"):readme.index("## Checking gradients")]
+    blocks = re.findall(r"```python\n(.*?)```", section, re.S)
+    assert len(blocks) == 2
+    script = tmp_path / "state.py"
+    script.write_text(quick + "\n".join(blocks) + (
+        "\nassert count.asscalar() == 1, count\n"
+        "assert s.list_auxiliary_states() == ['cnt_count']\n"
+        "assert scaled_square.numpy(mx.nd.array([2.0]), scale=3.0).asscalar() == 12\n"
+        "print('ok')\n"))
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                         timeout=120, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().endswith("ok")
