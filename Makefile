@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: venv demo test lint bench clean
+.PHONY: venv demo test lint bench notebooks clean
 
 venv: $(STAMP)
 
@@ -22,6 +22,9 @@ lint: $(STAMP)
 
 test: lint
 	$(PY) -m pytest -q tests
+
+notebooks: $(STAMP)
+	$(PY) notebooks/run_notebooks.py
 
 bench: $(STAMP)
 	$(PY) benchmarks/overhead.py

@@ -1,0 +1,39 @@
+"""Every tour notebook executes top to bottom in a fresh kernel, and keeps its plots."""
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "notebooks"))
+import run_notebooks  # noqa: E402
+
+NOTEBOOKS = run_notebooks.notebooks()
+
+
+def test_the_tours_are_there():
+    names = {p.name for p in NOTEBOOKS}
+    assert {"01_quickstart.ipynb", "02_gradient_check.ipynb"} <= names
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_notebook_executes_cleanly(path):
+    nb = run_notebooks.execute(path, save=False)
+    errors = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])
+              if o.get("output_type") == "error"]
+    assert not errors
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_committed_notebook_keeps_its_outputs_and_plots(path):
+    nb = nbformat.read(path, as_version=4)
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    assert all(c.get("execution_count") for c in code), "run `make notebooks` before committing"
+    plots = sum("image/png" in o.get("data", {}) for c in code for o in c.get("outputs", []))
+    figures = sum(c.source.count("plt.subplots(") + c.source.count("plt.figure(") for c in code)
+    assert plots >= figures > 0 or figures == 0
+    for c in code:
+        if "plt.subplots(" in c.source or "plt.figure(" in c.source:
+            assert "set_title" in c.source or "title(" in c.source, c.source[:80]
+            assert "set_xlabel" in c.source or "xlabel(" in c.source, c.source[:80]
