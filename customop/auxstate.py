@@ -68,7 +68,10 @@ def _settled(fn):
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         result = fn(*args, **kwargs)
-        if _active.is_set() and not getattr(_thread, "inside", False):
+        # Threads MXNet created (custom-op workers: Python sees them as dummy threads) run
+        # inside an engine operation; waiting there for the engine would wait for ourselves.
+        if _active.is_set() and not getattr(_thread, "inside", False) and not isinstance(
+                threading.current_thread(), threading._DummyThread):
             mx.nd.waitall()  # aux writes happen on MXNet's worker threads, unordered with reads
         return result
     wrapper._customop_settled = True

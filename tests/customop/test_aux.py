@@ -197,3 +197,47 @@ def test_bad_aux_use_names_the_op_and_the_state():
     count = mx.nd.zeros((1,))
     y = auxops.counted(x, count)  # still usable
     np.testing.assert_array_equal(y.asnumpy(), 2)
+
+
+def test_a_handwritten_op_may_still_run_autograd_inside_its_backward():
+    """Once aux settling is on, a backward() issued on MXNet's worker thread must not wait."""
+    code = NESTED
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["[2.", "4.]", "<NDArray", "2", "@cpu(0)>", "[1.]",
+                                  "<NDArray", "1", "@cpu(0)>"]
+
+
+NESTED = '''
+import mxnet as mx
+from tests.customop import auxops
+c = mx.nd.zeros((1,)); x = mx.nd.ones((2,)); x.attach_grad()
+with mx.autograd.record():
+    y = auxops.counted(x, c)
+y.backward()
+
+class Inner(mx.operator.CustomOp):
+    def forward(self, is_train, req, in_data, out_data, aux):
+        self.assign(out_data[0], req[0], in_data[0] * 2)
+
+    def backward(self, req, out_grad, in_data, out_data, in_grad, aux):
+        a = in_data[0].copy(); a.attach_grad()
+        with mx.autograd.record():
+            b = a * a
+        b.backward()
+        self.assign(in_grad[0], req[0], a.grad * out_grad[0])
+
+@mx.operator.register("inner_nested")
+class InnerProp(mx.operator.CustomOpProp):
+    def list_arguments(self): return ['x']
+    def list_outputs(self): return ['y']
+    def infer_shape(self, s): return s, s, []
+    def create_operator(self, ctx, shapes, dtypes): return Inner()
+
+x2 = mx.nd.array([1., 2.]); x2.attach_grad()
+with mx.autograd.record():
+    z = mx.nd.Custom(x2, op_type='inner_nested')
+z.backward()
+print(x2.grad, c)
+'''
