@@ -2,3 +2,5 @@
 # ---- issue 11: detection operators (topk do_sort, arr_pick, legacy boxes, OHEM) ----
 from .topk import topk  # noqa: E402,F401
 from .arr_pick import arr_pick  # noqa: E402,F401
+from .box_iou import box_iou  # noqa: E402,F401
+from .box_nms import box_nms  # noqa: E402,F401
