@@ -4,3 +4,5 @@ from .topk import topk  # noqa: E402,F401
 from .arr_pick import arr_pick  # noqa: E402,F401
 from .box_iou import box_iou  # noqa: E402,F401
 from .box_nms import box_nms  # noqa: E402,F401
+from .box_decode import box_decode  # noqa: E402,F401
+from .box_encode import box_encode  # noqa: E402,F401
