@@ -114,6 +114,8 @@ def _encode_grad(argnum):
 
 for _i in (2, 3, 4, 5):  # anchors, refs, means, stds
     box_encode.def_grad(_encode_grad(_i), _i)
+for _i in (0, 1):  # samples and matches select; they get no gradient
+    box_encode.def_grad(lambda ans, *arrays, _i=_i, **_: lambda g: arrays[_i].zeros_like(), _i)
 
 
 @box_encode.twin("numpy")
@@ -136,3 +138,8 @@ def _box_encode_numpy(samples, matches, anchors, refs, means, stds, *, legacy_bo
         t = (t - means) / stds
     masks = np.broadcast_to(valid[..., None], t.shape).astype(getval(anchors).dtype)
     return anp.where(masks > 0, t, 0.0), masks
+
+
+for _i in (0, 1):
+    _box_encode_numpy.def_grad(lambda ans, *arrays, _i=_i, **_: lambda g: np.zeros_like(
+        arrays[_i]), _i)
