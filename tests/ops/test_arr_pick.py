@@ -26,7 +26,8 @@ def reference(arr, indicate, num):
 def test_issue_example(op):
     a = mx.nd.arange(60).reshape((1, 6, 10))
     b = mx.nd.array([[[0, 1, 0, 1, 0, 1, 0, 1, 0, 1]]])
-    np.testing.assert_array_equal(op(a, b, num=5).asnumpy(), np.arange(60).reshape(6, 10)[:, 1::2][None])
+    want = np.arange(60).reshape(6, 10)[:, 1::2][None]
+    np.testing.assert_array_equal(op(a, b, num=5).asnumpy(), want)
 
 
 @pytest.mark.parametrize("op", TWINS, ids=["mxnet", "numpy"])

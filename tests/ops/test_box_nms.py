@@ -78,7 +78,7 @@ SETTINGS = [dict(overlap_thresh=t, valid_thresh=v, topk=k, id_index=i, backgroun
 
 @pytest.mark.parametrize("op", TWINS, ids=["mxnet", "numpy"])
 def test_equals_reference_and_native(op):
-    for n, kw in enumerate(SETTINGS):
+    for kw in SETTINGS:
         data = random_data(2, 10)
         if kw["in_format"] == "center":
             data[..., 4:6] -= data[..., 2:4]
