@@ -67,9 +67,9 @@ def box_encode(samples, matches, anchors, refs, means, stds, *, legacy_box=False
 
     Example:
         >>> import mxnet as mx, ops
-        >>> s, m = mx.nd.array([[1]]), mx.nd.array([[0]])
-        >>> a, r = mx.nd.array([[[0, 0, 9, 9]]]), mx.nd.array([[[0, 0, 19, 9]]])
-        >>> t, mask = ops.box_encode(s, m, a, r, mx.nd.zeros(4), mx.nd.ones(4), legacy_box=True)
+        >>> f = lambda x: mx.nd.array(x, dtype='float64')
+        >>> s, m, a, r = f([[1]]), f([[0]]), f([[[0, 0, 9, 9]]]), f([[[0, 0, 19, 9]]])
+        >>> t, mask = ops.box_encode(s, m, a, r, f([0] * 4), f([1] * 4), legacy_box=True)
         >>> t.asnumpy().round(4).tolist()   # width 20 vs 10: dx = (10 - 5) / 10, log 2
         [[[0.5, 0.0, 0.6931, 0.0]]]
     """

@@ -49,10 +49,9 @@ def box_iou(lhs, rhs, *, format="corner", legacy_box=False):
     Example:
         >>> import mxnet as mx, ops
         >>> a, b = mx.nd.array([[0, 0, 9, 9]]), mx.nd.array([[5, 5, 14, 14]])
-        >>> round(ops.box_iou(a, b, legacy_box=True).asscalar() * 175, 3)  # 25 / 175
-        25.0
-        >>> round(ops.box_iou(a, b).asscalar() * 146, 3)                    # 16 / 146
-        16.0
+        >>> legacy, plain = ops.box_iou(a, b, legacy_box=True), ops.box_iou(a, b)
+        >>> [round(float(x.asnumpy()[0, 0]) * n, 3) for x, n in ((legacy, 175), (plain, 146))]
+        [25.0, 16.0]
     """
     _check(lhs.shape, rhs.shape, format)
     if legacy_box and format == "corner":

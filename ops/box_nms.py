@@ -95,11 +95,11 @@ def box_nms(data, *, overlap_thresh=0.5, valid_thresh=0.0, topk=-1, coord_start=
 
     Example:
         >>> import mxnet as mx, ops
-        >>> d = mx.nd.array([[0, 0.9, 0, 0, 9, 9], [0, 0.8, 6, 6, 15, 15]])
-        >>> ops.box_nms(d, overlap_thresh=0.1)[:, 1].asnumpy().tolist()   # IoU 16/146
-        [0.8999999761581421, 0.800000011920929]
-        >>> ops.box_nms(d, overlap_thresh=0.1, legacy_box=True)[:, 1].asnumpy().tolist()
-        [0.8999999761581421, -1.0]
+        >>> d = mx.nd.array([[0, 0.9, 0, 0, 9, 9], [0, 0.8, 5, 5, 14, 14]], dtype='float64')
+        >>> ops.box_nms(d, overlap_thresh=0.12)[:, 1].asnumpy().tolist()   # IoU 16/146 = 0.110
+        [0.9, 0.8]
+        >>> ops.box_nms(d, overlap_thresh=0.12, legacy_box=True)[:, 1].asnumpy().tolist()
+        [0.9, -1.0]
     """
     _check(data.shape, coord_start, score_index, id_index, in_format, out_format)
     common = dict(overlap_thresh=overlap_thresh, valid_thresh=valid_thresh, topk=topk,

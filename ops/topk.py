@@ -192,7 +192,7 @@ class TopK:
 
     Example:
         >>> import mxnet as mx, ops
-        >>> a = mx.nd.array([[0.087, 0.648, 0.020, 0.368, 0.833]])
+        >>> a = mx.nd.array([[0.087, 0.648, 0.020, 0.368, 0.833]], dtype='float64')
         >>> ops.topk(a, k=3, do_sort=False).asnumpy().round(3).tolist()
         [[0.648, 0.368, 0.833]]
         >>> ops.topk(a, k=3).asnumpy().round(3).tolist()
