@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: venv demo test lint bench clean
+.PHONY: venv demo test lint bench bench-detection clean
 
 venv: $(STAMP)
 
@@ -25,6 +25,9 @@ test: lint
 
 bench: $(STAMP)
 	$(PY) benchmarks/overhead.py
+
+bench-detection: $(STAMP)
+	$(PY) benchmarks/detection.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info
