@@ -80,7 +80,8 @@ def box_nms(data, *, overlap_thresh=0.5, valid_thresh=0.0, topk=-1, coord_start=
     valid_thresh : float, default 0
         Boxes with ``score <= valid_thresh`` are dropped first.
     topk : int, default -1
-        Apply NMS to the ``topk`` highest-scoring valid boxes only; -1: all.
+        Apply NMS to the ``topk`` highest-scoring valid boxes only; -1: all; 0 returns
+        ``data`` unchanged (as MXNet does).
     coord_start, score_index, id_index : int, default 2, 1, -1
         Columns of the 4 coordinates, the score and the class id (-1: no class).
     background_id : int, default -1
@@ -108,6 +109,8 @@ def box_nms(data, *, overlap_thresh=0.5, valid_thresh=0.0, topk=-1, coord_start=
                   in_format=in_format)
     if not legacy_box:
         return mx.nd.contrib.box_nms(data, out_format=out_format, **common)
+    if topk == 0:  # MXNet's box_nms returns its input as is
+        return data.copy()
     shape, ctx = data.shape, data.context
     n, width = shape[-2], shape[-1]
     rows = data.reshape((-1, n, width))
@@ -139,6 +142,8 @@ def _box_nms_numpy(data, *, overlap_thresh=0.5, valid_thresh=0.0, topk=-1, coord
                    score_index=1, id_index=-1, background_id=-1, force_suppress=False,
                    in_format="corner", out_format="corner", legacy_box=False):
     _check(data.shape, coord_start, score_index, id_index, in_format, out_format)
+    if topk == 0:  # MXNet's box_nms returns its input as is
+        return data.copy()
     one = 1 if legacy_box else 0
     lo, hi = coord_start, coord_start + 4
     rows = data.reshape(-1, *data.shape[-2:])

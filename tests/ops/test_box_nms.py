@@ -38,6 +38,8 @@ def reference(data, overlap_thresh=0.5, valid_thresh=0.0, topk=-1, id_index=-1,
             id_index >= 0 and background_id >= 0 and rows[i, id_index] == background_id)]
         order = sorted(valid, key=lambda i: (-rows[i, 1], i))
         order = order[:topk] if topk >= 0 else order
+        if topk == 0:
+            return data  # MXNet's box_nms returns its input unchanged for topk=0
         kept = []
         for i in order:
             if all(iou(boxes[i], boxes[j], d) <= overlap_thresh for j in kept
@@ -72,7 +74,7 @@ def random_data(batch, n):
 SETTINGS = [dict(overlap_thresh=t, valid_thresh=v, topk=k, id_index=i, background_id=bg,
                  force_suppress=f, in_format=fi, out_format=fo)
             for t, v, k, i, bg, f, fi, fo in itertools.product(
-                [0.1, 0.5], [0.0, 0.6], [-1, 3], [-1, 0], [-1, 1], [False, True],
+                [0.1, 0.5], [0.0, 0.6], [-1, 0, 3], [-1, 0], [-1, 1], [False, True],
                 ["corner", "center"], ["corner", "center"])]
 
 
