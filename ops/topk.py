@@ -126,22 +126,26 @@ def _topk_both_numpy(data, *, k=1, axis=-1, ret_typ="both", is_ascend=False, dty
     return _topk_np(data, k, axis, "both", is_ascend, dtype, do_sort)
 
 
-def _topk_both_grad_nd(ans, data, k=1, axis=-1, ret_typ="both", is_ascend=False,
-                       dtype="float32", do_sort=True):
+def _topk_grad_nd(ans, data, k=1, axis=-1, ret_typ="value", is_ascend=False,
+                  dtype="float32", do_sort=True):
     # Only 'value' carries a gradient; 'indices' (computed unrecorded) must not be backpropagated.
     def grad(g):
+        if ret_typ not in ("value", "both"):
+            return data.zeros_like()
+        g = g[0] if ret_typ == "both" else g
         x = data.copy()
         x.attach_grad()
         with mx.autograd.record():
             value = _topk_nd(x, k, axis, "value", is_ascend, dtype, do_sort)
-        value.backward(g[0])
+        value.backward(g)
         return x.grad
     return grad
 
 
 _topk_single.numpy.def_grad(_topk_grad_np)
 _topk_both.numpy.def_grad(_topk_grad_np)
-_topk_both.def_grad(_topk_both_grad_nd)
+_topk_single.def_grad(_topk_grad_nd)
+_topk_both.def_grad(_topk_grad_nd)
 
 
 class TopK:

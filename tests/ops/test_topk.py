@@ -102,6 +102,9 @@ def test_value_gradient(op, do_sort):
 @pytest.mark.parametrize("op", [ops.topk.single, ops.topk.both], ids=["single", "both"])
 def test_every_path_and_no_host_copy(op):
     x = np.random.normal(size=(2, 7)).astype(np.float32)
+    for ret_typ in ("indices", "mask"):  # outputs without gradient also pass through graphs
+        for do_sort in (True, False):
+            every_path(ops.topk.single, [x], dict(k=3, ret_typ=ret_typ, do_sort=do_sort))
     params = dict(k=3, do_sort=False, ret_typ="both" if op is ops.topk.both else "value")
     outs = every_path(op, [x], params)
     np.testing.assert_allclose(outs[0], reference(x, 3, -1, "value", False, False), rtol=1e-6)
