@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: venv demo test lint bench notebooks clean
+.PHONY: venv demo test lint bench bench-detection notebooks clean
 
 venv: $(STAMP)
 
@@ -28,6 +28,9 @@ notebooks: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) benchmarks/overhead.py
+
+bench-detection: $(STAMP)
+	$(PY) benchmarks/detection.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,89 @@
+"""``ops.arr_pick``: dynamic indexing by a 0/1 mask, built on ``topk(do_sort=False)``."""
+from __future__ import annotations
+
+import mxnet as mx
+import numpy as np
+
+from customop import customop
+
+from .topk import _topk_nd
+
+
+def _check(arr_shape, indicate_shape, num):
+    if len(arr_shape) != 3:
+        raise ValueError(f"ops.arr_pick: arr must have shape (B, M, L), got {tuple(arr_shape)}")
+    b, _, length = arr_shape
+    if tuple(indicate_shape) != (b, 1, length):
+        raise ValueError(f"ops.arr_pick: indicate must have shape (B, 1, L) = {(b, 1, length)} "
+                         f"for arr of shape {tuple(arr_shape)}, got {tuple(indicate_shape)}")
+    if isinstance(num, bool) or not isinstance(num, int) or not 1 <= num <= length:
+        raise ValueError(f"ops.arr_pick: num={num!r} must be an int in [1, L={length}]")
+    return length
+
+
+@customop("mxnet", name="ops.arr_pick")
+def arr_pick(arr, indicate, *, num):
+    r"""Pick, per row, the ``num`` entries that ``indicate`` marks, in their original order.
+
+    .. math::
+
+        \mathrm{out}_{b,m,j} = \mathrm{arr}_{b,m,s_{b,j}},\qquad
+        s_{b,1} < \dots < s_{b,\mathrm{num}} \text{ the positions where }
+        \mathrm{indicate}_{b,0,s} \neq 0
+
+    The positions come from ``ops.topk(..., do_sort=False)`` on a key that ranks
+    marked positions first and, among equals, lower positions first; so a row
+    with more than ``num`` marks gives its first ``num``, and a row with fewer
+    is filled up with its first unmarked positions (never from another row).
+    The values are gathered exactly (no arithmetic on them, unlike the
+    add-a-large-offset trick). Differentiable w.r.t. ``arr`` (the head gradient
+    scatters back to the picked positions); ``indicate`` gets zero gradient.
+
+    Parameters
+    ----------
+    num : int
+        How many entries to pick per row, ``1 <= num <= L`` (keyword).
+
+    Shapes: ``arr`` (B, M, L); ``indicate`` (B, 1, L), nonzero = picked;
+    output (B, M, num), ``arr``'s dtype.
+
+    Example:
+        >>> import mxnet as mx, ops
+        >>> a = mx.nd.arange(60).reshape((1, 6, 10))
+        >>> b = mx.nd.array([[[0, 1, 0, 1, 0, 1, 0, 1, 0, 1]]])
+        >>> ops.arr_pick(a, b, num=5)[0, :2].asnumpy().tolist()
+        [[1.0, 3.0, 5.0, 7.0, 9.0], [11.0, 13.0, 15.0, 17.0, 19.0]]
+    """
+    length = _check(arr.shape, indicate.shape, num)
+    b, m, _ = arr.shape
+    ctx = arr.context
+    with mx.autograd.pause():
+        rank = mx.nd.arange(length - 1, -1, -1, ctx=ctx, dtype="float64").reshape((1, 1, -1))
+        key = mx.nd.broadcast_add((indicate != 0).astype("float64") * length, rank)
+        pos = _topk_nd(key, num, -1, "indices", False, "int64", False)  # (B, 1, num)
+        base = (mx.nd.arange(b * m, ctx=ctx, dtype="int64") * length).reshape((b, m, 1))
+        flat = mx.nd.broadcast_add(base, pos)
+    return mx.nd.take(arr.reshape((-1,)), flat)
+
+
+@arr_pick.twin("numpy")
+def _arr_pick_numpy(arr, indicate, *, num):
+    length = _check(arr.shape, indicate.shape, num)
+    key = (indicate != 0) * length + np.arange(length - 1, -1, -1)  # unique: no ties
+    pos = np.sort(np.argsort(-key, axis=-1)[..., :num], axis=-1)
+    return np.take_along_axis(arr, np.broadcast_to(pos, arr.shape[:2] + (num,)), axis=-1)
+
+
+def _arr_pick_grad_np(ans, arr, indicate, *, num):
+    def grad(g):
+        length = arr.shape[-1]
+        key = (indicate != 0) * length + np.arange(length - 1, -1, -1)
+        pos = np.sort(np.argsort(-key, axis=-1)[..., :num], axis=-1)
+        out = np.zeros_like(arr)
+        np.put_along_axis(out, np.broadcast_to(pos, g.shape), g, axis=-1)
+        return out
+    return grad
+
+
+arr_pick.numpy.def_grad(_arr_pick_grad_np)
+arr_pick.numpy.def_grad(lambda ans, arr, indicate, **_: lambda g: np.zeros_like(indicate), 1)

@@ -1,0 +1,145 @@
+"""``ops.box_encode``: ``mx.nd.contrib.box_encode`` plus ``legacy_box``, differentiable."""
+from __future__ import annotations
+
+import mxnet as mx
+import numpy as np
+from autograd import numpy as anp
+from autograd.tracer import getval
+
+from customop import customop
+
+from ._boxes import check_boxes, to_center
+
+
+def _check(samples, matches, anchors, refs, means, stds):
+    check_boxes("box_encode", "anchors", anchors, ndim=3)
+    check_boxes("box_encode", "refs", refs, ndim=3)
+    b, n = anchors[:2]
+    for name, shape in (("samples", samples), ("matches", matches)):
+        if tuple(shape) != (b, n):
+            raise ValueError(f"ops.box_encode: {name} must have shape (B, N) = {(b, n)} like "
+                             f"anchors {tuple(anchors)}, got {tuple(shape)}")
+    if refs[0] != b:
+        raise ValueError(f"ops.box_encode: refs must have shape (B, M, 4) with B = {b}, got "
+                         f"{tuple(refs)}")
+    for name, shape in (("means", means), ("stds", stds)):
+        if tuple(shape) != (4,):
+            raise ValueError(f"ops.box_encode: {name} must have shape (4,), got {tuple(shape)}")
+
+
+def _infer_shape(samples, matches, anchors, refs, means, stds, **_):
+    return [anchors, anchors]
+
+
+@customop("mxnet", name="ops.box_encode", infer_shape=_infer_shape, num_outputs=2)
+def box_encode(samples, matches, anchors, refs, means, stds, *, legacy_box=False):
+    r"""Regression targets of matched reference boxes w.r.t. anchors (R-CNN coding).
+
+    For anchor :math:`a` matched to reference box :math:`r` (both corner boxes),
+    with :math:`w = x_2 - x_1 + \delta`, :math:`x = x_1 + w/2` (:math:`\delta = 1`
+    when ``legacy_box``, else 0):
+
+    .. math::
+
+        t = \left(\frac{x_r - x_a}{w_a}, \frac{y_r - y_a}{h_a},
+                  \log\frac{w_r}{w_a}, \log\frac{h_r}{h_a}\right),\qquad
+        \mathrm{targets} = \frac{t - \mathrm{means}}{\mathrm{stds}}
+
+    for positive samples (``samples > 0.5``) and 0 elsewhere; ``masks`` is 1 for
+    positive samples and 0 elsewhere, on all 4 coordinates. With
+    ``legacy_box=False`` the outputs equal ``mx.nd.contrib.box_encode`` bit for bit
+    (the ``'mxnet'`` op calls it; ``legacy_box=True`` composes ``take``, ``log``,
+    ``where``); unlike it, this op is differentiable w.r.t. ``anchors``, ``refs`` (e.g. predicted
+    boxes), ``means`` and ``stds`` (``samples`` and ``matches`` get zero).
+    Degenerate boxes give ``inf``/``nan`` targets as in MXNet. ``matches`` of
+    non-positive samples may be anything (MXNet reads the box anyway; here it is
+    clipped into range); ``ops.box_encode.numpy`` rejects a positive sample's
+    match outside ``[0, M)``, the ``'mxnet'`` op does not check values (no sync).
+
+    Parameters
+    ----------
+    legacy_box : bool, default False
+        Widths and heights are ``x2 - x1 + 1``, ``y2 - y1 + 1`` (Caffe/Detectron).
+
+    Shapes: ``samples`` (B, N): +1 positive, -1 negative, 0 ignore;
+    ``matches`` (B, N): index into ``refs``; ``anchors`` (B, N, 4); ``refs`` (B, M, 4);
+    ``means``, ``stds`` (4,). Outputs ``targets``, ``masks``: (B, N, 4).
+
+    Example:
+        >>> import mxnet as mx, ops
+        >>> f = lambda x: mx.nd.array(x, dtype='float64')
+        >>> s, m, a, r = f([[1]]), f([[0]]), f([[[0, 0, 9, 9]]]), f([[[0, 0, 19, 9]]])
+        >>> t, mask = ops.box_encode(s, m, a, r, f([0] * 4), f([1] * 4), legacy_box=True)
+        >>> t.asnumpy().round(4).tolist()   # width 20 vs 10: dx = (10 - 5) / 10, log 2
+        [[[0.5, 0.0, 0.6931, 0.0]]]
+    """
+    _check(samples.shape, matches.shape, anchors.shape, refs.shape, means.shape, stds.shape)
+    if not legacy_box:  # MXNet's kernel, for bit-equal outputs; gradients: _encode_grad
+        return tuple(mx.nd.contrib.box_encode(samples, matches, anchors, refs, means, stds))
+    return _encode_nd(samples, matches, anchors, refs, means, stds, 1)
+
+
+def _encode_nd(samples, matches, anchors, refs, means, stds, one):
+    b, n, _ = anchors.shape
+    m = refs.shape[1]
+    with mx.autograd.pause():
+        offsets = (mx.nd.arange(b, ctx=refs.context, dtype=matches.dtype) * m).reshape((b, 1))
+        flat = mx.nd.broadcast_add(matches, offsets).reshape((-1,))
+        valid = samples > 0.5
+    ref = mx.nd.take(refs.reshape((-1, 4)), flat).reshape((b, n, 4))
+    rx, ry, rw, rh = to_center(*mx.nd.split(ref, 4, axis=-1), one)
+    ax, ay, aw, ah = to_center(*mx.nd.split(anchors, 4, axis=-1), one)
+    t = mx.nd.concat((rx - ax) / aw, (ry - ay) / ah, mx.nd.log(rw / aw), mx.nd.log(rh / ah),
+                     dim=-1)
+    t = mx.nd.broadcast_div(mx.nd.broadcast_sub(t, means.reshape((1, 1, 4))),
+                            stds.reshape((1, 1, 4)))
+    masks = mx.nd.broadcast_to(valid.reshape((b, n, 1)), (b, n, 4))
+    return mx.nd.where(masks, t, mx.nd.zeros_like(t)), masks
+
+
+def _encode_grad(argnum):
+    # contrib.box_encode has no gradient: differentiate the same math written in mx.nd ops.
+    def maker(ans, *arrays, legacy_box=False):
+        def grad(g):
+            xs = list(arrays)
+            xs[argnum] = x = arrays[argnum].copy()
+            x.attach_grad()
+            with mx.autograd.record():
+                targets, _ = _encode_nd(*xs, 1 if legacy_box else 0)
+            targets.backward(g[0])
+            return x.grad
+        return grad
+    return maker
+
+
+for _i in (2, 3, 4, 5):  # anchors, refs, means, stds
+    box_encode.def_grad(_encode_grad(_i), _i)
+for _i in (0, 1):  # samples and matches select; they get no gradient
+    box_encode.def_grad(lambda ans, *arrays, _i=_i, **_: lambda g: arrays[_i].zeros_like(), _i)
+
+
+@box_encode.twin("numpy")
+def _box_encode_numpy(samples, matches, anchors, refs, means, stds, *, legacy_box=False):
+    # Written with autograd.numpy: HIPS autograd gives the gradients.
+    _check(samples.shape, matches.shape, anchors.shape, refs.shape, means.shape, stds.shape)
+    one = 1 if legacy_box else 0
+    valid = getval(samples) > 0.5
+    index = getval(matches)
+    if np.any(valid & ((index < 0) | (index >= refs.shape[1]) | (index != np.round(index)))):
+        raise ValueError(f"ops.box_encode: matches of positive samples must be integers in "
+                         f"[0, M={refs.shape[1]})")
+    index = np.clip(index, 0, refs.shape[1] - 1).astype(np.int64)
+    ref = refs[np.arange(refs.shape[0])[:, None], index]
+    rx, ry, rw, rh = to_center(ref[..., 0], ref[..., 1], ref[..., 2], ref[..., 3], one)
+    ax, ay, aw, ah = to_center(anchors[..., 0], anchors[..., 1], anchors[..., 2],
+                               anchors[..., 3], one)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        t = anp.stack([(rx - ax) / aw, (ry - ay) / ah, anp.log(rw / aw), anp.log(rh / ah)], -1)
+        t = (t - means) / stds
+    masks = np.broadcast_to(valid[..., None], t.shape).astype(getval(anchors).dtype)
+    return anp.where(masks > 0, t, 0.0), masks
+
+
+for _i in (0, 1):
+    _box_encode_numpy.def_grad(lambda ans, *arrays, _i=_i, **_: lambda g: np.zeros_like(
+        arrays[_i]), _i)

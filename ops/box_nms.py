@@ -1,0 +1,186 @@
+"""``ops.box_nms``: ``mx.nd.contrib.box_nms`` plus ``legacy_box`` (+1 widths)."""
+from __future__ import annotations
+
+import mxnet as mx
+import numpy as np
+
+from customop import customop
+
+from ._boxes import check_format, to_center, to_corner
+
+
+def _check(shape, coord_start, score_index, id_index, in_format, out_format):
+    check_format("box_nms", "in_format", in_format)
+    check_format("box_nms", "out_format", out_format)
+    if len(shape) < 2:
+        raise ValueError(f"ops.box_nms: data must have shape (..., N, K), got {tuple(shape)}")
+    width = shape[-1]
+    coords = set(range(coord_start, coord_start + 4))
+    if not 0 <= coord_start <= width - 4:
+        raise ValueError(f"ops.box_nms: coord_start={coord_start} needs 4 coordinates inside "
+                         f"the last axis of length {width}")
+    if not 0 <= score_index < width or score_index in coords:
+        raise ValueError(f"ops.box_nms: score_index={score_index} must be in [0, {width}) and "
+                         f"not one of the coordinates {sorted(coords)}")
+    if id_index >= 0 and (id_index >= width or id_index in coords or id_index == score_index):
+        raise ValueError(f"ops.box_nms: id_index={id_index} must be -1 or in [0, {width}), "
+                         "apart from the score and the coordinates")
+    if width < 5 + (id_index > 0):
+        raise ValueError(f"ops.box_nms: the last axis of data needs at least "
+                         f"{5 + (id_index > 0)} entries (score, 4 coordinates"
+                         f"{', id' if id_index > 0 else ''}), got {width}")
+
+
+def _convert(coords, in_format, out_format, one):
+    if in_format == out_format:
+        return coords
+    return (to_center if out_format == "center" else to_corner)(*coords, one)
+
+
+@customop("mxnet", name="ops.box_nms", auto_grad=False)
+def box_nms(data, *, overlap_thresh=0.5, valid_thresh=0.0, topk=-1, coord_start=2,
+            score_index=1, id_index=-1, background_id=-1, force_suppress=False,
+            in_format="corner", out_format="corner", legacy_box=False):
+    r"""Greedy non-maximum suppression per image, as ``mx.nd.contrib.box_nms``.
+
+    Per image (all leading axes of ``data``): a box is valid iff
+    ``score > valid_thresh`` and its class is not ``background_id``; the valid
+    boxes are sorted by descending score (ties: lower index first) and the first
+    ``topk`` (all for -1) enter NMS. Going down that list, a box is kept unless a
+    kept box of the same class (any class with ``force_suppress`` or
+    ``id_index=-1``) overlaps it with
+
+    .. math::
+
+        \mathrm{IoU}(a, b) > \mathrm{overlap\_thresh},\qquad
+        w = x_2 - x_1 + \delta,\ h = y_2 - y_1 + \delta
+
+    (:math:`\delta = 1` when ``legacy_box``, see :func:`ops.box_iou`). The output
+    has ``data``'s shape: the kept rows in that order, then rows of -1.
+    With ``legacy_box=False`` this is ``mx.nd.contrib.box_nms`` exactly, including
+    its quirk that a kept row whose first coordinate is negative is not converted
+    when ``out_format != in_format``. With ``legacy_box=True`` the kept rows are
+    the input rows bit for bit (no +1 drift), converted with the legacy center
+    ``x1 + w / 2`` when ``out_format != in_format`` (every kept row).
+
+    Not differentiable: the gradient is zero (MXNet's ``box_nms`` copies the
+    gradients of kept rows back instead; NMS is a selection, and a detector's
+    loss does not flow through it).
+
+    ``ops.box_nms`` is the ``'mxnet'``-mode op: for ``legacy_box`` it runs
+    ``contrib.box_nms`` on a copy with the far corners shifted by 1 (for corner
+    boxes, IoU with +1 sides is exactly IoU of the shifted boxes) and an index
+    column appended, then gathers the kept input rows. ``ops.box_nms.numpy`` is
+    the readable ``'numpy'`` twin.
+
+    Parameters
+    ----------
+    overlap_thresh : float, default 0.5
+        Suppress a box whose IoU with a kept box is above this.
+    valid_thresh : float, default 0
+        Boxes with ``score <= valid_thresh`` are dropped first.
+    topk : int, default -1
+        Apply NMS to the ``topk`` highest-scoring valid boxes only; -1: all; 0 returns
+        ``data`` unchanged (as MXNet does).
+    coord_start, score_index, id_index : int, default 2, 1, -1
+        Columns of the 4 coordinates, the score and the class id (-1: no class).
+    background_id : int, default -1
+        Boxes of this class are dropped (-1: none).
+    force_suppress : bool, default False
+        Suppress across classes.
+    in_format, out_format : {'corner', 'center'}, default 'corner'
+    legacy_box : bool, default False
+        Widths and heights are ``x2 - x1 + 1``, ``y2 - y1 + 1``.
+
+    Shapes: ``data`` (..., N, K) with K >= 5; output the same shape.
+
+    Example:
+        >>> import mxnet as mx, ops
+        >>> d = mx.nd.array([[0, 0.9, 0, 0, 9, 9], [0, 0.8, 5, 5, 14, 14]], dtype='float64')
+        >>> ops.box_nms(d, overlap_thresh=0.12)[:, 1].asnumpy().tolist()   # IoU 16/146 = 0.110
+        [0.9, 0.8]
+        >>> ops.box_nms(d, overlap_thresh=0.12, legacy_box=True)[:, 1].asnumpy().tolist()
+        [0.9, -1.0]
+    """
+    _check(data.shape, coord_start, score_index, id_index, in_format, out_format)
+    common = dict(overlap_thresh=overlap_thresh, valid_thresh=valid_thresh, topk=topk,
+                  coord_start=coord_start, score_index=score_index, id_index=id_index,
+                  background_id=background_id, force_suppress=force_suppress,
+                  in_format=in_format)
+    if not legacy_box:
+        return mx.nd.contrib.box_nms(data, out_format=out_format, **common)
+    if topk == 0:  # MXNet's box_nms returns its input as is
+        return data.copy()
+    shape, ctx = data.shape, data.context
+    n, width = shape[-2], shape[-1]
+    rows = data.reshape((-1, n, width))
+    batch = rows.shape[0]
+    work = rows.astype("float32") if rows.dtype == np.float16 else rows  # exact row indices
+    if in_format == "corner":
+        shift = np.zeros(width)
+        shift[coord_start + 2:coord_start + 4] = 1
+        work = mx.nd.broadcast_add(work, mx.nd.array(shift, ctx=ctx, dtype=work.dtype))
+    index = mx.nd.arange(n, ctx=ctx, dtype=work.dtype).reshape((1, n, 1))
+    work = mx.nd.concat(work, mx.nd.broadcast_to(index, (batch, n, 1)), dim=-1)
+    kept = mx.nd.contrib.box_nms(work, out_format=in_format, **common)[:, :, width]
+    keep = kept >= 0
+    offsets = (mx.nd.arange(batch, ctx=ctx, dtype=work.dtype) * n).reshape((batch, 1))
+    flat = mx.nd.broadcast_add(mx.nd.where(keep, kept, mx.nd.zeros_like(kept)), offsets)
+    out = mx.nd.take(rows.reshape((-1, width)), flat.reshape((-1,))).reshape(rows.shape)
+    if in_format != out_format:
+        lo, hi = coord_start, coord_start + 4
+        coords = _convert(mx.nd.split(out[:, :, lo:hi], 4, axis=-1), in_format, out_format, 1)
+        parts = [out[:, :, :lo]] if lo else []
+        parts += list(coords) + ([out[:, :, hi:]] if hi < width else [])
+        out = mx.nd.concat(*parts, dim=-1)
+    keep = mx.nd.broadcast_to(keep.reshape((batch, n, 1)), out.shape).astype(out.dtype)
+    return mx.nd.where(keep, out, -mx.nd.ones_like(out)).reshape(shape)
+
+
+@box_nms.twin("numpy")
+def _box_nms_numpy(data, *, overlap_thresh=0.5, valid_thresh=0.0, topk=-1, coord_start=2,
+                   score_index=1, id_index=-1, background_id=-1, force_suppress=False,
+                   in_format="corner", out_format="corner", legacy_box=False):
+    _check(data.shape, coord_start, score_index, id_index, in_format, out_format)
+    if topk == 0:  # MXNet's box_nms returns its input as is
+        return data.copy()
+    one = 1 if legacy_box else 0
+    lo, hi = coord_start, coord_start + 4
+    rows = data.reshape(-1, *data.shape[-2:])
+    out = -np.ones_like(rows)
+    for b, boxes in enumerate(rows):
+        score = boxes[:, score_index]
+        valid = score > valid_thresh
+        if id_index >= 0 and background_id >= 0:
+            valid &= boxes[:, id_index] != background_id
+        order = [i for i in np.argsort(-score, kind="stable") if valid[i]]
+        order = order[:topk] if topk >= 0 else order
+        corners = boxes[:, lo:hi].astype(np.float64)
+        if in_format == "center":
+            corners = np.stack(to_corner(*corners.T, one), axis=-1)
+        kept = []
+        for i in order:
+            rivals = [j for j in kept if force_suppress or id_index < 0
+                      or boxes[j, id_index] == boxes[i, id_index]]
+            if not rivals or _iou(corners[i], corners[rivals], one).max() <= overlap_thresh:
+                kept.append(i)
+        out[b, :len(kept)] = boxes[kept]
+        if in_format != out_format and kept:
+            convert = np.ones(len(kept), bool) if legacy_box else boxes[kept, lo] >= 0
+            coords = np.stack(_convert(boxes[kept, lo:hi].T, in_format, out_format, one), -1)
+            out[b, :len(kept), lo:hi] = np.where(convert[:, None], coords, boxes[kept, lo:hi])
+    return out.reshape(data.shape)
+
+
+def _iou(box, others, one):
+    """IoU of one corner box with several (negative sides: area 0, as in MXNet)."""
+    iw = np.minimum(box[2], others[:, 2]) - np.maximum(box[0], others[:, 0]) + one
+    ih = np.minimum(box[3], others[:, 3]) - np.maximum(box[1], others[:, 1]) + one
+    inter = np.maximum(iw, 0) * np.maximum(ih, 0)
+
+    def area(b):
+        w, h = b[..., 2] - b[..., 0] + one, b[..., 3] - b[..., 1] + one
+        return np.where((w < 0) | (h < 0), 0, w * h)
+
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(inter > 0, inter / (area(box) + area(others) - inter), 0)

@@ -1,0 +1,231 @@
+"""``ops.topk``: ``mx.nd.topk`` plus ``do_sort=False`` (the top k in their original order)."""
+from __future__ import annotations
+
+import mxnet as mx
+import numpy as np
+
+from customop import customop
+
+RET_TYPS = ("value", "indices", "mask", "both")
+
+
+def _check(shape, k, axis, ret_typ, is_ascend, dtype, do_sort):
+    """Cheap parameter checks (shapes and literals only): the length along ``axis``."""
+    if ret_typ not in RET_TYPS:
+        raise ValueError(f"ops.topk: ret_typ must be one of {RET_TYPS}, got {ret_typ!r}")
+    if axis is None:
+        return int(np.prod(shape))
+    if not isinstance(axis, int) or not -len(shape) <= axis < len(shape):
+        raise ValueError(f"ops.topk: axis={axis!r} is out of range for data of shape "
+                         f"{tuple(shape)}")
+    length = shape[axis]
+    if not isinstance(k, int) or k > length:
+        raise ValueError(f"ops.topk: k={k!r} must be an int no larger than the length "
+                         f"{length} of axis {axis} (k < 1 selects all, sorted)")
+    return length
+
+
+def _to_last(x, axis):
+    """``x`` with ``axis`` moved last (flattened for ``axis=None``), and the permutation."""
+    if axis is None:
+        return x.reshape((-1,)), None
+    axis = axis % x.ndim
+    perm = [*(i for i in range(x.ndim) if i != axis), axis]
+    return (x if axis == x.ndim - 1 else x.transpose(perm)), perm
+
+
+def _from_last(y, perm):
+    if perm is None or perm[-1] == len(perm) - 1:
+        return y
+    return y.transpose([int(i) for i in np.argsort(perm)])
+
+
+def _topk_nd(data, k, axis, ret_typ, is_ascend, dtype, do_sort):
+    length = _check(data.shape, k, axis, ret_typ, is_ascend, dtype, do_sort)
+    if do_sort or ret_typ == "mask":
+        return mx.nd.topk(data, axis=axis, k=k, ret_typ=ret_typ, is_ascend=is_ascend,
+                          dtype=dtype)
+    k = length if k < 1 else k
+    x, perm = _to_last(data, axis)
+    rows = x.size // length
+    with mx.autograd.pause():  # positions are not differentiable (sort of int64 cannot record)
+        pos = mx.nd.sort(mx.nd.topk(x, axis=-1, k=k, ret_typ="indices", is_ascend=is_ascend,
+                                    dtype="int64"), axis=-1)
+        offsets = mx.nd.arange(rows, dtype="int64", ctx=data.context).reshape((rows, 1))
+        flat = mx.nd.broadcast_add(pos.reshape((rows, k)), offsets * length)
+    value = _from_last(mx.nd.take(x.reshape((-1,)), flat).reshape(pos.shape), perm)
+    indices = _from_last(pos.astype(dtype), perm)
+    return {"value": value, "indices": indices, "both": (value, indices)}[ret_typ]
+
+
+def _topk_np(data, k, axis, ret_typ, is_ascend, dtype, do_sort):
+    length = _check(data.shape, k, axis, ret_typ, is_ascend, dtype, do_sort)
+    k = length if k < 1 else k
+    x = data.reshape(-1) if axis is None else np.moveaxis(data, axis, -1)
+    if is_ascend:
+        order = np.argsort(x, axis=-1, kind="stable")
+    else:  # descending, ties by lower index: stable sort of the reversed row, read backwards
+        order = length - 1 - np.argsort(x[..., ::-1], axis=-1, kind="stable")[..., ::-1]
+    pos = order[..., :k]
+    if not do_sort:
+        pos = np.sort(pos, axis=-1)
+    value = np.take_along_axis(x, pos, axis=-1)
+    if ret_typ == "mask":
+        mask = np.zeros_like(x)
+        np.put_along_axis(mask, pos, 1, axis=-1)
+        return mask.reshape(data.shape) if axis is None else np.moveaxis(mask, -1, axis)
+    back = (lambda a: a) if axis is None else (lambda a: np.moveaxis(a, -1, axis))
+    value, indices = back(value), back(pos.astype(dtype))
+    return {"value": value, "indices": indices, "both": (value, indices)}[ret_typ]
+
+
+def _topk_grad_np(ans, data, k=1, axis=-1, ret_typ="value", is_ascend=False, dtype="float32",
+                  do_sort=True):
+    # d value / d data scatters the head gradient back to the selected positions.
+    def grad(g):
+        if ret_typ not in ("value", "both"):
+            return np.zeros_like(data)
+        g = g[0] if ret_typ == "both" else g
+        both = _topk_np(data, k, axis, "indices", is_ascend, "int64", do_sort)
+        x = data.reshape(-1) if axis is None else np.moveaxis(data, axis, -1)
+        pos = both if axis is None else np.moveaxis(both, axis, -1)
+        gl = g.reshape(-1) if axis is None else np.moveaxis(g, axis, -1)
+        out = np.zeros_like(x)
+        np.put_along_axis(out, pos, gl, axis=-1)
+        return out.reshape(data.shape) if axis is None else np.moveaxis(out, -1, axis)
+    return grad
+
+
+def _params(k, axis, ret_typ, is_ascend, dtype, do_sort):
+    return dict(k=k, axis=axis, ret_typ=ret_typ, is_ascend=is_ascend, dtype=dtype,
+                do_sort=do_sort)
+
+
+# One registered op per output count: 'value'/'indices'/'mask' have one output, 'both' two.
+@customop("mxnet", name="ops.topk")
+def _topk_single(data, *, k=1, axis=-1, ret_typ="value", is_ascend=False, dtype="float32",
+                 do_sort=True):
+    return _topk_nd(data, k, axis, ret_typ, is_ascend, dtype, do_sort)
+
+
+@_topk_single.twin("numpy")
+def _topk_single_numpy(data, *, k=1, axis=-1, ret_typ="value", is_ascend=False,
+                       dtype="float32", do_sort=True):
+    return _topk_np(data, k, axis, ret_typ, is_ascend, dtype, do_sort)
+
+
+@customop("mxnet", name="ops.topk_both", num_outputs=2)
+def _topk_both(data, *, k=1, axis=-1, ret_typ="both", is_ascend=False, dtype="float32",
+               do_sort=True):
+    return _topk_nd(data, k, axis, "both", is_ascend, dtype, do_sort)
+
+
+@_topk_both.twin("numpy")
+def _topk_both_numpy(data, *, k=1, axis=-1, ret_typ="both", is_ascend=False, dtype="float32",
+                     do_sort=True):
+    return _topk_np(data, k, axis, "both", is_ascend, dtype, do_sort)
+
+
+def _topk_grad_nd(ans, data, k=1, axis=-1, ret_typ="value", is_ascend=False,
+                  dtype="float32", do_sort=True):
+    # Only 'value' carries a gradient; 'indices' (computed unrecorded) must not be backpropagated.
+    def grad(g):
+        if ret_typ not in ("value", "both"):
+            return data.zeros_like()
+        g = g[0] if ret_typ == "both" else g
+        x = data.copy()
+        x.attach_grad()
+        with mx.autograd.record():
+            value = _topk_nd(x, k, axis, "value", is_ascend, dtype, do_sort)
+        value.backward(g)
+        return x.grad
+    return grad
+
+
+_topk_single.numpy.def_grad(_topk_grad_np)
+_topk_both.numpy.def_grad(_topk_grad_np)
+_topk_single.def_grad(_topk_grad_nd)
+_topk_both.def_grad(_topk_grad_nd)
+
+
+class TopK:
+    r"""Top k elements along an axis; ``mx.nd.topk`` with an extra ``do_sort``.
+
+    With ``do_sort=True`` this is ``mx.nd.topk`` (same outputs, dtypes and
+    gradient). With ``do_sort=False`` the k selected elements come back in their
+    **original order** along ``axis``:
+
+    .. math::
+
+        S = \operatorname{argtop}_k(x), \qquad
+        \mathrm{value}_j = x_{s_j},\quad s_1 < s_2 < \dots < s_k,\ s_j \in S
+
+    which turns ``topk`` into a dynamic-indexing tool (see :func:`ops.arr_pick`).
+    The gradient of ``value`` scatters the head gradient back to the selected
+    positions; ``indices`` and ``mask`` have zero gradient.
+
+    ``ops.topk`` runs in ``'mxnet'`` mode (``mx.nd.topk``, ``sort``, ``take``:
+    MXNet's CUDA kernels on a GPU, no host copy); ``ops.topk.numpy`` is the
+    ``'numpy'``-mode twin. ``ret_typ='both'`` is served by a second registered
+    op with two outputs (``ops.topk.both``; ``ops.topk.single`` serves the
+    others), because an operator's output count cannot depend on a parameter.
+
+    Parameters
+    ----------
+    k : int, default 1
+        How many elements; ``k < 1`` selects the whole axis (sorted when ``do_sort``).
+    axis : int or None, default -1
+        Axis to select along; ``None`` flattens ``data`` first.
+    ret_typ : {'value', 'indices', 'mask', 'both'}, default 'value'
+        ``'both'`` returns ``(value, indices)``; ``'mask'`` is 1 at the selected positions.
+    is_ascend : bool, default False
+        Select the k smallest instead of the k largest.
+    dtype : str, default 'float32'
+        Dtype of ``indices``.
+    do_sort : bool, default True
+        Sort the selection by value (``mx.nd.topk``); ``False`` keeps the original order.
+
+    Ties: which of several equal elements is selected follows ``mx.nd.topk`` in
+    ``'mxnet'`` mode (unspecified: MXNet's CPU sort is not stable, e.g. k=3 of
+    ``[1,1,1,1,0.5,1]`` gives indices ``[0,1,2]`` but 5 of forty ones gives
+    ``[3,4,1,0,2]``); the ``'numpy'`` twin takes the lower index first. Values never
+    depend on the tie rule.
+
+    Shapes: ``data`` any shape; ``value``/``indices`` have ``data``'s shape with
+    ``k`` along ``axis`` (``(k,)`` for ``axis=None``); ``mask`` has ``data``'s shape.
+
+    Example:
+        >>> import mxnet as mx, ops
+        >>> a = mx.nd.array([[0.087, 0.648, 0.020, 0.368, 0.833]], dtype='float64')
+        >>> ops.topk(a, k=3, do_sort=False).asnumpy().round(3).tolist()
+        [[0.648, 0.368, 0.833]]
+        >>> ops.topk(a, k=3).asnumpy().round(3).tolist()
+        [[0.833, 0.648, 0.368]]
+        >>> v, i = ops.topk(a, k=3, ret_typ='both', do_sort=False); i.asnumpy().tolist()
+        [[1.0, 3.0, 4.0]]
+    """
+
+    def __init__(self, single, both):
+        self.single, self.both = single, both
+
+    def __call__(self, data, k=1, axis=-1, ret_typ="value", is_ascend=False, dtype="float32",
+                 do_sort=True, **kwargs):
+        op = self.both if ret_typ == "both" else self.single
+        return op(data, **_params(k, axis, ret_typ, is_ascend, dtype, do_sort), **kwargs)
+
+    @property
+    def numpy(self) -> TopK:
+        """The ``'numpy'``-mode twin (lower index first on ties)."""
+        return TopK(self.single.numpy, self.both.numpy)
+
+    @property
+    def mxnet(self) -> TopK:
+        """The ``'mxnet'``-mode operator."""
+        return TopK(self.single.mxnet, self.both.mxnet)
+
+    def __repr__(self) -> str:
+        return f"<ops.topk: {self.single!r} / {self.both!r}>"
+
+
+topk = TopK(_topk_single, _topk_both)
+_topk_single.__doc__ = _topk_both.__doc__ = TopK.__doc__

@@ -1,0 +1,165 @@
+"""ops.box_encode and ops.box_decode (issue 11): contrib ops plus legacy_box, differentiable."""
+import mxnet as mx
+import numpy as np
+import pytest
+
+import ops
+from customop import check_grad
+from tests.ops.detection import every_path, forward_backward_without_host_copy
+
+
+def centers(boxes, d):
+    x1, y1, x2, y2 = np.moveaxis(np.asarray(boxes, np.float64), -1, 0)
+    w, h = x2 - x1 + d, y2 - y1 + d
+    return x1 + w / 2, y1 + h / 2, w, h
+
+
+def encode_reference(samples, matches, anchors, refs, means, stds, legacy):
+    """float64 R-CNN box coding: ((x_r - x_a)/w_a, (y_r - y_a)/h_a, log w_r/w_a, log h_r/h_a)."""
+    d = 1.0 if legacy else 0.0
+    b = np.arange(len(refs))[:, None]
+    rx, ry, rw, rh = centers(refs[b, np.clip(matches, 0, refs.shape[1] - 1).astype(int)], d)
+    ax, ay, aw, ah = centers(anchors, d)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        t = np.stack([(rx - ax) / aw, (ry - ay) / ah, np.log(rw / aw), np.log(rh / ah)], -1)
+    t = (t - means) / stds
+    mask = np.broadcast_to((samples > 0.5)[..., None], t.shape).astype(np.float64)
+    return np.where(mask > 0, t, 0), mask
+
+
+def decode_reference(data, anchors, stds, clip, format, legacy):
+    d = 1.0 if legacy else 0.0
+    if format == "corner":
+        ax, ay, aw, ah = centers(anchors, d)
+    else:
+        ax, ay, aw, ah = np.moveaxis(np.asarray(anchors, np.float64), -1, 0)
+    o = np.asarray(data, np.float64) * stds
+    if clip > 0:
+        o[..., 2:] = np.minimum(o[..., 2:], clip)
+    x, y = o[..., 0] * aw + ax, o[..., 1] * ah + ay
+    w, h = np.exp(o[..., 2]) * aw, np.exp(o[..., 3]) * ah
+    return np.stack([x - w / 2, y - h / 2, x + w / 2 - d, y + h / 2 - d], -1)
+
+
+def corner_boxes(*shape, low=1):
+    xy = np.random.uniform(0, 20, shape + (2,))
+    return np.concatenate([xy, xy + np.random.uniform(low, 10, shape + (2,))], -1).astype(
+        np.float32)
+
+
+def encode_inputs(b=2, n=7, m=3):
+    samples = np.random.choice([-1, 0, 1], (b, n)).astype(np.float32)
+    samples[0, :2] = 1
+    matches = np.random.randint(0, m, (b, n)).astype(np.float32)
+    means = np.array([0, 0.1, 0, -0.1], np.float32)
+    stds = np.array([0.1, 0.1, 0.2, 0.2], np.float32)
+    return [samples, matches, corner_boxes(b, n), corner_boxes(b, m), means, stds]
+
+
+ENCODERS = [ops.box_encode, ops.box_encode.numpy]
+DECODERS = [ops.box_decode, ops.box_decode.numpy]
+
+
+@pytest.mark.parametrize("op", ENCODERS, ids=["mxnet", "numpy"])
+def test_encode_equals_reference_and_native(op):
+    inputs = encode_inputs()
+    inputs[2][0, 0, 2] = inputs[2][0, 0, 0]  # zero width: inf/nan like MXNet
+    inputs[2][0, 1, 3] = inputs[2][0, 1, 1] - 1  # negative height (legacy: zero)
+    for legacy in (False, True):
+        got = op(*map(mx.nd.array, inputs), legacy_box=legacy)
+        for g, want in zip(got, encode_reference(*inputs, legacy)):
+            np.testing.assert_allclose(g.asnumpy(), want, rtol=2e-5, atol=1e-5)
+    native = mx.nd.contrib.box_encode(*map(mx.nd.array, inputs))
+    for g, n in zip(op(*map(mx.nd.array, inputs)), native):
+        if op is ops.box_encode:
+            np.testing.assert_array_equal(g.asnumpy(), n.asnumpy())
+        else:
+            np.testing.assert_allclose(g.asnumpy(), n.asnumpy(), rtol=2e-6, atol=1e-6)
+    samples = np.full_like(inputs[0], -1)  # no positives: all zero
+    for out in op(*map(mx.nd.array, [samples, *inputs[1:]])):
+        assert not out.asnumpy().any()
+
+
+@pytest.mark.parametrize("op", DECODERS, ids=["mxnet", "numpy"])
+@pytest.mark.parametrize("format", ["corner", "center"])
+def test_decode_equals_reference_and_native(op, format):
+    data = np.random.normal(0, 0.5, (2, 6, 4)).astype(np.float32)
+    anchors = corner_boxes(1, 6, low=-2)  # some negative widths
+    anchors[0, 0, 2] = anchors[0, 0, 0]
+    if format == "center":
+        anchors[..., 2:] -= anchors[..., :2]
+    stds = np.array([0.1, 0.2, 0.3, 0.4])
+    for clip in (-1.0, 0.1):
+        kw = dict(std0=0.1, std1=0.2, std2=0.3, std3=0.4, clip=clip, format=format)
+        for legacy in (False, True):
+            got = op(mx.nd.array(data), mx.nd.array(anchors), legacy_box=legacy, **kw)
+            np.testing.assert_allclose(got.asnumpy(), decode_reference(
+                data, anchors, stds, clip, format, legacy), rtol=1e-5, atol=1e-5)
+        native = mx.nd.contrib.box_decode(mx.nd.array(data), mx.nd.array(anchors), **kw)
+        got = op(mx.nd.array(data), mx.nd.array(anchors), **kw).asnumpy()
+        if op is ops.box_decode:
+            np.testing.assert_array_equal(got, native.asnumpy())
+        else:
+            np.testing.assert_allclose(got, native.asnumpy(), rtol=1e-6, atol=1e-5)
+
+
+@pytest.mark.parametrize("legacy", [False, True])
+def test_decode_inverts_encode_without_drift(legacy):
+    inputs = encode_inputs()
+    inputs[2], inputs[3] = np.round(inputs[2]), np.round(inputs[3])  # pixel boxes
+    inputs[4], inputs[5] = np.zeros(4, np.float32), np.ones(4, np.float32)
+    targets, _ = ops.box_encode(*map(mx.nd.array, inputs), legacy_box=legacy)
+    back = ops.box_decode(targets, mx.nd.array(inputs[2]), format="corner", legacy_box=legacy)
+    want = inputs[3][np.arange(2)[:, None], inputs[1].astype(int)]
+    pos = inputs[0] > 0.5
+    np.testing.assert_allclose(back.asnumpy()[pos], want[pos], atol=2e-5)
+
+
+@pytest.mark.parametrize("op", ENCODERS, ids=["mxnet", "numpy"])
+def test_encode_gradient(op):
+    inputs = encode_inputs()
+    for legacy in (False, True):
+        check_grad(op, *inputs, argnums=["anchors", "refs", "means", "stds"], legacy_box=legacy)
+
+
+@pytest.mark.parametrize("op", DECODERS, ids=["mxnet", "numpy"])
+def test_decode_gradient(op):
+    data = np.random.normal(0, 0.5, (2, 5, 4)).astype(np.float32)
+    for format in ("corner", "center"):
+        check_grad(op, data, corner_boxes(1, 5), std0=0.1, std2=0.2, clip=0.3,
+                   format=format, legacy_box=True)
+        check_grad(op, data, corner_boxes(1, 5), format=format)
+
+
+@pytest.mark.parametrize("legacy", [False, True])
+def test_every_path_and_no_host_copy(legacy):
+    inputs = encode_inputs()
+    outs = every_path(ops.box_encode, inputs, dict(legacy_box=legacy))
+    np.testing.assert_allclose(outs[0], encode_reference(*inputs, legacy)[0], rtol=2e-5,
+                               atol=1e-5)
+    data, anchors = np.random.normal(0, 0.5, (2, 5, 4)).astype(np.float32), corner_boxes(1, 5)
+    params = dict(format="corner", legacy_box=legacy)
+    every_path(ops.box_decode, [data, anchors], params)
+    for path in ("function", "custom"):
+        forward_backward_without_host_copy(ops.box_encode, inputs, dict(legacy_box=legacy), path)
+        forward_backward_without_host_copy(ops.box_decode, [data, anchors], params, path)
+
+
+def test_bad_input_raises_and_the_next_call_works():
+    inputs = encode_inputs()
+    bad = list(inputs)
+    bad[4] = np.zeros(3, np.float32)
+    for op in ENCODERS:
+        with pytest.raises(ValueError, match=r"ops.box_encode: means must have shape \(4,\)"):
+            op(*map(mx.nd.array, bad))
+    bad = list(inputs)
+    bad[1] = inputs[1] + 5
+    with pytest.raises(ValueError, match=r"ops.box_encode: matches of positive samples"):
+        ops.box_encode.numpy(*map(mx.nd.array, bad))
+    for op in DECODERS:
+        with pytest.raises(ValueError, match=r"ops.box_decode: anchors must have shape"):
+            op(mx.nd.ones((2, 5, 4)), mx.nd.ones((1, 4, 4)))
+        with pytest.raises(ValueError, match=r"ops.box_decode: format must be"):
+            op(mx.nd.ones((2, 5, 4)), mx.nd.ones((1, 5, 4)), format="xyxy")
+        assert op(mx.nd.ones((2, 5, 4)), mx.nd.ones((1, 5, 4))).shape == (2, 5, 4)
+    assert ops.box_encode(*map(mx.nd.array, inputs))[0].shape == (2, 7, 4)

@@ -1,0 +1,140 @@
+"""ops.box_nms (issue 11): contrib.box_nms plus legacy_box."""
+import itertools
+
+import mxnet as mx
+import numpy as np
+import pytest
+
+import ops
+from tests.ops.detection import every_path, forward_backward_without_host_copy
+
+TWINS = [ops.box_nms, ops.box_nms.numpy]
+
+
+def iou(p, q, d):
+    iw = min(p[2], q[2]) - max(p[0], q[0]) + d
+    ih = min(p[3], q[3]) - max(p[1], q[1]) + d
+    inter = max(iw, 0) * max(ih, 0)
+
+    def area(b):
+        w, h = b[2] - b[0] + d, b[3] - b[1] + d
+        return 0.0 if w < 0 or h < 0 else w * h
+    return inter / (area(p) + area(q) - inter) if inter > 0 else 0.0
+
+
+def reference(data, overlap_thresh=0.5, valid_thresh=0.0, topk=-1, id_index=-1,
+              background_id=-1, force_suppress=False, in_format="corner", out_format="corner",
+              legacy_box=False):
+    """float64 greedy NMS from its definition (coord_start=2, score_index=1)."""
+    d = 1.0 if legacy_box else 0.0
+    data = np.asarray(data, np.float64)
+    out = -np.ones_like(data)
+    for b, rows in enumerate(data):
+        boxes = rows[:, 2:6].copy()
+        if in_format == "center":
+            x, y, w, h = boxes.T
+            boxes = np.stack([x - w / 2, y - h / 2, x + w / 2 - d, y + h / 2 - d], -1)
+        valid = [i for i in range(len(rows)) if rows[i, 1] > valid_thresh and not (
+            id_index >= 0 and background_id >= 0 and rows[i, id_index] == background_id)]
+        order = sorted(valid, key=lambda i: (-rows[i, 1], i))
+        order = order[:topk] if topk >= 0 else order
+        if topk == 0:
+            return data  # MXNet's box_nms returns its input unchanged for topk=0
+        kept = []
+        for i in order:
+            if all(iou(boxes[i], boxes[j], d) <= overlap_thresh for j in kept
+                   if force_suppress or id_index < 0 or rows[i, id_index] == rows[j, id_index]):
+                kept.append(i)
+        for slot, i in enumerate(kept):
+            out[b, slot] = rows[i]
+            c = rows[i, 2:6]
+            # MXNet skips converting a row whose first coordinate is negative; legacy converts all
+            if in_format != out_format and (legacy_box or c[0] >= 0):
+                if out_format == "center":
+                    w, h = c[2] - c[0] + d, c[3] - c[1] + d
+                    out[b, slot, 2:6] = [c[0] + w / 2, c[1] + h / 2, w, h]
+                else:
+                    out[b, slot, 2:6] = [c[0] - c[2] / 2, c[1] - c[3] / 2,
+                                         c[0] + c[2] / 2 - d, c[1] + c[3] / 2 - d]
+    return out
+
+
+def random_data(batch, n):
+    """(class, score, x1, y1, x2, y2) with tied scores, duplicates and degenerate boxes."""
+    data = np.zeros((batch, n, 6), np.float32)
+    data[..., 0] = np.random.randint(0, 3, (batch, n))
+    data[..., 1] = np.random.choice([0.1, 0.3, 0.5, 0.7, 0.9], (batch, n))
+    xy = np.random.randint(-5, 20, (batch, n, 2))
+    data[..., 2:4] = xy
+    data[..., 4:6] = xy + np.random.randint(-2, 12, (batch, n, 2))
+    data[0, 1] = data[0, 0]  # an exact duplicate
+    return data
+
+
+SETTINGS = [dict(overlap_thresh=t, valid_thresh=v, topk=k, id_index=i, background_id=bg,
+                 force_suppress=f, in_format=fi, out_format=fo)
+            for t, v, k, i, bg, f, fi, fo in itertools.product(
+                [0.1, 0.5], [0.0, 0.6], [-1, 0, 3], [-1, 0], [-1, 1], [False, True],
+                ["corner", "center"], ["corner", "center"])]
+
+
+@pytest.mark.parametrize("op", TWINS, ids=["mxnet", "numpy"])
+def test_equals_reference_and_native(op):
+    for kw in SETTINGS:
+        data = random_data(2, 10)
+        if kw["in_format"] == "center":
+            data[..., 4:6] -= data[..., 2:4]
+        for legacy in (False, True):
+            got = op(mx.nd.array(data), legacy_box=legacy, **kw).asnumpy()
+            np.testing.assert_allclose(got, reference(data, legacy_box=legacy, **kw),
+                                       rtol=1e-6, err_msg=f"{kw} legacy={legacy}")
+        native = mx.nd.contrib.box_nms(mx.nd.array(data), **kw).asnumpy()
+        np.testing.assert_array_equal(op(mx.nd.array(data), **kw).asnumpy(), native)
+
+
+@pytest.mark.parametrize("op", TWINS, ids=["mxnet", "numpy"])
+def test_legacy_suppresses_more_and_keeps_coordinates(op):
+    data = np.array([[[0, 0.9, 0, 0, 9, 9], [0, 0.8, 5, 5, 14, 14], [0, 0.7, 30.3, 1, 40.7, 9]]],
+                    np.float32)  # IoU 16/146 (plain) vs 25/175 (legacy)
+    plain = op(mx.nd.array(data), overlap_thresh=0.12).asnumpy()
+    legacy = op(mx.nd.array(data), overlap_thresh=0.12, legacy_box=True).asnumpy()
+    np.testing.assert_array_equal(plain, data)
+    np.testing.assert_array_equal(legacy[0, :2], data[0, [0, 2]])  # bit for bit, no +1 drift
+    np.testing.assert_array_equal(legacy[0, 2], -1)
+
+
+@pytest.mark.parametrize("op", TWINS, ids=["mxnet", "numpy"])
+def test_empty_selections(op):
+    data = random_data(2, 6)
+    data[..., 1] = 0.05
+    for legacy in (False, True):
+        np.testing.assert_array_equal(
+            op(mx.nd.array(data), valid_thresh=0.1, legacy_box=legacy).asnumpy(), -1)
+        np.testing.assert_array_equal(
+            op(mx.nd.array(data), valid_thresh=0.05, legacy_box=legacy).asnumpy(), -1)
+
+
+@pytest.mark.parametrize("legacy", [False, True])
+def test_every_path_and_no_host_copy(legacy):
+    data = random_data(2, 8)
+    params = dict(overlap_thresh=0.3, legacy_box=legacy, out_format="center")
+    outs = every_path(ops.box_nms, [data], params)
+    np.testing.assert_allclose(outs[0], reference(data, **params), rtol=1e-6)
+    for path in ("function", "custom"):
+        got, grads = forward_backward_without_host_copy(ops.box_nms, [data], params, path)
+        np.testing.assert_array_equal(got[0], outs[0])
+        assert not grads[0].any()  # documented: no gradient through NMS
+
+
+@pytest.mark.parametrize("op", TWINS, ids=["mxnet", "numpy"])
+def test_bad_input_raises_and_the_next_call_works(op):
+    data = mx.nd.ones((2, 5, 6))
+    with pytest.raises(ValueError, match="ops.box_nms: score_index=3 must be in"):
+        op(data, score_index=3)
+    with pytest.raises(ValueError, match="ops.box_nms: coord_start=4 needs 4 coordinates"):
+        op(data, coord_start=4)
+    with pytest.raises(ValueError, match="ops.box_nms: in_format must be"):
+        op(data, in_format="xyxy")
+    with pytest.raises(ValueError, match="ops.box_nms: id_index=1 must be -1 or"):
+        op(data, id_index=1)
+    assert op(data, legacy_box=True).shape == (2, 5, 6)

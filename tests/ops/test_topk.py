@@ -1,0 +1,134 @@
+"""ops.topk (issue 11): mx.nd.topk plus do_sort=False."""
+import mxnet as mx
+import numpy as np
+import pytest
+
+import ops
+from customop import check_grad
+from tests.ops.detection import every_path, forward_backward_without_host_copy
+
+TWINS = [ops.topk, ops.topk.numpy]
+
+
+def reference(x, k, axis, ret_typ, is_ascend, do_sort):
+    """float64 top-k from the definition: rank by value (ties: lower index first)."""
+    x = np.asarray(x, np.float64)
+    moved = x.reshape(-1) if axis is None else np.moveaxis(x, axis, -1)
+    length = moved.shape[-1]
+    k = length if k < 1 else k
+    value = np.empty(moved.shape[:-1] + (k,))
+    index = np.empty(moved.shape[:-1] + (k,), np.int64)
+    mask = np.zeros_like(moved)
+    for row in np.ndindex(moved.shape[:-1]):
+        items = sorted(range(length), key=lambda i: (moved[row][i] if is_ascend
+                                                     else -moved[row][i], i))[:k]
+        if not do_sort:
+            items = sorted(items)
+        index[row], value[row] = items, moved[row][items]
+        mask[row][items] = 1
+    back = (lambda a: a) if axis is None else (lambda a: np.moveaxis(a, -1, axis))
+    mask = mask.reshape(x.shape) if axis is None else back(mask)
+    return {"value": back(value), "indices": back(index), "mask": mask}[ret_typ]
+
+
+def test_issue_example():
+    a = mx.nd.array([[0.087, 0.648, 0.020, 0.368, 0.833]])
+    for op in TWINS:
+        np.testing.assert_allclose(op(a, k=3, do_sort=False).asnumpy(),
+                                   [[0.648, 0.368, 0.833]], rtol=1e-6)
+        np.testing.assert_allclose(op(a, 3, do_sort=True).asnumpy(),
+                                   [[0.833, 0.648, 0.368]], rtol=1e-6)
+
+
+@pytest.mark.parametrize("op", TWINS, ids=["mxnet", "numpy"])
+@pytest.mark.parametrize("axis", [0, 1, -1, None])
+@pytest.mark.parametrize("do_sort", [True, False])
+def test_equals_reference_and_native(op, axis, do_sort):
+    x = np.random.normal(size=(3, 4, 6)).astype(np.float32)  # no ties
+    length = x.size if axis is None else x.shape[axis]
+    for k in (1, 3, length, 0):
+        for is_ascend in (False, True):
+            for ret_typ in ("value", "indices", "mask", "both"):
+                kw = dict(k=k, axis=axis, ret_typ=ret_typ, is_ascend=is_ascend, do_sort=do_sort)
+                got = op(mx.nd.array(x), **kw)
+                got = got if isinstance(got, tuple) else (got,)
+                kinds = ("value", "indices") if ret_typ == "both" else (ret_typ,)
+                for kind, g in zip(kinds, got):
+                    want = reference(x, k, axis, kind, is_ascend, do_sort)
+                    assert g.shape == want.shape, (kw, kind)
+                    np.testing.assert_allclose(g.asnumpy(), want, rtol=1e-6, err_msg=str(kw))
+                if do_sort:  # identical to MXNet's own topk, dtypes included
+                    native_kw = {key: v for key, v in kw.items() if key != "do_sort"}
+                    native = mx.nd.topk(mx.nd.array(x), **native_kw)
+                    native = native if isinstance(native, list) else [native]
+                    for g, n in zip(got, native):
+                        assert g.dtype == n.dtype
+                        np.testing.assert_array_equal(g.asnumpy(), n.asnumpy())
+
+
+@pytest.mark.parametrize("op", TWINS, ids=["mxnet", "numpy"])
+def test_ties_select_tied_values_and_dtypes(op):
+    x = np.array([[1, 1, 1, 1, 0.5, 1], [2, 0, 2, 0, 2, 0]], np.float32)
+    for k in (2, 3, 6):
+        value, index = op(mx.nd.array(x), k=k, ret_typ="both", do_sort=False, dtype="int32")
+        assert index.dtype == np.int32
+        np.testing.assert_array_equal(value.asnumpy(), reference(x, k, -1, "value", False, False))
+        idx = index.asnumpy()
+        assert (np.diff(idx, axis=-1) > 0).all()  # original order
+        np.testing.assert_array_equal(np.take_along_axis(x, idx, -1), value.asnumpy())
+    # the numpy twin documents its rule: lower index first
+    np.testing.assert_array_equal(ops.topk.numpy(mx.nd.array(x), k=3, ret_typ="indices").asnumpy(),
+                                  [[0, 1, 2], [0, 2, 4]])
+
+
+@pytest.mark.parametrize("op", [ops.topk.single, ops.topk.single.numpy], ids=["mxnet", "numpy"])
+@pytest.mark.parametrize("do_sort", [True, False])
+def test_value_gradient(op, do_sort):
+    x = np.random.normal(size=(3, 5)).astype(np.float32)
+    check_grad(op, x, k=3, axis=0, do_sort=do_sort)
+    check_grad(op, x, k=5, axis=1, do_sort=do_sort)
+    heads = np.random.normal(size=(3, 2)).astype(np.float32)
+    xs = mx.nd.array(x)
+    xs.attach_grad()
+    with mx.autograd.record():
+        y = op(xs, k=2, do_sort=do_sort)
+    y.backward(mx.nd.array(heads))
+    want = np.zeros_like(x)
+    idx = reference(x, 2, -1, "indices", False, do_sort)
+    np.put_along_axis(want, idx, heads, -1)  # scatter back to the selected positions
+    np.testing.assert_allclose(xs.grad.asnumpy(), want)
+
+
+@pytest.mark.parametrize("op", [ops.topk.single, ops.topk.both], ids=["single", "both"])
+def test_every_path_and_no_host_copy(op):
+    x = np.random.normal(size=(2, 7)).astype(np.float32)
+    for ret_typ in ("indices", "mask"):  # outputs without gradient also pass through graphs
+        for do_sort in (True, False):
+            every_path(ops.topk.single, [x], dict(k=3, ret_typ=ret_typ, do_sort=do_sort))
+    params = dict(k=3, do_sort=False, ret_typ="both" if op is ops.topk.both else "value")
+    outs = every_path(op, [x], params)
+    np.testing.assert_allclose(outs[0], reference(x, 3, -1, "value", False, False), rtol=1e-6)
+    for path in ("function", "custom"):
+        got, grads = forward_backward_without_host_copy(op, [x], params, path)
+        np.testing.assert_array_equal(got[0], outs[0])
+        np.testing.assert_array_equal(grads[0], reference(x, 3, -1, "mask", False, False))
+
+
+def test_symbol_both_and_hybridized_wrapper():
+    out = ops.topk(mx.sym.var("data"), k=2, ret_typ="both", do_sort=False)
+    assert isinstance(out, tuple) and len(out) == 2
+    ex = mx.sym.Group(list(out)).bind(mx.cpu(), {"data": mx.nd.array([[3, 1, 2, 5]])})
+    value, index = ex.forward()
+    assert value.asnumpy().tolist() == [[3, 5]] and index.asnumpy().tolist() == [[0, 3]]
+
+
+@pytest.mark.parametrize("op", TWINS, ids=["mxnet", "numpy"])
+def test_bad_parameters_raise_and_the_next_call_works(op):
+    x = mx.nd.ones((2, 4))
+    with pytest.raises(ValueError, match=r"ops.topk: k=5 must be an int no larger than .* 4"):
+        op(x, k=5)
+    with pytest.raises(ValueError, match="ops.topk: ret_typ must be one of"):
+        op(x, k=1, ret_typ="values")
+    with pytest.raises(ValueError, match="ops.topk: axis=2 is out of range"):
+        op(x, k=1, axis=2)
+    assert op(x, k=2).shape == (2, 2)
