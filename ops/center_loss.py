@@ -147,11 +147,11 @@ class CenterLoss(mx.gluon.loss.Loss):
                  **kwargs):
         super().__init__(weight, batch_axis, **kwargs)
         _check((1, feature_dim), (1,), num_class, alpha, scale)
-        self._params = dict(num_class=int(num_class), alpha=float(alpha), scale=float(scale))
+        self._op_params = dict(num_class=int(num_class), alpha=float(alpha), scale=float(scale))
         with self.name_scope():
             self.centers = self.params.get("centers", shape=(num_class, feature_dim),
                                            init=mx.init.Zero(), grad_req="null")
 
     def hybrid_forward(self, F, pred, label, centers):
-        loss = center_loss(pred, label, centers, **self._params)
+        loss = center_loss(pred, label, centers, **self._op_params)
         return loss if self._weight is None else loss * self._weight

@@ -220,11 +220,11 @@ class FocalLoss(mx.gluon.loss.Loss):
                  weight=None, batch_axis=0, **kwargs):
         super().__init__(weight, batch_axis, **kwargs)
         _check((1,), (), None, alpha, gamma, normalization, ignore_label)
-        self._params = dict(alpha=float(alpha), gamma=float(gamma),
+        self._op_params = dict(alpha=float(alpha), gamma=float(gamma),
                             normalization=normalization, ignore_label=int(ignore_label))
 
     def hybrid_forward(self, F, pred, label, normalizer=None):
-        loss = focal_loss(pred, label, normalizer, **self._params)
+        loss = focal_loss(pred, label, normalizer, **self._op_params)
         if self._weight is not None:
             loss = loss * self._weight
         return F.sum(loss, axis=self._batch_axis, exclude=True)

@@ -1,4 +1,4 @@
-"""Softmax cross-entropy as an output layer: forward gives probabilities, backward the CE gradient."""
+"""Softmax cross-entropy output layer: probabilities forward, the CE gradient backward."""
 import mxnet as mx
 import numpy as np
 
