@@ -53,10 +53,10 @@ def wing_loss(pred, target, weight=None, *, w=10.0, epsilon=2.0):
         <NDArray 2 @cpu(0)>
     """
     _check(pred.shape, target.shape, None if weight is None else weight.shape, w, epsilon)
-    ax = mx.nd.abs(pred - target)
+    ax = mx.nd.abs(pred - target.astype(pred.dtype, copy=False))
     c = w - w * math.log(1 + w / epsilon)
     loss = mx.nd.where(ax < w, w * mx.nd.log1p(ax / epsilon), ax - c)
-    return loss if weight is None else loss * weight
+    return loss if weight is None else loss * weight.astype(pred.dtype, copy=False)
 
 
 @wing_loss.twin("numpy")
@@ -69,10 +69,10 @@ def _wing_loss_numpy(pred, target, weight=None, *, w=10.0, epsilon=2.0):
 
 
 def _slope_mxnet(pred, target, weight, w, epsilon, g):
-    x = pred - target
+    x = pred - target.astype(pred.dtype, copy=False)
     ax = mx.nd.abs(x)
     d = mx.nd.sign(x) * mx.nd.where(ax < w, w / (epsilon + ax), mx.nd.ones_like(ax)) * g
-    return d if weight is None else d * weight
+    return d if weight is None else d * weight.astype(pred.dtype, copy=False)
 
 
 def _slope_numpy(pred, target, weight, w, epsilon, g):
