@@ -10,8 +10,8 @@ __all__ = ["softmax_ce", "SoftmaxCE"]
 
 
 def _check(data_shape, label_shape):
-    if len(data_shape) < 2:
-        raise _checks.fail("softmax_ce", "data", f"must have a batch axis and a class axis, "
+    if len(data_shape) != 2:
+        raise _checks.fail("softmax_ce", "data", f"must have shape (N, C) (batch, classes), "
                            f"got shape {tuple(data_shape)}")
     _checks.same_shape("softmax_ce", "label", label_shape, data_shape[:1],
                        "one class index per sample")
@@ -39,8 +39,7 @@ def softmax_ce(data, label):
 
     Parameters
     ----------
-    data : array of shape ``(N, C)``, or ``(N, ...)`` flattened to ``(N, C)`` like
-        ``SoftmaxOutput``.
+    data : array of shape ``(N, C)``.
     label : array of shape ``(N,)``, class indices in ``[0, C)``, float or int.  Values
         outside raise ``ValueError`` (one flag read back from the device in ``'mxnet'`` mode).
 
@@ -52,34 +51,31 @@ def softmax_ce(data, label):
         array([[0.5, 0.5]], dtype=float32)
     """
     _check(data.shape, label.shape)
-    flat = data.reshape((data.shape[0], -1))
-    if _checks.any_nd((label < 0) + (label >= flat.shape[1]) + (label != mx.nd.floor(label))):
-        raise _label_error(flat.shape[1])
-    return mx.nd.softmax(flat, axis=1).reshape(data.shape)
+    num_class = data.shape[1]
+    if _checks.any_nd((label < 0) + (label >= num_class) + (label != mx.nd.floor(label))):
+        raise _label_error(num_class)
+    return mx.nd.softmax(data, axis=1)
 
 
 @softmax_ce.twin("numpy")
 def _softmax_ce_numpy(data, label):
     _check(data.shape, label.shape)
-    flat = data.reshape((data.shape[0], -1))
-    if np.any((label < 0) | (label >= flat.shape[1]) | (label != np.floor(label))):
-        raise _label_error(flat.shape[1])
-    e = np.exp(flat - flat.max(axis=1, keepdims=True))
-    return (e / e.sum(axis=1, keepdims=True)).reshape(data.shape)
+    num_class = data.shape[1]
+    if np.any((label < 0) | (label >= num_class) | (label != np.floor(label))):
+        raise _label_error(num_class)
+    e = np.exp(data - data.max(axis=1, keepdims=True))
+    return e / e.sum(axis=1, keepdims=True)
 
 
 def _grad_mxnet(ans, data, label):
-    def grad(_):
-        flat = ans.reshape((ans.shape[0], -1))
-        return (flat - mx.nd.one_hot(label, flat.shape[1], dtype=flat.dtype)).reshape(data.shape)
-    return grad
+    return lambda _: ans - mx.nd.one_hot(label, ans.shape[1], dtype=ans.dtype)
 
 
 def _grad_numpy(ans, data, label):
     def grad(_):
-        d = ans.reshape((ans.shape[0], -1)).copy()
-        d[np.arange(d.shape[0]), label.astype(np.int64)] -= 1
-        return d.reshape(data.shape)
+        d = ans.copy()
+        d[np.arange(len(d)), label.astype(np.int64)] -= 1
+        return d
     return grad
 
 
