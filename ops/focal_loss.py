@@ -162,8 +162,8 @@ def _dloss_nd(pred, label, normalizer, alpha, gamma, normalization, ignore_label
 
 def _dloss_np(pred, label, normalizer, alpha, gamma, normalization, ignore_label):
     t, valid = _targets_np(label, pred.shape[-1], ignore_label, pred.dtype)
-    p, q = 1 / (1 + np.exp(-pred)), 1 / (1 + np.exp(pred))
     sp_pos, sp_neg = np.logaddexp(0, pred), np.logaddexp(0, -pred)
+    p, q = np.exp(-sp_neg), np.exp(-sp_pos)
     d = -t * alpha * np.exp(-gamma * sp_pos) * (q + gamma * p * sp_neg) \
         + (1 - t) * (1 - alpha) * np.exp(-gamma * sp_neg) * (p + gamma * q * sp_pos)
     return d * valid / _normalizer_np(label, valid, normalizer, normalization)
