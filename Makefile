@@ -26,5 +26,9 @@ test: lint
 bench: $(STAMP)
 	$(PY) benchmarks/overhead.py
 
+.PHONY: bench-losses
+bench-losses: $(STAMP)
+	$(PY) benchmarks/losses.py
+
 clean:
 	rm -rf $(VENV) build *.egg-info

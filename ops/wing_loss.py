@@ -31,8 +31,9 @@ def wing_loss(pred, target, weight=None, *, w=10.0, epsilon=2.0):
         \qquad x = \mathrm{pred} - \mathrm{target},\; C = w - w \ln(1 + w/\epsilon)
 
     elementwise.  It is continuous at :math:`|x| = w` but not differentiable there
-    (slope :math:`w/(\epsilon + w)` inside, 1 outside).  ``pred`` and ``target`` get
-    gradients (``target`` the negative of ``pred``'s); ``weight`` gets zero.
+    (slope :math:`w/(\epsilon + w)` inside, 1 outside).  Every input gets its gradient
+    (``target`` the negative of ``pred``'s, ``weight`` the unweighted loss summed over the
+    axes it is broadcast along).
 
     Parameters
     ----------
@@ -53,19 +54,44 @@ def wing_loss(pred, target, weight=None, *, w=10.0, epsilon=2.0):
         <NDArray 2 @cpu(0)>
     """
     _check(pred.shape, target.shape, None if weight is None else weight.shape, w, epsilon)
-    ax = mx.nd.abs(pred - target.astype(pred.dtype, copy=False))
-    c = w - w * math.log(1 + w / epsilon)
-    loss = mx.nd.where(ax < w, w * mx.nd.log1p(ax / epsilon), ax - c)
+    loss = _wing_nd(pred, target, w, epsilon)
     return loss if weight is None else loss * weight.astype(pred.dtype, copy=False)
 
 
 @wing_loss.twin("numpy")
 def _wing_loss_numpy(pred, target, weight=None, *, w=10.0, epsilon=2.0):
     _check(pred.shape, target.shape, None if weight is None else weight.shape, w, epsilon)
+    loss = _wing_np(pred, target, w, epsilon)
+    return (loss if weight is None else loss * weight).astype(pred.dtype, copy=False)
+
+
+def _wing_nd(pred, target, w, epsilon):
+    ax = mx.nd.abs(pred - target.astype(pred.dtype, copy=False))
+    c = w - w * math.log(1 + w / epsilon)
+    return mx.nd.where(ax < w, w * mx.nd.log1p(ax / epsilon), ax - c)
+
+
+def _wing_np(pred, target, w, epsilon):
     ax = np.abs(pred - target)
     c = w - w * math.log(1 + w / epsilon)
-    loss = np.where(ax < w, w * np.log1p(ax / epsilon), ax - c)
-    return (loss if weight is None else loss * weight).astype(pred.dtype, copy=False)
+    return np.where(ax < w, w * np.log1p(ax / epsilon), ax - c)
+
+
+def _summed_axes(shape, to):
+    # The axes along which an array of shape ``to`` was broadcast up to ``shape``.
+    lead = len(shape) - len(to)
+    return tuple(range(lead)) + tuple(lead + i for i, d in enumerate(to) if d == 1 and
+                                      shape[lead + i] != 1)
+
+
+def _unbroadcast_nd(x, to):
+    axes = _summed_axes(x.shape, to)
+    return (x.sum(axis=axes, keepdims=True) if axes else x).reshape(to)
+
+
+def _unbroadcast_np(x, to):
+    axes = _summed_axes(x.shape, to)
+    return (x.sum(axis=axes, keepdims=True) if axes else x).reshape(to)
 
 
 def _slope_mxnet(pred, target, weight, w, epsilon, g):
@@ -86,14 +112,16 @@ wing_loss.def_grad(lambda ans, pred, target, weight=None, *, w=10.0, epsilon=2.0
                    lambda g: _slope_mxnet(pred, target, weight, w, epsilon, g))
 wing_loss.def_grad(lambda ans, pred, target, weight=None, *, w=10.0, epsilon=2.0:
                    lambda g: -_slope_mxnet(pred, target, weight, w, epsilon, g), 1)
-wing_loss.def_grad(lambda ans, pred, target, weight=None, **_:
-                   lambda g: mx.nd.zeros_like(weight), 2)
+wing_loss.def_grad(lambda ans, pred, target, weight=None, *, w=10.0, epsilon=2.0:
+                   lambda g: _unbroadcast_nd(_wing_nd(pred, target, w, epsilon) * g,
+                                             weight.shape), 2)
 wing_loss.numpy.def_grad(lambda ans, pred, target, weight=None, *, w=10.0, epsilon=2.0:
                          lambda g: _slope_numpy(pred, target, weight, w, epsilon, g))
 wing_loss.numpy.def_grad(lambda ans, pred, target, weight=None, *, w=10.0, epsilon=2.0:
                          lambda g: -_slope_numpy(pred, target, weight, w, epsilon, g), 1)
-wing_loss.numpy.def_grad(lambda ans, pred, target, weight=None, **_:
-                         lambda g: np.zeros_like(weight), 2)
+wing_loss.numpy.def_grad(lambda ans, pred, target, weight=None, *, w=10.0, epsilon=2.0:
+                         lambda g: _unbroadcast_np(_wing_np(pred, target, w, epsilon) * g,
+                                                   weight.shape), 2)
 
 
 class WingLoss(mx.gluon.loss.Loss):

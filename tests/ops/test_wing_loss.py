@@ -61,8 +61,10 @@ def test_check_grad_on_both_sides_of_the_kink(op, dtype):
     pred = target + offsets
     weight = np.random.rand(2, 6)
     check_grad(op, pred.astype(dtype), target.astype(dtype), w=w, epsilon=eps)
-    check_grad(op, pred.astype(dtype), target.astype(dtype), weight.astype(dtype),
-               argnums=["pred", "target"], w=w, epsilon=eps)
+    check_grad(op, pred.astype(dtype), target.astype(dtype), weight.astype(dtype), w=w,
+               epsilon=eps)
+    check_grad(op, pred.astype(dtype), target.astype(dtype), weight[:, :1].astype(dtype), w=w,
+               epsilon=eps)  # a weight broadcast along axis 1 gets the sum over it
 
 
 @pytest.mark.parametrize("op", OPS, ids=ids)
@@ -77,7 +79,10 @@ def test_every_path_agrees_and_gradients_match_the_formula(op):
     want = reference_grad(pred, target, 5.0, 1.0, weight) * heads[0]
     np.testing.assert_allclose(dp, want, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(dt, -want, rtol=1e-5, atol=1e-6)
-    assert not dw.any()
+    np.testing.assert_allclose(dw, reference(pred, target, 5.0, 1.0) * heads[0], rtol=1e-5)
+    (_,), (_, _, dw) = common.assert_paths_agree(op, [pred, target, weight[:1]], params, heads)
+    np.testing.assert_allclose(dw, (reference(pred, target, 5.0, 1.0) * heads[0]).sum(
+        axis=0, keepdims=True), rtol=1e-5)
     common.assert_paths_agree(op.variant(2), [pred, target], params, heads)
 
 
