@@ -146,8 +146,9 @@ def _normalizer_np(label, valid, normalizer, normalization):
     return max(counted.sum(), 1.0)
 
 
-# d/dx of the bracket above: positives -alpha (1-p)^gamma (1 - p - gamma p log p), negatives
-# (1-alpha) p^gamma (p + gamma (1-p) log(1-p) * -1) -- written with the stable logs.
+# d/dx of the bracket: positives -alpha (1-p)^gamma (1 - p - gamma p log p), negatives
+# -(1-alpha) p^gamma (gamma (1-p) log(1-p) - p); below with q = 1 - p and the stable logs
+# log p = -softplus(-x), log q = -softplus(x).
 def _dloss_nd(pred, label, normalizer, alpha, gamma, normalization, ignore_label):
     label = label.astype(pred.dtype, copy=False)
     t, valid = _targets_nd(label, pred.shape[-1], ignore_label)
