@@ -198,3 +198,14 @@ def test_bad_input_names_the_op_and_the_argument(op, how):
     assert np.isfinite(y.asnumpy()).all()
     with pytest.raises(ValueError, match=r"ops\.focal_loss: normalization"):
         ops.FocalLoss(normalization="sum")
+
+
+def test_bad_labels_in_a_bound_graph_raise_and_the_executor_recovers():
+    s = ops.focal_loss(mx.sym.var("pred"), mx.sym.var("label"))
+    ex = s.simple_bind(mx.cpu(), grad_req="null", pred=(2, 3, 4), label=(2, 3))
+    with pytest.raises(ValueError, match=r"ops\.focal_loss: label has values outside"):
+        ex.forward(is_train=False, pred=np.zeros((2, 3, 4)), label=np.full((2, 3), 7.0))
+        ex.outputs[0].wait_to_read()
+    ex.forward(is_train=False, pred=np.zeros((2, 3, 4)), label=np.ones((2, 3)))
+    np.testing.assert_allclose(ex.outputs[0].asnumpy().sum(),
+                               reference(np.zeros((2, 3, 4)), np.ones((2, 3))).sum(), rtol=1e-6)
