@@ -45,8 +45,9 @@ def center_loss(data, label, centers, *, num_class, alpha=0.5, scale=1.0):
 
     with :math:`\lambda` = ``scale`` and :math:`n_j` the number of samples of class
     :math:`j` in the batch.  The centers are an **auxiliary state** ``(num_class,
-    feature_dim)``: updated in place by the backward pass (training only; the gradient of
-    ``data`` uses the centers before the update), never differentiated.  In a symbol graph
+    feature_dim)``: updated in place by the backward pass that computes ``data``'s gradient
+    (training only; that gradient uses the centers before the update; a ``data`` without
+    gradient leaves them unchanged), never differentiated.  In a symbol graph
     leave them out: MXNet creates ``<name>_centers`` (zeros), saved with the model's aux
     params; with NDArrays pass them; :class:`CenterLoss` owns them in Gluon.
 
