@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: venv demo test lint bench bench-detection notebooks clean
+.PHONY: venv demo test lint bench bench-detection bench-losses notebooks clean
 
 venv: $(STAMP)
 
@@ -31,6 +31,9 @@ bench: $(STAMP)
 
 bench-detection: $(STAMP)
 	$(PY) benchmarks/detection.py
+
+bench-losses: $(STAMP)
+	$(PY) benchmarks/losses.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info

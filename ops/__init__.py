@@ -1,10 +1,28 @@
+"""ops: research operators built only with the public ``customop`` API.
 
-# ---- issue 11: detection operators (topk do_sort, arr_pick, legacy boxes, OHEM) ----
-from .arr_pick import arr_pick  # noqa: E402,F401
-from .box_decode import box_decode  # noqa: E402,F401
-from .box_encode import box_encode  # noqa: E402,F401
-from .box_iou import box_iou  # noqa: E402,F401
-from .box_nms import box_nms  # noqa: E402,F401
-from .ohem_sampler import ohem_sampler  # noqa: E402,F401
-from .topk import topk  # noqa: E402,F401
-# ---- end issue 11 ----
+``ops.<name>`` is the ``'mxnet'``-mode operator (MXNet NDArray ops only: on a GPU
+context it runs MXNet's CUDA kernels, no host copy); ``ops.<name>.numpy`` is its
+readable ``'numpy'``-mode twin with the same docstring.  Losses come with Gluon
+blocks (``ops.FocalLoss``, ``ops.SmoothL1Loss``, ...).
+"""
+from .arr_pick import arr_pick
+from .box_decode import box_decode
+from .box_encode import box_encode
+from .box_iou import box_iou
+from .box_nms import box_nms
+from .center_loss import CenterLoss, center_loss
+from .focal_loss import FocalLoss, focal_loss
+from .ohem_sampler import ohem_sampler
+from .smooth_l1 import SmoothL1Loss, smooth_l1
+from .softmax_ce import SoftmaxCE, softmax_ce
+from .tile import tile
+from .topk import topk
+from .wing_loss import WingLoss, wing_loss
+
+__all__ = [
+    # losses (issue 10)
+    "focal_loss", "FocalLoss", "smooth_l1", "SmoothL1Loss", "wing_loss", "WingLoss",
+    "center_loss", "CenterLoss", "softmax_ce", "SoftmaxCE", "tile",
+    # detection (issue 11)
+    "topk", "arr_pick", "box_iou", "box_nms", "box_encode", "box_decode", "ohem_sampler",
+]

@@ -1,0 +1,158 @@
+"""Center loss (Wen et al., ECCV 2016) whose class centers are an auxiliary state of the op."""
+import mxnet as mx
+import numpy as np
+
+from customop import customop
+
+from . import _checks
+
+__all__ = ["center_loss", "CenterLoss"]
+
+
+def _check(data_shape, label_shape, num_class, alpha, scale):
+    if len(data_shape) != 2:
+        raise _checks.fail("center_loss", "data", f"must have shape (N, feature_dim), got "
+                           f"{tuple(data_shape)}")
+    _checks.same_shape("center_loss", "label", label_shape, data_shape[:1],
+                       "one class per sample")
+    if not isinstance(num_class, int) or isinstance(num_class, bool) or num_class < 1:
+        raise _checks.fail("center_loss", "num_class", f"must be an int >= 1, got {num_class!r}")
+    if not isinstance(alpha, int | float) or not 0 <= alpha <= 1:
+        raise _checks.fail("center_loss", "alpha", f"must be in [0, 1], got {alpha!r}")
+    if not isinstance(scale, int | float) or isinstance(scale, bool):
+        raise _checks.fail("center_loss", "scale", f"must be a number, got {scale!r}")
+
+
+def _label_error(num_class):
+    return _checks.fail("center_loss", "label", f"has values that are not class indices in "
+                        f"[0, num_class - 1] = [0, {num_class - 1}]")
+
+
+def _centers_shape(data, label, num_class, **_):
+    return (num_class, data[1])
+
+
+@customop("mxnet", aux={"centers": _centers_shape}, infer_shape=lambda data, *_, **__:
+          (data[0],))
+def center_loss(data, label, centers, *, num_class, alpha=0.5, scale=1.0):
+    r"""Center loss: pull each feature towards the running center of its class.
+
+    .. math::
+
+        L_i = \frac{\lambda}{2} \lVert x_i - c_{y_i} \rVert_2^2, \qquad
+        \frac{\partial L}{\partial x_i} = \lambda (x_i - c_{y_i}), \qquad
+        c_j \leftarrow c_j - \alpha \frac{\sum_{i: y_i = j} (c_j - x_i)}{1 + n_j}
+
+    with :math:`\lambda` = ``scale`` and :math:`n_j` the number of samples of class
+    :math:`j` in the batch.  The centers are an **auxiliary state** ``(num_class,
+    feature_dim)``: updated in place by the backward pass that computes ``data``'s gradient
+    (training only; that gradient uses the centers before the update; a ``data`` without
+    gradient leaves them unchanged), never differentiated.  In a symbol graph
+    leave them out: MXNet creates ``<name>_centers`` (zeros), saved with the model's aux
+    params; with NDArrays pass them; :class:`CenterLoss` owns them in Gluon.
+
+    Parameters
+    ----------
+    data : features ``(N, feature_dim)``.
+    label : ``(N,)`` class indices in ``[0, num_class)``, float or int (checked: one flag
+        read back in ``'mxnet'`` mode).
+    centers : ``(num_class, feature_dim)``, the state (omit with symbols).
+    num_class : int, keyword.
+    alpha : float in [0, 1], default 0.5, the center update rate.
+    scale : float, default 1, the loss weight :math:`\lambda`.
+
+    Returns the per-sample loss ``(N,)``.
+
+    Example:
+        >>> import mxnet as mx, ops
+        >>> x, y = mx.nd.array([[1.0, 0.0], [3.0, 0.0]]), mx.nd.array([1, 1])
+        >>> centers = mx.nd.zeros((2, 2)); x.attach_grad()
+        >>> with mx.autograd.record():
+        ...     loss = ops.center_loss(x, y, centers, num_class=2)
+        >>> loss.backward()
+        >>> loss.asnumpy(), centers.asnumpy()[1]   # c_1 += 0.5 * (1 + 3) / (1 + 2)
+        (array([0.5, 4.5], dtype=float32), array([0.6666667, 0.       ], dtype=float32))
+    """
+    _check(data.shape, label.shape, num_class, alpha, scale)
+    if _checks.any_nd((label < 0) + (label >= num_class) + (label != mx.nd.floor(label))):
+        raise _label_error(num_class)
+    diff = data - mx.nd.take(centers, label, axis=0)
+    return 0.5 * scale * (diff * diff).sum(axis=1)
+
+
+@center_loss.twin("numpy")
+def _center_loss_numpy(data, label, centers, *, num_class, alpha=0.5, scale=1.0):
+    _check(data.shape, label.shape, num_class, alpha, scale)
+    if np.any((label < 0) | (label >= num_class) | (label != np.floor(label))):
+        raise _label_error(num_class)
+    diff = data - centers[label.astype(np.int64)]
+    return 0.5 * scale * (diff * diff).sum(axis=1)
+
+
+def _grad_data_nd(ans, data, label, centers, *, num_class, alpha=0.5, scale=1.0):
+    def grad(g):
+        diff = data - mx.nd.take(centers, label, axis=0)
+        dx = scale * diff * g.reshape((-1, 1))
+        onehot = mx.nd.one_hot(label, num_class, dtype=data.dtype)  # (N, num_class)
+        sums = mx.nd.dot(onehot, diff, transpose_a=True)  # sum_{i: y_i = j} (x_i - c_j)
+        centers[:] = centers + alpha * sums / (1 + onehot.sum(axis=0)).reshape((-1, 1))
+        return dx
+    return grad
+
+
+def _grad_data_np(ans, data, label, centers, *, num_class, alpha=0.5, scale=1.0):
+    def grad(g):
+        y = label.astype(np.int64)
+        diff = data - centers[y]
+        dx = scale * diff * g.reshape((-1, 1))
+        sums = np.zeros_like(centers)
+        np.add.at(sums, y, diff)  # every sample of a class counts, repeats included
+        centers[...] += alpha * sums / (1 + np.bincount(y, minlength=num_class))[:, None]
+        return dx
+    return grad
+
+
+center_loss.def_grad(_grad_data_nd)
+center_loss.def_grad(lambda ans, data, label, centers, **_: lambda g: mx.nd.zeros_like(label), 1)
+center_loss.numpy.def_grad(_grad_data_np)
+center_loss.numpy.def_grad(lambda ans, data, label, centers, **_: lambda g: np.zeros_like(label),
+                           1)
+
+
+class CenterLoss(mx.gluon.loss.Loss):
+    r"""Gluon loss owning the class centers: ``center_loss(pred, label, centers)``.
+
+    .. math:: L_n = \frac{\lambda}{2} \lVert \mathrm{pred}_n - c_{\mathrm{label}_n} \rVert^2
+
+    Parameters
+    ----------
+    num_class : int, the number of classes.
+    feature_dim : int, the length of a feature vector.
+    alpha, scale : as :func:`ops.center_loss`.
+    weight : float or None, global scalar weight for the loss.
+    batch_axis : int, default 0.
+
+    The centers are the Parameter ``centers`` (``grad_req='null'``, zeros), updated by
+    every backward pass; they are saved with the block's parameters.  Inputs: ``pred``
+    ``(N, feature_dim)``, ``label`` ``(N,)``.  Output: loss of shape ``(N,)``.
+
+    Example:
+        >>> import mxnet as mx, ops
+        >>> loss = ops.CenterLoss(num_class=3, feature_dim=2)
+        >>> loss.initialize()
+        >>> loss(mx.nd.ones((4, 2)), mx.nd.array([0, 1, 1, 2])).asnumpy()
+        array([1., 1., 1., 1.], dtype=float32)
+    """
+
+    def __init__(self, num_class, feature_dim, alpha=0.5, scale=1.0, weight=None, batch_axis=0,
+                 **kwargs):
+        super().__init__(weight, batch_axis, **kwargs)
+        _check((1, feature_dim), (1,), num_class, alpha, scale)
+        self._op_params = dict(num_class=int(num_class), alpha=float(alpha), scale=float(scale))
+        with self.name_scope():
+            self.centers = self.params.get("centers", shape=(num_class, feature_dim),
+                                           init=mx.init.Zero(), grad_req="null")
+
+    def hybrid_forward(self, F, pred, label, centers):
+        loss = center_loss(pred, label, centers, **self._op_params)
+        return loss if self._weight is None else loss * self._weight

@@ -1,0 +1,231 @@
+"""Sigmoid focal loss (Lin et al., ICCV 2017) with positive/valid normalization and a run-time
+normalizer input (focal loss v2 of the research operators)."""
+import mxnet as mx
+import numpy as np
+
+from customop import customop
+
+from . import _checks
+
+__all__ = ["focal_loss", "FocalLoss"]
+
+NORMALIZATIONS = ("positive", "valid", "none")
+
+
+def _check(pred_shape, label_shape, normalizer_shape, alpha, gamma, normalization,
+           ignore_label):
+    if len(pred_shape) < 1 or pred_shape[-1] < 1:
+        raise _checks.fail("focal_loss", "pred", f"must have a class axis last, got shape "
+                           f"{tuple(pred_shape)}")
+    _checks.same_shape("focal_loss", "label", label_shape, pred_shape[:-1],
+                       "pred's shape without its last, class axis")
+    if normalizer_shape is not None and int(np.prod(normalizer_shape)) != 1:
+        raise _checks.fail("focal_loss", "normalizer", f"must hold one value (shape (1,)), "
+                           f"got shape {tuple(normalizer_shape)}")
+    if not isinstance(alpha, int | float) or not 0 <= alpha <= 1:
+        raise _checks.fail("focal_loss", "alpha", f"must be in [0, 1], got {alpha!r}")
+    if not isinstance(gamma, int | float) or not gamma >= 0:
+        raise _checks.fail("focal_loss", "gamma", f"must be >= 0, got {gamma!r}")
+    if normalization not in NORMALIZATIONS:
+        raise _checks.fail("focal_loss", "normalization", f"must be one of {NORMALIZATIONS}, "
+                           f"got {normalization!r}")
+    if not isinstance(ignore_label, int) or isinstance(ignore_label, bool):
+        raise _checks.fail("focal_loss", "ignore_label", f"must be an int, got {ignore_label!r}")
+
+
+def _label_error(num_class, ignore_label):
+    return _checks.fail("focal_loss", "label", f"has values outside [ignore_label, C]: every "
+                        f"label must be ignore_label={ignore_label}, 0 (background) or a class "
+                        f"1..C={num_class}")
+
+
+@customop("mxnet", optional=("normalizer",), infer_shape=lambda pred, *_, **__: pred)
+def focal_loss(pred, label, normalizer=None, *, alpha=0.25, gamma=2.0,
+               normalization="positive", ignore_label=-1):
+    r"""Sigmoid focal loss on logits, one binary classifier per foreground class.
+
+    .. math::
+
+        p = \sigma(x), \quad
+        L_{\cdot c} = \frac{v}{Z}\Big(-\alpha\, t_c (1 - p_c)^\gamma \log p_c
+                     - (1 - \alpha)(1 - t_c)\, p_c^\gamma \log(1 - p_c)\Big)
+
+    with :math:`t_c = [\mathrm{label} = c + 1]` (label 0 is background, ``1..C`` the
+    foreground classes on channels ``0..C-1``), :math:`v = [\mathrm{label} \ne
+    \mathrm{ignore\_label}]` and :math:`Z` the normalizer: ``normalization='positive'``
+    the number of foreground labels (at least 1), ``'valid'`` the number of non-ignored
+    labels (at least 1), ``'none'`` 1.  When the ``normalizer`` input is given, :math:`Z`
+    is its value instead and ``normalization`` is not used: a run-time gradient scale
+    (cascaded detectors), which also receives its gradient :math:`-\sum g L / Z`; stop it
+    with ``mx.nd.stop_gradient`` if it must not learn.  Logs are computed as
+    :math:`\log p = -\mathrm{softplus}(-x)`, :math:`\log(1-p) = -\mathrm{softplus}(x)`, so
+    large :math:`|x|` neither overflows nor takes ``log(0)``.
+
+    Parameters
+    ----------
+    pred : logits of shape ``(N, ..., C)`` (e.g. ``(batch, anchors, classes)``).
+    label : shape ``(N, ...)``, values in ``{ignore_label, 0, 1, ..., C}``, float or int;
+        anything else raises ``ValueError`` (one flag read back in ``'mxnet'`` mode).
+    normalizer : optional array of one value (shape ``(1,)``), the :math:`Z` above.
+    alpha : float in [0, 1], default 0.25, the weight of the positives.
+    gamma : float >= 0, default 2, the focusing exponent.
+    normalization : ``'positive'`` (default), ``'valid'`` or ``'none'``.
+    ignore_label : int, default -1.
+
+    Returns the normalized elementwise loss, shaped like ``pred`` (sum it for the paper's
+    loss).  Parameters go by keyword: ``focal_loss(pred, label, normalizer, alpha=0.5)``.
+
+    Example:
+        >>> import mxnet as mx, ops
+        >>> pred = mx.nd.array([[[0.0, 0.0], [2.0, -2.0]]])        # 1 image, 2 anchors, C=2
+        >>> label = mx.nd.array([[2, 0]])                         # class 2, background
+        >>> ops.focal_loss(pred, label, gamma=0.0).sum().asscalar()  # doctest: +ELLIPSIS
+        2.38...
+    """
+    _check(pred.shape, label.shape, None if normalizer is None else normalizer.shape, alpha,
+           gamma, normalization, ignore_label)
+    num_class = pred.shape[-1]
+    label = label.astype(pred.dtype, copy=False)
+    if _checks.any_nd(((label < 0) + (label > num_class) + (label != mx.nd.floor(label)))
+                      * (label != ignore_label)):
+        raise _label_error(num_class, ignore_label)
+    t, valid = _targets_nd(label, num_class, ignore_label)
+    sp_pos = mx.nd.Activation(pred, act_type="softrelu")  # -log(1 - p)
+    sp_neg = mx.nd.Activation(-pred, act_type="softrelu")  # -log p
+    loss = t * alpha * mx.nd.exp(-gamma * sp_pos) * sp_neg \
+        + (1 - t) * (1 - alpha) * mx.nd.exp(-gamma * sp_neg) * sp_pos
+    return mx.nd.broadcast_div(mx.nd.broadcast_mul(loss, valid),
+                               _normalizer_nd(label, valid, normalizer, normalization, pred))
+
+
+@focal_loss.twin("numpy")
+def _focal_loss_numpy(pred, label, normalizer=None, *, alpha=0.25, gamma=2.0,
+                      normalization="positive", ignore_label=-1):
+    _check(pred.shape, label.shape, None if normalizer is None else normalizer.shape, alpha,
+           gamma, normalization, ignore_label)
+    num_class = pred.shape[-1]
+    if np.any(((label < 0) | (label > num_class) | (label != np.floor(label)))
+              & (label != ignore_label)):
+        raise _label_error(num_class, ignore_label)
+    t, valid = _targets_np(label, num_class, ignore_label, pred.dtype)
+    sp_pos = np.logaddexp(0, pred)  # -log(1 - p)
+    sp_neg = np.logaddexp(0, -pred)  # -log p
+    loss = t * alpha * np.exp(-gamma * sp_pos) * sp_neg \
+        + (1 - t) * (1 - alpha) * np.exp(-gamma * sp_neg) * sp_pos
+    return (loss * valid / _normalizer_np(label, valid, normalizer, normalization)).astype(
+        pred.dtype, copy=False)
+
+
+def _targets_nd(label, num_class, ignore_label):
+    valid = (label != ignore_label).expand_dims(-1)
+    return mx.nd.one_hot(label - 1, num_class, dtype=label.dtype), valid  # 0, ignore: zeros
+
+
+def _targets_np(label, num_class, ignore_label, dtype):
+    valid = (label != ignore_label)[..., None].astype(dtype)
+    t = (label[..., None] == np.arange(1, num_class + 1)).astype(dtype)
+    return t, valid
+
+
+def _normalizer_nd(label, valid, normalizer, normalization, like):
+    ones = (1,) * like.ndim
+    if normalizer is not None:
+        return normalizer.reshape(ones)
+    if normalization == "none":
+        return mx.nd.ones(ones, ctx=like.context, dtype=like.dtype)
+    counted = valid if normalization == "valid" else valid * (label >= 1).expand_dims(-1)
+    return mx.nd.maximum(counted.sum(), 1).reshape(ones)
+
+
+def _normalizer_np(label, valid, normalizer, normalization):
+    if normalizer is not None:
+        return normalizer.reshape(())
+    if normalization == "none":
+        return 1.0
+    counted = valid if normalization == "valid" else valid * (label >= 1)[..., None]
+    return max(counted.sum(), 1.0)
+
+
+# d/dx of the bracket: positives -alpha (1-p)^gamma (1 - p - gamma p log p), negatives
+# -(1-alpha) p^gamma (gamma (1-p) log(1-p) - p); below with q = 1 - p and the stable logs
+# log p = -softplus(-x), log q = -softplus(x).
+def _dloss_nd(pred, label, normalizer, alpha, gamma, normalization, ignore_label):
+    label = label.astype(pred.dtype, copy=False)
+    t, valid = _targets_nd(label, pred.shape[-1], ignore_label)
+    p, q = mx.nd.sigmoid(pred), mx.nd.sigmoid(-pred)
+    sp_pos = mx.nd.Activation(pred, act_type="softrelu")
+    sp_neg = mx.nd.Activation(-pred, act_type="softrelu")
+    d = -t * alpha * mx.nd.exp(-gamma * sp_pos) * (q + gamma * p * sp_neg) \
+        + (1 - t) * (1 - alpha) * mx.nd.exp(-gamma * sp_neg) * (p + gamma * q * sp_pos)
+    z = _normalizer_nd(label, valid, normalizer, normalization, pred)
+    return mx.nd.broadcast_div(mx.nd.broadcast_mul(d, valid), z)
+
+
+def _dloss_np(pred, label, normalizer, alpha, gamma, normalization, ignore_label):
+    t, valid = _targets_np(label, pred.shape[-1], ignore_label, pred.dtype)
+    sp_pos, sp_neg = np.logaddexp(0, pred), np.logaddexp(0, -pred)
+    p, q = np.exp(-sp_neg), np.exp(-sp_pos)
+    d = -t * alpha * np.exp(-gamma * sp_pos) * (q + gamma * p * sp_neg) \
+        + (1 - t) * (1 - alpha) * np.exp(-gamma * sp_neg) * (p + gamma * q * sp_pos)
+    return d * valid / _normalizer_np(label, valid, normalizer, normalization)
+
+
+def _grad_pred_nd(ans, pred, label, normalizer=None, *, alpha=0.25, gamma=2.0,
+                  normalization="positive", ignore_label=-1):
+    return lambda g: g * _dloss_nd(pred, label, normalizer, alpha, gamma, normalization,
+                                   ignore_label)
+
+
+def _grad_pred_np(ans, pred, label, normalizer=None, *, alpha=0.25, gamma=2.0,
+                  normalization="positive", ignore_label=-1):
+    return lambda g: g * _dloss_np(pred, label, normalizer, alpha, gamma, normalization,
+                                   ignore_label)
+
+
+# The output is L_unnormalized / Z, so dZ = -sum(g * output) / Z.
+focal_loss.def_grad(_grad_pred_nd)
+focal_loss.def_grad(lambda ans, pred, label, normalizer=None, **_:
+                    lambda g: mx.nd.zeros_like(label), 1)
+focal_loss.def_grad(lambda ans, pred, label, normalizer=None, **_:
+                    lambda g: -(g * ans).sum().reshape(normalizer.shape) / normalizer, 2)
+focal_loss.numpy.def_grad(_grad_pred_np)
+focal_loss.numpy.def_grad(lambda ans, pred, label, normalizer=None, **_:
+                          lambda g: np.zeros_like(label), 1)
+focal_loss.numpy.def_grad(lambda ans, pred, label, normalizer=None, **_:
+                          lambda g: -(g * ans).sum().reshape(normalizer.shape) / normalizer, 2)
+
+
+class FocalLoss(mx.gluon.loss.Loss):
+    r"""Gluon loss: ``focal_loss`` summed over every non-batch axis.
+
+    .. math:: L_n = \sum_{a, c} \mathrm{focal\_loss}(\mathrm{pred}, \mathrm{label})_{n a c}
+
+    Parameters
+    ----------
+    alpha, gamma, normalization, ignore_label : as :func:`ops.focal_loss`.
+    weight : float or None, global scalar weight for the loss.
+    batch_axis : int, default 0, the axis that represents the mini-batch.
+
+    Inputs: ``pred`` logits ``(N, ..., C)``, ``label`` ``(N, ...)``, optional
+    ``normalizer`` (one value).  Output: loss of shape ``(N,)``; its sum is the focal
+    loss of the batch (the normalizer counts over the whole batch).
+
+    Example:
+        >>> import mxnet as mx, ops
+        >>> loss = ops.FocalLoss(gamma=0.0)
+        >>> loss(mx.nd.array([[[0.0, 0.0], [2.0, -2.0]]]), mx.nd.array([[2, 0]])).shape
+        (1,)
+    """
+
+    def __init__(self, alpha=0.25, gamma=2.0, normalization="positive", ignore_label=-1,
+                 weight=None, batch_axis=0, **kwargs):
+        super().__init__(weight, batch_axis, **kwargs)
+        _check((1,), (), None, alpha, gamma, normalization, ignore_label)
+        self._op_params = dict(alpha=float(alpha), gamma=float(gamma),
+                            normalization=normalization, ignore_label=int(ignore_label))
+
+    def hybrid_forward(self, F, pred, label, normalizer=None):
+        loss = focal_loss(pred, label, normalizer, **self._op_params)
+        if self._weight is not None:
+            loss = loss * self._weight
+        return F.sum(loss, axis=self._batch_axis, exclude=True)

@@ -1,0 +1,132 @@
+"""Smooth L1 loss whose ``sigma`` is an input array (smooth-L1 v2 of the research operators)."""
+import mxnet as mx
+import numpy as np
+
+from customop import customop
+
+from . import _checks
+
+__all__ = ["smooth_l1", "SmoothL1Loss"]
+
+
+def _check(data_shape, sigma_shape, weight_shape):
+    _checks.broadcastable("smooth_l1", "sigma", sigma_shape, data_shape, "data")
+    if weight_shape is not None:
+        _checks.broadcastable("smooth_l1", "weight", weight_shape, data_shape, "data")
+
+
+def _sigma_error(sigma):
+    return _checks.fail("smooth_l1", "sigma", f"must be > 0 everywhere (got min {sigma})")
+
+
+@customop("mxnet", optional=("weight",))
+def smooth_l1(data, sigma, weight=None):
+    r"""Smooth L1 loss with a run-time ``sigma`` (an input array, not a fixed scalar).
+
+    .. math::
+
+        L = w \cdot \begin{cases} \frac{1}{2} (\sigma x)^2, & |x| < 1/\sigma^2 \\
+                                  |x| - \frac{1}{2\sigma^2}, & \text{otherwise} \end{cases}
+
+    elementwise; with a constant ``sigma = s`` it equals ``mx.nd.smooth_l1(data, scalar=s)``.
+    The gradient flows to ``data`` only (``sigma`` and ``weight`` get zero): it is
+    :math:`w \sigma^2 x` inside, :math:`w\,\mathrm{sign}(x)` outside.
+
+    Parameters
+    ----------
+    data : array of any shape, usually a regression residual ``pred - target``.
+    sigma : positive array broadcastable to ``data`` (e.g. shape ``(1,)``, or one value per
+        box coordinate); ``sigma <= 0`` raises ``ValueError``.
+    weight : optional array broadcastable to ``data`` multiplying the loss elementwise.
+
+    Returns the elementwise loss, shaped like ``data``.  ``smooth_l1.numpy`` is the
+    ``'numpy'``-mode twin.  Checking ``sigma > 0`` in ``'mxnet'`` mode reads one flag back
+    from the device.
+
+    Example:
+        >>> import mxnet as mx, ops
+        >>> x = mx.nd.array([-2.0, 0.1, 0.5])
+        >>> ops.smooth_l1(x, mx.nd.array([2.0])).asnumpy()
+        array([1.875, 0.02 , 0.375], dtype=float32)
+    """
+    _check(data.shape, sigma.shape, None if weight is None else weight.shape)
+    if _checks.any_nd(sigma <= 0):
+        raise _sigma_error(sigma.min().asnumpy()[0])
+    s2 = (sigma * sigma).astype(data.dtype, copy=False)
+    # smooth_l1(x; sigma) = smooth_l1(sigma^2 x; 1) / sigma^2: MXNet's fused kernel does the rest
+    loss = mx.nd.broadcast_div(mx.nd.smooth_l1(mx.nd.broadcast_mul(s2, data), scalar=1.0), s2)
+    return loss if weight is None else loss * weight.astype(data.dtype, copy=False)
+
+
+@smooth_l1.twin("numpy")
+def _smooth_l1_numpy(data, sigma, weight=None):
+    _check(data.shape, sigma.shape, None if weight is None else weight.shape)
+    if np.any(sigma <= 0):
+        raise _sigma_error(np.min(sigma))
+    s2 = sigma * sigma
+    ax = np.abs(data)
+    loss = np.where(ax < 1 / s2, 0.5 * s2 * data * data, ax - 0.5 / s2)
+    return (loss if weight is None else loss * weight).astype(data.dtype, copy=False)
+
+
+def _grad_mxnet(ans, data, sigma, weight=None):
+    def grad(g):  # sigma^2 x inside |x| < 1/sigma^2, sign(x) outside: clip(sigma^2 x, -1, 1)
+        s2 = (sigma * sigma).astype(data.dtype, copy=False)
+        z = mx.nd.broadcast_mul(s2, data)
+        d = mx.nd.maximum(mx.nd.minimum(z, 1.0), -1.0) * g  # (MXNet's clip is slower)
+        return d if weight is None else d * weight.astype(data.dtype, copy=False)
+    return grad
+
+
+def _grad_numpy(ans, data, sigma, weight=None):
+    def grad(g):
+        s2 = sigma * sigma
+        d = np.where(np.abs(data) < 1 / s2, s2 * data, np.sign(data)) * g
+        return d if weight is None else d * weight
+    return grad
+
+
+smooth_l1.def_grad(_grad_mxnet)
+smooth_l1.def_grad(lambda ans, data, sigma, weight=None: lambda g: mx.nd.zeros_like(sigma), 1)
+smooth_l1.def_grad(lambda ans, data, sigma, weight=None: lambda g: mx.nd.zeros_like(weight), 2)
+smooth_l1.numpy.def_grad(_grad_numpy)
+smooth_l1.numpy.def_grad(lambda ans, data, sigma, weight=None: lambda g: np.zeros_like(sigma), 1)
+smooth_l1.numpy.def_grad(lambda ans, data, sigma, weight=None: lambda g: np.zeros_like(weight),
+                         2)
+
+
+class SmoothL1Loss(mx.gluon.loss.Loss):
+    r"""Gluon loss: the mean over non-batch axes of ``smooth_l1(pred - label, sigma)``.
+
+    .. math:: L = \frac{1}{K}\sum_k \mathrm{smooth\_l1}(\mathrm{pred}_k - \mathrm{label}_k;
+              \sigma)
+
+    Parameters
+    ----------
+    sigma : float, the default ``sigma`` when the call passes none.
+    weight : float or None, global scalar weight for the loss.
+    batch_axis : int, default 0, the axis that represents the mini-batch.
+
+    Inputs: ``pred``, ``label`` of one shape; optional ``sigma`` (an array broadcastable
+    to ``pred``, overriding the constructor's) and ``sample_weight`` (broadcastable).
+    Output: loss of shape ``(batch_size,)``.
+
+    Example:
+        >>> import mxnet as mx, ops
+        >>> ops.SmoothL1Loss(sigma=1.0)(mx.nd.array([[0.5, 3.0]]), mx.nd.zeros((1, 2)))
+        <BLANKLINE>
+        [1.3125]
+        <NDArray 1 @cpu(0)>
+    """
+
+    def __init__(self, sigma=1.0, weight=None, batch_axis=0, **kwargs):
+        super().__init__(weight, batch_axis, **kwargs)
+        self._sigma = float(sigma)
+
+    def hybrid_forward(self, F, pred, label, sigma=None, sample_weight=None):
+        if sigma is None:
+            sigma = F.full(shape=(1,), val=self._sigma)
+        loss = smooth_l1(pred - label, sigma, sample_weight)
+        if self._weight is not None:
+            loss = loss * self._weight
+        return F.mean(loss, axis=self._batch_axis, exclude=True)

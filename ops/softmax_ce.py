@@ -1,0 +1,104 @@
+"""Softmax cross-entropy output layer: probabilities forward, the CE gradient backward."""
+import mxnet as mx
+import numpy as np
+
+from customop import customop
+
+from . import _checks
+
+__all__ = ["softmax_ce", "SoftmaxCE"]
+
+
+def _check(data_shape, label_shape):
+    if len(data_shape) != 2:
+        raise _checks.fail("softmax_ce", "data", f"must have shape (N, C) (batch, classes), "
+                           f"got shape {tuple(data_shape)}")
+    _checks.same_shape("softmax_ce", "label", label_shape, data_shape[:1],
+                       "one class index per sample")
+
+
+def _label_error(num_class):
+    return _checks.fail("softmax_ce", "label", f"has values that are not class indices in "
+                        f"[0, {num_class - 1}] (data has {num_class} classes)")
+
+
+@customop("mxnet", need_top_grad=False, infer_shape=lambda data, label: data)
+def softmax_ce(data, label):
+    r"""Softmax output layer trained with cross-entropy, like ``mx.nd.SoftmaxOutput``.
+
+    .. math::
+
+        p_{ij} = \frac{e^{x_{ij}}}{\sum_k e^{x_{ik}}}, \qquad
+        L = -\sum_i \log p_{i, y_i}, \qquad
+        \frac{\partial L}{\partial x_{ij}} = p_{ij} - [j = y_i]
+
+    The forward returns the probabilities ``p``; the backward ignores the head gradient
+    (an output layer, ``need_top_grad=False``) and gives the gradient of the summed
+    cross-entropy ``L`` (``SoftmaxOutput``'s defaults: ``grad_scale=1``,
+    ``normalization='null'``).  ``label`` gets zero gradient.
+
+    Parameters
+    ----------
+    data : array of shape ``(N, C)``.
+    label : array of shape ``(N,)``, class indices in ``[0, C)``, float or int.  Values
+        outside raise ``ValueError`` (one flag read back from the device in ``'mxnet'`` mode).
+
+    Output: probabilities shaped like ``data``.
+
+    Example:
+        >>> import mxnet as mx, ops
+        >>> ops.softmax_ce(mx.nd.array([[0.0, 0.0]]), mx.nd.array([1])).asnumpy()
+        array([[0.5, 0.5]], dtype=float32)
+    """
+    _check(data.shape, label.shape)
+    num_class = data.shape[1]
+    if _checks.any_nd((label < 0) + (label >= num_class) + (label != mx.nd.floor(label))):
+        raise _label_error(num_class)
+    return mx.nd.softmax(data, axis=1)
+
+
+@softmax_ce.twin("numpy")
+def _softmax_ce_numpy(data, label):
+    _check(data.shape, label.shape)
+    num_class = data.shape[1]
+    if np.any((label < 0) | (label >= num_class) | (label != np.floor(label))):
+        raise _label_error(num_class)
+    e = np.exp(data - data.max(axis=1, keepdims=True))
+    return e / e.sum(axis=1, keepdims=True)
+
+
+def _grad_mxnet(ans, data, label):
+    return lambda _: ans - mx.nd.one_hot(label, ans.shape[1], dtype=ans.dtype)
+
+
+def _grad_numpy(ans, data, label):
+    def grad(_):
+        d = ans.copy()
+        d[np.arange(len(d)), label.astype(np.int64)] -= 1
+        return d
+    return grad
+
+
+softmax_ce.def_grad(_grad_mxnet)
+softmax_ce.def_grad(lambda ans, data, label: lambda _: mx.nd.zeros_like(label), 1)
+softmax_ce.numpy.def_grad(_grad_numpy)
+softmax_ce.numpy.def_grad(lambda ans, data, label: lambda _: np.zeros_like(label), 1)
+
+
+class SoftmaxCE(mx.gluon.HybridBlock):
+    r"""Gluon output layer: ``softmax_ce(pred, label)``, probabilities out, CE gradient back.
+
+    .. math:: p = \mathrm{softmax}(\mathrm{pred}), \quad
+              \partial L / \partial \mathrm{pred} = p - \mathrm{onehot}(\mathrm{label})
+
+    Inputs: ``pred`` of shape ``(N, C)``, ``label`` of shape ``(N,)``.  Output: the
+    probabilities ``(N, C)``; call ``backward()`` on them (the head gradient is ignored).
+
+    Example:
+        >>> import mxnet as mx, ops
+        >>> ops.SoftmaxCE()(mx.nd.zeros((1, 4)), mx.nd.array([2])).asnumpy()
+        array([[0.25, 0.25, 0.25, 0.25]], dtype=float32)
+    """
+
+    def hybrid_forward(self, F, pred, label):
+        return softmax_ce(pred, label)

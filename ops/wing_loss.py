@@ -1,0 +1,160 @@
+"""Wing loss (Feng et al., CVPR 2018) for landmark regression."""
+import math
+
+import mxnet as mx
+import numpy as np
+
+from customop import customop
+
+from . import _checks
+
+__all__ = ["wing_loss", "WingLoss"]
+
+
+def _check(pred_shape, target_shape, weight_shape, w, epsilon):
+    _checks.positive("wing_loss", "w", w)
+    _checks.positive("wing_loss", "epsilon", epsilon)
+    _checks.same_shape("wing_loss", "target", target_shape, pred_shape, "pred's shape")
+    if weight_shape is not None:
+        _checks.broadcastable("wing_loss", "weight", weight_shape, pred_shape, "pred")
+
+
+@customop("mxnet", optional=("weight",))
+def wing_loss(pred, target, weight=None, *, w=10.0, epsilon=2.0):
+    r"""Wing loss: logarithmic for small errors, L1 for large ones (Feng et al. 2018).
+
+    .. math::
+
+        L = \mathrm{weight} \cdot \begin{cases}
+              w \ln(1 + |x| / \epsilon), & |x| < w \\
+              |x| - C, & \text{otherwise} \end{cases}
+        \qquad x = \mathrm{pred} - \mathrm{target},\; C = w - w \ln(1 + w/\epsilon)
+
+    elementwise.  It is continuous at :math:`|x| = w` but not differentiable there
+    (slope :math:`w/(\epsilon + w)` inside, 1 outside).  Every input gets its gradient
+    (``target`` the negative of ``pred``'s, ``weight`` the unweighted loss summed over the
+    axes it is broadcast along).
+
+    Parameters
+    ----------
+    pred : array of any shape (e.g. ``(N, 2K)`` landmark coordinates).
+    target : array shaped like ``pred``.
+    weight : optional array broadcastable to ``pred``, multiplying the loss elementwise.
+    w : float > 0, default 10, the width of the non-linear part.
+    epsilon : float > 0, default 2, its curvature.
+
+    Returns the elementwise loss, shaped like ``pred``.  Call as
+    ``wing_loss(pred, target, weight, w=..., epsilon=...)`` (parameters by keyword).
+
+    Example:
+        >>> import mxnet as mx, ops
+        >>> ops.wing_loss(mx.nd.array([1.0, 12.0]), mx.nd.zeros(2), w=10.0, epsilon=2.0)
+        <BLANKLINE>
+        [ 4.054651 19.917595]
+        <NDArray 2 @cpu(0)>
+    """
+    _check(pred.shape, target.shape, None if weight is None else weight.shape, w, epsilon)
+    loss = _wing_nd(pred, target, w, epsilon)
+    return loss if weight is None else loss * weight.astype(pred.dtype, copy=False)
+
+
+@wing_loss.twin("numpy")
+def _wing_loss_numpy(pred, target, weight=None, *, w=10.0, epsilon=2.0):
+    _check(pred.shape, target.shape, None if weight is None else weight.shape, w, epsilon)
+    loss = _wing_np(pred, target, w, epsilon)
+    return (loss if weight is None else loss * weight).astype(pred.dtype, copy=False)
+
+
+def _wing_nd(pred, target, w, epsilon):
+    ax = mx.nd.abs(pred - target.astype(pred.dtype, copy=False))
+    c = w - w * math.log(1 + w / epsilon)
+    return mx.nd.where(ax < w, w * mx.nd.log1p(ax / epsilon), ax - c)
+
+
+def _wing_np(pred, target, w, epsilon):
+    ax = np.abs(pred - target)
+    c = w - w * math.log(1 + w / epsilon)
+    return np.where(ax < w, w * np.log1p(ax / epsilon), ax - c)
+
+
+def _summed_axes(shape, to):
+    # The axes along which an array of shape ``to`` was broadcast up to ``shape``.
+    lead = len(shape) - len(to)
+    return tuple(range(lead)) + tuple(lead + i for i, d in enumerate(to) if d == 1 and
+                                      shape[lead + i] != 1)
+
+
+def _unbroadcast_nd(x, to):
+    axes = _summed_axes(x.shape, to)
+    return (x.sum(axis=axes, keepdims=True) if axes else x).reshape(to)
+
+
+def _unbroadcast_np(x, to):
+    axes = _summed_axes(x.shape, to)
+    return (x.sum(axis=axes, keepdims=True) if axes else x).reshape(to)
+
+
+def _slope_mxnet(pred, target, weight, w, epsilon, g):
+    x = pred - target.astype(pred.dtype, copy=False)
+    ax = mx.nd.abs(x)
+    d = mx.nd.sign(x) * mx.nd.where(ax < w, w / (epsilon + ax), mx.nd.ones_like(ax)) * g
+    return d if weight is None else d * weight.astype(pred.dtype, copy=False)
+
+
+def _slope_numpy(pred, target, weight, w, epsilon, g):
+    x = pred - target
+    ax = np.abs(x)
+    d = np.sign(x) * np.where(ax < w, w / (epsilon + ax), 1.0) * g
+    return d if weight is None else d * weight
+
+
+wing_loss.def_grad(lambda ans, pred, target, weight=None, *, w=10.0, epsilon=2.0:
+                   lambda g: _slope_mxnet(pred, target, weight, w, epsilon, g))
+wing_loss.def_grad(lambda ans, pred, target, weight=None, *, w=10.0, epsilon=2.0:
+                   lambda g: -_slope_mxnet(pred, target, weight, w, epsilon, g), 1)
+wing_loss.def_grad(lambda ans, pred, target, weight=None, *, w=10.0, epsilon=2.0:
+                   lambda g: _unbroadcast_nd(_wing_nd(pred, target, w, epsilon) * g,
+                                             weight.shape), 2)
+wing_loss.numpy.def_grad(lambda ans, pred, target, weight=None, *, w=10.0, epsilon=2.0:
+                         lambda g: _slope_numpy(pred, target, weight, w, epsilon, g))
+wing_loss.numpy.def_grad(lambda ans, pred, target, weight=None, *, w=10.0, epsilon=2.0:
+                         lambda g: -_slope_numpy(pred, target, weight, w, epsilon, g), 1)
+wing_loss.numpy.def_grad(lambda ans, pred, target, weight=None, *, w=10.0, epsilon=2.0:
+                         lambda g: _unbroadcast_np(_wing_np(pred, target, w, epsilon) * g,
+                                                   weight.shape), 2)
+
+
+class WingLoss(mx.gluon.loss.Loss):
+    r"""Gluon loss: the mean over non-batch axes of ``wing_loss(pred, label)``.
+
+    .. math:: L = \frac{1}{K}\sum_k \mathrm{wing}(\mathrm{pred}_k - \mathrm{label}_k; w,
+              \epsilon)
+
+    Parameters
+    ----------
+    w : float > 0, default 10.
+    epsilon : float > 0, default 2.
+    weight : float or None, global scalar weight for the loss.
+    batch_axis : int, default 0, the axis that represents the mini-batch.
+
+    Inputs: ``pred``, ``label`` of one shape, optional ``sample_weight`` (broadcastable).
+    Output: loss of shape ``(batch_size,)``.
+
+    Example:
+        >>> import mxnet as mx, ops
+        >>> ops.WingLoss(w=10.0, epsilon=2.0)(mx.nd.array([[1.0, 12.0]]), mx.nd.zeros((1, 2)))
+        <BLANKLINE>
+        [11.986123]
+        <NDArray 1 @cpu(0)>
+    """
+
+    def __init__(self, w=10.0, epsilon=2.0, weight=None, batch_axis=0, **kwargs):
+        super().__init__(weight, batch_axis, **kwargs)
+        _check((), (), None, w, epsilon)
+        self._w, self._epsilon = float(w), float(epsilon)
+
+    def hybrid_forward(self, F, pred, label, sample_weight=None):
+        loss = wing_loss(pred, label, sample_weight, w=self._w, epsilon=self._epsilon)
+        if self._weight is not None:
+            loss = loss * self._weight
+        return F.mean(loss, axis=self._batch_axis, exclude=True)

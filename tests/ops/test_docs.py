@@ -1,0 +1,28 @@
+"""The docstring examples of the loss operators run as written; twins share the docstring."""
+import doctest
+import importlib
+
+import pytest
+
+import ops
+
+MODULES = ["smooth_l1", "wing_loss", "tile", "softmax_ce", "focal_loss", "center_loss"]
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_docstring_examples_run(name):
+    module = importlib.import_module(f"ops.{name}")
+    flags = doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE
+    result = doctest.testmod(module, optionflags=flags, report=True)
+    assert result.failed == 0
+    op = getattr(ops, name)
+    assert result.attempted > 0 and ".. math::" in op.__doc__
+    assert op.numpy.__doc__ == op.__doc__ and op.mode == "mxnet" and op.numpy.mode == "numpy"
+
+
+def test_readme_lists_every_operator_and_block():
+    from pathlib import Path
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    section = readme.split("## Operators", 1)[1].split("\n## ", 1)[0]
+    for name in [*MODULES, "FocalLoss", "SmoothL1Loss", "WingLoss", "CenterLoss", "SoftmaxCE"]:
+        assert f"ops.{name}(" in section, name
