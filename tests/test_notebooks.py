@@ -14,7 +14,8 @@ NOTEBOOKS = run_notebooks.notebooks()
 
 def test_the_tours_are_there():
     names = {p.name for p in NOTEBOOKS}
-    assert {"01_quickstart.ipynb", "02_gradient_check.ipynb", "04_detection.ipynb",
+    assert {"01_quickstart.ipynb", "02_gradient_check.ipynb", "03_losses.ipynb",
+            "04_detection.ipynb",
             "05_write_your_own.ipynb"} <= names
 
 
