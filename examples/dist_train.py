@@ -119,7 +119,7 @@ class Net(mx.gluon.HybridBlock):
 
 
 def train_gluon(args, kv, ctxs, x, y):
-    net = Net(args.center_loss)
+    net = Net(args.center_loss, prefix="net_")  # the same names in every process
     net.initialize(mx.init.Xavier(), ctx=ctxs)
     if args.hybridize:
         net.hybridize()

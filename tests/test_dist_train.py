@@ -1,0 +1,90 @@
+"""examples/dist_train.py under python -m customop.launch: 2 dist_sync workers = one process."""
+import importlib.util
+import os
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.customop.test_launch import _job_processes
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = ROOT / "examples" / "dist_train.py"
+
+
+def _example():
+    spec = importlib.util.spec_from_file_location("dist_train", EXAMPLE)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _launch(out, *args, workers=2):
+    mark = uuid.uuid4().hex
+    start = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "customop.launch", "-n", str(workers), "-s",
+                           "1", "--launcher", "local", "--timeout", "90", sys.executable,
+                           str(EXAMPLE), "--kvstore", "dist_sync", "--out", str(out), *args],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(ROOT), "TEST_MARK": mark})
+    took = time.monotonic() - start
+    time.sleep(0.2)
+    assert _job_processes(mark) == [], "processes of the job outlived the launcher"
+    return proc, took
+
+
+def _load(out, api, rank):
+    with np.load(out / f"{api}-rank{rank}.npz") as f:
+        return dict(f)
+
+
+def _assert_same(got, want, **tol):
+    assert sorted(got) == sorted(want)
+    for key in want:
+        np.testing.assert_allclose(got[key], want[key], err_msg=key, **tol)
+
+
+@pytest.mark.parametrize("api", ["gluon", "module"])
+def test_dist_sync_workers_end_equal_to_one_process(api, tmp_path):
+    proc, _ = _launch(tmp_path, "--api", api)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    w0, w1 = _load(tmp_path, api, 0), _load(tmp_path, api, 1)
+    _assert_same(w1, w0, rtol=0, atol=0)  # identical on both workers
+    one = _example().main(["--api", api, "--kvstore", "local"])
+    _assert_same(w0, one, rtol=1e-5, atol=1e-6)
+    assert max(np.abs(v).max() for v in one.values()) > 0.1
+
+
+@pytest.mark.parametrize("api, contexts, extra", [("gluon", 2, ["--hybridize"]),
+                                                  ("module", 1, [])])
+def test_center_loss_keeps_one_set_of_centers(api, contexts, extra, tmp_path):
+    args = ["--api", api, "--center-loss", "0.1", "--contexts", str(contexts), *extra]
+    proc, _ = _launch(tmp_path, *args)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    w0, w1 = _load(tmp_path, api, 0), _load(tmp_path, api, 1)
+    _assert_same(w1, w0, rtol=0, atol=0)
+    centers = [k for k in w0 if "centers" in k]
+    assert len(centers) == contexts
+    for key in centers:  # every device of every worker holds the same centers
+        np.testing.assert_array_equal(w0[key], w0[centers[0]])
+    # One process with as many devices sees the same shards: the same centers and weights.
+    one = _example().main(["--kvstore", "local", *args[:4], "--contexts", str(2 * contexts),
+                           *extra])
+    for key in w0:
+        name, device = key.rsplit("@", 1)
+        np.testing.assert_allclose(w0[key], one[f"{name}@{device}"], rtol=1e-5, atol=1e-5,
+                                   err_msg=key)
+    assert np.abs(w0[centers[0]]).max() > 0.5  # the centers moved
+
+
+def test_a_worker_whose_op_rejects_its_input_stops_the_job(tmp_path):
+    proc, took = _launch(tmp_path, "--api", "gluon", "--fail-rank", "1")
+    assert proc.returncode == 1
+    report = proc.stderr.split("customop.launch: worker")[-1]
+    assert "exited with code 1" in report
+    assert "softmax_xent: label has values outside [0, 3)" in report
+    assert took < 60
