@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: venv demo test lint bench clean
+.PHONY: venv demo test lint bench bench-dist dist-demo clean
 
 venv: $(STAMP)
 
@@ -25,6 +25,14 @@ test: lint
 
 bench: $(STAMP)
 	$(PY) benchmarks/overhead.py
+
+bench-dist: $(STAMP)
+	$(PY) benchmarks/dist_aux.py
+
+# Two dist_sync workers + one server on 127.0.0.1, a decorated loss, Gluon's Trainer.
+dist-demo: $(STAMP)
+	$(PY) -m customop.launch -n 2 -s 1 --launcher local --timeout 300 \
+		$(PY) examples/dist_train.py --api gluon --kvstore dist_sync --center-loss 0.1
 
 clean:
 	rm -rf $(VENV) build *.egg-info

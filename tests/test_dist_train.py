@@ -1,6 +1,7 @@
 """examples/dist_train.py under python -m customop.launch: 2 dist_sync workers = one process."""
 import importlib.util
 import os
+import re
 import subprocess
 import sys
 import time
@@ -88,3 +89,19 @@ def test_a_worker_whose_op_rejects_its_input_stops_the_job(tmp_path):
     assert "exited with code 1" in report
     assert "softmax_xent: label has values outside [0, 3)" in report
     assert took < 60
+
+
+def test_make_dist_demo_runs_as_written():
+    makefile = (ROOT / "Makefile").read_text()
+    recipe = re.search(r"^dist-demo:.*\n((?:\t.*\n)+)", makefile, re.M).group(1)
+    command = recipe.replace("\\\n", " ").replace("$(PY)", sys.executable).strip()
+    assert "--launcher local" in command and "dist_sync" in command
+    assert "make dist-demo" in (ROOT / "README.md").read_text()
+    mark = uuid.uuid4().hex
+    proc = subprocess.run(command, shell=True, cwd=ROOT, capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT),
+                                            "TEST_MARK": mark})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "rank 0: trained" in proc.stdout and "rank 1: trained" in proc.stdout
+    time.sleep(0.2)
+    assert _job_processes(mark) == []
