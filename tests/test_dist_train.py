@@ -105,3 +105,46 @@ def test_make_dist_demo_runs_as_written():
     assert "rank 0: trained" in proc.stdout and "rank 1: trained" in proc.stdout
     time.sleep(0.2)
     assert _job_processes(mark) == []
+
+
+def test_center_loss_on_two_devices_moves_centers_by_the_summed_shard_updates():
+    import mxnet as mx
+
+    from customop.auxsync import AuxSync
+
+    op = _example().center_loss
+    ctxs, alpha, classes = [mx.cpu(0), mx.cpu(1)], 0.5, 3
+    centers = mx.gluon.Parameter("centers", shape=(classes, 4), init=mx.init.Zero(),
+                                 grad_req="null")
+    centers.initialize(ctx=ctxs)
+    sync = AuxSync([centers])
+    rng = np.random.RandomState(1)
+    want = np.zeros((classes, 4))  # float64 reference (Wen et al.), per-device normalisation
+    whole = np.zeros((classes, 4))  # one device on the whole batch, for the stated difference
+    for _ in range(3):
+        x = rng.normal(size=(8, 4)).astype(np.float32)
+        y = rng.randint(0, classes, size=8)
+        for copy, rows in zip(centers.list_data(), (slice(0, 4), slice(4, 8))):
+            xs = mx.nd.array(x[rows], ctx=copy.context)
+            xs.attach_grad()
+            with mx.autograd.record():
+                loss = op(xs, mx.nd.array(y[rows], ctx=copy.context), copy, num_class=classes,
+                          alpha=alpha)
+            loss.backward()
+            np.testing.assert_allclose(loss.asnumpy(), 0.5 * ((x[rows] - want[y[rows]]) ** 2)
+                                       .sum(axis=1), rtol=1e-5, atol=1e-6)
+            np.testing.assert_allclose(xs.grad.asnumpy(), x[rows] - want[y[rows]], rtol=1e-5,
+                                       atol=1e-6)
+        sync()
+        step = np.zeros_like(want)
+        for rows in (slice(0, 4), slice(4, 8)):
+            for j in range(classes):
+                mine = y[rows] == j
+                step[j] += (want[j] - x[rows][mine]).sum(axis=0) / (1 + mine.sum())
+        whole_step = np.stack([(whole[j] - x[y == j]).sum(axis=0) / (1 + (y == j).sum())
+                               for j in range(classes)])
+        want = want - alpha * step
+        whole = whole - alpha * whole_step
+        for copy in centers.list_data():
+            np.testing.assert_allclose(copy.asnumpy(), want, rtol=1e-5, atol=1e-6)
+    assert np.abs(want - whole).max() > 1e-3  # the normalisation differs, as documented
