@@ -96,3 +96,46 @@ def test_usage_errors():
     proc = subprocess.run([sys.executable, "-m", "customop.launch", "-n", "0", "true"],
                           cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "at least one worker" in proc.stderr
+
+
+LISTENERS = textwrap.dedent('''
+    import os
+    from pathlib import Path
+    import mxnet as mx
+    kv = mx.kv.create("dist_sync")
+    kv.init(3, mx.nd.zeros((2,)))
+    if kv.rank == 0:  # every socket the job's processes listen on, with its address
+        mark = os.environ["TEST_MARK"].encode()
+        inodes = set()
+        for proc in Path("/proc").iterdir():
+            try:
+                if proc.name.isdigit() and mark in (proc / "environ").read_bytes():
+                    for fd in (proc / "fd").iterdir():
+                        link = os.readlink(fd)
+                        if link.startswith("socket:["):
+                            inodes.add(link[8:-1])
+            except OSError:
+                pass
+        for table in ("tcp", "tcp6"):
+            for line in Path("/proc/net", table).read_text().splitlines()[1:]:
+                f = line.split()
+                if f[3] == "0A" and f[9] in inodes:
+                    print("LISTEN", table, f[1], flush=True)
+    kv._barrier()
+''')
+
+
+def test_every_process_listens_on_loopback_only(tmp_path):
+    script = tmp_path / "listeners.py"
+    script.write_text(LISTENERS)
+    mark = uuid.uuid4().hex
+    proc = subprocess.run([sys.executable, "-m", "customop.launch", "-n", "2", "-s", "1",
+                           "--timeout", "90", sys.executable, str(script)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(ROOT), "TEST_MARK": mark})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    listening = [line.split()[1:] for line in proc.stdout.splitlines()
+                 if line.startswith("LISTEN")]
+    assert len(listening) >= 4  # scheduler, server, two workers
+    for table, address in listening:  # 0100007F is 127.0.0.1 in /proc/net/tcp's byte order
+        assert table == "tcp" and address.split(":")[0] == "0100007F", listening
