@@ -69,6 +69,9 @@ class AuxSync:
                 "(update_on_kvstore=True), which would apply it to the aux deltas too; create "
                 "the Trainer with update_on_kvstore=False (Module: set "
                 "MXNET_UPDATE_ON_KVSTORE=0 before init_optimizer)")
+        if self.kvstore is not None and "async" in self.kvstore.type:
+            raise ValueError(f"customop.AuxSync: kvstore {self.kvstore.type!r} does not wait for "
+                             "every worker's push, so deltas cannot be summed; use dist_sync")
         self.keys = keys
         mx.nd.waitall()
         # Start from one value everywhere: the first device's (worker 0's, through the
