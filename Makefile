@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: venv demo test lint bench bench-detection bench-losses notebooks clean
+.PHONY: venv demo test lint bench bench-detection bench-losses bench-dist dist-demo notebooks clean
 
 venv: $(STAMP)
 
@@ -34,6 +34,14 @@ bench-detection: $(STAMP)
 
 bench-losses: $(STAMP)
 	$(PY) benchmarks/losses.py
+
+bench-dist: $(STAMP)
+	$(PY) benchmarks/dist_aux.py
+
+# Two dist_sync workers + one server on 127.0.0.1, a decorated loss, Gluon's Trainer.
+dist-demo: $(STAMP)
+	$(PY) -m customop.launch -n 2 -s 1 --launcher local --timeout 300 \
+		$(PY) examples/dist_train.py --api gluon --kvstore dist_sync --center-loss 0.1
 
 clean:
 	rm -rf $(VENV) build *.egg-info

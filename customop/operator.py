@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import importlib
 import inspect
 import itertools
 import textwrap
@@ -43,7 +44,7 @@ class CustomOperator:
         self.fn = fn
         self.mode = mode
         self.mode_impl = MODES[mode]
-        self.op_type: str = name or f"{fn.__module__}.{fn.__qualname__}"
+        self.op_type: str = name or f"{_module_of(fn)}.{fn.__qualname__}"
         aux = dict(aux or {})
         for key, shape_fn in aux.items():
             if not callable(shape_fn):
@@ -233,6 +234,11 @@ class CustomOperator:
             return dispatch.call_ndarray(self, arrays, params)
         return self._call_numpy(arrays, params)
 
+    def __reduce__(self) -> tuple:
+        # By reference: the receiving process imports the defining module (which registers
+        # the op) and finds the op by op_type, so pickle/multiprocessing hand over the op itself.
+        return _by_reference, (self.op_type, _module_of(self.fn))
+
     # ---- pieces shared by every dispatch path -----------------------------------------
     def error(self, cls: type[BaseException], msg: str) -> BaseException:
         return errors.mark(cls(f"customop {self.op_type!r}: {msg}"))
@@ -415,6 +421,26 @@ def _dropping(fn: Callable | None, variant: _Variant) -> Callable | None:
     if fn is None:
         return None
     return lambda *values, **params: fn(*variant._full_args(values), **params)
+
+
+def _module_of(fn: Callable) -> str:
+    # multiprocessing's spawn/forkserver children run the parent's main script as
+    # '__mp_main__' (also reachable as '__main__'); its ops keep the parent's op_type.
+    module = getattr(fn, "__module__", None) or "__main__"
+    return "__main__" if module == "__mp_main__" else module
+
+
+def _by_reference(op_type: str, module: str) -> CustomOperator:
+    """The operator registered as ``op_type``, importing ``module`` first (unpickling)."""
+    if op_type not in _REGISTRY:
+        importlib.import_module(module)
+    try:
+        return _REGISTRY[op_type]
+    except KeyError:
+        raise errors.mark(LookupError(
+            f"customop {op_type!r}: cannot unpickle the operator: importing {module!r} did not "
+            "define it; define ops at module level (not inside a function or a notebook cell "
+            "the receiving process never runs)")) from None
 
 
 def _params_text(sig: Signature) -> str:

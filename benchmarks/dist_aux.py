@@ -1,0 +1,116 @@
+"""Cost of keeping aux states in sync (AuxSync, the kvstore round trip) next to the op's own cost.
+
+Runs the in-process rows itself, then starts itself as 2 ``dist_sync`` workers +
+1 server on 127.0.0.1 (``python -m customop.launch``) for the rest, and prints one
+table.  ``python benchmarks/dist_aux.py [--batch 256 --dim 512 --classes 10]``.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import mxnet as mx
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from customop.auxsync import AuxSync  # noqa: E402
+
+_spec = importlib.util.spec_from_file_location("dist_train", ROOT / "examples" / "dist_train.py")
+dist_train = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(dist_train)
+
+
+def median_ms(fn, reps):
+    fn()
+    mx.nd.waitall()
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        fn()
+        mx.nd.waitall()
+        times.append(time.perf_counter() - start)
+    return 1e3 * float(np.median(times))
+
+
+def center_step(ctxs, args, kv=None):
+    """One forward+backward of the center loss per device, and an AuxSync over them."""
+    rng = np.random.RandomState(0)
+    centers = mx.gluon.Parameter("centers", shape=(args.classes, args.dim), init=mx.init.Zero(),
+                                 grad_req="null")
+    centers.initialize(ctx=ctxs)
+    per = args.batch // len(ctxs)
+    xs = [mx.nd.array(rng.normal(size=(per, args.dim)), ctx=c) for c in ctxs]
+    ys = [mx.nd.array(rng.randint(0, args.classes, size=per), ctx=c) for c in ctxs]
+    for x in xs:
+        x.attach_grad()
+
+    def op():
+        for x, y, c in zip(xs, ys, centers.list_data()):
+            with mx.autograd.record():
+                loss = dist_train.center_loss(x, y, c, num_class=args.classes)
+            loss.backward()
+
+    return op, AuxSync([centers], kv)
+
+
+def in_process(args):
+    op1, _ = center_step([mx.cpu(0)], args)
+    op2, sync2 = center_step([mx.cpu(0), mx.cpu(1)], args)
+    return {"op, 1 device": median_ms(op1, args.reps),
+            "AuxSync, 2 devices (no kvstore)": median_ms(sync2, args.reps)}
+
+
+def worker(args):
+    kv = mx.kv.create("dist_sync")
+    op, sync = center_step([mx.cpu(0)], args, kv)
+    key, value = 99, mx.nd.zeros((args.classes, args.dim))
+    kv.init(key, value)
+
+    def roundtrip():
+        kv.push(key, value)
+        kv.pull(key, out=value)
+
+    rows = {"kvstore push+pull of the centers, 2 dist_sync workers": median_ms(roundtrip,
+                                                                             args.reps),
+            "AuxSync, 2 dist_sync workers": median_ms(sync, args.reps),
+            "op, 1 device, in a dist_sync worker": median_ms(op, args.reps)}
+    if kv.rank == 0:
+        print("ROWS " + json.dumps(rows), flush=True)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batch", type=int, default=256)
+    parser.add_argument("--dim", type=int, default=512)
+    parser.add_argument("--classes", type=int, default=10)
+    parser.add_argument("--reps", type=int, default=50)
+    parser.add_argument("--worker", action="store_true")
+    args = parser.parse_args()
+    if args.worker:
+        return worker(args)
+    rows = in_process(args)
+    cmd = [sys.executable, "-m", "customop.launch", "-n", "2", "-s", "1", "--timeout", "300",
+           sys.executable, __file__, "--worker", *sys.argv[1:]]
+    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=360,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    if out.returncode != 0:
+        sys.exit(f"dist_sync part failed:\n{out.stderr[-3000:]}")
+    rows.update(json.loads(out.stdout.split("ROWS ", 1)[1].splitlines()[0]))
+    base = rows["op, 1 device"]
+    print(f"center loss, batch {args.batch}, dim {args.dim}, {args.classes} classes "
+          f"(median of {args.reps}, ms; ratio to the op on 1 device)")
+    width = max(len(k) for k in rows)
+    print(f"{'':{width}}  {'ms':>8}  {'x op':>6}")
+    for name, ms in rows.items():
+        print(f"{name:{width}}  {ms:8.3f}  {ms / base:6.2f}")
+
+
+if __name__ == "__main__":
+    main()

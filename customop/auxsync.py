@@ -1,0 +1,164 @@
+"""The one place that keeps an operator's auxiliary states identical on every device and worker.
+
+MXNet keeps one copy of an aux state per device and never reconciles them:
+Gluon's ``Trainer`` broadcasts it once, Module's kvstore skips it, and
+``Module.get_params()`` averages diverged copies.  :class:`AuxSync` treats each
+training step's change of an aux state as a *delta*: after every step it adds
+up the deltas of every device (``copy - value at the last sync``), sums them
+over the workers through the kvstore (push, then pull, so MXNet's engine orders
+them with the reads and writes of the arrays), and writes ``last value + sum``
+into every copy.  All copies then hold the same value, and for an additive
+update (a running count or sum) it is exactly what one device computes on the
+whole batch.  Updates that normalise per batch (a center loss divides each
+class's step by ``1 + n_j``, with ``n_j`` counted per device) agree up to that
+normalisation.
+
+Use (``from customop.auxsync import AuxSync``)::
+
+    sync = AuxSync([net.centers], trainer)   # Gluon: the aux Parameters
+    ...; trainer.step(batch_size); sync()
+
+    sync = AuxSync(mod)                      # Module: found in its symbol
+    ...; mod.update(); sync()                # or fit(..., batch_end_callback=sync)
+
+On a ``dist_*`` kvstore the servers must only add what workers push, so create the
+``Trainer`` with ``update_on_kvstore=False`` (Module: ``MXNET_UPDATE_ON_KVSTORE=0``);
+parameters are then updated on every worker from the same summed gradients.
+"""
+from __future__ import annotations
+
+import itertools
+import json
+from typing import Any
+
+import mxnet as mx
+
+_int_keys = itertools.count(1 << 24)  # Gluon's Trainer uses keys 0..n-1
+
+
+class AuxSync:
+    """Sum per-device (and per-worker) deltas of auxiliary states after every training step.
+
+    Args:
+        source: a ``mx.mod.Module`` after ``init_optimizer`` (its customop aux
+            states are found in its symbol), or the Gluon ``Parameter``\\ s holding
+            aux states (one, a list, or a ``ParameterDict``).
+        kvstore: a Gluon ``Trainer`` (its kvstore; its first-step broadcast is done
+            now, before any update), an ``mx.kv.KVStore``, or ``None`` (Module: its
+            own kvstore; Gluon: devices of this process only).
+
+    Create it before the first training step, at the same point on every worker;
+    call it (no arguments, or as Module's ``batch_end_callback``) after every step.
+    """
+
+    def __init__(self, source: Any, kvstore: Any = None):
+        if isinstance(source, mx.mod.Module):
+            names, copies, kv, on_kv = _module_aux(source)
+            kv = kvstore if kvstore is not None else kv
+            keys: list[Any] = [f"customop_aux:{n}" for n in names]
+        else:
+            names, copies = _gluon_aux(source)
+            kv, on_kv = _gluon_kvstore(kvstore)
+            keys = [next(_int_keys) for _ in names]
+        self.names = names
+        self.copies = copies
+        self.kvstore = kv if kv is not None and kv.num_workers > 1 else None
+        if self.kvstore is not None and on_kv:
+            raise ValueError(
+                "customop.AuxSync: the kvstore runs the optimizer on its servers "
+                "(update_on_kvstore=True), which would apply it to the aux deltas too; create "
+                "the Trainer with update_on_kvstore=False (Module: set "
+                "MXNET_UPDATE_ON_KVSTORE=0 before init_optimizer)")
+        if self.kvstore is not None and "async" in self.kvstore.type:
+            raise ValueError(f"customop.AuxSync: kvstore {self.kvstore.type!r} does not wait for "
+                             "every worker's push, so deltas cannot be summed; use dist_sync")
+        self.keys = keys
+        mx.nd.waitall()
+        # Start from one value everywhere: the first device's (worker 0's, through the
+        # Trainer's or Module's own broadcast of initial values).
+        self.base = [c[0].copy() for c in copies]
+        for base, devs in zip(self.base, copies):
+            for d in devs[1:]:
+                base.copyto(d)
+        if self.kvstore is not None:
+            for key, base in zip(keys, self.base):
+                self.kvstore.init(key, mx.nd.zeros(base.shape, base.context, base.dtype))
+
+    def __call__(self, *_: Any) -> None:
+        """Add every device's and worker's change since the last call to every copy."""
+        for i, (key, base, devs) in enumerate(zip(self.keys, self.base, self.copies)):
+            if len(devs) == 1 and self.kvstore is None:
+                continue
+            total = devs[0].copy() if devs[0].context == base.context else \
+                devs[0].as_in_context(base.context)
+            for d in devs[1:]:
+                total += d.as_in_context(base.context)
+            total -= base * len(devs)
+            if self.kvstore is not None:
+                self.kvstore.push(key, total, priority=-i)
+                self.kvstore.pull(key, out=total, priority=-i)
+            base += total
+            for d in devs:
+                base.copyto(d)
+        for devs in self.copies:
+            for d in devs:
+                d.wait_to_read()  # reads right after see the new values
+
+    def __repr__(self) -> str:
+        where = "devices" if self.kvstore is None else f"devices and {self.kvstore.type}"
+        return f"<customop.AuxSync {', '.join(self.names)} over {where}>"
+
+
+def _gluon_aux(source: Any) -> tuple[list[str], list[list[mx.nd.NDArray]]]:
+    if isinstance(source, mx.gluon.Parameter):
+        params = [source]
+    elif isinstance(source, mx.gluon.ParameterDict):
+        params = list(source.values())
+    else:
+        params = list(source)
+    for p in params:
+        if not isinstance(p, mx.gluon.Parameter):
+            raise TypeError(f"customop.AuxSync: expected Gluon Parameters holding aux states "
+                            f"(or a Module), got {type(p).__name__}")
+        if p.grad_req != "null":
+            raise ValueError(f"customop.AuxSync: Parameter {p.name!r} has grad_req="
+                             f"{p.grad_req!r}; aux states are Parameters with grad_req='null'")
+    return [p.name for p in params], [p.list_data() for p in params]
+
+
+def _gluon_kvstore(kvstore: Any) -> tuple[Any, bool]:
+    if isinstance(kvstore, mx.gluon.Trainer):
+        trainer = kvstore
+        if not trainer._kv_initialized:
+            trainer._init_kvstore()
+        if trainer._params_to_init:
+            trainer._init_params()  # the broadcast of initial values, before any update
+        return trainer._kvstore, bool(trainer._update_on_kvstore)
+    if kvstore is None or isinstance(kvstore, mx.kv.KVStore):
+        return kvstore, False
+    if isinstance(kvstore, str):
+        return mx.kv.create(kvstore), False
+    raise TypeError(f"customop.AuxSync: kvstore must be a Trainer, an mx.kv.KVStore or None, "
+                    f"got {type(kvstore).__name__}")
+
+
+def _module_aux(mod: mx.mod.Module) -> tuple[list[str], list[list[mx.nd.NDArray]], Any, bool]:
+    from .operator import _REGISTRY
+
+    if not (mod.binded and mod.params_initialized):
+        raise ValueError("customop.AuxSync: bind the Module and init_params (and init_optimizer "
+                         "for a kvstore) before creating AuxSync")
+    graph = json.loads(mod.symbol.tojson())
+    nodes = graph["nodes"]
+    wanted = []
+    for node in nodes:
+        op = _REGISTRY.get(node.get("attrs", {}).get("op_type", "")) \
+            if node["op"] == "Custom" else None
+        if op is not None and op.signature.aux:
+            for entry in node["inputs"][-len(op.signature.aux):]:
+                wanted.append(nodes[entry[0]]["name"])
+    group = mod._exec_group
+    names = [n for n in group.aux_names if n in wanted]
+    copies = [group.aux_arrays[group.aux_names.index(n)] for n in names]
+    return names, copies, getattr(mod, "_kvstore", None), bool(
+        getattr(mod, "_update_on_kvstore", False))

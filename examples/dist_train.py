@@ -1,0 +1,224 @@
+"""Data-parallel training with decorated losses on MXNet's kvstore: one process or a dist_sync job.
+
+A two-layer net on synthetic data (fixed seed) learns 3 classes with a
+decorated softmax cross-entropy (``'numpy'`` mode) and, with
+``--center-loss W``, a decorated center loss whose class centers are an
+auxiliary state kept identical on every device and worker by
+:class:`customop.auxsync.AuxSync`.  Each step uses a global batch of ``--batch``
+rows, cut into one shard per device of the job: every worker takes its devices'
+shards, so the summed gradients are those of the whole batch, and 2 workers with 1
+device each see exactly what 1 process with 2 devices sees.
+
+One process::
+
+    python examples/dist_train.py --api gluon --kvstore local --out /tmp/run
+
+Two workers and one server on 127.0.0.1::
+
+    python -m customop.launch -n 2 -s 1 --launcher local \\
+        python examples/dist_train.py --api gluon --kvstore dist_sync --out /tmp/run
+
+Each worker writes ``<out>/<api>-rank<r>.npz``: every parameter's copy on every
+device (``<name>@<device index>``).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import mxnet as mx
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from customop import customop  # noqa: E402
+from customop.auxsync import AuxSync  # noqa: E402
+
+NUM_CLASS, DIM, HIDDEN = 3, 6, 8
+
+
+@customop("numpy")
+def softmax_xent(pred, label):
+    r"""Per-sample softmax cross-entropy :math:`-\log \mathrm{softmax}(pred_i)_{label_i}`."""
+    if not ((label >= 0) & (label < pred.shape[1])).all():
+        raise ValueError(f"softmax_xent: label has values outside [0, {pred.shape[1]}): "
+                         f"{np.unique(label[(label < 0) | (label >= pred.shape[1])])}")
+    logp = pred - pred.max(axis=1, keepdims=True)
+    logp = logp - np.log(np.exp(logp).sum(axis=1, keepdims=True))
+    return -logp[np.arange(len(label)), label.astype(np.int64)]
+
+
+def _xent_grad(ans, pred, label):
+    def grad(g):
+        p = np.exp(pred - pred.max(axis=1, keepdims=True))
+        p /= p.sum(axis=1, keepdims=True)
+        p[np.arange(len(label)), label.astype(np.int64)] -= 1
+        return g[:, None] * p
+    return grad
+
+
+softmax_xent.def_grad(_xent_grad)
+softmax_xent.def_grad(lambda ans, pred, label: lambda g: np.zeros_like(label), argnum=1)
+
+
+@customop("numpy", aux={"centers": lambda x, label, num_class, **_: (num_class, x[1])})
+def center_loss(x, label, centers, *, num_class, alpha=0.5):
+    r"""Center loss (Wen et al.) :math:`\frac12 \|x_i - c_{y_i}\|^2` per sample.
+
+    In backward the centers move: :math:`c_j \leftarrow c_j - \alpha
+    \frac{\sum_{i: y_i = j} (c_j - x_i)}{1 + n_j}`, with :math:`n_j` the number of
+    rows of class *j* in the batch (the batch one device sees).
+    """
+    diff = x - centers[label.astype(np.int64)]
+    return 0.5 * (diff * diff).sum(axis=1)
+
+
+def _center_grad(ans, x, label, centers, *, num_class, alpha=0.5):
+    def grad(g):
+        y = label.astype(np.int64)
+        dx = g[:, None] * (x - centers[y])  # with the centers of this forward
+        delta = np.zeros_like(centers)
+        np.add.at(delta, y, centers[y] - x)
+        delta /= 1 + np.bincount(y, minlength=num_class)[:, None]
+        centers[...] -= alpha * delta
+        return dx
+    return grad
+
+
+center_loss.def_grad(_center_grad)
+center_loss.def_grad(lambda ans, x, label, centers, **_: lambda g: np.zeros_like(label),
+                     argnum=1)
+
+
+def make_data(steps, batch):
+    rng = np.random.RandomState(42)
+    n = steps * batch
+    label = rng.randint(0, NUM_CLASS, size=n)
+    means = rng.normal(size=(NUM_CLASS, DIM)) * 2
+    x = (means[label] + rng.normal(size=(n, DIM))).astype(np.float32)
+    return x, label.astype(np.float32)
+
+
+class Net(mx.gluon.HybridBlock):
+    def __init__(self, center_weight, **kwargs):
+        super().__init__(**kwargs)
+        self.center_weight = center_weight
+        with self.name_scope():
+            self.body = mx.gluon.nn.Dense(HIDDEN, activation="relu", in_units=DIM)
+            self.head = mx.gluon.nn.Dense(NUM_CLASS, in_units=HIDDEN)
+            self.centers = self.params.get("centers", shape=(NUM_CLASS, HIDDEN),
+                                           init=mx.init.Zero(), grad_req="null")
+
+    def hybrid_forward(self, F, x, label, centers):
+        feat = self.body(x)
+        loss = softmax_xent(self.head(feat), label)
+        if self.center_weight:
+            loss = loss + self.center_weight * center_loss(feat, label, centers,
+                                                           num_class=NUM_CLASS)
+        return loss
+
+
+def train_gluon(args, kv, ctxs, x, y):
+    net = Net(args.center_loss, prefix="net_")  # the same names in every process
+    net.initialize(mx.init.Xavier(), ctx=ctxs)
+    if args.hybridize:
+        net.hybridize()
+    dist = kv is not None and "dist" in kv.type
+    trainer = mx.gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": args.lr},
+                               kvstore=kv if kv is not None else "device",
+                               update_on_kvstore=False if (dist and args.center_loss) else None)
+    sync = AuxSync([net.centers], trainer) if args.center_loss else None
+    for rows in _batches(args, kv, x):
+        xs = mx.gluon.utils.split_and_load(mx.nd.array(x[rows]), ctxs)
+        ys = mx.gluon.utils.split_and_load(mx.nd.array(y[rows]), ctxs)
+        with mx.autograd.record():
+            losses = [net(a, b) for a, b in zip(xs, ys)]
+        for loss in losses:
+            loss.backward()
+        trainer.step(args.batch)  # the global batch: workers' gradients are summed
+        if sync:
+            sync()
+    return {name: p.list_data() for name, p in net.collect_params().items()}
+
+
+def train_module(args, kv, ctxs, x, y):
+    data, label = mx.sym.var("data"), mx.sym.var("label")
+    feat = mx.sym.Activation(mx.sym.FullyConnected(data, num_hidden=HIDDEN, name="body"),
+                             act_type="relu")
+    loss = softmax_xent(mx.sym.FullyConnected(feat, num_hidden=NUM_CLASS, name="head"), label)
+    if args.center_loss:
+        loss = loss + args.center_loss * center_loss(feat, label, num_class=NUM_CLASS,
+                                                     name="center")
+    if kv is not None and "dist" in kv.type and args.center_loss:
+        os.environ["MXNET_UPDATE_ON_KVSTORE"] = "0"  # servers only sum (see AuxSync)
+    mod = mx.mod.Module(mx.sym.MakeLoss(loss), data_names=["data"], label_names=["label"],
+                        context=ctxs)
+    local = args.batch // (kv.num_workers if kv is not None else 1)
+    mod.bind(data_shapes=[("data", (local, DIM))], label_shapes=[("label", (local,))])
+    mod.init_params(mx.init.Xavier())
+    # Module divides by batch * num_workers itself (rescale_grad).
+    mod.init_optimizer(kvstore=kv if kv is not None else "device",
+                       optimizer_params={"learning_rate": args.lr})
+    sync = AuxSync(mod) if args.center_loss else None
+    for rows in _batches(args, kv, x):
+        mod.forward_backward(mx.io.DataBatch([mx.nd.array(x[rows])], [mx.nd.array(y[rows])]))
+        mod.update()
+        if sync:
+            sync()
+    group = mod._exec_group
+    out = {n: arrs for n, arrs in zip(group.param_names, group.param_arrays)}
+    out.update({n: arrs for n, arrs in zip(group.aux_names, group.aux_arrays)})
+    return out
+
+
+def _batches(args, kv, x):
+    # The global batch is cut into one shard per device of the job (rows s::shards); each
+    # worker takes its devices' shards in order, so 2 workers x 1 device see what 1 process
+    # x 2 devices sees.
+    rank, workers = (kv.rank, kv.num_workers) if kv is not None else (0, 1)
+    shards = workers * args.contexts
+    for step in range(args.steps):
+        rows = np.arange(step * args.batch, (step + 1) * args.batch)
+        rows = np.concatenate([rows[s::shards] for s in range(rank * args.contexts,
+                                                              (rank + 1) * args.contexts)])
+        if args.fail_rank == rank and step == 1:
+            # A decorated op that fails on bad input in one worker: the launcher ends the job.
+            softmax_xent(mx.nd.zeros((2, NUM_CLASS)), mx.nd.array([0, NUM_CLASS + 4]))
+        yield rows
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--api", choices=["gluon", "module"], default="gluon")
+    parser.add_argument("--kvstore", default="local",
+                        help="local, device, dist_sync, ... or none (no kvstore)")
+    parser.add_argument("--contexts", type=int, default=1, help="CPU devices per process")
+    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--batch", type=int, default=16, help="global batch (all workers)")
+    parser.add_argument("--lr", type=float, default=0.1)
+    parser.add_argument("--center-loss", type=float, default=0.0, help="its weight (0: off)")
+    parser.add_argument("--hybridize", action="store_true")
+    parser.add_argument("--fail-rank", type=int, default=-1,
+                        help="this worker feeds a bad label at step 1 (tests fail-fast)")
+    parser.add_argument("--out", default=None, help="directory for <api>-rank<r>.npz")
+    args = parser.parse_args(argv)
+    mx.random.seed(0)
+    np.random.seed(0)
+    kv = None if args.kvstore == "none" else mx.kv.create(args.kvstore)
+    ctxs = [mx.cpu(i) for i in range(args.contexts)]
+    x, y = make_data(args.steps, args.batch)
+    train = train_gluon if args.api == "gluon" else train_module
+    params = train(args, kv, ctxs, x, y)
+    rank = kv.rank if kv is not None else 0
+    values = {f"{name}@{i}": a.asnumpy() for name, arrs in params.items()
+              for i, a in enumerate(arrs)}
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+        np.savez(os.path.join(args.out, f"{args.api}-rank{rank}.npz"), **values)
+    print(f"rank {rank}: trained {len(params)} parameters for {args.steps} steps "
+          f"on {args.kvstore}", flush=True)
+    return values
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,141 @@
+"""python -m customop.launch: a local dist_sync job runs, and any failing worker ends it fast."""
+import os
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# Each worker pushes rank+1 and pulls the sum; WHO (a DMLC_TASK_ID) then fails in the way HOW
+# says, while the other worker waits for it in the next push.
+WORKER = textwrap.dedent('''
+    import os, sys
+    import mxnet as mx
+    import customop
+    kv = mx.kv.create("dist_sync")
+    kv.init(3, mx.nd.zeros((2,)))
+    kv.push(3, mx.nd.ones((2,)) * (kv.rank + 1))
+    out = mx.nd.zeros((2,))
+    kv.pull(3, out=out)
+    print(f"pulled {out.asnumpy().tolist()}", flush=True)
+    if os.environ["DMLC_TASK_ID"] == os.environ.get("WHO"):
+        how = os.environ["HOW"]
+        if how == "raise":
+            raise ValueError("boom in worker")
+        if how == "abort":
+            os.abort()
+        if how == "hang":
+            import time; time.sleep(600)
+    kv.push(3, out)
+    kv.pull(3, out=out)
+    print(f"done {out.asnumpy().tolist()}", flush=True)
+''')
+
+
+def _job_processes(mark):
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if mark.encode() in (entry / "environ").read_bytes():
+                    found.append(int(entry.name))
+            except OSError:
+                pass
+    return found
+
+
+def _launch(tmp_path, *launch_args, **env):
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    mark = uuid.uuid4().hex
+    start = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "customop.launch", *launch_args, sys.executable,
+                           str(script)], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(ROOT), "TEST_MARK": mark, **env})
+    took = time.monotonic() - start
+    time.sleep(0.2)
+    assert _job_processes(mark) == [], "processes of the job outlived the launcher"
+    return proc, took
+
+
+def test_two_workers_one_server_run_and_exit_zero(tmp_path):
+    proc, _ = _launch(tmp_path, "-n", "2", "-s", "1", "--launcher", "local", "--timeout", "90")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.count("pulled [3.0, 3.0]") == 2
+    assert proc.stdout.count("done [6.0, 6.0]") == 2
+
+
+@pytest.mark.parametrize("how, says", [("raise", "exited with code 1"),
+                                       ("abort", "killed by SIGABRT")])
+def test_a_failing_worker_stops_the_job(tmp_path, how, says):
+    proc, took = _launch(tmp_path, "-n", "2", "-s", "1", "--timeout", "90", WHO="1", HOW=how)
+    assert proc.returncode == 1
+    assert "customop.launch: worker 1 of 2 (pid " in proc.stderr and says in proc.stderr
+    assert "every process it started was ended" in proc.stderr
+    if how == "raise":  # the end of its error output is repeated under the report
+        report = proc.stderr.split("customop.launch: worker 1")[1]
+        assert "ValueError: boom in worker" in report
+    assert took < 60  # not the 90 s timeout: the other worker was waiting for it forever
+
+
+def test_timeout_ends_a_hanging_job(tmp_path):
+    proc, took = _launch(tmp_path, "-n", "2", "-s", "1", "--timeout", "6", WHO="0", HOW="hang")
+    assert proc.returncode == 1 and "job timed out after 6 s" in proc.stderr
+    assert took < 40
+
+
+def test_usage_errors():
+    proc = subprocess.run([sys.executable, "-m", "customop.launch", "-n", "2"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "no COMMAND" in proc.stderr
+    proc = subprocess.run([sys.executable, "-m", "customop.launch", "-n", "0", "true"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "at least one worker" in proc.stderr
+
+
+LISTENERS = textwrap.dedent('''
+    import os
+    from pathlib import Path
+    import mxnet as mx
+    kv = mx.kv.create("dist_sync")
+    kv.init(3, mx.nd.zeros((2,)))
+    if kv.rank == 0:  # every socket the job's processes listen on, with its address
+        mark = os.environ["TEST_MARK"].encode()
+        inodes = set()
+        for proc in Path("/proc").iterdir():
+            try:
+                if proc.name.isdigit() and mark in (proc / "environ").read_bytes():
+                    for fd in (proc / "fd").iterdir():
+                        link = os.readlink(fd)
+                        if link.startswith("socket:["):
+                            inodes.add(link[8:-1])
+            except OSError:
+                pass
+        for table in ("tcp", "tcp6"):
+            for line in Path("/proc/net", table).read_text().splitlines()[1:]:
+                f = line.split()
+                if f[3] == "0A" and f[9] in inodes:
+                    print("LISTEN", table, f[1], flush=True)
+    kv._barrier()
+''')
+
+
+def test_every_process_listens_on_loopback_only(tmp_path):
+    script = tmp_path / "listeners.py"
+    script.write_text(LISTENERS)
+    mark = uuid.uuid4().hex
+    proc = subprocess.run([sys.executable, "-m", "customop.launch", "-n", "2", "-s", "1",
+                           "--timeout", "90", sys.executable, str(script)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(ROOT), "TEST_MARK": mark})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    listening = [line.split()[1:] for line in proc.stdout.splitlines()
+                 if line.startswith("LISTEN")]
+    assert len(listening) >= 4  # scheduler, server, two workers
+    for table, address in listening:  # 0100007F is 127.0.0.1 in /proc/net/tcp's byte order
+        assert table == "tcp" and address.split(":")[0] == "0100007F", listening
