@@ -39,3 +39,9 @@ def test_committed_notebook_keeps_its_outputs_and_plots(path):
         if "plt.subplots(" in c.source or "plt.figure(" in c.source:
             assert "set_title" in c.source or "title(" in c.source, c.source[:80]
             assert "set_xlabel" in c.source or "xlabel(" in c.source, c.source[:80]
+
+
+def test_the_readme_links_every_notebook():
+    readme = (ROOT / "README.md").read_text()
+    for path in NOTEBOOKS:
+        assert f"](notebooks/{path.name})" in readme, path.name
