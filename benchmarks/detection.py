@@ -18,6 +18,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 import mxnet as mx  # noqa: E402
 import numpy as np  # noqa: E402
+from tables import print_table  # noqa: E402  (benchmarks/ is sys.path[0] when run as a script)
 
 import ops  # noqa: E402
 
@@ -141,15 +142,7 @@ def main(argv=None):
     print(f"# {stamp}, {platform.machine()}, {os.cpu_count()} cores, python "
           f"{platform.python_version()}, mxnet {mx.__version__}, numpy {np.__version__}, "
           f"context cpu, {b} images x {n} anchors, repeat {rep}")
-    if args.markdown:
-        print("| " + " | ".join(header) + " |")
-        print("|---|---|---|---:|---:|---:|")
-        for r in rows:
-            print("| " + " | ".join(r) + " |")
-    else:
-        widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
-        for r in [header, *rows]:
-            print("  ".join(str(x).ljust(w) for x, w in zip(r, widths)))
+    print_table(header, rows, args.markdown, align="---|---|---|---:|---:|---:")
 
 
 if __name__ == "__main__":

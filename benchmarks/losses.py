@@ -40,6 +40,8 @@ import mxnet as mx
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tables import print_table  # noqa: E402  (benchmarks/ is sys.path[0] when run as a script)
+
 import ops  # noqa: E402
 from customop.dispatch import forced_path  # noqa: E402
 
@@ -193,15 +195,7 @@ def main(argv=None):
           f"python {platform.python_version()}, mxnet {mx.__version__}, numpy {np.__version__}, "
           f"{os.cpu_count()} CPUs, {turns} turns x 2 timed calls per variant, forward+backward "
           "medians")
-    if args.markdown:
-        print("| " + " | ".join(header) + " |")
-        print("|" + "---|" * len(header))
-        for r in rows:
-            print("| " + " | ".join(r) + " |")
-    else:
-        widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
-        for r in [header, *rows]:
-            print("  ".join(str(x).ljust(w) for x, w in zip(r, widths)))
+    print_table(header, rows, args.markdown)
 
 
 if __name__ == "__main__":

@@ -7,6 +7,8 @@ import sys
 from pathlib import Path
 from unittest import mock
 
+import pytest
+
 import customop
 from customop import CustomOperator
 
@@ -127,3 +129,15 @@ def test_readme_state_and_twin_examples_run_as_written(tmp_path):
                          timeout=120, cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().endswith("ok")
+
+
+@pytest.mark.parametrize("script, args, expect", [
+    ("losses.py", ["--quick", "--turns", "1", "--ops", "smooth_l1,wing_loss"], "wing_loss"),
+    ("detection.py", ["--repeat", "1", "--images", "1", "--anchors", "2000"], "ohem_sampler"),
+])
+def test_operator_benchmarks_run(script, args, expect):
+    # Smoke runs at small sizes: the scripts stay runnable; their numbers live in BENCHMARKS.md.
+    proc = subprocess.run([sys.executable, f"benchmarks/{script}", *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr
+    assert expect in proc.stdout
