@@ -131,6 +131,7 @@ class _Target:
     symbol: mx.sym.Symbol
     run_nd: Callable[[list[mx.nd.NDArray]], Any] | None  # imperative call, None: not available
     run64: Callable[[list[np.ndarray]], list[np.ndarray]]  # float64 forward on NumPy arrays
+    aux: dict[str, np.ndarray] = field(default_factory=dict)  # symbol aux name -> start value
 
 
 def _target(obj: Any, arrays: list[np.ndarray], params: dict[str, Any], ctx) -> _Target:
@@ -155,17 +156,35 @@ def _custom_target(op: CustomOperator, arrays, params) -> _Target:
     if op.signature.optional and len(arrays) < len(op.signature.inputs):
         op = op.variant(len(arrays))  # optional inputs left out
     names = list(op.signature.inputs)
-    if len(arrays) != len(names):
+    aux = _aux_start(op, names, arrays, params)
+    if len(arrays) != len(names) + (len(aux) if len(arrays) > len(names) else 0):
         raise TypeError(f"check_grad: customop {op.op_type!r} takes {len(names)} input(s) "
                         f"({', '.join(names)}), got {len(arrays)}")
-    out = op(*[mx.sym.var(n) for n in names], **params)
+    out = _group(op(*[mx.sym.var(n) for n in names], **params))
 
+    # Every evaluation starts from the same auxiliary states (an update in one must not
+    # move the next); float64 runs get float64 copies.
     def run64(xs):
-        outs = op(*xs, **params)
+        outs = op(*xs, *[a.astype(np.float64) for a in aux], **params)
         return list(outs) if isinstance(outs, tuple) else [outs]
 
-    return _Target(repr(op.op_type), names, _group(out),
-                   lambda xs: op(*xs, **params), _float64_errors(op.op_type, run64))
+    def run_nd(xs):
+        return op(*xs, *[mx.nd.array(a, ctx=xs[0].context, dtype=xs[0].dtype) for a in aux],
+                  **params)
+
+    return _Target(repr(op.op_type), names, out, run_nd, _float64_errors(op.op_type, run64),
+                   dict(zip(out.list_auxiliary_states(), aux)))
+
+
+def _aux_start(op: CustomOperator, names, arrays, params) -> list[np.ndarray]:
+    # Given after the inputs, or zeros of the declared shapes.
+    if not op.signature.aux:
+        return []
+    if len(arrays) > len(names):
+        return [np.asarray(a) for a in arrays[len(names):]]
+    shapes = op.aux_shapes([np.shape(a) for a in arrays[:len(names)]], params)
+    dtype = arrays[0].dtype if arrays else np.float32
+    return [np.zeros(s, dtype) for s in shapes]
 
 
 def _symbol_target(sym: mx.sym.Symbol, label: str, arrays, ctx) -> _Target:
@@ -242,7 +261,9 @@ def _imperative_grads(target: _Target, arrays, heads, wrt, ctx) -> dict[int, np.
     return {i: xs[i].grad.asnumpy().reshape(arrays[i].shape).astype(np.float64) for i in wrt}
 
 
-def _symbolic_grads(ex, names, arrays, heads, wrt, ctx) -> dict[int, np.ndarray]:
+def _symbolic_grads(ex, names, arrays, heads, wrt, ctx, aux) -> dict[int, np.ndarray]:
+    for name, value in aux.items():
+        ex.aux_dict[name][:] = value
     ex.forward(is_train=True)
     ex.backward(out_grads=_mx_heads(heads, ex.outputs, ctx))
     return {i: ex.grad_dict[names[i]].asnumpy().reshape(arrays[i].shape).astype(np.float64)
@@ -309,7 +330,9 @@ def check_grad(op: Any, *inputs: Any, argnums: Sequence[int | str] | None = None
     one, such as ``mx.sym.smooth_l1`` (called on one variable per input, named
     after its parameters, and ``**params``).
     Inputs are NumPy arrays or NDArrays; their dtypes are kept, integer inputs
-    are skipped ("integer input, not differentiable").
+    are skipped ("integer input, not differentiable").  An operator's
+    auxiliary states may follow its inputs (default: zeros); every evaluation
+    starts from them, so an update made by one does not move the next.
 
     For each input in ``argnums`` (default: every floating input; indices or
     names) the imperative gradient (``mx.autograd``), the symbolic one (a bound
@@ -353,6 +376,7 @@ def check_grad(op: Any, *inputs: Any, argnums: Sequence[int | str] | None = None
     arrays = [_to_numpy(a) for a in inputs]
     ctx = ctx or next((a.context for a in inputs if isinstance(a, mx.nd.NDArray)), mx.cpu())
     target = _target(op, arrays, params, ctx)
+    arrays = arrays[:len(target.names)]  # auxiliary states, if given, are the target's
     wrt = [i for i in _resolve_argnums(argnums, target.names) if _floating(arrays[i])]
     output_layer = _resolve_output_layer(op, output_layer, loss)
     tols = {i: _tolerance(arrays[i].dtype, eps, rtol, atol) for i in wrt}
@@ -381,7 +405,7 @@ def _run_comparisons(target, arrays, wrt, tols, heads_list, loss, ctx):
     results: dict[tuple[int, str], GradRow] = {}
     for h, heads in enumerate(heads_list):
         grads = {"numeric": {i: numeric[i][h] for i in wrt},
-                 "symbolic": _symbolic_grads(ex, names, arrays, heads, wrt, ctx)}
+                 "symbolic": _symbolic_grads(ex, names, arrays, heads, wrt, ctx, target.aux)}
         if target.run_nd is not None:
             grads["imperative"] = _imperative_grads(target, arrays, heads, wrt, ctx)
         for i in wrt:

@@ -241,3 +241,30 @@ with mx.autograd.record():
 z.backward()
 print(x2.grad, c)
 '''
+
+
+@pytest.mark.parametrize("given", [False, True])
+def test_check_grad_takes_an_op_with_aux_states(given):
+    from customop import check_grad
+    x = np.random.normal(size=(4, 3))
+    label = np.array([0, 1, 1, 2], dtype=np.int32)
+    extra = [np.random.normal(size=(3, 3))] if given else []
+    report = check_grad(auxops.class_sums, x, label, *extra)
+    assert report.passed and report.row("x").comparison
+
+
+def test_check_grad_fails_for_a_gradient_that_reads_a_moving_state():
+    from customop import check_grad
+
+    @customop("numpy", aux={"c": lambda x: x})
+    def pulled(x, c):
+        return (x - c) ** 2
+
+    def grad(ans, x, c):
+        def g_(g):
+            c[...] += 1.0  # updated first, then (wrongly) used for the gradient
+            return 2 * (x - c) * g
+        return g_
+    pulled.def_grad(grad)
+    with pytest.raises(AssertionError, match="FAIL"):
+        check_grad(pulled, np.random.normal(size=(3,)))
