@@ -2,12 +2,13 @@
 
 A two-layer net on synthetic data (fixed seed) learns 3 classes with a
 decorated softmax cross-entropy (``'numpy'`` mode) and, with
-``--center-loss W``, a decorated center loss whose class centers are an
-auxiliary state kept identical on every device and worker by
-:class:`customop.auxsync.AuxSync`.  Each step uses a global batch of ``--batch``
-rows, cut into one shard per device of the job: every worker takes its devices'
-shards, so the summed gradients are those of the whole batch, and 2 workers with 1
-device each see exactly what 1 process with 2 devices sees.
+``--center-loss W``, the library's center loss on the hidden features
+(:class:`ops.CenterLoss` in Gluon, :func:`ops.center_loss` on symbols, with
+``scale=W``), whose class centers are an auxiliary state kept identical on every
+device and worker by :class:`customop.auxsync.AuxSync`.  Each step uses a global
+batch of ``--batch`` rows, cut into one shard per device of the job: every worker
+takes its devices' shards, so the summed gradients are those of the whole batch,
+and 2 workers with 1 device each see exactly what 1 process with 2 devices sees.
 
 One process::
 
@@ -31,6 +32,7 @@ import mxnet as mx
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import ops  # noqa: E402
 from customop import customop  # noqa: E402
 from customop.auxsync import AuxSync  # noqa: E402
 
@@ -61,35 +63,6 @@ softmax_xent.def_grad(_xent_grad)
 softmax_xent.def_grad(lambda ans, pred, label: lambda g: np.zeros_like(label), argnum=1)
 
 
-@customop("numpy", aux={"centers": lambda x, label, num_class, **_: (num_class, x[1])})
-def center_loss(x, label, centers, *, num_class, alpha=0.5):
-    r"""Center loss (Wen et al.) :math:`\frac12 \|x_i - c_{y_i}\|^2` per sample.
-
-    In backward the centers move: :math:`c_j \leftarrow c_j - \alpha
-    \frac{\sum_{i: y_i = j} (c_j - x_i)}{1 + n_j}`, with :math:`n_j` the number of
-    rows of class *j* in the batch (the batch one device sees).
-    """
-    diff = x - centers[label.astype(np.int64)]
-    return 0.5 * (diff * diff).sum(axis=1)
-
-
-def _center_grad(ans, x, label, centers, *, num_class, alpha=0.5):
-    def grad(g):
-        y = label.astype(np.int64)
-        dx = g[:, None] * (x - centers[y])  # with the centers of this forward
-        delta = np.zeros_like(centers)
-        np.add.at(delta, y, centers[y] - x)
-        delta /= 1 + np.bincount(y, minlength=num_class)[:, None]
-        centers[...] -= alpha * delta
-        return dx
-    return grad
-
-
-center_loss.def_grad(_center_grad)
-center_loss.def_grad(lambda ans, x, label, centers, **_: lambda g: np.zeros_like(label),
-                     argnum=1)
-
-
 def make_data(steps, batch):
     rng = np.random.RandomState(42)
     n = steps * batch
@@ -102,19 +75,18 @@ def make_data(steps, batch):
 class Net(mx.gluon.HybridBlock):
     def __init__(self, center_weight, **kwargs):
         super().__init__(**kwargs)
-        self.center_weight = center_weight
         with self.name_scope():
             self.body = mx.gluon.nn.Dense(HIDDEN, activation="relu", in_units=DIM)
             self.head = mx.gluon.nn.Dense(NUM_CLASS, in_units=HIDDEN)
-            self.centers = self.params.get("centers", shape=(NUM_CLASS, HIDDEN),
-                                           init=mx.init.Zero(), grad_req="null")
+            # Owns the centers: Parameter net_center_centers (aux state, grad_req='null').
+            self.center = (ops.CenterLoss(NUM_CLASS, HIDDEN, scale=center_weight,
+                                          prefix="center_") if center_weight else None)
 
-    def hybrid_forward(self, F, x, label, centers):
+    def hybrid_forward(self, F, x, label):
         feat = self.body(x)
         loss = softmax_xent(self.head(feat), label)
-        if self.center_weight:
-            loss = loss + self.center_weight * center_loss(feat, label, centers,
-                                                           num_class=NUM_CLASS)
+        if self.center is not None:  # scale/2 * |feat - c_label|^2; backward moves the centers
+            loss = loss + self.center(feat, label)
         return loss
 
 
@@ -127,7 +99,7 @@ def train_gluon(args, kv, ctxs, x, y):
     trainer = mx.gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": args.lr},
                                kvstore=kv if kv is not None else "device",
                                update_on_kvstore=False if (dist and args.center_loss) else None)
-    sync = AuxSync([net.centers], trainer) if args.center_loss else None
+    sync = AuxSync([net.center.centers], trainer) if args.center_loss else None
     for rows in _batches(args, kv, x):
         xs = mx.gluon.utils.split_and_load(mx.nd.array(x[rows]), ctxs)
         ys = mx.gluon.utils.split_and_load(mx.nd.array(y[rows]), ctxs)
@@ -147,8 +119,9 @@ def train_module(args, kv, ctxs, x, y):
                              act_type="relu")
     loss = softmax_xent(mx.sym.FullyConnected(feat, num_hidden=NUM_CLASS, name="head"), label)
     if args.center_loss:
-        loss = loss + args.center_loss * center_loss(feat, label, num_class=NUM_CLASS,
-                                                     name="center")
+        # Aux state center_centers, created by MXNet (zeros) and saved with the aux params.
+        loss = loss + ops.center_loss(feat, label, num_class=NUM_CLASS, scale=args.center_loss,
+                                      name="center")
     if kv is not None and "dist" in kv.type and args.center_loss:
         os.environ["MXNET_UPDATE_ON_KVSTORE"] = "0"  # servers only sum (see AuxSync)
     mod = mx.mod.Module(mx.sym.MakeLoss(loss), data_names=["data"], label_names=["label"],

@@ -3,6 +3,7 @@ import mxnet as mx
 import numpy as np
 import pytest
 
+import ops
 from customop import customop
 from customop.auxsync import AuxSync
 
@@ -133,3 +134,117 @@ def test_bad_sources_are_named():
         AuxSync([p])
     with pytest.raises(TypeError, match="AuxSync: expected Gluon Parameters"):
         AuxSync([mx.nd.zeros(2)])
+
+
+# ops.CenterLoss, the test case of issue #12: its centers move by a per-device normalised
+# update, c_j += alpha * sum_{i: y_i = j} (x_i - c_j) / (1 + n_j), n_j counted on each device.
+ALPHA, SCALE = 0.5, 0.7
+
+
+def _center_reference(centers, feats, labels):
+    """float64: the summed per-shard updates of ops.center_loss (alpha, 1 + n_j per shard)."""
+    step = np.zeros_like(centers)
+    for x, y in zip(feats, labels):
+        for j in range(NUM_CLASS):
+            mine = y == j
+            step[j] += (x[mine] - centers[j]).sum(axis=0) / (1 + mine.sum())
+    return centers + ALPHA * step
+
+
+class CenterNet(mx.gluon.HybridBlock):
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.embed = mx.gluon.nn.Dense(DIM, in_units=DIM)
+            self.center = ops.CenterLoss(NUM_CLASS, DIM, alpha=ALPHA, scale=SCALE)
+
+    def hybrid_forward(self, F, x, label):
+        feat = self.embed(x)
+        return feat, self.center(feat, label)
+
+
+def _center_steps(kvstore, hybridize, sync=True):
+    """Train CenterNet on TWO; per step: (the centers' copies, float64 reference, whole batch)."""
+    mx.random.seed(0)
+    net = CenterNet(prefix="cn_")
+    net.initialize(mx.init.Xavier(), ctx=TWO)
+    if hybridize:
+        net.hybridize()
+    trainer = mx.gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.05},
+                               kvstore=kvstore)
+    syncer = AuxSync([net.center.centers], trainer) if sync else None
+    x, y = _data()
+    want = np.zeros((NUM_CLASS, DIM))  # float64 reference of the per-shard updates, summed
+    whole = np.zeros((NUM_CLASS, DIM))  # one device on the whole batch (same features)
+    for step in range(STEPS):
+        rows = slice(step * BATCH, (step + 1) * BATCH)
+        xs = mx.gluon.utils.split_and_load(mx.nd.array(x[rows]), TWO)
+        ys = mx.gluon.utils.split_and_load(mx.nd.array(y[rows]), TWO)
+        before = [c.asnumpy().astype(np.float64) for c in net.center.centers.list_data()]
+        with mx.autograd.record():
+            outs = [net(a, b) for a, b in zip(xs, ys)]
+        mx.autograd.backward([loss for _, loss in outs])
+        trainer.step(BATCH)
+        if syncer:
+            syncer()
+        feats = [feat.asnumpy().astype(np.float64) for feat, _ in outs]
+        labels = [b.asnumpy().astype(np.int64) for b in ys]
+        for (_, loss), f, lab, c in zip(outs, feats, labels, before):  # each device's centers
+            np.testing.assert_allclose(loss.asnumpy(), 0.5 * SCALE * ((f - c[lab]) ** 2)
+                                       .sum(axis=1), rtol=1e-5, atol=1e-5)
+        want = _center_reference(want, feats, labels)
+        whole = _center_reference(whole, [np.concatenate(feats)], [np.concatenate(labels)])
+        yield net, [c.asnumpy() for c in net.center.centers.list_data()], want, whole
+
+
+@pytest.mark.parametrize("kvstore", ["device", "local"])
+@pytest.mark.parametrize("hybridize", [False, True], ids=["plain", "hybridized"])
+def test_ops_center_loss_on_two_devices_holds_one_set_of_centers(kvstore, hybridize):
+    steps = list(_center_steps(kvstore, hybridize))
+    for _, copies, want, _ in steps:
+        np.testing.assert_array_equal(copies[1], copies[0])  # after every step
+        np.testing.assert_allclose(copies[0], want, rtol=1e-5, atol=1e-5)
+    net, _, want, whole = steps[-1]
+    assert net.center.centers.name == "cn_centerloss0_centers"
+    assert np.abs(want).max() > 0.5  # the centers moved
+    assert np.abs(want - whole).max() > 1e-2  # the per-shard normalisation, as documented
+    weights = net.embed.weight.list_data()  # the Trainer kept the weights equal as well
+    np.testing.assert_array_equal(weights[1].asnumpy(), weights[0].asnumpy())
+
+
+def test_ops_center_loss_without_sync_the_centers_go_wrong():  # what AuxSync fixes
+    steps = _center_steps("device", False, sync=False)
+    _, copies, want, _ = next(steps)
+    # The Trainer's first-step broadcast copies device 0's centers over device 1's update.
+    np.testing.assert_array_equal(copies[1], copies[0])
+    assert np.abs(copies[0] - want).max() > 1e-2
+    _, copies, _, _ = next(steps)  # then every device goes its own way
+    assert np.abs(copies[1] - copies[0]).max() > 1e-2
+
+
+def test_ops_center_loss_two_devices_bare_ndarrays_move_by_the_summed_shard_updates():
+    centers = mx.gluon.Parameter("centers", shape=(NUM_CLASS, DIM), init=mx.init.Zero(),
+                                 grad_req="null")
+    centers.initialize(ctx=TWO)
+    sync = AuxSync([centers])  # no kvstore: the devices of this process
+    rng = np.random.RandomState(1)
+    want = np.zeros((NUM_CLASS, DIM))
+    for _ in range(3):
+        x = rng.normal(size=(BATCH, DIM)).astype(np.float32)
+        y = rng.randint(0, NUM_CLASS, size=BATCH)
+        shards = (slice(0, BATCH // 2), slice(BATCH // 2, BATCH))
+        for copy, rows in zip(centers.list_data(), shards):
+            xs = mx.nd.array(x[rows], ctx=copy.context)
+            xs.attach_grad()
+            with mx.autograd.record():
+                loss = ops.center_loss(xs, mx.nd.array(y[rows], ctx=copy.context), copy,
+                                       num_class=NUM_CLASS, alpha=ALPHA, scale=SCALE)
+            loss.backward()
+            diff = x[rows] - want[y[rows]]
+            np.testing.assert_allclose(loss.asnumpy(), 0.5 * SCALE * (diff ** 2).sum(axis=1),
+                                       rtol=1e-5, atol=1e-6)
+            np.testing.assert_allclose(xs.grad.asnumpy(), SCALE * diff, rtol=1e-5, atol=1e-6)
+        sync()
+        want = _center_reference(want, [x[r] for r in shards], [y[r] for r in shards])
+        for copy in centers.list_data():
+            np.testing.assert_allclose(copy.asnumpy(), want, rtol=1e-5, atol=1e-6)
