@@ -7,9 +7,11 @@ MXNet CustomOp; ``op.def_grad(fn, argnum)`` attaches gradients;
 from typing import Any
 
 from . import errors as _errors
+from . import forking as _forking
 from .operator import CustomOperator, customop
 
 _errors.install()
+_forking.install()
 
 __all__ = ["customop", "CustomOperator", "check_grad"]
 __version__ = "0.1.0"
