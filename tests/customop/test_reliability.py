@@ -18,8 +18,8 @@ def run_child(code, timeout=60, memory_gib=None):
     """Run ``code`` in a fresh interpreter at the repository root; return (rc, output)."""
     pre = ""
     if memory_gib is not None:
-        pre = ("import resource\n"
-               f"resource.setrlimit(resource.RLIMIT_AS, ({memory_gib} << 30, {memory_gib} << 30))\n")
+        limit = memory_gib << 30
+        pre = f"import resource\nresource.setrlimit(resource.RLIMIT_AS, ({limit}, {limit}))\n"
     env = dict(os.environ, PYTHONPATH=ROOT)
     proc = subprocess.Popen([sys.executable, "-c", pre + textwrap.dedent(code)], cwd=ROOT,
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -111,3 +111,48 @@ def test_forked_child_infers_shapes_in_mxnet_mode():
         print('child status', status)
     """, timeout=60)
     assert rc == 0 and "child status 0" in out, out[-3000:]
+
+
+# ---- item 5: one registered name per distinct function ---------------------------------
+def test_factory_made_ops_with_different_closures_are_refused():
+    import mxnet as mx
+
+    from customop import customop
+
+    def make_scale(k):
+        @customop("numpy")
+        def scale(x):
+            return x * k
+        return scale
+
+    make_scale(2.0)
+    with pytest.raises(ValueError, match=r"customop '.*make_scale\.<locals>\.scale'.*pass name="):
+        make_scale(3.0)
+    make_scale(2.0)  # the same closure again is the same operator: replaces
+
+    def make_named(k):
+        @customop("numpy", name=f"tests.reliability.scale{k}")
+        def scale(x):
+            return x * k
+        return scale
+
+    two, three = make_named(2), make_named(3)
+    x = mx.nd.ones((2,))
+    assert mx.nd.Custom(x, op_type=two.op_type).asnumpy().tolist() == [2.0, 2.0]
+    assert mx.nd.Custom(x, op_type=three.op_type).asnumpy().tolist() == [3.0, 3.0]
+
+
+def test_two_lambdas_are_refused_but_a_rerun_cell_replaces():
+    import mxnet as mx
+
+    from customop import customop
+
+    src = "op = customop('numpy')(lambda x: x * {k})\n"
+    env = {"customop": customop, "__name__": "tests.reliability_cell"}
+    exec(compile(src.format(k=2), "<cell-1>", "exec"), env)
+    with pytest.raises(ValueError, match=r"reliability_cell\.<lambda>'.*<cell-1>:1.*pass name="):
+        exec(compile("\n" + src.format(k=3), "<cell-1>", "exec"), dict(env))
+    rerun = dict(env)
+    exec(compile(src.format(k=5), "<cell-2>", "exec"), rerun)  # a re-run cell: a new file
+    x = mx.nd.ones((2,))
+    assert mx.nd.Custom(x, op_type=rerun["op"].op_type).asnumpy().tolist() == [5.0, 5.0]
