@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import itertools
 import threading
 from collections.abc import Iterator
@@ -86,7 +87,11 @@ def to_ndarrays(op: CustomOperator, inputs: list[Any]) -> list[mx.nd.NDArray]:
 
 def call_ndarray(op: CustomOperator, inputs: list[Any], params: dict[str, Any]) -> Any:
     nd_inputs = to_ndarrays(op, inputs)
-    path = choose(mx.autograd.is_recording())
+    recording = mx.autograd.is_recording()
+    path = choose(recording)
+    if path == "direct" and recording:
+        raise op.error(RuntimeError, "forced_path('direct') inside mx.autograd.record() would "
+                       "leave the op out of the graph; use 'function' or 'custom' there")
     if path == "direct":
         outs = call_direct(op, nd_inputs, params)
     elif path == "function":
@@ -111,7 +116,47 @@ _bwd_functype = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int, ctypes.c_int,
                                  ctypes.c_int, ctypes.c_void_p)
 _del_functype = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)
 _alive: dict[int, Any] = {}  # callbacks MXNet still holds, by node
+_states: dict[int, _Recorded] = {}  # what each node's backward needs, by node
 _counter = itertools.count()
+
+
+class _Recorded:
+    __slots__ = ("op", "args", "outs", "params")
+
+    def __init__(self, op, args, outs, params):
+        self.op, self.args, self.outs, self.params = op, args, outs, params
+
+
+def _backward(key, num_ograds, num_igrads, ptrs, reqs, is_train, _):
+    state = _states.get(key)
+    if state is None:
+        return False
+    op, mode, args, outs = state.op, state.op.mode_impl, state.args, state.outs
+    try:
+        reqs = [_REQ[reqs[i]] for i in range(num_igrads)]
+        igrads = [NDArray(ctypes.cast(ptrs[num_ograds + i], NDArrayHandle), writable=True)
+                  for i in range(num_igrads)]
+        g = None
+        if op.need_top_grad:
+            g = [mode.from_nd(NDArray(ctypes.cast(ptrs[i], NDArrayHandle), writable=False))
+                 for i in range(num_ograds)]
+            g = [v.reshape(o.shape) if op.mode == "numpy" else v for v, o in zip(g, outs)]
+        grads = op.run_backward(args, outs, g, state.params, [r != "null" for r in reqs])
+        for dst, req, grad in zip(igrads, reqs, grads):
+            if grad is not None:
+                mode.assign(dst, req, grad)
+            elif req in ("write", "inplace"):
+                dst[:] = 0
+    except Exception as exc:
+        errors.stash(errors.named(exc, op.op_type, "backward"))
+        return False
+    return True
+
+
+def _delete(key, _):
+    _states.pop(key, None)
+    _alive.pop(key, None)
+    return True
 
 
 def call_function(op: CustomOperator, nd_inputs: list[mx.nd.NDArray],
@@ -126,42 +171,23 @@ def call_function(op: CustomOperator, nd_inputs: list[mx.nd.NDArray],
     # themselves would tie the node to itself and it would never be freed.
     args, outs = _detached(args), _detached(outs)
 
-    def backward(num_ograds, num_igrads, ptrs, reqs, is_train, _):
-        try:
-            reqs = [_REQ[reqs[i]] for i in range(num_igrads)]
-            igrads = [NDArray(ctypes.cast(ptrs[num_ograds + i], NDArrayHandle), writable=True)
-                      for i in range(num_igrads)]
-            g = None
-            if op.need_top_grad:
-                g = [mode.from_nd(NDArray(ctypes.cast(ptrs[i], NDArrayHandle), writable=False))
-                     for i in range(num_ograds)]
-                g = [v.reshape(o.shape) if op.mode == "numpy" else v for v, o in zip(g, outs)]
-            grads = op.run_backward(args, outs, g, params, [r != "null" for r in reqs])
-            for dst, req, grad in zip(igrads, reqs, grads):
-                if grad is not None:
-                    mode.assign(dst, req, grad)
-                elif req in ("write", "inplace"):
-                    dst[:] = 0
-        except Exception as exc:
-            errors.stash(errors.named(exc, op.op_type, "backward"))
-            return False
-        return True
-
+    state = _Recorded(op, args, outs, params)
     key = next(_counter)
-
-    def delete(_):
-        _alive.pop(key, None)
-        return True
-
-    callbacks = [ctypes.cast(_bwd_functype(backward), ctypes.CFUNCTYPE(ctypes.c_int)),
-                 ctypes.cast(_del_functype(delete), ctypes.CFUNCTYPE(ctypes.c_int))]
+    # MXNet holds the C callbacks until it calls delete; ctypes objects made with cast() sit
+    # in reference cycles, so they must not reach the arrays: they hold only plain functions
+    # of ``key``, and delete drops the one reference to the recorded state.
+    _states[key] = state
+    callbacks = [ctypes.cast(_bwd_functype(functools.partial(_backward, key)),
+                             ctypes.CFUNCTYPE(ctypes.c_int)),
+                 ctypes.cast(_del_functype(functools.partial(_delete, key)),
+                             ctypes.CFUNCTYPE(ctypes.c_int))]
     context = MXCallbackList(
         ctypes.c_int(len(callbacks)),
         ctypes.cast(c_array(ctypes.CFUNCTYPE(ctypes.c_int), callbacks),
                     ctypes.POINTER(ctypes.CFUNCTYPE(ctypes.c_int))),
         ctypes.cast(c_array(ctypes.c_void_p, [None] * len(callbacks)),
                     ctypes.POINTER(ctypes.c_void_p)))
-    _alive[key] = (context, callbacks, backward, delete)
+    _alive[key] = (context, callbacks)
     check_call(_LIB.MXCustomFunctionRecord(
         ctypes.c_int(len(nd_inputs)), c_handle_array(nd_inputs),
         ctypes.c_int(len(nd_outs)), c_handle_array(nd_outs), ctypes.byref(context)))

@@ -156,3 +156,77 @@ def test_two_lambdas_are_refused_but_a_rerun_cell_replaces():
     exec(compile(src.format(k=5), "<cell-2>", "exec"), rerun)  # a re-run cell: a new file
     x = mx.nd.ones((2,))
     assert mx.nd.Custom(x, op_type=rerun["op"].op_type).asnumpy().tolist() == [5.0, 5.0]
+
+
+# ---- item 6: a recorded call's arrays are freed by reference counting ----------------------
+def test_recorded_calls_free_their_arrays_without_the_cycle_collector():
+    import gc
+    import weakref
+
+    import mxnet as mx
+
+    from customop import customop
+    from customop.dispatch import forced_path
+
+    seen = []
+
+    @customop("numpy")
+    def square_seen(x):
+        seen.append(weakref.ref(x))
+        return x * x
+
+    square_seen.def_grad(lambda ans, x: lambda g: 2 * x * g)
+    x = mx.nd.ones((1000,))
+    x.attach_grad()
+    gc.collect()
+    gc.disable()
+    try:
+        for _ in range(30):
+            with forced_path("function"), mx.autograd.record():
+                y = square_seen(x)
+            y.backward()
+            del y
+        mx.nd.waitall()
+        alive = sum(r() is not None for r in seen)
+    finally:
+        gc.enable()
+    assert alive <= 1, f"{alive} of 30 recorded calls still hold their inputs"
+
+
+# ---- smaller items ----------------------------------------------------------------------------
+def test_a_gradient_closure_returning_none_is_an_error():
+    import mxnet as mx
+    import numpy as np
+
+    from customop import customop
+    from tests.customop import paths
+
+    @customop("numpy")
+    def forgot_return(x):
+        return x * 2
+
+    def grad(ans, x):
+        def g_(g):
+            g * 2  # noqa: B018 - the forgotten return under test
+        return g_
+
+    forgot_return.def_grad(grad)
+    for how in paths.ALL:
+        with pytest.raises(TypeError, match=r"forgot_return' \(gradient for input 'x'\).*None"):
+            paths.run(forgot_return, [np.ones(3, np.float32)], how=how)
+            mx.nd.waitall()
+
+
+def test_forcing_the_direct_path_while_recording_is_refused():
+    import mxnet as mx
+
+    from customop.dispatch import forced_path
+    from tests.customop import opdefs
+
+    x = mx.nd.ones((2,))
+    x.attach_grad()
+    with pytest.raises(RuntimeError, match=r"square_np'.*forced_path\('direct'\)"):
+        with forced_path("direct"), mx.autograd.record():
+            opdefs.square_np(x)
+    with forced_path("direct"):
+        assert opdefs.square_np(x).asnumpy().tolist() == [1.0, 1.0]
