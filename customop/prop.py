@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from .operator import CustomOperator
 
 _decoded: dict[tuple, dict[str, Any]] = {}
+_UNKNOWN = 2**31 - 1  # dimensions from here up are MXNet's -1 (unknown) read as unsigned
 
 
 def _decode_cached(kwargs: dict[str, str]) -> dict[str, Any]:
@@ -81,10 +82,24 @@ def register(op_type: str, registry: dict[str, CustomOperator]) -> None:
         def create_operator(self, ctx, shapes, dtypes):
             n = len(self.op.signature.inputs)  # MXNet also passes the output shapes
             shapes = tuple(tuple(int(d) for d in s) for s in shapes[:n])
+            self._guarded(self._check_known, shapes)
             dtypes = tuple(np.dtype(_DTYPE_MX_TO_NP[t]) for t in dtypes[:n])
             metas = self._guarded(self.op.inference.outputs, self.pkey, self.params,
                                   shapes, dtypes)
             return _Op(self.op, self.params, [m.scalar for m in metas])
+
+        def _check_known(self, shapes):
+            # Legacy shapes read 0 as "unknown": a 0-size input reaches us as -1 seen unsigned
+            # (4294967295). Never allocate placeholders from that.
+            for name, shape in zip(self.op.signature.inputs, shapes):
+                if not all(0 < d < _UNKNOWN for d in shape):
+                    shown = tuple("?" if d >= _UNKNOWN else d for d in shape)
+                    raise errors.mark(ValueError(
+                        f"customop {self.op.op_type!r} (input {name!r}): MXNet passed shape "
+                        f"{shown} with an unknown ('?') or zero dimension; an empty (0-size) "
+                        "batch cannot go through mx.nd.Custom, symbols or hybridized blocks "
+                        "under MXNet's legacy shapes: skip empty batches there, or call the op "
+                        "on NDArrays outside a graph, where 0-size inputs work"))
 
         def _guarded(self, fn, *args):
             try:

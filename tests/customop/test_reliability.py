@@ -230,3 +230,38 @@ def test_forcing_the_direct_path_while_recording_is_refused():
             opdefs.square_np(x)
     with forced_path("direct"):
         assert opdefs.square_np(x).asnumpy().tolist() == [1.0, 1.0]
+
+
+# ---- item 4: empty batches --------------------------------------------------------------------
+def test_an_empty_batch_never_allocates_from_an_unknown_shape():
+    rc, out = run_child("""
+        import mxnet as mx, numpy as np
+        from customop import customop
+        from customop.dispatch import forced_path
+
+        @customop('numpy')
+        def sq(x):
+            return x * x
+        sq.def_grad(lambda ans, x: lambda g: 2 * x * g)
+
+        x = mx.nd.array(np.zeros((0, 3), np.float32))
+        assert sq(x).shape == (0, 3)  # outside a graph, an empty batch just works
+
+        def through_custom():
+            with forced_path('custom'):
+                sq(x)
+
+        def through_nd_custom():
+            mx.nd.Custom(x, op_type=sq.op_type).wait_to_read()
+
+        for call in (through_custom, through_nd_custom):
+            try:
+                call()
+            except ValueError as exc:
+                assert "customop '__main__.sq' (input 'x')" in str(exc), exc
+                assert "empty (0-size) batch" in str(exc), exc
+            else:
+                raise AssertionError('no error')
+        print('empty ok')
+    """, timeout=60, memory_gib=4)
+    assert rc == 0 and "empty ok" in out, out[-3000:]
