@@ -197,10 +197,23 @@ def call_function(op: CustomOperator, nd_inputs: list[mx.nd.NDArray],
 def call_custom(op: CustomOperator, nd_inputs: list[mx.nd.NDArray],
                 params: dict[str, Any]) -> list[mx.nd.NDArray]:
     attrs = {k: _params.encode(v) for k, v in params.items()}
-    outs = mx.nd.Custom(*nd_inputs, op_type=op.op_type, **attrs)
+    # create_operator runs on this thread within mx.nd.Custom and hands this call's record to
+    # the forward, so a failure is ours to raise even when MXNet loses or mixes it up.
+    call = errors.Call()
+    errors.calls.current = call
+    try:
+        outs = mx.nd.Custom(*nd_inputs, op_type=op.op_type, **attrs)
+    finally:
+        errors.calls.current = None
     outs = [outs] if isinstance(outs, mx.nd.NDArray) else list(outs)
-    for o in outs:  # surface a forward error here, with its real type
-        o.wait_to_read()
+    try:
+        for o in outs:  # surface a forward error here, with its real type
+            o.wait_to_read()
+    except Exception:
+        if call.failure is None:
+            raise
+    if call.failure is not None:
+        raise call.failure
     return outs
 
 

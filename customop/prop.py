@@ -86,7 +86,9 @@ def register(op_type: str, registry: dict[str, CustomOperator]) -> None:
             dtypes = tuple(np.dtype(_DTYPE_MX_TO_NP[t]) for t in dtypes[:n])
             metas = self._guarded(self.op.inference.outputs, self.pkey, self.params,
                                   shapes, dtypes)
-            return _Op(self.op, self.params, [m.scalar for m in metas])
+            made = _Op(self.op, self.params, [m.scalar for m in metas])
+            made.call = getattr(errors.calls, "current", None)
+            return made
 
         def _check_known(self, shapes):
             # Legacy shapes read 0 as "unknown": a 0-size input reaches us as -1 seen unsigned
@@ -122,6 +124,7 @@ class _Op(mx.operator.CustomOp):
         super().__init__()
         self.op, self.params, self.scalar = op, params, scalar
         self.saved: tuple | None = None
+        self.call: errors.Call | None = None
 
     def forward(self, is_train, req, in_data, out_data, aux):
         op, mode = self.op, self.op.mode_impl
@@ -135,8 +138,12 @@ class _Op(mx.operator.CustomOp):
                 # copying every input and output a second time
                 self.saved = ([_data_ptr(a) for a in (*in_data, *out_data)], args, outs)
         except Exception as exc:
-            errors.stash(errors.named(exc, op.op_type, "forward"))
-            raise
+            exc = errors.named(exc, op.op_type, "forward")
+            if self.call is not None:
+                self.call.failure = exc  # raised by that call itself, never by another
+            else:
+                errors.stash(exc)
+            raise exc from None
 
     def backward(self, req, out_grad, in_data, out_data, in_grad, aux):
         op, mode = self.op, self.op.mode_impl

@@ -265,3 +265,49 @@ def test_an_empty_batch_never_allocates_from_an_unknown_shape():
         print('empty ok')
     """, timeout=60, memory_gib=4)
     assert rc == 0 and "empty ok" in out, out[-3000:]
+
+
+# ---- item 3: the exception of the failure in front of you, never silence ---------------------
+def test_two_threads_failing_on_the_custom_path_each_get_their_own_error():
+    rc, out = run_child("""
+        import threading
+        import mxnet as mx
+        from customop import customop
+        from customop.dispatch import forced_path
+
+        class AError(Exception):
+            pass
+
+        class BError(Exception):
+            pass
+
+        def make(exc_type, name):
+            @customop('numpy', name=name)
+            def fails(x):
+                if float(x.sum()) != x.size:  # placeholders are ones: shapes infer fine
+                    raise exc_type('bad')
+                return x
+            return fails
+
+        ops = {AError: make(AError, 'rel.a'), BError: make(BError, 'rel.b')}
+        wrong, silent = [], []
+
+        def worker(exc_type):
+            op = ops[exc_type]
+            for _ in range(100):
+                try:
+                    with forced_path('custom'):
+                        op(mx.nd.zeros((3,))).wait_to_read()
+                except exc_type as exc:
+                    assert op.op_type in str(exc)
+                except Exception as exc:
+                    wrong.append(type(exc).__name__)
+                else:
+                    silent.append(1)
+
+        threads = [threading.Thread(target=worker, args=(t,)) for t in (AError, BError)]
+        [t.start() for t in threads]
+        [t.join() for t in threads]
+        print('wrong', len(wrong), 'silent', len(silent), sorted(set(wrong)))
+    """, timeout=120)
+    assert rc == 0 and "wrong 0 silent 0" in out, out[-3000:]
