@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: venv demo test lint bench bench-detection bench-losses bench-dist dist-demo notebooks clean
+.PHONY: venv demo test soak lint bench bench-detection bench-losses bench-dist dist-demo notebooks clean
 
 venv: $(STAMP)
 
@@ -21,7 +21,10 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 
 test: lint
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q -m "not soak" tests
+
+soak: $(STAMP)
+	$(PY) -m pytest -q -m soak tests
 
 notebooks: $(STAMP)
 	$(PY) notebooks/run_notebooks.py

@@ -10,11 +10,13 @@ from typing import Any
 
 from . import auxstate as _auxstate
 from . import errors as _errors
+from . import forking as _forking
 from . import loading as _loading
 from .loading import imports, load_checkpoint
 from .operator import CustomOperator, customop
 
 _errors.install()
+_forking.install()
 _auxstate.install()
 _loading._record_hand_registrations()
 if _os.environ.get("CUSTOMOP_LAUNCH_JOB") and _os.environ.get("DMLC_ROLE") == "worker":

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import itertools
 import threading
 from collections.abc import Iterator
@@ -94,7 +95,11 @@ def to_ndarrays(op: CustomOperator, inputs: list[Any]) -> list[mx.nd.NDArray]:
 def call_ndarray(op: CustomOperator, inputs: list[Any], params: dict[str, Any]) -> Any:
     nd_inputs = to_ndarrays(op, inputs)
     op.check_aux(nd_inputs, params)
-    path = choose(mx.autograd.is_recording(), op.records_natively)
+    recording = mx.autograd.is_recording()
+    path = choose(recording, op.records_natively)
+    if path == "direct" and recording:
+        raise op.error(RuntimeError, "forced_path('direct') inside mx.autograd.record() would "
+                       "leave the op out of the graph; use 'function' or 'custom' there")
     if op.signature.aux and path != "direct":
         auxstate.expect_update()
     if path == "direct":
@@ -154,7 +159,56 @@ _bwd_functype = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int, ctypes.c_int,
                                  ctypes.c_int, ctypes.c_void_p)
 _del_functype = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)
 _alive: dict[int, Any] = {}  # callbacks MXNet still holds, by node
+_states: dict[int, _Recorded] = {}  # what each node's backward needs, by node
 _counter = itertools.count()
+
+
+class _Recorded:
+    __slots__ = ("op", "args", "outs", "params", "aux")
+
+    def __init__(self, op, args, outs, params, aux):
+        self.op, self.args, self.outs, self.params, self.aux = op, args, outs, params, aux
+
+
+def _backward(key, num_ograds, num_igrads, ptrs, reqs, is_train, _):
+    state = _states.get(key)
+    if state is None:
+        return False
+    with auxstate.in_callback():
+        return _run_backward(state, num_ograds, num_igrads, ptrs, reqs)
+
+
+def _run_backward(state, num_ograds, num_igrads, ptrs, reqs):
+    op, mode, args, outs = state.op, state.op.mode_impl, state.args, state.outs
+    try:
+        reqs = [_REQ[reqs[i]] for i in range(num_igrads)]
+        igrads = [NDArray(ctypes.cast(ptrs[num_ograds + i], NDArrayHandle), writable=True)
+                  for i in range(num_igrads)]
+        g = None
+        if op.need_top_grad:
+            g = [mode.from_nd(NDArray(ctypes.cast(ptrs[i], NDArrayHandle), writable=False))
+                 for i in range(num_ograds)]
+            g = [v.reshape(o.shape) if op.mode == "numpy" else v for v, o in zip(g, outs)]
+        aux = [mode.from_nd(a) for a in state.aux]  # the states as they are now
+        grads = op.run_backward([*args, *aux], outs, g, state.params,
+                                [r != "null" for r in reqs])
+        if aux:
+            auxstate.write_back(op.mode, state.aux, aux, wait=True)
+        for dst, req, grad in zip(igrads, reqs, grads):
+            if grad is not None:
+                mode.assign(dst, req, grad)
+            elif req in ("write", "inplace"):
+                dst[:] = 0
+    except Exception as exc:
+        errors.stash(errors.named(exc, op.op_type, "backward"))
+        return False
+    return True
+
+
+def _delete(key, _):
+    _states.pop(key, None)
+    _alive.pop(key, None)
+    return True
 
 
 def call_function(op: CustomOperator, nd_inputs: list[mx.nd.NDArray],
@@ -171,50 +225,23 @@ def call_function(op: CustomOperator, nd_inputs: list[mx.nd.NDArray],
     # themselves would tie the node to itself and it would never be freed.
     args, outs = _detached(args[:n]), _detached(outs)
 
-    def backward(num_ograds, num_igrads, ptrs, reqs, is_train, _):
-        with auxstate.in_callback():
-            return run_backward(num_ograds, num_igrads, ptrs, reqs)
-
-    def run_backward(num_ograds, num_igrads, ptrs, reqs):
-        try:
-            reqs = [_REQ[reqs[i]] for i in range(num_igrads)]
-            igrads = [NDArray(ctypes.cast(ptrs[num_ograds + i], NDArrayHandle), writable=True)
-                      for i in range(num_igrads)]
-            g = None
-            if op.need_top_grad:
-                g = [mode.from_nd(NDArray(ctypes.cast(ptrs[i], NDArrayHandle), writable=False))
-                     for i in range(num_ograds)]
-                g = [v.reshape(o.shape) if op.mode == "numpy" else v for v, o in zip(g, outs)]
-            aux = [mode.from_nd(a) for a in aux_nd]  # the states as they are now
-            grads = op.run_backward([*args, *aux], outs, g, params,
-                                    [r != "null" for r in reqs])
-            if aux:
-                auxstate.write_back(op.mode, aux_nd, aux, wait=True)
-            for dst, req, grad in zip(igrads, reqs, grads):
-                if grad is not None:
-                    mode.assign(dst, req, grad)
-                elif req in ("write", "inplace"):
-                    dst[:] = 0
-        except Exception as exc:
-            errors.stash(errors.named(exc, op.op_type, "backward"))
-            return False
-        return True
-
+    state = _Recorded(op, args, outs, params, aux_nd)
     key = next(_counter)
-
-    def delete(_):
-        _alive.pop(key, None)
-        return True
-
-    callbacks = [ctypes.cast(_bwd_functype(backward), ctypes.CFUNCTYPE(ctypes.c_int)),
-                 ctypes.cast(_del_functype(delete), ctypes.CFUNCTYPE(ctypes.c_int))]
+    # MXNet holds the C callbacks until it calls delete; ctypes objects made with cast() sit
+    # in reference cycles, so they must not reach the arrays: they hold only plain functions
+    # of ``key``, and delete drops the one reference to the recorded state.
+    _states[key] = state
+    callbacks = [ctypes.cast(_bwd_functype(functools.partial(_backward, key)),
+                             ctypes.CFUNCTYPE(ctypes.c_int)),
+                 ctypes.cast(_del_functype(functools.partial(_delete, key)),
+                             ctypes.CFUNCTYPE(ctypes.c_int))]
     context = MXCallbackList(
         ctypes.c_int(len(callbacks)),
         ctypes.cast(c_array(ctypes.CFUNCTYPE(ctypes.c_int), callbacks),
                     ctypes.POINTER(ctypes.CFUNCTYPE(ctypes.c_int))),
         ctypes.cast(c_array(ctypes.c_void_p, [None] * len(callbacks)),
                     ctypes.POINTER(ctypes.c_void_p)))
-    _alive[key] = (context, callbacks, backward, delete)
+    _alive[key] = (context, callbacks)
     check_call(_LIB.MXCustomFunctionRecord(
         ctypes.c_int(len(nd_inputs)), c_handle_array(nd_inputs),
         ctypes.c_int(len(nd_outs)), c_handle_array(nd_outs), ctypes.byref(context)))
@@ -224,11 +251,24 @@ def call_function(op: CustomOperator, nd_inputs: list[mx.nd.NDArray],
 def call_custom(op: CustomOperator, nd_inputs: list[mx.nd.NDArray],
                 params: dict[str, Any]) -> list[mx.nd.NDArray]:
     attrs = {k: _params.encode(v) for k, v in params.items()}
-    outs = mx.nd.Custom(*nd_inputs, op_type=op.op_type, **attrs)
+    # create_operator runs on this thread within mx.nd.Custom and hands this call's record to
+    # the forward, so a failure is ours to raise even when MXNet loses or mixes it up.
+    call = errors.Call()
+    errors.calls.current = call
+    try:
+        outs = mx.nd.Custom(*nd_inputs, op_type=op.op_type, **attrs)
+    finally:
+        errors.calls.current = None
     outs = [outs] if isinstance(outs, mx.nd.NDArray) else list(outs)
     outs = outs[:op.num_outputs]
-    for o in outs:  # surface a forward error here, with its real type
-        o.wait_to_read()
+    try:
+        for o in outs:  # surface a forward error here, with its real type
+            o.wait_to_read()
+    except Exception:
+        if call.failure is None:
+            raise
+    if call.failure is not None:
+        raise call.failure
     return outs
 
 

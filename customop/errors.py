@@ -45,6 +45,18 @@ def mark(exc: BaseException) -> BaseException:
     return exc
 
 
+class Call:
+    """One imperative ``mx.nd.Custom`` call: where its forward leaves its own failure."""
+
+    __slots__ = ("failure",)
+
+    def __init__(self):
+        self.failure: BaseException | None = None
+
+
+calls = threading.local()  # .current: the Call being made on this thread, if any
+
+
 def stash(exc: BaseException) -> None:
     """Remember an exception raised on an MXNet worker thread."""
     with _lock:

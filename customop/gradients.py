@@ -41,9 +41,14 @@ def compute_all(op: CustomOperator, ans: Any, args: list[Any], g: Any,
 def _from_closure(op, i, ans, args, g, params):
     name = op.signature.inputs[i]
     try:
-        return op.grads[i](ans, *args, **params)(g)
+        grad = op.grads[i](ans, *args, **params)(g)
     except Exception as exc:
         raise errors.named(exc, op.op_type, f"gradient for input {name!r}") from None
+    if grad is None:  # a forgotten `return`, not a zero gradient
+        raise errors.mark(TypeError(
+            f"customop {op.op_type!r} (gradient for input {name!r}): the gradient closure "
+            "returned None; return the gradient (zeros for none)"))
+    return grad
 
 
 def _untraceable(op, argnums, how: str, cause: BaseException | str) -> BaseException:

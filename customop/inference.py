@@ -9,6 +9,7 @@ this for forwards that cannot run on placeholders.
 from __future__ import annotations
 
 import itertools
+import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -22,7 +23,18 @@ if TYPE_CHECKING:
     from .operator import CustomOperator
 
 Shape = tuple[int, ...]
-_placeholder_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="customop-infer")
+_placeholder_thread: ThreadPoolExecutor | None = None
+_placeholder_pid = 0
+
+
+def _infer_thread() -> ThreadPoolExecutor:
+    # Threads do not survive fork(): a child made after the parent inferred shapes would wait
+    # forever on the parent's thread, so each process makes its own on first use.
+    global _placeholder_thread, _placeholder_pid
+    if _placeholder_thread is None or _placeholder_pid != os.getpid():
+        _placeholder_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="customop-infer")
+        _placeholder_pid = os.getpid()
+    return _placeholder_thread
 
 
 @dataclass(frozen=True)
@@ -82,8 +94,7 @@ class Inference:
         if self.op.mode == "mxnet":
             # MXNet asks for shapes from inside an imperative call; NDArray ops issued on
             # that thread (while it records) corrupt its state, so run them on our own thread.
-            return _placeholder_thread.submit(self._run_off_thread, params, shapes,
-                                              dtypes).result()
+            return _infer_thread().submit(self._run_off_thread, params, shapes, dtypes).result()
         return self._run_here(params, shapes, dtypes)
 
     def _run_off_thread(self, params, shapes, dtypes) -> tuple[OutputMeta, ...]:

@@ -62,7 +62,7 @@ class CustomOperator:
         self.grads: dict[int, GradMaker] = {}
         self.inference = Inference(self)
         self._pkeys: dict[tuple, str] = {}
-        _register(self)
+        _register(self, named=name is not None)
         # One registered operator per set of absent optional inputs (MXNet's argument list
         # is fixed per op_type); this op is the one with every input present.
         self.variants: dict[frozenset[str], CustomOperator] = {}
@@ -481,7 +481,7 @@ def _count_returns(fn: Callable) -> int:
     return sizes.pop() if len(sizes) == 1 else 1
 
 
-def _register(op: CustomOperator) -> None:
+def _register(op: CustomOperator, named: bool) -> None:
     old = _REGISTRY.get(op.op_type)
     same = old is not None and (old.fn.__module__, old.fn.__qualname__) == (
         op.fn.__module__, op.fn.__qualname__)
@@ -489,9 +489,49 @@ def _register(op: CustomOperator) -> None:
         raise ValueError(
             f"customop name {op.op_type!r} is already used by "
             f"{old.fn.__module__}.{old.fn.__qualname__}; pass a different name= to @customop")
+    if old is not None and not named and _distinct(old.fn, op.fn):
+        raise errors.mark(ValueError(
+            f"customop {op.op_type!r}: another function of the same name is already registered "
+            f"({_made_by(old.fn)}; this one is {_made_by(op.fn)}); graphs, hybridized blocks "
+            "and mx.nd.Custom find an op by its name and would run only the last one: pass "
+            "name= to @customop to give each its own"))
     if old is None:
         prop.register(op.op_type, _REGISTRY)
     _REGISTRY[op.op_type] = op  # a redefinition (notebook re-run, reload) replaces the old one
+
+
+def _distinct(old: Callable, new: Callable) -> bool:
+    """Whether two same-named functions are different operators rather than a redefinition.
+
+    A re-run notebook cell or a reloaded module compiles new code (or the same code in a new
+    file): that replaces.  One factory called twice shares its code object, so only its
+    closure and defaults can differ; two lambdas of one file differ by their line.
+    """
+    if old is new:
+        return False
+    a, b = old.__code__, new.__code__
+    if a is b:
+        return not (_same_values(old.__defaults__, new.__defaults__)
+                    and _same_values(old.__kwdefaults__, new.__kwdefaults__)
+                    and _same_values([c.cell_contents for c in old.__closure__ or ()],
+                                     [c.cell_contents for c in new.__closure__ or ()]))
+    return a.co_filename == b.co_filename and a.co_firstlineno != b.co_firstlineno
+
+
+def _same_values(a: Any, b: Any) -> bool:
+    if a is b:
+        return True
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same_values(a[k], b[k]) for k in a)
+    if isinstance(a, list | tuple) and isinstance(b, list | tuple):
+        return len(a) == len(b) and all(_same_values(x, y) for x, y in zip(a, b))
+    literal = (bool, int, float, complex, str, bytes, type(None))
+    return type(a) is type(b) and isinstance(a, literal) and a == b
+
+
+def _made_by(fn: Callable) -> str:
+    code = fn.__code__
+    return f"{fn.__qualname__} at {code.co_filename}:{code.co_firstlineno}"
 
 
 def customop(mode: Mode, *, name: str | None = None, need_top_grad: bool = True,

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from .operator import CustomOperator
 
 _decoded: dict[tuple, dict[str, Any]] = {}
+_UNKNOWN = 2**31 - 1  # dimensions from here up are MXNet's -1 (unknown) read as unsigned
 
 
 def _decode_cached(kwargs: dict[str, str]) -> dict[str, Any]:
@@ -87,12 +88,28 @@ def register(op_type: str, registry: dict[str, CustomOperator]) -> None:
         def create_operator(self, ctx, shapes, dtypes):
             n = len(self.op.signature.inputs)  # MXNet also passes the output shapes
             shapes = tuple(tuple(int(d) for d in s) for s in shapes[:n])
+            self._guarded(self._check_known, shapes)
             dtypes = tuple(np.dtype(_DTYPE_MX_TO_NP[t]) for t in dtypes[:n])
             metas = self._guarded(self.op.inference.outputs, self.pkey, self.params,
                                   shapes, dtypes)
             if self.op.signature.aux:
                 auxstate.expect_update()
-            return _Op(self.op, self.params, [m.scalar for m in metas])
+            made = _Op(self.op, self.params, [m.scalar for m in metas])
+            made.call = getattr(errors.calls, "current", None)
+            return made
+
+        def _check_known(self, shapes):
+            # Legacy shapes read 0 as "unknown": a 0-size input reaches us as -1 seen unsigned
+            # (4294967295). Never allocate placeholders from that.
+            for name, shape in zip(self.op.signature.inputs, shapes):
+                if not all(0 < d < _UNKNOWN for d in shape):
+                    shown = tuple("?" if d >= _UNKNOWN else d for d in shape)
+                    raise errors.mark(ValueError(
+                        f"customop {self.op.op_type!r} (input {name!r}): MXNet passed shape "
+                        f"{shown} with an unknown ('?') or zero dimension; an empty (0-size) "
+                        "batch cannot go through mx.nd.Custom, symbols or hybridized blocks "
+                        "under MXNet's legacy shapes: skip empty batches there, or call the op "
+                        "on NDArrays outside a graph, where 0-size inputs work"))
 
         def _guarded(self, fn, *args):
             try:
@@ -115,6 +132,7 @@ class _Op(mx.operator.CustomOp):
         super().__init__()
         self.op, self.params, self.scalar = op, params, scalar
         self.saved: tuple | None = None
+        self.call: errors.Call | None = None
 
     def forward(self, is_train, req, in_data, out_data, aux):
         with auxstate.in_callback():
@@ -139,8 +157,12 @@ class _Op(mx.operator.CustomOp):
                 # copying every input and output a second time
                 self.saved = ([_data_ptr(a) for a in (*in_data, *out_data)], args, outs)
         except Exception as exc:
-            errors.stash(errors.named(exc, op.op_type, "forward"))
-            raise
+            exc = errors.named(exc, op.op_type, "forward")
+            if self.call is not None:
+                self.call.failure = exc  # raised by that call itself, never by another
+            else:
+                errors.stash(exc)
+            raise exc from None
 
     def _backward(self, req, out_grad, in_data, out_data, in_grad, aux):
         op, mode = self.op, self.op.mode_impl

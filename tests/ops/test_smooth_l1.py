@@ -130,8 +130,8 @@ def test_bad_input_names_the_op_and_the_argument(op, how):
             op(x, mx.nd.ones((2,))).wait_to_read()
         with pytest.raises(ValueError, match=r"ops\.smooth_l1: weight has shape"):
             op(x, mx.nd.ones((1,)), mx.nd.ones((3, 3))).wait_to_read()
-        with mx.autograd.record():
-            y = op(x, mx.nd.array([1.0]))
+    with mx.autograd.record():
+        y = op(x, mx.nd.array([1.0]))
     np.testing.assert_allclose(y.asnumpy(), 0.5)  # still usable
 
 
