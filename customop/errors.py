@@ -6,15 +6,27 @@ Check failed: ...callbacks[kCustomOp...]`` at the next synchronisation point.
 We keep the real exception and hand it back at that point by wrapping
 ``mxnet.base.get_last_ffi_error``, the one function through which every MXNet
 C API error reaches Python.
+
+MXNet's Python callbacks also print a traceback of every such failure
+(``Error in CustomOp.forward: ...``).  For our exceptions that text is
+dropped (the user sees ours once); a failure of someone else's ``CustomOp`` or
+``autograd.Function`` still prints, and leaves a marker in the queue so that
+its ``MXNetError`` is not swapped for one of our older, unread exceptions.
+An MXNet operator failing inside an ``'mxnet'``-mode forward is reported as a
+``ValueError`` (MXNet's text kept), as NumPy's errors are in ``'numpy'`` mode:
+one type for one mistake (and ``simple_bind`` does not rewrap it).
 """
 from __future__ import annotations
 
+import builtins
+import sys
 import threading
 from collections import deque
 
 import mxnet as mx
 
-_pending: deque[BaseException] = deque(maxlen=16)
+_FOREIGN = object()  # a failure of a callback that is not ours: MXNet's error stands
+_pending: deque[BaseException | object] = deque(maxlen=16)
 _lock = threading.Lock()
 _CALLBACK_FAILURES = ("params.info->callbacks[", "callbacks[kCustom", "CustomFunctionBwdFunc")
 
@@ -27,9 +39,14 @@ def named(exc: BaseException, op: str, where: str) -> BaseException:
     if getattr(exc, "_customop_named", False):
         return exc
     detail = str(exc.args[0]) if len(exc.args) == 1 else str(exc)
+    cls = type(exc)
+    if isinstance(exc, mx.base.MXNetError):
+        cls = ValueError  # an MXNet operator refused the values or shapes it was given
+        lines = [ln for ln in detail.strip().splitlines() if ln.strip()]
+        detail = lines[-1] if lines else detail
     msg = f"customop {op!r} ({where}): {type(exc).__name__}: {detail}"
     try:
-        new = type(exc)(msg)
+        new = cls(msg)
     except Exception:
         exc.add_note(f"raised in customop {op!r} ({where})")
         new = exc
@@ -71,7 +88,20 @@ def clear() -> None:
 def _take() -> BaseException | None:
     # Newest first: an older entry is one whose MXNetError was never read.
     with _lock:
-        return _pending.pop() if _pending else None
+        entry = _pending.pop() if _pending else None
+    return None if entry is _FOREIGN else entry
+
+
+def _print(*args, **kwargs):
+    # Stands in for print() inside mxnet.operator / mxnet.autograd, whose callbacks print
+    # "Error in ...: <traceback>" from within their except blocks.
+    exc = sys.exc_info()[1]
+    if exc is not None and args and str(args[0]).startswith("Error in "):
+        if getattr(exc, "_customop_named", False):
+            return  # ours: the caller gets it, named, once
+        with _lock:
+            _pending.append(_FOREIGN)
+    builtins.print(*args, **kwargs)
 
 
 _original = mx.base.get_last_ffi_error
@@ -90,6 +120,8 @@ def _get_last_ffi_error():
 def install() -> None:
     """Route worker-thread exceptions from our ops back to the caller (idempotent)."""
     mx.base.get_last_ffi_error = _get_last_ffi_error
+    mx.operator.print = _print
+    mx.autograd.print = _print
     try:
         from mxnet._ffi._ctypes import function as _ffi_function
     except ImportError:  # pragma: no cover - built without the ctypes FFI

@@ -115,8 +115,9 @@ def register(op_type: str, registry: dict[str, CustomOperator]) -> None:
             try:
                 return fn(*args)
             except Exception as exc:
-                errors.stash(errors.named(exc, self.op.op_type, "shape/type inference"))
-                raise
+                exc = errors.named(exc, self.op.op_type, "shape/type inference")
+                errors.stash(exc)
+                raise exc from None
 
     mx.operator.register(op_type)(Prop)
 

@@ -164,3 +164,70 @@ def test_bad_decorations_are_refused_early():
         @customop("numpy", aux={"stats": lambda x: x})
         def no_such_state(x, alpha=1.0):
             return x
+
+
+@customop("numpy")
+def add_np(x, y):
+    return x + y
+
+
+@customop("mxnet")
+def add_nd(x, y):
+    return x + y
+
+
+@pytest.mark.parametrize("op", [add_np, add_nd], ids=lambda o: o.mode)
+def test_one_bad_shape_is_one_exception_type_in_both_modes(op):
+    s = op(mx.sym.var("x"), mx.sym.var("y"))
+    with pytest.raises(ValueError, match=r"customop '.*add_n[pd]' \(shape inference"):
+        s.simple_bind(mx.cpu(), x=(2, 3), y=(4, 5))
+    with pytest.raises(ValueError, match=r"customop '.*add_n[pd]'"):
+        op(mx.nd.ones((2, 3)), mx.nd.ones((4, 5))).wait_to_read()
+    assert_usable()
+
+
+@pytest.mark.parametrize("how", ["custom", "symbol"])
+def test_a_graph_path_error_is_shown_once(how, capsys):
+    with pytest.raises(LabelError):
+        run_forward(explodes, how, np.ones(3, np.float32))
+    out = capsys.readouterr()
+    assert "Error in CustomOp.forward" not in out.out + out.err
+    assert "Traceback" not in out.out
+
+
+class _Fails(mx.operator.CustomOp):
+    def forward(self, is_train, req, in_data, out_data, aux):
+        raise KeyError("hand-written failure")
+
+
+@mx.operator.register("tests_handwritten_fails")
+class _FailsProp(mx.operator.CustomOpProp):
+    def list_arguments(self):
+        return ["x"]
+
+    def list_outputs(self):
+        return ["y"]
+
+    def infer_shape(self, in_shape):
+        return in_shape, in_shape, []
+
+    def create_operator(self, ctx, shapes, dtypes):
+        return _Fails()
+
+
+@customop("numpy", infer_shape=lambda x: x)
+def fails_when_run(x):
+    raise LabelError("our failure")
+
+
+def test_our_unread_error_is_never_handed_to_a_handwritten_op(capsys):
+    # Our op fails inside an executor whose output nobody reads ...
+    ex = fails_when_run(mx.sym.var("x")).bind(mx.cpu(), {"x": mx.nd.ones((3,))})
+    ex.forward()
+    # ... then someone else's CustomOp fails: its caller gets MXNet's own error, not ours.
+    with pytest.raises(mx.base.MXNetError):
+        mx.nd.Custom(mx.nd.ones((2,)), op_type="tests_handwritten_fails").asnumpy()
+    assert "hand-written failure" in capsys.readouterr().out  # MXNet still prints its dump
+    with pytest.raises(LabelError, match="our failure"):  # ours reaches whoever reads ours
+        ex.outputs[0].asnumpy()
+    assert_usable()
