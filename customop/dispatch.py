@@ -164,10 +164,11 @@ _counter = itertools.count()
 
 
 class _Recorded:
-    __slots__ = ("op", "args", "outs", "params", "aux")
+    __slots__ = ("op", "args", "outs", "params", "aux", "reader")
 
     def __init__(self, op, args, outs, params, aux):
         self.op, self.args, self.outs, self.params, self.aux = op, args, outs, params, aux
+        self.reader = threading.get_ident()  # records it, so runs (and reads) its backward
 
 
 def _backward(key, num_ograds, num_igrads, ptrs, reqs, is_train, _):
@@ -200,7 +201,7 @@ def _run_backward(state, num_ograds, num_igrads, ptrs, reqs):
             elif req in ("write", "inplace"):
                 dst[:] = 0
     except Exception as exc:
-        errors.stash(errors.named(exc, op.op_type, "backward"))
+        errors.stash(errors.named(exc, op.op_type, "backward"), state.reader)
         return False
     return True
 

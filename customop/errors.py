@@ -26,7 +26,8 @@ from collections import deque
 import mxnet as mx
 
 _FOREIGN = object()  # a failure of a callback that is not ours: MXNet's error stands
-_pending: deque[BaseException | object] = deque(maxlen=16)
+# (thread that will read it, exception or _FOREIGN), oldest first
+_pending: deque[tuple[int | None, BaseException | object]] = deque(maxlen=32)
 _lock = threading.Lock()
 _CALLBACK_FAILURES = ("params.info->callbacks[", "callbacks[kCustom", "CustomFunctionBwdFunc")
 
@@ -74,10 +75,14 @@ class Call:
 calls = threading.local()  # .current: the Call being made on this thread, if any
 
 
-def stash(exc: BaseException) -> None:
-    """Remember an exception raised on an MXNet worker thread."""
+def stash(exc: BaseException, reader: int | None = None) -> None:
+    """Remember an exception raised in an MXNet callback, for the thread that will read it.
+
+    ``reader``: the thread that bound or recorded the failing op (default: this one,
+    right for callbacks MXNet makes synchronously, such as shape inference).
+    """
     with _lock:
-        _pending.append(exc)
+        _pending.append((threading.get_ident() if reader is None else reader, exc))
 
 
 def clear() -> None:
@@ -86,10 +91,16 @@ def clear() -> None:
 
 
 def _take() -> BaseException | None:
-    # Newest first: an older entry is one whose MXNetError was never read.
+    # This thread's newest entry (an older one is an error nobody read); another thread's
+    # exceptions are never handed out here, and a foreign marker leaves MXNet's error.
+    me = threading.get_ident()
     with _lock:
-        entry = _pending.pop() if _pending else None
-    return None if entry is _FOREIGN else entry
+        for i in range(len(_pending) - 1, -1, -1):
+            reader, entry = _pending[i]
+            if entry is _FOREIGN or reader == me:
+                del _pending[i]
+                return None if entry is _FOREIGN else entry
+    return None
 
 
 def _print(*args, **kwargs):
@@ -100,7 +111,7 @@ def _print(*args, **kwargs):
         if getattr(exc, "_customop_named", False):
             return  # ours: the caller gets it, named, once
         with _lock:
-            _pending.append(_FOREIGN)
+            _pending.append((None, _FOREIGN))
     builtins.print(*args, **kwargs)
 
 

@@ -8,6 +8,7 @@ creation time, so redefining a function (a notebook cell re-run) takes effect.
 from __future__ import annotations
 
 import ctypes
+import threading
 from typing import TYPE_CHECKING, Any
 
 import mxnet as mx
@@ -96,6 +97,7 @@ def register(op_type: str, registry: dict[str, CustomOperator]) -> None:
                 auxstate.expect_update()
             made = _Op(self.op, self.params, [m.scalar for m in metas])
             made.call = getattr(errors.calls, "current", None)
+            made.reader = threading.get_ident()  # binds (or calls) it, so reads its errors
             return made
 
         def _check_known(self, shapes):
@@ -134,6 +136,7 @@ class _Op(mx.operator.CustomOp):
         self.op, self.params, self.scalar = op, params, scalar
         self.saved: tuple | None = None
         self.call: errors.Call | None = None
+        self.reader: int | None = None
 
     def forward(self, is_train, req, in_data, out_data, aux):
         with auxstate.in_callback():
@@ -162,7 +165,7 @@ class _Op(mx.operator.CustomOp):
             if self.call is not None:
                 self.call.failure = exc  # raised by that call itself, never by another
             else:
-                errors.stash(exc)
+                errors.stash(exc, self.reader)
             raise exc from None
 
     def _backward(self, req, out_grad, in_data, out_data, in_grad, aux):
@@ -190,5 +193,6 @@ class _Op(mx.operator.CustomOp):
                 elif r in ("write", "inplace"):
                     dst[:] = 0
         except Exception as exc:
-            errors.stash(errors.named(exc, op.op_type, "backward"))
-            raise
+            exc = errors.named(exc, op.op_type, "backward")
+            errors.stash(exc, self.reader)
+            raise exc from None

@@ -222,8 +222,14 @@ def fails_when_run(x):
 
 def test_our_unread_error_is_never_handed_to_a_handwritten_op(capsys):
     # Our op fails inside an executor whose output nobody reads ...
+    import time
+
+    from customop import errors
     ex = fails_when_run(mx.sym.var("x")).bind(mx.cpu(), {"x": mx.nd.ones((3,))})
     ex.forward()
+    deadline = time.monotonic() + 10
+    while not errors._pending and time.monotonic() < deadline:  # it has failed, unread
+        time.sleep(0.01)
     # ... then someone else's CustomOp fails: its caller gets MXNet's own error, not ours.
     with pytest.raises(mx.base.MXNetError):
         mx.nd.Custom(mx.nd.ones((2,)), op_type="tests_handwritten_fails").asnumpy()
