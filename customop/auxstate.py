@@ -45,16 +45,13 @@ def write_back(mode_name: str, dst: list[mx.nd.NDArray], values: list[Any],
                wait: bool) -> None:
     """Store the (possibly updated) aux values into MXNet's arrays.
 
-    ``'numpy'`` mode copies the host arrays back; ``'mxnet'`` mode updated the
-    NDArrays in place.  ``wait``: finish the writes now (on MXNet's worker threads
-    nothing else orders them).
+    ``'numpy'`` mode copies the host arrays back; in ``'mxnet'`` mode the values
+    are those NDArrays, updated in place.  ``wait``: finish the writes now (on
+    MXNet's worker threads nothing else orders them).
     """
     for nd, value in zip(dst, values):
         if mode_name == "numpy":
             nd[:] = np.asarray(value).reshape(nd.shape).astype(nd.dtype, copy=False)
-        elif value is not nd and isinstance(value, mx.nd.NDArray) and value.handle.value != \
-                nd.handle.value:
-            value.reshape(nd.shape).astype(nd.dtype).copyto(nd)
         if wait:
             nd.wait_to_read()
 

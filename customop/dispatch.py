@@ -127,23 +127,12 @@ def call_without_inputs(op: CustomOperator, params: dict[str, Any], ctx: mx.Cont
     return outs[0] if op.num_outputs == 1 else tuple(outs)
 
 
-def _run(op: CustomOperator, nd_inputs: list[mx.nd.NDArray], params: dict[str, Any]):
-    """Run the forward on mode arrays, storing aux updates; (mode args, mode outputs)."""
-    mode = op.mode_impl
-    args = [mode.from_nd(a) for a in nd_inputs]
-    outs = op.run_forward(args, params)
-    n = len(op.signature.inputs)
-    if op.signature.aux:
-        auxstate.write_back(op.mode, nd_inputs[n:], args[n:], wait=False)
-    return args, outs
-
-
 def call_direct(op: CustomOperator, nd_inputs: list[mx.nd.NDArray],
                 params: dict[str, Any]) -> list[mx.nd.NDArray]:
     mode = op.mode_impl
     ctx = nd_inputs[0].context
     with mx.autograd.pause(train_mode=mx.autograd.is_training()):
-        _, outs = _run(op, nd_inputs, params)
+        _, outs = op.forward_nd(nd_inputs, params, wait=False)
         return [_fresh(mode.to_nd(o, ctx), nd_inputs) for o in outs]
 
 
@@ -190,16 +179,7 @@ def _run_backward(state, num_ograds, num_igrads, ptrs, reqs):
             g = [mode.from_nd(NDArray(ctypes.cast(ptrs[i], NDArrayHandle), writable=False))
                  for i in range(num_ograds)]
             g = [v.reshape(o.shape) if op.mode == "numpy" else v for v, o in zip(g, outs)]
-        aux = [mode.from_nd(a) for a in state.aux]  # the states as they are now
-        grads = op.run_backward([*args, *aux], outs, g, state.params,
-                                [r != "null" for r in reqs])
-        if aux:
-            auxstate.write_back(op.mode, state.aux, aux, wait=True)
-        for dst, req, grad in zip(igrads, reqs, grads):
-            if grad is not None:
-                mode.assign(dst, req, grad)
-            elif req in ("write", "inplace"):
-                dst[:] = 0
+        op.backward_nd(args, state.aux, outs, g, state.params, reqs, igrads)
     except Exception as exc:
         errors.stash(errors.named(exc, op.op_type, "backward"), state.reader)
         return False
@@ -220,7 +200,7 @@ def call_function(op: CustomOperator, nd_inputs: list[mx.nd.NDArray],
     aux_nd = nd_inputs[n:]
     nd_inputs = nd_inputs[:n]
     with mx.autograd.pause(train_mode=mx.autograd.is_training()):
-        args, outs = _run(op, [*nd_inputs, *aux_nd], params)
+        args, outs = op.forward_nd([*nd_inputs, *aux_nd], params, wait=False)
         nd_outs = [_fresh(mode.to_nd(o, ctx), nd_inputs) for o in outs]
     # The closure outlives this call inside MXNet's graph node; holding the recorded outputs
     # themselves would tie the node to itself and it would never be freed.

@@ -13,7 +13,7 @@ from typing import Any, Literal
 import mxnet as mx
 import numpy as np
 
-from . import dispatch, errors, gradients, prop
+from . import auxstate, dispatch, errors, gradients, prop
 from . import params as _params
 from .inference import Inference
 from .modes import MODES
@@ -264,6 +264,40 @@ class CustomOperator:
             raise errors.named(exc, self.op_type, where) from None
         return self._check_outputs(result)
 
+    def forward_nd(self, arrays: list[mx.nd.NDArray], params: dict[str, Any],
+                   wait: bool) -> tuple[list[Any], list[Any]]:
+        """The forward on MXNet's arrays (inputs, then aux states), storing aux updates.
+
+        Returns the mode arrays it ran on and its outputs.  ``wait``: finish the aux
+        writes before returning (needed on MXNet's worker threads).
+        """
+        args = [self.mode_impl.from_nd(a) for a in arrays]
+        outs = self.run_forward(args, params)
+        n = len(self.signature.inputs)
+        if self.signature.aux:
+            auxstate.write_back(self.mode, arrays[n:], args[n:], wait)
+        return args, outs
+
+    def backward_nd(self, args: list[Any], aux: list[mx.nd.NDArray], outs: list[Any],
+                    out_grads: list[Any] | None, params: dict[str, Any], reqs: list[str],
+                    in_grads: list[mx.nd.NDArray]) -> None:
+        """Gradients into MXNet's buffers ``in_grads`` per ``reqs``, storing aux updates.
+
+        ``args`` are the inputs as mode arrays; the aux states are read as they are now.
+        Runs on MXNet's worker threads, so aux writes are finished before returning.
+        """
+        mode = self.mode_impl
+        states = [mode.from_nd(a) for a in aux]
+        grads = self.run_backward([*args, *states], outs, out_grads, params,
+                                  [r != "null" for r in reqs])
+        if aux:
+            auxstate.write_back(self.mode, aux, states, wait=True)
+        for dst, req, grad in zip(in_grads, reqs, grads):
+            if grad is not None:
+                mode.assign(dst, req, grad)
+            elif req in ("write", "inplace"):
+                dst[:] = 0
+
     def run_backward(self, args: list[Any], outs: list[Any], out_grads: list[Any] | None,
                      params: dict[str, Any], wanted: list[bool]) -> list[Any | None]:
         """Gradients for each input (``None`` means zero); see :mod:`customop.gradients`."""
@@ -286,10 +320,9 @@ class CustomOperator:
             raise self.error(TypeError, f"auxiliary state(s) {', '.join(self.signature.aux)} "
                              "missing; with arrays, pass them after the inputs (they are "
                              "updated in place). Only Symbol calls may leave them out.")
-        shapes = self.aux_shapes([self.mode_impl.shape(a) if not isinstance(a, mx.nd.NDArray)
-                                  else a.shape for a in arrays[:n]], params)
+        shapes = self.aux_shapes([np.shape(a) for a in arrays[:n]], params)
         for name, a, want in zip(self.signature.aux, arrays[n:], shapes):
-            got = tuple(a.shape) if hasattr(a, "shape") else np.shape(a)
+            got = np.shape(a)
             if got != tuple(want):
                 raise self.error(ValueError, f"auxiliary state {name!r} has shape {got}, but "
                                  f"for these inputs it must be {tuple(want)}")

@@ -149,13 +149,10 @@ class _Op(mx.operator.CustomOp):
     def _forward(self, is_train, req, in_data, out_data, aux):
         op, mode = self.op, self.op.mode_impl
         try:
-            args = [mode.from_nd(a) for a in in_data]
-            states = [mode.from_nd(a) for a in aux]
-            outs = op.run_forward([*args, *states], self.params)
+            args, outs = op.forward_nd([*in_data, *aux], self.params, wait=True)
+            args = args[:len(in_data)]
             for dst, r, value in zip(out_data, req, outs):
                 mode.assign(dst, r, value)
-            if aux:
-                auxstate.write_back(op.mode, aux, states, wait=True)
             if is_train and op.mode == "numpy":
                 # backward gets the same buffers again; keep the host copies instead of
                 # copying every input and output a second time
@@ -182,16 +179,7 @@ class _Op(mx.operator.CustomOp):
             if op.need_top_grad:
                 grads_in = [mode.as_scalar_view(v) if s else v
                             for v, s in zip((mode.from_nd(o) for o in out_grad), self.scalar)]
-            wanted = [r != "null" for r in req]
-            states = [mode.from_nd(a) for a in aux]
-            grads = op.run_backward([*args, *states], outs, grads_in, self.params, wanted)
-            if aux:
-                auxstate.write_back(op.mode, aux, states, wait=True)
-            for dst, r, grad in zip(in_grad, req, grads):
-                if grad is not None:
-                    mode.assign(dst, r, grad)
-                elif r in ("write", "inplace"):
-                    dst[:] = 0
+            op.backward_nd(args, aux, outs, grads_in, self.params, req, in_grad)
         except Exception as exc:
             exc = errors.named(exc, op.op_type, "backward")
             errors.stash(exc, self.reader)

@@ -271,90 +271,68 @@ def test_an_empty_batch_never_allocates_from_an_unknown_shape():
 
 
 # ---- item 3: the exception of the failure in front of you, never silence ---------------------
+# Two threads, each failing with its own exception type; the child prints how many calls got
+# the other's type ("wrong") or no error at all ("silent").  {make}: the op's decorator and
+# body; {start}: per-thread set-up; {call}: one failing call.
+TWO_FAILING_THREADS = """
+import threading
+import mxnet as mx
+from customop import customop
+from customop.dispatch import forced_path
+
+class AError(Exception):
+    pass
+
+class BError(Exception):
+    pass
+
+def make(exc_type, name):
+{make}
+    return fails
+
+ops = {{AError: make(AError, 'rel.a'), BError: make(BError, 'rel.b')}}
+wrong, silent = [], []
+
+def worker(exc_type):
+    op = ops[exc_type]
+{start}
+    for _ in range({n}):
+        try:
+{call}
+        except exc_type as exc:
+            assert op.op_type in str(exc)
+        except Exception as exc:
+            wrong.append(type(exc).__name__)
+        else:
+            silent.append(1)
+
+threads = [threading.Thread(target=worker, args=(t,)) for t in (AError, BError)]
+[t.start() for t in threads]
+[t.join() for t in threads]
+print('wrong', len(wrong), 'silent', len(silent), sorted(set(wrong)))
+"""
+
+
 def test_two_threads_failing_on_the_custom_path_each_get_their_own_error():
-    rc, out = run_child("""
-        import threading
-        import mxnet as mx
-        from customop import customop
-        from customop.dispatch import forced_path
-
-        class AError(Exception):
-            pass
-
-        class BError(Exception):
-            pass
-
-        def make(exc_type, name):
-            @customop('numpy', name=name)
-            def fails(x):
-                if float(x.sum()) != x.size:  # placeholders are ones: shapes infer fine
-                    raise exc_type('bad')
-                return x
-            return fails
-
-        ops = {AError: make(AError, 'rel.a'), BError: make(BError, 'rel.b')}
-        wrong, silent = [], []
-
-        def worker(exc_type):
-            op = ops[exc_type]
-            for _ in range(100):
-                try:
-                    with forced_path('custom'):
-                        op(mx.nd.zeros((3,))).wait_to_read()
-                except exc_type as exc:
-                    assert op.op_type in str(exc)
-                except Exception as exc:
-                    wrong.append(type(exc).__name__)
-                else:
-                    silent.append(1)
-
-        threads = [threading.Thread(target=worker, args=(t,)) for t in (AError, BError)]
-        [t.start() for t in threads]
-        [t.join() for t in threads]
-        print('wrong', len(wrong), 'silent', len(silent), sorted(set(wrong)))
-    """, timeout=120)
+    rc, out = run_child(TWO_FAILING_THREADS.format(n=100, start="", make="""
+    @customop('numpy', name=name)
+    def fails(x):
+        if float(x.sum()) != x.size:  # placeholders are ones: shapes infer fine
+            raise exc_type('bad')
+        return x""", call="""
+            with forced_path('custom'):
+                op(mx.nd.zeros((3,))).wait_to_read()"""), timeout=120)
     assert rc == 0 and "wrong 0 silent 0" in out, out[-3000:]
 
 
 def test_two_threads_failing_in_their_own_executors_each_read_their_own_error():
-    rc, out = run_child("""
-        import threading
-        import mxnet as mx
-        from customop import customop
-
-        class AError(Exception):
-            pass
-
-        class BError(Exception):
-            pass
-
-        def make(exc_type, name):
-            @customop('numpy', name=name, infer_shape=lambda x: x)
-            def fails(x):
-                raise exc_type('bad')
-            return fails
-
-        ops = {AError: make(AError, 'rel.ea'), BError: make(BError, 'rel.eb')}
-        wrong, silent = [], []
-
-        def worker(exc_type):
-            ex = ops[exc_type](mx.sym.var('x')).bind(mx.cpu(), {'x': mx.nd.ones((3,))})
-            for _ in range(60):
-                try:
-                    ex.forward()
-                    ex.outputs[0].asnumpy()
-                except exc_type:
-                    pass
-                except Exception as exc:
-                    wrong.append(type(exc).__name__)
-                else:
-                    silent.append(1)
-
-        threads = [threading.Thread(target=worker, args=(t,)) for t in (AError, BError)]
-        [t.start() for t in threads]
-        [t.join() for t in threads]
-        print('wrong', len(wrong), 'silent', len(silent), sorted(set(wrong)))
-    """, timeout=120)
+    rc, out = run_child(TWO_FAILING_THREADS.format(n=60, make="""
+    @customop('numpy', name=name, infer_shape=lambda x: x)
+    def fails(x):
+        raise exc_type('bad')""", start="""
+    ex = op(mx.sym.var('x')).bind(mx.cpu(), {'x': mx.nd.ones((3,))})""", call="""
+            ex.forward()
+            ex.outputs[0].asnumpy()"""), timeout=120)
     # Never the other thread's exception.  (A read that MXNet's engine lets through after a
     # failed forward of a bound executor is MXNet's: measured 11 of 120 here, see README.)
     assert rc == 0 and "wrong 0 silent" in out, out[-3000:]
