@@ -43,7 +43,7 @@ bench-dist: $(STAMP)
 
 # Two dist_sync workers + one server on 127.0.0.1, a decorated loss, Gluon's Trainer.
 dist-demo: $(STAMP)
-	$(PY) -m customop.launch -n 2 -s 1 --launcher local --timeout 300 \
+	$(PY) -m customop.distributed.launch -n 2 -s 1 --launcher local --timeout 300 \
 		$(PY) examples/dist_train.py --api gluon --kvstore dist_sync --center-loss 0.1
 
 clean:

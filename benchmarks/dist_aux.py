@@ -1,7 +1,7 @@
 """Cost of keeping aux states in sync (AuxSync, the kvstore round trip) next to the op's own cost.
 
 Runs the in-process rows itself, then starts itself as 2 ``dist_sync`` workers +
-1 server on 127.0.0.1 (``python -m customop.launch``) for the rest, and prints one
+1 server on 127.0.0.1 (``python -m customop.distributed.launch``) for the rest, and prints one
 table.  ``python benchmarks/dist_aux.py [--batch 256 --dim 512 --classes 10]``.
 """
 from __future__ import annotations
@@ -20,7 +20,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 import ops  # noqa: E402
-from customop.auxsync import AuxSync  # noqa: E402
+from customop.distributed.auxsync import AuxSync  # noqa: E402
 
 
 def median_ms(fn, reps):
@@ -92,8 +92,8 @@ def main():
     if args.worker:
         return worker(args)
     rows = in_process(args)
-    cmd = [sys.executable, "-m", "customop.launch", "-n", "2", "-s", "1", "--timeout", "300",
-           sys.executable, __file__, "--worker", *sys.argv[1:]]
+    cmd = [sys.executable, "-m", "customop.distributed.launch", "-n", "2", "-s", "1",
+           "--timeout", "300", sys.executable, __file__, "--worker", *sys.argv[1:]]
     out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=360,
                          env={**os.environ, "PYTHONPATH": str(ROOT)})
     if out.returncode != 0:

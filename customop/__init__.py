@@ -4,25 +4,14 @@
 MXNet CustomOp; ``op.def_grad(fn, argnum)`` attaches gradients;
 ``check_grad(op, *inputs)`` checks them against finite differences;
 ``imports``/``load_checkpoint`` reload saved graphs, importing their ops first.
+
+Importing this package changes nothing in MXNet or Python; what an operator
+needs from MXNet is installed when it is first used (see :mod:`customop.runtime`).
 """
-import os as _os
 from typing import Any
 
-from . import auxstate as _auxstate
-from . import errors as _errors
-from . import forking as _forking
-from . import loading as _loading
 from .loading import imports, load_checkpoint
 from .operator import CustomOperator, customop
-
-_errors.install()
-_forking.install()
-_auxstate.install()
-_loading._record_hand_registrations()
-if _os.environ.get("CUSTOMOP_LAUNCH_JOB") and _os.environ.get("DMLC_ROLE") == "worker":
-    from .launch import exit_on_error as _exit_on_error
-
-    _exit_on_error()  # a worker of ``python -m customop.launch`` that raises exits 1, not hangs
 
 __all__ = ["customop", "CustomOperator", "check_grad", "imports", "load_checkpoint"]
 __version__ = "0.1.0"

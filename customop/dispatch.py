@@ -11,7 +11,12 @@
   its forward is differentiable ``mx.nd`` code, so it simply runs recorded
   (no callback, no second forward in backward).
 * ``custom``: ``mx.nd.Custom`` through the registered CustomOpProp: what
-  symbols and hybridized graphs use.
+  symbols and hybridized graphs use.  A recorded op with auxiliary states
+  always takes this path: its aux arrays are then inputs of MXNet's graph
+  node, so a backward can be waited for (see ``aux`` in :mod:`customop.runtime`).
+
+Calls with Symbols build a ``Custom`` node; calls with NumPy arrays just run the
+forward.
 
 :func:`forced_path` pins one path (tests prove them equivalent; benchmarks
 compare them).
@@ -31,7 +36,7 @@ import numpy as np
 from mxnet.base import _LIB, MXCallbackList, NDArrayHandle, c_array, c_handle_array, check_call
 from mxnet.ndarray import NDArray
 
-from . import auxstate, errors
+from . import errors, kernel, runtime
 from . import params as _params
 from .modes import NumpyMode
 
@@ -74,16 +79,19 @@ def choose(recording: bool, native: bool = False) -> str:
     return "native" if native else "function"
 
 
+_PLAIN = (np.ndarray, np.generic, bool, int, float)
+
+
 def to_ndarrays(op: CustomOperator, inputs: list[Any]) -> list[mx.nd.NDArray]:
     ctx = next(a.context for a in inputs if isinstance(a, mx.nd.NDArray))
     out = []
     for name, a in zip(op.signature.arrays, inputs):
         if isinstance(a, mx.nd.NDArray):
             out.append(a)
-        elif isinstance(a, mx.sym.Symbol) or not isinstance(
-                a, np.ndarray | np.generic | bool | int | float):
-            raise op.error(TypeError, f"input {name!r} is a {type(a).__name__}; pass "
-                           "mx.nd.NDArray (or numpy arrays) like the other inputs")
+        elif isinstance(a, mx.sym.Symbol) or not isinstance(a, _PLAIN):
+            raise errors.op_error(op.op_type, TypeError, (
+                f"input {name!r} is a {type(a).__name__}; pass mx.nd.NDArray (or numpy arrays) "
+                "like the other inputs"))
         else:
             arr = np.asarray(a)
             if isinstance(a, float):
@@ -94,14 +102,17 @@ def to_ndarrays(op: CustomOperator, inputs: list[Any]) -> list[mx.nd.NDArray]:
 
 def call_ndarray(op: CustomOperator, inputs: list[Any], params: dict[str, Any]) -> Any:
     nd_inputs = to_ndarrays(op, inputs)
-    op.check_aux(nd_inputs, params)
+    kernel.check_aux(op, nd_inputs, params)
     recording = mx.autograd.is_recording()
     path = choose(recording, op.records_natively)
     if path == "direct" and recording:
-        raise op.error(RuntimeError, "forced_path('direct') inside mx.autograd.record() would "
-                       "leave the op out of the graph; use 'function' or 'custom' there")
+        raise errors.op_error(op.op_type, RuntimeError, (
+            "forced_path('direct') inside mx.autograd.record() would leave the op out of the "
+            "graph; use 'function' or 'custom' there"))
     if op.signature.aux and path != "direct":
-        auxstate.expect_update()
+        path = "custom"  # the aux arrays must be inputs of MXNet's node (see the module doc)
+    if path != "direct":
+        runtime.use()
     if path == "direct":
         outs = call_direct(op, nd_inputs, params)
     elif path == "function":
@@ -116,6 +127,7 @@ def call_ndarray(op: CustomOperator, inputs: list[Any], params: dict[str, Any]) 
 def call_without_inputs(op: CustomOperator, params: dict[str, Any], ctx: mx.Context) -> Any:
     """An operator with no array inputs (a generator): its outputs, on ``ctx``."""
     if getattr(_forced, "path", None) == "custom":
+        runtime.use()
         attrs = {k: _params.encode(v) for k, v in params.items()}
         outs = mx.nd.Custom(op_type=op.op_type, **attrs)
         outs = [outs] if isinstance(outs, mx.nd.NDArray) else list(outs)
@@ -123,7 +135,7 @@ def call_without_inputs(op: CustomOperator, params: dict[str, Any], ctx: mx.Cont
     else:
         mode = op.mode_impl
         with ctx, mx.autograd.pause(train_mode=mx.autograd.is_training()):
-            outs = [mode.to_nd(o, ctx) for o in op.run_forward([], params)]
+            outs = [mode.to_nd(o, ctx) for o in kernel.run_forward(op, [], params)]
     return outs[0] if op.num_outputs == 1 else tuple(outs)
 
 
@@ -132,13 +144,13 @@ def call_direct(op: CustomOperator, nd_inputs: list[mx.nd.NDArray],
     mode = op.mode_impl
     ctx = nd_inputs[0].context
     with mx.autograd.pause(train_mode=mx.autograd.is_training()):
-        _, outs = op.forward_nd(nd_inputs, params, wait=False)
+        _, outs = kernel.forward_nd(op, nd_inputs, params, wait=False)
         return [_fresh(mode.to_nd(o, ctx), nd_inputs) for o in outs]
 
 
 def call_native(op: CustomOperator, nd_inputs: list[mx.nd.NDArray],
                 params: dict[str, Any]) -> list[mx.nd.NDArray]:
-    outs = op.run_forward(list(nd_inputs), params)
+    outs = kernel.run_forward(op, list(nd_inputs), params)
     return [_fresh(o, nd_inputs) for o in outs]
 
 
@@ -164,8 +176,7 @@ def _backward(key, num_ograds, num_igrads, ptrs, reqs, is_train, _):
     state = _states.get(key)
     if state is None:
         return False
-    with auxstate.in_callback():
-        return _run_backward(state, num_ograds, num_igrads, ptrs, reqs)
+    return _run_backward(state, num_ograds, num_igrads, ptrs, reqs)
 
 
 def _run_backward(state, num_ograds, num_igrads, ptrs, reqs):
@@ -179,16 +190,18 @@ def _run_backward(state, num_ograds, num_igrads, ptrs, reqs):
             g = [mode.from_nd(NDArray(ctypes.cast(ptrs[i], NDArrayHandle), writable=False))
                  for i in range(num_ograds)]
             g = [v.reshape(o.shape) if op.mode == "numpy" else v for v, o in zip(g, outs)]
-        op.backward_nd(args, state.aux, outs, g, state.params, reqs, igrads)
+        kernel.backward_nd(op, args, state.aux, outs, g, state.params, reqs, igrads)
     except Exception as exc:
-        errors.stash(errors.named(exc, op.op_type, "backward"), state.reader)
+        errors.report(errors.ours(exc, op.op_type, "backward"), state.reader)
         return False
     return True
 
 
-def _delete(key, _):
-    _states.pop(key, None)
-    _alive.pop(key, None)
+def _delete(key, _, states=_states, alive=_alive):
+    # The tables are bound as defaults: MXNet may free a node while the interpreter shuts
+    # down, after this module's globals are gone.
+    states.pop(key, None)
+    alive.pop(key, None)
     return True
 
 
@@ -200,7 +213,7 @@ def call_function(op: CustomOperator, nd_inputs: list[mx.nd.NDArray],
     aux_nd = nd_inputs[n:]
     nd_inputs = nd_inputs[:n]
     with mx.autograd.pause(train_mode=mx.autograd.is_training()):
-        args, outs = op.forward_nd([*nd_inputs, *aux_nd], params, wait=False)
+        args, outs = kernel.forward_nd(op, [*nd_inputs, *aux_nd], params, wait=False)
         nd_outs = [_fresh(mode.to_nd(o, ctx), nd_inputs) for o in outs]
     # The closure outlives this call inside MXNet's graph node; holding the recorded outputs
     # themselves would tie the node to itself and it would never be freed.
@@ -232,16 +245,18 @@ def call_function(op: CustomOperator, nd_inputs: list[mx.nd.NDArray],
 def call_custom(op: CustomOperator, nd_inputs: list[mx.nd.NDArray],
                 params: dict[str, Any]) -> list[mx.nd.NDArray]:
     attrs = {k: _params.encode(v) for k, v in params.items()}
-    # create_operator runs on this thread within mx.nd.Custom and hands this call's record to
-    # the forward, so a failure is ours to raise even when MXNet loses or mixes it up.
-    call = errors.Call()
-    errors.calls.current = call
+    # The operator MXNet creates for this call finds its failure record by this key, so a
+    # failure is ours to raise even when MXNet loses or mixes it up.
+    key, call = errors.open_call()
+    attrs[errors.CALL_KEY] = key
     try:
         outs = mx.nd.Custom(*nd_inputs, op_type=op.op_type, **attrs)
     finally:
-        errors.calls.current = None
+        errors.close_call(key)
     outs = [outs] if isinstance(outs, mx.nd.NDArray) else list(outs)
     outs = outs[:op.num_outputs]
+    if op.signature.aux:
+        runtime.note_recorded_aux(nd_inputs[len(op.signature.inputs):])
     try:
         for o in outs:  # surface a forward error here, with its real type
             o.wait_to_read()
@@ -251,6 +266,48 @@ def call_custom(op: CustomOperator, nd_inputs: list[mx.nd.NDArray],
     if call.failure is not None:
         raise call.failure
     return outs
+
+
+def call_symbol(op: CustomOperator, arrays: list[Any], params: dict[str, Any],
+                node_name: str | None) -> Any:
+    """A ``Custom`` node over Symbol inputs; aux states left out become zero-filled variables."""
+    for name, a in zip(op.signature.arrays, arrays):
+        if not isinstance(a, mx.sym.Symbol):
+            raise errors.op_error(op.op_type, TypeError, (
+                f"input {name!r} is a {type(a).__name__}, but other inputs are mx.sym.Symbol; "
+                "make every input a Symbol (e.g. mx.sym.Variable)"))
+    attrs = {k: _params.encode(v) for k, v in params.items()}
+    if len(arrays) < len(op.signature.arrays):
+        # MXNet takes Symbols passed after the arguments as the auxiliary states; ours
+        # carry a zero initializer so that Module.init_params accepts their names.
+        node_name = mx.name.NameManager.current.get(node_name, "custom")
+        arrays = [*arrays, *[mx.sym.Variable(f"{node_name}_{a}", init=mx.init.Zero())
+                             for a in op.signature.aux]]
+        with mx.name.NameManager():
+            sym = mx.sym.Custom(*arrays, op_type=op.op_type, name=node_name, **attrs)
+    else:
+        if node_name is not None:
+            attrs["name"] = node_name
+        sym = mx.sym.Custom(*arrays, op_type=op.op_type, **attrs)
+    return sym if op.num_outputs == 1 else tuple(sym[i] for i in range(op.num_outputs))
+
+
+def call_numpy(op: CustomOperator, inputs: list[Any], params: dict[str, Any]) -> Any:
+    """NumPy inputs: just the forward (aux states, given as NumPy arrays, updated in place)."""
+    kernel.check_aux(op, inputs, params)
+    for name, a in zip(op.signature.arrays, inputs):
+        if not isinstance(a, _PLAIN):
+            raise errors.op_error(op.op_type, TypeError, (
+                f"input {name!r} is a {type(a).__name__}; pass numpy arrays, mx.nd.NDArray or "
+                "mx.sym.Symbol"))
+    mode = op.mode_impl
+    args = [mode.from_numpy(np.asarray(a)) for a in inputs]
+    outs = [mode.to_numpy(o) for o in kernel.run_forward(op, args, params)]
+    n = len(op.signature.inputs)
+    for a, new in zip(inputs[n:], args[n:]):
+        if isinstance(a, np.ndarray):
+            a[...] = mode.to_numpy(new).reshape(a.shape)
+    return outs[0] if op.num_outputs == 1 else tuple(outs)
 
 
 def _detached(values: list[Any]) -> list[Any]:

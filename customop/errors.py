@@ -1,88 +1,164 @@
-"""Errors that name the operator, and getting them out of MXNet's worker threads.
+"""How a failure inside an operator reaches the person who called it, naming the operator.
 
-MXNet runs CustomOp ``forward``/``backward`` (and ``autograd.Function``
-backward) on worker threads; an exception there becomes a bare ``MXNetError:
-Check failed: ...callbacks[kCustomOp...]`` at the next synchronisation point.
-We keep the real exception and hand it back at that point by wrapping
-``mxnet.base.get_last_ffi_error``, the one function through which every MXNet
-C API error reaches Python.
+Three kinds of failure, one rule each:
 
-MXNet's Python callbacks also print a traceback of every such failure
-(``Error in CustomOp.forward: ...``).  For our exceptions that text is
-dropped (the user sees ours once); a failure of someone else's ``CustomOp`` or
-``autograd.Function`` still prints, and leaves a marker in the queue so that
-its ``MXNetError`` is not swapped for one of our older, unread exceptions.
-An MXNet operator failing inside an ``'mxnet'``-mode forward is reported as a
-``ValueError`` (MXNet's text kept), as NumPy's errors are in ``'numpy'`` mode:
-one type for one mistake (and ``simple_bind`` does not rewrap it).
+* An exception raised by user code (a forward, a gradient closure, a shape
+  function) stays the **same object**, with its type and attributes; the
+  operator and the place are written into its message once (:func:`attach`),
+  unless the message already names the operator.
+* An ``MXNetError`` from an MXNet operator that a forward called is reported as
+  a ``ValueError`` naming the operator, keeping MXNet's whole message (minus its
+  C++ stack) and chaining the original (:func:`from_mxnet`).
+* A failure on one of MXNet's worker threads (graph forward/backward) becomes a
+  bare ``MXNetError`` at the next synchronisation point.  The failure record
+  travels with the call: an ``mx.nd.Custom`` call hands its :class:`Call` to
+  the operator it creates (by a key in its attributes); a bound or recorded op
+  carries the thread that bound or recorded it and queues its failure for that
+  thread (:func:`report`).  :func:`swap_in` hands it back in place of MXNet's
+  error; :mod:`customop.runtime` installs that hook, lazily.
 """
 from __future__ import annotations
 
-import builtins
-import sys
+import itertools
+import re
 import threading
 from collections import deque
+from typing import Any
 
-import mxnet as mx
-
-_FOREIGN = object()  # a failure of a callback that is not ours: MXNet's error stands
-# (thread that will read it, exception or _FOREIGN), oldest first
+FOREIGN = object()  # a failure of a callback that is not ours: MXNet's error stands
 _pending: deque[tuple[int | None, BaseException | object]] = deque(maxlen=32)
 _lock = threading.Lock()
+_raised: deque[BaseException] = deque(maxlen=64)  # what our callbacks raised, newest last
 _CALLBACK_FAILURES = ("params.info->callbacks[", "callbacks[kCustom", "CustomFunctionBwdFunc")
 
 
-def named(exc: BaseException, op: str, where: str) -> BaseException:
-    """Return an exception of ``exc``'s type whose message names op and place.
+def op_error(op_type: str, cls: type, msg: str) -> BaseException:
+    """A new exception of ``cls`` whose message starts by naming the operator."""
+    return cls(f"customop {op_type!r}: {msg}")
 
-    Exceptions we raise ourselves already name the operator and are returned as is.
+
+def names_op(text: str, op_type: str) -> bool:
+    # An op's own checks name it by its base op_type (without ~variant or .numpy/.mxnet).
+    base = op_type.split("~")[0]
+    for suffix in (".numpy", ".mxnet"):
+        if base.endswith(suffix):
+            base = base[: -len(suffix)]
+    return base in text
+
+
+def attach(exc: BaseException, op_type: str, where: str) -> BaseException:
+    """Write ``customop '<op_type>' (<where>)`` into ``exc``'s message, once; return ``exc``.
+
+    The exception keeps its identity, type and attributes.  Its first argument
+    is prefixed when it is the message; otherwise the text is added as a note
+    (Python 3.11+) or, for a plain exception, as the message's first line.
     """
-    if getattr(exc, "_customop_named", False):
+    if names_op(str(exc), op_type):
         return exc
-    detail = str(exc.args[0]) if len(exc.args) == 1 else str(exc)
-    cls = type(exc)
-    if isinstance(exc, mx.base.MXNetError):
-        cls = ValueError  # an MXNet operator refused the values or shapes it was given
-        lines = [ln for ln in detail.strip().splitlines() if ln.strip()]
-        detail = lines[-1] if lines else detail
-    msg = f"customop {op!r} ({where}): {type(exc).__name__}: {detail}"
-    try:
-        new = cls(msg)
-    except Exception:
-        exc.add_note(f"raised in customop {op!r} ({where})")
-        new = exc
-    else:
-        new.__cause__ = exc
-        new.__traceback__ = exc.__traceback__
-    new._customop_named = True
-    return new
-
-
-def mark(exc: BaseException) -> BaseException:
-    exc._customop_named = True
+    prefix = f"customop {op_type!r} ({where})"
+    args = exc.args
+    if args and isinstance(args[0], str) and not isinstance(exc, KeyError):
+        exc.args = (f"{prefix}: {args[0]}", *args[1:])
+    elif hasattr(exc, "add_note"):
+        exc.add_note(f"raised in {prefix}")
+    elif type(exc).__str__ is BaseException.__str__:
+        exc.args = (f"{prefix}: {', '.join(map(repr, args))}",) if args else (prefix,)
     return exc
 
 
+def add_context(exc: BaseException, text: str) -> None:
+    """Add a line of context to ``exc``'s message (same object), or a note where it has none."""
+    if exc.args and isinstance(exc.args[0], str) and not isinstance(exc, KeyError):
+        exc.args = (f"{exc.args[0]}\n{text}", *exc.args[1:])
+    elif hasattr(exc, "add_note"):
+        exc.add_note(text)
+
+
+def mxnet_text(exc: BaseException) -> str:
+    """MXNet's message without its stack trace: every line that says what went wrong."""
+    keep = []
+    for line in str(exc).splitlines():
+        stripped = line.strip()
+        if (not stripped or stripped.startswith(("Traceback", "File \"", "[bt]", "Stack trace"))
+                or re.match(r"^\d+: ", stripped)):
+            continue
+        keep.append(re.sub(r"^(MXNetError: )+", "", stripped))
+    return "\n".join(keep) or str(exc)
+
+
+def from_mxnet(exc: BaseException, op_type: str, where: str) -> BaseException:
+    """An MXNet operator refused what a forward gave it: a ValueError naming op and place.
+
+    The caller raises it ``from exc``, so MXNet's own error stays attached.
+    """
+    new = ValueError(f"customop {op_type!r} ({where}): an MXNet operator failed: "
+                     f"{mxnet_text(exc)}")
+    new.__cause__ = exc
+    return new
+
+
+def ours(exc: BaseException, op_type: str, where: str) -> BaseException:
+    """The exception to raise for ``exc`` raised while running ``op_type`` (see module doc)."""
+    import mxnet as mx  # only this conversion needs MXNet's error type
+
+    if isinstance(exc, mx.base.MXNetError):
+        return from_mxnet(exc, op_type, where)
+    return attach(exc, op_type, where)
+
+
 class Call:
-    """One imperative ``mx.nd.Custom`` call: where its forward leaves its own failure."""
+    """One ``mx.nd.Custom`` call: where the operator it creates leaves its forward's failure."""
 
     __slots__ = ("failure",)
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.failure: BaseException | None = None
 
 
-calls = threading.local()  # .current: the Call being made on this thread, if any
+CALL_KEY = "_customop_call"  # the attribute that carries a Call's key to the created operator
+_calls: dict[str, Call] = {}
+_call_ids = itertools.count()
 
 
-def stash(exc: BaseException, reader: int | None = None) -> None:
-    """Remember an exception raised in an MXNet callback, for the thread that will read it.
+def open_call() -> tuple[str, Call]:
+    """A new :class:`Call` and the key that an ``mx.nd.Custom`` call passes as ``CALL_KEY``."""
+    key = str(next(_call_ids))
+    call = _calls[key] = Call()
+    return key, call
 
-    ``reader``: the thread that bound or recorded the failing op (default: this one,
-    right for callbacks MXNet makes synchronously, such as shape inference).
-    """
+
+def take_call(key: str | None) -> Call | None:
+    """The :class:`Call` opened under ``key`` (once; None for an unknown key)."""
+    return None if key is None else _calls.pop(key, None)
+
+
+def close_call(key: str) -> None:
+    _calls.pop(key, None)
+
+
+def report(exc: BaseException, reader: int | None = None) -> None:
+    """Queue a worker-thread failure for the thread that will read it (default: this one)."""
     with _lock:
         _pending.append((threading.get_ident() if reader is None else reader, exc))
+        _raised.append(exc)
+
+
+def record(call: Call, exc: BaseException) -> None:
+    """Give a failure to the ``mx.nd.Custom`` call that made the operator."""
+    call.failure = exc
+    with _lock:
+        _raised.append(exc)
+
+
+def report_foreign() -> None:
+    """Someone else's callback failed: the next reader of a callback failure gets MXNet's."""
+    with _lock:
+        _pending.append((None, FOREIGN))
+
+
+def pending() -> int:
+    with _lock:
+        return len(_pending)
 
 
 def clear() -> None:
@@ -97,30 +173,15 @@ def _take() -> BaseException | None:
     with _lock:
         for i in range(len(_pending) - 1, -1, -1):
             reader, entry = _pending[i]
-            if entry is _FOREIGN or reader == me:
+            if entry is FOREIGN or reader == me:
                 del _pending[i]
-                return None if entry is _FOREIGN else entry
+                return None if entry is FOREIGN else entry  # type: ignore[return-value]
     return None
 
 
-def _print(*args, **kwargs):
-    # Stands in for print() inside mxnet.operator / mxnet.autograd, whose callbacks print
-    # "Error in ...: <traceback>" from within their except blocks.
-    exc = sys.exc_info()[1]
-    if exc is not None and args and str(args[0]).startswith("Error in "):
-        if getattr(exc, "_customop_named", False):
-            return  # ours: the caller gets it, named, once
-        with _lock:
-            _pending.append((None, _FOREIGN))
-    builtins.print(*args, **kwargs)
-
-
-_original = mx.base.get_last_ffi_error
-
-
-def _get_last_ffi_error():
-    err = _original()
-    if isinstance(err, mx.base.MXNetError) and any(s in str(err) for s in _CALLBACK_FAILURES):
+def swap_in(err: Any) -> Any:
+    """Our queued failure in place of MXNet's bare callback error ``err`` (else ``err``)."""
+    if any(s in str(err) for s in _CALLBACK_FAILURES):
         real = _take()
         if real is not None:
             real.__context__ = err
@@ -128,13 +189,7 @@ def _get_last_ffi_error():
     return err
 
 
-def install() -> None:
-    """Route worker-thread exceptions from our ops back to the caller (idempotent)."""
-    mx.base.get_last_ffi_error = _get_last_ffi_error
-    mx.operator.print = _print
-    mx.autograd.print = _print
-    try:
-        from mxnet._ffi._ctypes import function as _ffi_function
-    except ImportError:  # pragma: no cover - built without the ctypes FFI
-        return
-    _ffi_function.get_last_ffi_error = _get_last_ffi_error
+def is_ours(exc: BaseException | None) -> bool:
+    """Whether a callback's exception is one this package reported (by identity)."""
+    with _lock:
+        return exc is not None and any(e is exc for e in _raised)

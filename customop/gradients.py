@@ -43,18 +43,22 @@ def _from_closure(op, i, ans, args, g, params):
     try:
         grad = op.grads[i](ans, *args, **params)(g)
     except Exception as exc:
-        raise errors.named(exc, op.op_type, f"gradient for input {name!r}") from None
+        new = errors.ours(exc, op.op_type, f"gradient for input {name!r}")
+        if new is exc:
+            raise
+        raise new from exc
     if grad is None:  # a forgotten `return`, not a zero gradient
-        raise errors.mark(TypeError(
+        raise TypeError(
             f"customop {op.op_type!r} (gradient for input {name!r}): the gradient closure "
-            "returned None; return the gradient (zeros for none)"))
+            "returned None; return the gradient (zeros for none)")
     return grad
 
 
 def _untraceable(op, argnums, how: str, cause: BaseException | str) -> BaseException:
     names = ", ".join(repr(op.signature.inputs[i]) for i in argnums)
-    return op.error(TypeError, f"cannot compute an automatic gradient for input(s) {names}: "
-                    f"{cause}. {how} or register a gradient with def_grad.")
+    return errors.op_error(op.op_type, TypeError, (
+        f"cannot compute an automatic gradient for input(s) {names}: {cause}. {how} or register "
+        "a gradient with def_grad."))
 
 
 _NUMPY_HOW = ("Write the forward with `import autograd.numpy as np` "
@@ -68,7 +72,7 @@ def _numpy_vjp(op, argnums, ans, args, g, params):
     def traced(*xs):
         out = op.fn(*_substituted(args, argnums, xs), **params)
         # A plain tuple of boxes is invisible to the tracer; autograd's own tuple is not.
-        return autograd.builtins.tuple(out) if isinstance(out, tuple | list) else out
+        return autograd.builtins.tuple(out) if isinstance(out, (tuple, list)) else out
 
     heads = _ones_like_outputs(ans) if g is None else g
     try:
@@ -81,7 +85,7 @@ def _numpy_vjp(op, argnums, ans, args, g, params):
         raise _untraceable(op, argnums, _NUMPY_HOW, f"the output does not depend on them "
                            f"through autograd.numpy ({w})") from None
     except Exception as exc:
-        if getattr(exc, "_customop_named", False):
+        if errors.names_op(str(exc), op.op_type):
             raise
         raise _untraceable(op, argnums, _NUMPY_HOW, f"{type(exc).__name__}: {exc}") from exc
     return [np.asarray(x) for x in found]
@@ -95,15 +99,18 @@ def _mxnet_vjp(op, argnums, ans, args, g, params):
     try:
         with mx.autograd.record():
             outs = op.fn(*_substituted(args, argnums, xs), **params)
-        outs = list(outs) if isinstance(outs, tuple | list) else [outs]
+        outs = list(outs) if isinstance(outs, (tuple, list)) else [outs]
         heads = [mx.nd.ones_like(o) for o in outs] if g is None else (
-            list(g) if isinstance(g, tuple | list) else [g])
+            list(g) if isinstance(g, (tuple, list)) else [g])
         mx.autograd.backward(outs, head_grads=heads)
         return [x.grad for x in xs]
     except mx.base.MXNetError as exc:
-        raise _untraceable(op, argnums, how, str(exc).strip().splitlines()[-1]) from exc
+        raise _untraceable(op, argnums, how, errors.mxnet_text(exc)) from exc
     except Exception as exc:
-        raise errors.named(exc, op.op_type, "automatic gradient") from None
+        new = errors.ours(exc, op.op_type, "automatic gradient")
+        if new is exc:
+            raise
+        raise new from exc
 
 
 def _substituted(args, argnums, xs):

@@ -12,17 +12,17 @@ import itertools
 import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Tuple  # noqa: UP035 - Tuple: see Shape
 
 import mxnet as mx
 import numpy as np
 
-from . import auxstate
+from . import errors, kernel
 
 if TYPE_CHECKING:
     from .operator import CustomOperator
 
-Shape = tuple[int, ...]
+Shape = Tuple[int, ...]  # noqa: UP006 - evaluated at run time on Python 3.8
 _placeholder_thread: ThreadPoolExecutor | None = None
 _placeholder_pid = 0
 
@@ -94,12 +94,8 @@ class Inference:
         if self.op.mode == "mxnet":
             # MXNet asks for shapes from inside an imperative call; NDArray ops issued on
             # that thread (while it records) corrupt its state, so run them on our own thread.
-            return _infer_thread().submit(self._run_off_thread, params, shapes, dtypes).result()
+            return _infer_thread().submit(self._run_here, params, shapes, dtypes).result()
         return self._run_here(params, shapes, dtypes)
-
-    def _run_off_thread(self, params, shapes, dtypes) -> tuple[OutputMeta, ...]:
-        with auxstate.in_callback():  # the caller is inside MXNet and waits for us
-            return self._run_here(params, shapes, dtypes)
 
     def _run_here(self, params, shapes, dtypes) -> tuple[OutputMeta, ...]:
         mode = self.op.mode_impl
@@ -107,9 +103,10 @@ class Inference:
         if self.op.signature.aux:  # scratch states: whatever the forward writes is dropped
             aux_dtype = dtypes[0] if dtypes else np.dtype(np.float32)
             args += [mode.placeholder(s, aux_dtype)
-                     for s in self.op.aux_shapes(list(shapes), params)]
+                     for s in kernel.aux_shapes(self.op, list(shapes), params)]
         with np.errstate(all="ignore"), mx.autograd.pause():
-            outs = self.op.run_forward(args, params, where="shape inference on placeholder inputs")
+            outs = kernel.run_forward(self.op, args, params,
+                                      where="shape inference on placeholder inputs")
         metas = [OutputMeta.of(mode.shape(o), mode.dtype(o)) for o in outs]
         if self.op.user_infer_type is not None:
             out_dtypes = self.dtypes_only(params, dtypes)
@@ -131,17 +128,17 @@ class Inference:
                     first_error = first_error or exc
             if k >= 2:
                 break
-        first_error.add_note(
-            f"customop {self.op.op_type!r} runs its forward on placeholder inputs (ones; integer "
-            "zeros) to infer output shapes; if it cannot, pass infer_shape= (and infer_type=) "
-            "to @customop")
+        hint = (f"customop {self.op.op_type!r} runs its forward on placeholder inputs (ones; "
+                "integer zeros) to infer output shapes; if it cannot, pass infer_shape= (and "
+                "infer_type=) to @customop")
+        errors.add_context(first_error, hint)
         raise first_error
 
     def _from_user(self, params, shapes, dtypes) -> tuple[OutputMeta, ...]:
         op = self.op
         out_shapes = op.user_infer_shape(*[tuple(s) for s in shapes], **params)
         if op.num_outputs == 1 or isinstance(out_shapes, tuple) and all(
-                isinstance(d, int | np.integer) for d in out_shapes):
+                isinstance(d, (int, np.integer)) for d in out_shapes):
             out_shapes = [out_shapes]
         out_shapes = list(out_shapes)
         out_dtypes = self.dtypes_only(params, dtypes or tuple(np.dtype(np.float32) for _ in shapes))
@@ -155,7 +152,7 @@ class Inference:
         op = self.op
         if op.user_infer_type is not None:
             out = op.user_infer_type(*dtypes, **params)
-            out = list(out) if isinstance(out, list | tuple) else [out]
+            out = list(out) if isinstance(out, (list, tuple)) else [out]
             return [np.dtype(d) for d in out]
         floats = [d for d in dtypes if np.issubdtype(d, np.floating)]
         return [floats[0] if floats else np.dtype(np.float32)] * op.num_outputs

@@ -14,7 +14,7 @@ from typing import Any
 
 import mxnet as mx
 
-from .operator import _REGISTRY
+from . import registry
 
 
 def custom_op_types(symbol_json: str) -> list[str]:
@@ -33,15 +33,16 @@ def custom_op_types(symbol_json: str) -> list[str]:
 def ensure_registered(op_types: list[str], source: str) -> None:
     """Import the module that defines each ``op_type``; raise naming any that cannot be found.
 
-    An op registered by hand (``mx.operator.register``) in a module that imports
-    cleanly is left for MXNet to find.
+    An ``op_type`` without a module part (``"myop"``, as ops registered by hand
+    with ``mx.operator.register`` are often named), or whose module imports
+    cleanly, is left for MXNet to find.
     """
     missing = []
     for op_type in op_types:
-        if op_type in _REGISTRY or op_type in _hand_registered:
+        if registry.lookup(op_type) is not None or "." not in op_type:
             continue
         tried = _import_defining_module(op_type)
-        if op_type not in _REGISTRY and not any(ok for _, ok in tried):
+        if registry.lookup(op_type) is None and not any(ok for _, ok in tried):
             missing.append((op_type, [m for m, _ in tried]))
     if missing:
         lines = [f"  {t!r}: no importable module among {', '.join(map(repr, m)) or '-'}"
@@ -54,7 +55,8 @@ def ensure_registered(op_types: list[str], source: str) -> None:
               "there again before loading.")
 
 
-def imports(symbol_file: str, input_names: str | list[str], param_file: str | None = None,
+def imports(symbol_file: str, input_names: str | list[str],
+            param_file: str | None = None,
             ctx: Any = None, **kwargs: Any) -> mx.gluon.SymbolBlock:
     """``gluon.SymbolBlock.imports`` that first imports the modules defining its custom ops.
 
@@ -83,22 +85,6 @@ def load_checkpoint(prefix: str, epoch: int) -> tuple[mx.sym.Symbol, dict, dict]
     return mx.model.load_checkpoint(prefix, epoch)
 
 
-_hand_registered: set[str] = set()
-
-
-def _record_hand_registrations() -> None:
-    # Props registered by hand after us are known by name, so loading leaves them alone.
-    register = mx.operator.register
-    if getattr(register, "_customop_recorded", False):
-        return
-
-    def recorded(reg_name):
-        _hand_registered.add(reg_name)
-        return register(reg_name)
-    recorded._customop_recorded = True
-    mx.operator.register = recorded
-
-
 def _import_defining_module(op_type: str) -> list[tuple[str, bool]]:
     """Import the longest importable dotted prefix of op_type; [(module, imported)]."""
     parts = op_type.split(".")
@@ -114,6 +100,6 @@ def _import_defining_module(op_type: str) -> list[tuple[str, bool]]:
             tried.append((module, False))
             continue
         tried.append((module, True))
-        if op_type in _REGISTRY:
+        if registry.lookup(op_type) is not None:
             break
     return tried

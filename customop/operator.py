@@ -3,26 +3,22 @@ from __future__ import annotations
 
 import ast
 import functools
-import importlib
 import inspect
 import itertools
 import textwrap
+import typing
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Any
 
 import mxnet as mx
-import numpy as np
 
-from . import auxstate, dispatch, errors, gradients, prop
-from . import params as _params
+from . import dispatch, errors, registry
 from .inference import Inference
 from .modes import MODES
 from .signature import Signature
 
-Mode = Literal["numpy", "mxnet"]
-GradMaker = Callable[..., Callable[[Any], Any]]
-
-_REGISTRY: dict[str, CustomOperator] = {}
+Mode = str  # 'numpy' or 'mxnet'
+GradMaker = typing.Callable[..., typing.Callable[[Any], Any]]  # run-time alias (Python 3.8)
 
 
 class CustomOperator:
@@ -44,7 +40,7 @@ class CustomOperator:
         self.fn = fn
         self.mode = mode
         self.mode_impl = MODES[mode]
-        self.op_type: str = name or f"{_module_of(fn)}.{fn.__qualname__}"
+        self.op_type: str = name or f"{registry.module_of(fn)}.{fn.__qualname__}"
         aux = dict(aux or {})
         for key, shape_fn in aux.items():
             if not callable(shape_fn):
@@ -62,7 +58,7 @@ class CustomOperator:
         self.grads: dict[int, GradMaker] = {}
         self.inference = Inference(self)
         self._pkeys: dict[tuple, str] = {}
-        _register(self, named=name is not None)
+        registry.register(self, named=name is not None)
         # One registered operator per set of absent optional inputs (MXNet's argument list
         # is fixed per op_type); this op is the one with every input present.
         self.variants: dict[frozenset[str], CustomOperator] = {}
@@ -82,12 +78,11 @@ class CustomOperator:
         """
         names = self.signature.inputs
         if not isinstance(argnum, int) or not 0 <= argnum < len(names):
-            raise errors.mark(IndexError(
-                f"customop {self.op_type!r}: def_grad argnum={argnum!r} is out of range; the "
-                f"inputs are {', '.join(f'{i}={n}' for i, n in enumerate(names))}"))
+            raise self.error(IndexError, (
+                f"def_grad argnum={argnum!r} is out of range; the inputs are "
+                f"{', '.join(f'{i}={n}' for i, n in enumerate(names))}"))
         if not callable(fn):
-            raise errors.mark(TypeError(f"customop {self.op_type!r}: def_grad needs a callable, "
-                                        f"got {type(fn).__name__}"))
+            raise self.error(TypeError, f"def_grad needs a callable, got {type(fn).__name__}")
         self.grads[argnum] = fn
         for variant in self.variants.values():
             variant.adopt_grads()
@@ -181,21 +176,6 @@ class CustomOperator:
         return (self.mode == "mxnet" and not self.grads and self.auto_grad
                 and self.need_top_grad)
 
-    def aux_shapes(self, input_shapes: list[tuple[int, ...]],
-                   params: dict[str, Any]) -> list[tuple[int, ...]]:
-        """The shape of every auxiliary state for inputs of these shapes."""
-        out = []
-        for name in self.signature.aux:
-            try:
-                shape = self.aux_shape_fns[name](*[tuple(s) for s in input_shapes], **params)
-                shape = (int(shape),) if isinstance(shape, int | np.integer) else tuple(
-                    int(d) for d in shape)
-            except Exception as exc:
-                raise errors.named(exc, self.op_type, f"shape of auxiliary state {name!r}") \
-                    from None
-            out.append(shape)
-        return out
-
     @property
     def output_names(self) -> list[str]:
         return ["output"] if self.num_outputs == 1 else [
@@ -222,7 +202,7 @@ class CustomOperator:
             return _as_np_interface(self(*[_as_legacy(a) for a in arrays], name=node_name,
                                          ctx=ctx, **params))
         if any(isinstance(a, mx.sym.Symbol) for a in arrays):
-            return self._call_symbol(arrays, params, node_name)
+            return dispatch.call_symbol(self, arrays, params, node_name)
         if not self.signature.inputs:
             if node_name is not None:
                 raise self.error(TypeError, "name= names a Symbol node, but an operator "
@@ -232,177 +212,16 @@ class CustomOperator:
             return dispatch.call_without_inputs(self, params, ctx or mx.current_context())
         if any(isinstance(a, mx.nd.NDArray) for a in arrays):
             return dispatch.call_ndarray(self, arrays, params)
-        return self._call_numpy(arrays, params)
+        return dispatch.call_numpy(self, arrays, params)
 
     def __reduce__(self) -> tuple:
         # By reference: the receiving process imports the defining module (which registers
         # the op) and finds the op by op_type, so pickle/multiprocessing hand over the op itself.
-        return _by_reference, (self.op_type, _module_of(self.fn))
+        return registry.by_reference, (self.op_type, registry.module_of(self.fn))
 
     # ---- pieces shared by every dispatch path -----------------------------------------
-    def error(self, cls: type[BaseException], msg: str) -> BaseException:
-        return errors.mark(cls(f"customop {self.op_type!r}: {msg}"))
-
-    def param_key(self, params: dict[str, Any]) -> str:
-        key = tuple(sorted(params.items(), key=lambda kv: kv[0]))
-        try:
-            return self._pkeys[key]
-        except (KeyError, TypeError):
-            text = repr(key)
-            try:
-                self._pkeys[key] = text
-            except TypeError:  # unhashable (list/dict) parameters: not cached
-                pass
-            return text
-
-    def run_forward(self, args: list[Any], params: dict[str, Any],
-                    where: str = "forward") -> list[Any]:
-        """Call the forward on mode arrays; return its outputs as a validated list."""
-        try:
-            result = self.fn(*args, **params)
-        except Exception as exc:
-            raise errors.named(exc, self.op_type, where) from None
-        return self._check_outputs(result)
-
-    def forward_nd(self, arrays: list[mx.nd.NDArray], params: dict[str, Any],
-                   wait: bool) -> tuple[list[Any], list[Any]]:
-        """The forward on MXNet's arrays (inputs, then aux states), storing aux updates.
-
-        Returns the mode arrays it ran on and its outputs.  ``wait``: finish the aux
-        writes before returning (needed on MXNet's worker threads).
-        """
-        args = [self.mode_impl.from_nd(a) for a in arrays]
-        outs = self.run_forward(args, params)
-        n = len(self.signature.inputs)
-        if self.signature.aux:
-            auxstate.write_back(self.mode, arrays[n:], args[n:], wait)
-        return args, outs
-
-    def backward_nd(self, args: list[Any], aux: list[mx.nd.NDArray], outs: list[Any],
-                    out_grads: list[Any] | None, params: dict[str, Any], reqs: list[str],
-                    in_grads: list[mx.nd.NDArray]) -> None:
-        """Gradients into MXNet's buffers ``in_grads`` per ``reqs``, storing aux updates.
-
-        ``args`` are the inputs as mode arrays; the aux states are read as they are now.
-        Runs on MXNet's worker threads, so aux writes are finished before returning.
-        """
-        mode = self.mode_impl
-        states = [mode.from_nd(a) for a in aux]
-        grads = self.run_backward([*args, *states], outs, out_grads, params,
-                                  [r != "null" for r in reqs])
-        if aux:
-            auxstate.write_back(self.mode, aux, states, wait=True)
-        for dst, req, grad in zip(in_grads, reqs, grads):
-            if grad is not None:
-                mode.assign(dst, req, grad)
-            elif req in ("write", "inplace"):
-                dst[:] = 0
-
-    def run_backward(self, args: list[Any], outs: list[Any], out_grads: list[Any] | None,
-                     params: dict[str, Any], wanted: list[bool]) -> list[Any | None]:
-        """Gradients for each input (``None`` means zero); see :mod:`customop.gradients`."""
-        ans = outs[0] if self.num_outputs == 1 else tuple(outs)
-        g = None
-        if self.need_top_grad and out_grads is not None:
-            g = out_grads[0] if self.num_outputs == 1 else tuple(out_grads)
-        n = len(self.signature.inputs)
-        wanted = [*wanted[:n], *[False] * (len(args) - n)]
-        grads = gradients.compute_all(self, ans, args, g, params, wanted)[:n]
-        return [None if grad is None else self._check_grad(i, arg, grad)
-                for i, (arg, grad) in enumerate(zip(args, grads))]
-
-    def check_aux(self, arrays: list[Any], params: dict[str, Any]) -> None:
-        """Raise unless the auxiliary states given with the inputs have the declared shape."""
-        n = len(self.signature.inputs)
-        if not self.signature.aux:
-            return
-        if len(arrays) == n:
-            raise self.error(TypeError, f"auxiliary state(s) {', '.join(self.signature.aux)} "
-                             "missing; with arrays, pass them after the inputs (they are "
-                             "updated in place). Only Symbol calls may leave them out.")
-        shapes = self.aux_shapes([np.shape(a) for a in arrays[:n]], params)
-        for name, a, want in zip(self.signature.aux, arrays[n:], shapes):
-            got = np.shape(a)
-            if got != tuple(want):
-                raise self.error(ValueError, f"auxiliary state {name!r} has shape {got}, but "
-                                 f"for these inputs it must be {tuple(want)}")
-
-    # ---- validation ---------------------------------------------------------------------
-    def _check_outputs(self, result: Any) -> list[Any]:
-        n = self.num_outputs
-        if isinstance(result, tuple | list):
-            if n == 1:
-                raise self.error(TypeError, f"forward returned a {type(result).__name__} of "
-                                 f"{len(result)} values but the op declares 1 output; pass "
-                                 f"num_outputs={len(result)} to @customop")
-            outs = list(result)
-        else:
-            outs = [result]
-        if len(outs) != n:
-            raise self.error(TypeError, f"forward returned {len(outs)} output(s) but the op "
-                             f"declares {n}; pass num_outputs={len(outs)} to @customop")
-        return [self._check_array(o, f"output {i}") for i, o in enumerate(outs)]
-
-    def _check_array(self, value: Any, what: str) -> Any:
-        if self.mode == "mxnet":
-            if not isinstance(value, mx.nd.NDArray):
-                raise self.error(TypeError, f"{what} is a {type(value).__name__}; in 'mxnet' "
-                                 "mode return mx.nd.NDArray (or decorate with 'numpy')")
-            return value
-        if isinstance(value, mx.nd.NDArray):
-            raise self.error(TypeError, f"{what} is an mx.nd.NDArray; in 'numpy' mode return "
-                             "numpy arrays (or decorate with 'mxnet')")
-        arr = np.asarray(value)
-        if arr.dtype == object or not (np.issubdtype(arr.dtype, np.number)
-                                       or arr.dtype == np.bool_):
-            raise self.error(TypeError, f"{what} is a {type(value).__name__} "
-                             f"(dtype {arr.dtype}); return numeric numpy arrays")
-        return arr
-
-    def _check_grad(self, i: int, arg: Any, grad: Any) -> Any:
-        name = self.signature.inputs[i]
-        grad = self._check_array(grad, f"the gradient for input {name!r} (argnum {i})")
-        want, got = self.mode_impl.shape(arg), self.mode_impl.shape(grad)
-        if tuple(want) != tuple(got) and not (np.prod(want) == 1 == np.prod(got)):
-            raise self.error(ValueError, f"the gradient for input {name!r} (argnum {i}) has "
-                             f"shape {tuple(got)} but the input has shape {tuple(want)}")
-        return grad
-
-    # ---- call styles other than mx.nd ---------------------------------------------------
-    def _call_symbol(self, arrays: list[Any], params: dict[str, Any], node_name: str | None):
-        for name, a in zip(self.signature.arrays, arrays):
-            if not isinstance(a, mx.sym.Symbol):
-                raise self.error(TypeError, f"input {name!r} is a {type(a).__name__}, but other "
-                                 "inputs are mx.sym.Symbol; make every input a Symbol "
-                                 "(e.g. mx.sym.Variable)")
-        attrs = {k: _params.encode(v) for k, v in params.items()}
-        if len(arrays) < len(self.signature.arrays):
-            # MXNet takes Symbols passed after the arguments as the auxiliary states; ours
-            # carry a zero initializer so that Module.init_params accepts their names.
-            node_name = mx.name.NameManager.current.get(node_name, "custom")
-            arrays = [*arrays, *[mx.sym.Variable(f"{node_name}_{a}", init=mx.init.Zero())
-                                 for a in self.signature.aux]]
-            with mx.name.NameManager():
-                sym = mx.sym.Custom(*arrays, op_type=self.op_type, name=node_name, **attrs)
-        else:
-            if node_name is not None:
-                attrs["name"] = node_name
-            sym = mx.sym.Custom(*arrays, op_type=self.op_type, **attrs)
-        return sym if self.num_outputs == 1 else tuple(sym[i] for i in range(self.num_outputs))
-
-    def _call_numpy(self, inputs: list[Any], params: dict[str, Any]):
-        self.check_aux(inputs, params)
-        for name, a in zip(self.signature.arrays, inputs):
-            if not isinstance(a, np.ndarray | np.generic | bool | int | float):
-                raise self.error(TypeError, f"input {name!r} is a {type(a).__name__}; pass "
-                                 "numpy arrays, mx.nd.NDArray or mx.sym.Symbol")
-        args = [self.mode_impl.from_numpy(np.asarray(a)) for a in inputs]
-        outs = [self.mode_impl.to_numpy(o) for o in self.run_forward(args, params)]
-        n = len(self.signature.inputs)
-        for a, new in zip(inputs[n:], args[n:]):  # auxiliary states are updated in place
-            if isinstance(a, np.ndarray):
-                a[...] = self.mode_impl.to_numpy(new).reshape(a.shape)
-        return outs[0] if self.num_outputs == 1 else tuple(outs)
+    def error(self, cls: type, msg: str) -> BaseException:
+        return errors.op_error(self.op_type, cls, msg)
 
 
 class _Variant(CustomOperator):
@@ -456,26 +275,6 @@ def _dropping(fn: Callable | None, variant: _Variant) -> Callable | None:
     return lambda *values, **params: fn(*variant._full_args(values), **params)
 
 
-def _module_of(fn: Callable) -> str:
-    # multiprocessing's spawn/forkserver children run the parent's main script as
-    # '__mp_main__' (also reachable as '__main__'); its ops keep the parent's op_type.
-    module = getattr(fn, "__module__", None) or "__main__"
-    return "__main__" if module == "__mp_main__" else module
-
-
-def _by_reference(op_type: str, module: str) -> CustomOperator:
-    """The operator registered as ``op_type``, importing ``module`` first (unpickling)."""
-    if op_type not in _REGISTRY:
-        importlib.import_module(module)
-    try:
-        return _REGISTRY[op_type]
-    except KeyError:
-        raise errors.mark(LookupError(
-            f"customop {op_type!r}: cannot unpickle the operator: importing {module!r} did not "
-            "define it; define ops at module level (not inside a function or a notebook cell "
-            "the receiving process never runs)")) from None
-
-
 def _params_text(sig: Signature) -> str:
     return ", ".join([*sig.required, *(f"{k}={v!r}" for k, v in sig.defaults.items())]) or "none"
 
@@ -492,7 +291,7 @@ def _as_legacy(a: Any) -> Any:
 def _as_np_interface(out: Any) -> Any:
     if isinstance(out, tuple):
         return tuple(_as_np_interface(o) for o in out)
-    return out.as_np_ndarray() if isinstance(out, mx.nd.NDArray | mx.sym.Symbol) else out
+    return out.as_np_ndarray() if isinstance(out, (mx.nd.NDArray, mx.sym.Symbol)) else out
 
 
 def _count_returns(fn: Callable) -> int:
@@ -506,65 +305,12 @@ def _count_returns(fn: Callable) -> int:
     stack = list(ast.iter_child_nodes(body))
     while stack:
         node = stack.pop()
-        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda | ast.ClassDef):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
             continue  # returns of nested functions are not ours
         if isinstance(node, ast.Return) and node.value is not None:
             sizes.add(len(node.value.elts) if isinstance(node.value, ast.Tuple) else 1)
         stack.extend(ast.iter_child_nodes(node))
     return sizes.pop() if len(sizes) == 1 else 1
-
-
-def _register(op: CustomOperator, named: bool) -> None:
-    old = _REGISTRY.get(op.op_type)
-    same = old is not None and (old.fn.__module__, old.fn.__qualname__) == (
-        op.fn.__module__, op.fn.__qualname__)
-    if old is not None and not same:
-        raise ValueError(
-            f"customop name {op.op_type!r} is already used by "
-            f"{old.fn.__module__}.{old.fn.__qualname__}; pass a different name= to @customop")
-    if old is not None and not named and _distinct(old.fn, op.fn):
-        raise errors.mark(ValueError(
-            f"customop {op.op_type!r}: another function of the same name is already registered "
-            f"({_made_by(old.fn)}; this one is {_made_by(op.fn)}); graphs, hybridized blocks "
-            "and mx.nd.Custom find an op by its name and would run only the last one: pass "
-            "name= to @customop to give each its own"))
-    if old is None:
-        prop.register(op.op_type, _REGISTRY)
-    _REGISTRY[op.op_type] = op  # a redefinition (notebook re-run, reload) replaces the old one
-
-
-def _distinct(old: Callable, new: Callable) -> bool:
-    """Whether two same-named functions are different operators rather than a redefinition.
-
-    A re-run notebook cell or a reloaded module compiles new code (or the same code in a new
-    file): that replaces.  One factory called twice shares its code object, so only its
-    closure and defaults can differ; two lambdas of one file differ by their line.
-    """
-    if old is new:
-        return False
-    a, b = old.__code__, new.__code__
-    if a is b:
-        return not (_same_values(old.__defaults__, new.__defaults__)
-                    and _same_values(old.__kwdefaults__, new.__kwdefaults__)
-                    and _same_values([c.cell_contents for c in old.__closure__ or ()],
-                                     [c.cell_contents for c in new.__closure__ or ()]))
-    return a.co_filename == b.co_filename and a.co_firstlineno != b.co_firstlineno
-
-
-def _same_values(a: Any, b: Any) -> bool:
-    if a is b:
-        return True
-    if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(_same_values(a[k], b[k]) for k in a)
-    if isinstance(a, list | tuple) and isinstance(b, list | tuple):
-        return len(a) == len(b) and all(_same_values(x, y) for x, y in zip(a, b))
-    literal = (bool, int, float, complex, str, bytes, type(None))
-    return type(a) is type(b) and isinstance(a, literal) and a == b
-
-
-def _made_by(fn: Callable) -> str:
-    code = fn.__code__
-    return f"{fn.__qualname__} at {code.co_filename}:{code.co_firstlineno}"
 
 
 def customop(mode: Mode, *, name: str | None = None, need_top_grad: bool = True,

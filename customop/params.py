@@ -23,9 +23,9 @@ def normalize(value: Any, op: str, key: str) -> Any:
     """Return ``value`` as a plain Python literal, or raise naming op and key."""
     if isinstance(value, np.generic):
         value = value.item()
-    if value is None or isinstance(value, bool | int | float | str):
+    if value is None or isinstance(value, (bool, int, float, str)):
         return value
-    if isinstance(value, tuple | list):
+    if isinstance(value, (tuple, list)):
         items = [normalize(v, op, key) for v in value]
         return tuple(items) if isinstance(value, tuple) else items
     if isinstance(value, dict):
@@ -60,9 +60,9 @@ def _literal(node: ast.AST) -> Any:
         return node.value
     if isinstance(node, ast.Name) and node.id in _NAMED:
         return _NAMED[node.id]
-    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub | ast.UAdd):
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
         operand = _literal(node.operand)
-        if isinstance(operand, int | float) and not isinstance(operand, bool):
+        if isinstance(operand, (int, float)) and not isinstance(operand, bool):
             return -operand if isinstance(node.op, ast.USub) else operand
     if isinstance(node, ast.Tuple):
         return tuple(_literal(e) for e in node.elts)

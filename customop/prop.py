@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import threading
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import mxnet as mx
@@ -16,7 +17,7 @@ import numpy as np
 from mxnet.base import _LIB, check_call
 from mxnet.ndarray.ndarray import _DTYPE_MX_TO_NP
 
-from . import auxstate, errors
+from . import errors, kernel, runtime
 from . import params as _params
 from .inference import known
 
@@ -27,35 +28,45 @@ _decoded: dict[tuple, dict[str, Any]] = {}
 _UNKNOWN = 2**31 - 1  # dimensions from here up are MXNet's -1 (unknown) read as unsigned
 
 
-def _decode_cached(kwargs: dict[str, str]) -> dict[str, Any]:
+def _decode_cached(kwargs: dict[str, str]) -> tuple[dict[str, Any], str]:
+    # The decoded parameters and their cache key for shape inference, per attribute set.
     key = tuple(sorted(kwargs.items()))
-    params = _decoded.get(key)
-    if params is None:
-        params = _decoded[key] = _params.decode_attrs(kwargs)
-    return dict(params)
+    found = _decoded.get(key)
+    if found is None:
+        params = _params.decode_attrs(kwargs)
+        found = _decoded[key] = (params, repr(tuple(sorted(params.items()))))
+    return dict(found[0]), found[1]
 
 
-def register(op_type: str, registry: dict[str, CustomOperator]) -> None:
-    """Register the CustomOpProp for ``op_type`` (once per process)."""
+def register(op_type: str, lookup: Callable[[str], CustomOperator]) -> None:
+    """Register the CustomOpProp for ``op_type`` with MXNet (once per process).
+
+    ``lookup(op_type)`` gives the operator at each creation, so a redefinition
+    (a re-run notebook cell) takes effect.
+    """
 
     class Prop(mx.operator.CustomOpProp):
         def __init__(self, **kwargs: str):
-            self.op = op = registry[op_type]
+            self.op = op = lookup(op_type)
             super().__init__(need_top_grad=op.need_top_grad)
-            self.params = _decode_cached(kwargs)
+            self.call = errors.take_call(kwargs.pop(errors.CALL_KEY, None))
+            self.params, self.pkey = _decode_cached(kwargs)
+            if op.signature.aux:
+                runtime.use_aux(op.op_type, len(op.signature.aux))
+            else:
+                runtime.use()
             # MXNet does not guard the prop's constructor (an exception there crashes the
             # process), so a bad parameter is reported from list_arguments, which it guards.
             self.bad_params: BaseException | None = None
             try:
                 op.signature.check_params(self.params)
             except Exception as exc:
-                self.bad_params = errors.mark(exc)
-            self.pkey = op.param_key(self.params)
+                self.bad_params = exc
             self.shapes: tuple | None = None
 
         def list_arguments(self) -> list[str]:
             if self.bad_params is not None:
-                errors.stash(self.bad_params)
+                errors.report(self.bad_params)
                 raise self.bad_params
             return list(self.op.signature.inputs)
 
@@ -72,7 +83,8 @@ def register(op_type: str, registry: dict[str, CustomOperator]) -> None:
                 return in_shape, [()] * self.op.num_outputs, [()] * n_aux
             self.shapes = shapes
             metas = self._guarded(self.op.inference.outputs, self.pkey, self.params, shapes, None)
-            aux = self._guarded(self.op.aux_shapes, list(shapes), self.params) if n_aux else []
+            aux = self._guarded(kernel.aux_shapes, self.op, list(shapes), self.params) \
+                if n_aux else []
             return in_shape, [m.shape for m in metas], aux
 
         def infer_type(self, in_type):
@@ -93,12 +105,9 @@ def register(op_type: str, registry: dict[str, CustomOperator]) -> None:
             dtypes = tuple(np.dtype(_DTYPE_MX_TO_NP[t]) for t in dtypes[:n])
             metas = self._guarded(self.op.inference.outputs, self.pkey, self.params,
                                   shapes, dtypes)
-            if self.op.signature.aux:
-                auxstate.expect_update()
-            made = _Op(self.op, self.params, [m.scalar for m in metas])
-            made.call = getattr(errors.calls, "current", None)
-            made.reader = threading.get_ident()  # binds (or calls) it, so reads its errors
-            return made
+            # The thread that binds (or calls) it reads its errors.
+            return _Op(self.op, self.params, [m.scalar for m in metas], self.call,
+                       threading.get_ident())
 
         def _check_known(self, shapes):
             # Legacy shapes read 0 as "unknown": a 0-size input reaches us as -1 seen unsigned
@@ -106,20 +115,22 @@ def register(op_type: str, registry: dict[str, CustomOperator]) -> None:
             for name, shape in zip(self.op.signature.inputs, shapes):
                 if not all(0 < d < _UNKNOWN for d in shape):
                     shown = tuple("?" if d >= _UNKNOWN else d for d in shape)
-                    raise errors.mark(ValueError(
+                    raise ValueError(
                         f"customop {self.op.op_type!r} (input {name!r}): MXNet passed shape "
                         f"{shown} with an unknown ('?') or zero dimension; an empty (0-size) "
                         "batch cannot go through mx.nd.Custom, symbols or hybridized blocks "
                         "under MXNet's legacy shapes: skip empty batches there, or call the op "
-                        "on NDArrays outside a graph, where 0-size inputs work"))
+                        "on NDArrays outside a graph, where 0-size inputs work")
 
         def _guarded(self, fn, *args):
             try:
                 return fn(*args)
             except Exception as exc:
-                exc = errors.named(exc, self.op.op_type, "shape/type inference")
-                errors.stash(exc)
-                raise exc from None
+                new = errors.ours(exc, self.op.op_type, "shape/type inference")
+                errors.report(new)
+                if new is exc:
+                    raise
+                raise new from exc
 
     mx.operator.register(op_type)(Prop)
 
@@ -131,25 +142,33 @@ def _data_ptr(arr: mx.nd.NDArray) -> int:
 
 
 class _Op(mx.operator.CustomOp):
-    def __init__(self, op: CustomOperator, params: dict[str, Any], scalar: list[bool]):
+    """One operator instance MXNet created: runs the kernel, and owns where its failures go.
+
+    ``call``: the ``mx.nd.Custom`` call that created it, which raises its failure
+    itself; else ``reader``, the thread that bound it, gets the failure at its next read.
+    """
+
+    def __init__(self, op: CustomOperator, params: dict[str, Any], scalar: list[bool],
+                 call: errors.Call | None, reader: int):
         super().__init__()
         self.op, self.params, self.scalar = op, params, scalar
+        self.call, self.reader = call, reader
         self.saved: tuple | None = None
-        self.call: errors.Call | None = None
-        self.reader: int | None = None
+
+    def _fail(self, exc: BaseException, where: str) -> None:
+        new = errors.ours(exc, self.op.op_type, where)
+        if self.call is not None and where == "forward":
+            errors.record(self.call, new)  # raised by that call itself, never by another
+        else:
+            errors.report(new, self.reader)
+        if new is exc:
+            raise exc
+        raise new from exc
 
     def forward(self, is_train, req, in_data, out_data, aux):
-        with auxstate.in_callback():
-            self._forward(is_train, req, in_data, out_data, aux)
-
-    def backward(self, req, out_grad, in_data, out_data, in_grad, aux):
-        with auxstate.in_callback():
-            self._backward(req, out_grad, in_data, out_data, in_grad, aux)
-
-    def _forward(self, is_train, req, in_data, out_data, aux):
         op, mode = self.op, self.op.mode_impl
         try:
-            args, outs = op.forward_nd([*in_data, *aux], self.params, wait=True)
+            args, outs = kernel.forward_nd(op, [*in_data, *aux], self.params, wait=True)
             args = args[:len(in_data)]
             for dst, r, value in zip(out_data, req, outs):
                 mode.assign(dst, r, value)
@@ -158,14 +177,9 @@ class _Op(mx.operator.CustomOp):
                 # copying every input and output a second time
                 self.saved = ([_data_ptr(a) for a in (*in_data, *out_data)], args, outs)
         except Exception as exc:
-            exc = errors.named(exc, op.op_type, "forward")
-            if self.call is not None:
-                self.call.failure = exc  # raised by that call itself, never by another
-            else:
-                errors.stash(exc, self.reader)
-            raise exc from None
+            self._fail(exc, "forward")
 
-    def _backward(self, req, out_grad, in_data, out_data, in_grad, aux):
+    def backward(self, req, out_grad, in_data, out_data, in_grad, aux):
         op, mode = self.op, self.op.mode_impl
         try:
             saved, self.saved = self.saved, None
@@ -179,8 +193,6 @@ class _Op(mx.operator.CustomOp):
             if op.need_top_grad:
                 grads_in = [mode.as_scalar_view(v) if s else v
                             for v, s in zip((mode.from_nd(o) for o in out_grad), self.scalar)]
-            op.backward_nd(args, aux, outs, grads_in, self.params, req, in_grad)
+            kernel.backward_nd(op, args, aux, outs, grads_in, self.params, req, in_grad)
         except Exception as exc:
-            exc = errors.named(exc, op.op_type, "backward")
-            errors.stash(exc, self.reader)
-            raise exc from None
+            self._fail(exc, "backward")

@@ -5,7 +5,7 @@ decorated softmax cross-entropy (``'numpy'`` mode) and, with
 ``--center-loss W``, the library's center loss on the hidden features
 (:class:`ops.CenterLoss` in Gluon, :func:`ops.center_loss` on symbols, with
 ``scale=W``), whose class centers are an auxiliary state kept identical on every
-device and worker by :class:`customop.auxsync.AuxSync`.  Each step uses a global
+device and worker by :class:`customop.distributed.auxsync.AuxSync`.  Each step uses a global
 batch of ``--batch`` rows, cut into one shard per device of the job: every worker
 takes its devices' shards, so the summed gradients are those of the whole batch,
 and 2 workers with 1 device each see exactly what 1 process with 2 devices sees.
@@ -16,7 +16,7 @@ One process::
 
 Two workers and one server on 127.0.0.1::
 
-    python -m customop.launch -n 2 -s 1 --launcher local \\
+    python -m customop.distributed.launch -n 2 -s 1 --launcher local \\
         python examples/dist_train.py --api gluon --kvstore dist_sync --out /tmp/run
 
 Each worker writes ``<out>/<api>-rank<r>.npz``: every parameter's copy on every
@@ -34,7 +34,7 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import ops  # noqa: E402
 from customop import customop  # noqa: E402
-from customop.auxsync import AuxSync  # noqa: E402
+from customop.distributed.auxsync import AuxSync  # noqa: E402
 
 NUM_CLASS, DIM, HIDDEN = 3, 6, 8
 

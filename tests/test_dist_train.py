@@ -1,4 +1,4 @@
-"""examples/dist_train.py under python -m customop.launch: 2 dist_sync workers = one process."""
+"""examples/dist_train.py under python -m customop.distributed.launch: 2 dist_sync workers = one process."""
 import importlib.util
 import os
 import re
@@ -27,7 +27,7 @@ def _example():
 def _launch(out, *args, workers=2):
     mark = uuid.uuid4().hex
     start = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "customop.launch", "-n", str(workers), "-s",
+    proc = subprocess.run([sys.executable, "-m", "customop.distributed.launch", "-n", str(workers), "-s",
                            "1", "--launcher", "local", "--timeout", "90", sys.executable,
                            str(EXAMPLE), "--kvstore", "dist_sync", "--out", str(out), *args],
                           cwd=ROOT, capture_output=True, text=True, timeout=120,
@@ -88,7 +88,7 @@ def test_ops_center_loss_keeps_one_set_of_centers_on_dist_sync_workers(api, cont
 def test_a_worker_whose_op_rejects_its_input_stops_the_job(tmp_path):
     proc, took = _launch(tmp_path, "--api", "gluon", "--fail-rank", "1")
     assert proc.returncode == 1
-    report = proc.stderr.split("customop.launch: worker")[-1]
+    report = proc.stderr.split("customop.distributed.launch: worker")[-1]
     assert "exited with code 1" in report
     assert "softmax_xent: label has values outside [0, 3)" in report
     assert took < 60

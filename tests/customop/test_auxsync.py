@@ -5,7 +5,7 @@ import pytest
 
 import ops
 from customop import customop
-from customop.auxsync import AuxSync
+from customop.distributed.auxsync import AuxSync
 
 NUM_CLASS, DIM, BATCH, STEPS = 3, 4, 8, 4
 TWO = [mx.cpu(0), mx.cpu(1)]

@@ -231,7 +231,7 @@ def fails_when_run(x):
 ex = fails_when_run(mx.sym.var("x")).bind(mx.cpu(), {"x": mx.nd.ones((3,))})
 ex.forward()
 deadline = time.monotonic() + 10
-while time.monotonic() < deadline and not errors._pending:
+while time.monotonic() < deadline and not errors.pending():
     time.sleep(0.01)
 # ... then someone else's CustomOp fails: its caller must get MXNet's own error.
 try:

@@ -1,4 +1,4 @@
-"""python -m customop.launch: a local dist_sync job runs, and any failing worker ends it fast."""
+"""python -m customop.distributed.launch: a local dist_sync job runs; a failing worker ends it."""
 import os
 import subprocess
 import sys
@@ -54,8 +54,9 @@ def _launch(tmp_path, *launch_args, **env):
     script.write_text(WORKER)
     mark = uuid.uuid4().hex
     start = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "customop.launch", *launch_args, sys.executable,
-                           str(script)], cwd=ROOT, capture_output=True, text=True, timeout=120,
+    proc = subprocess.run([sys.executable, "-m", "customop.distributed.launch", *launch_args,
+                           sys.executable, str(script)], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120,
                           env={**os.environ, "PYTHONPATH": str(ROOT), "TEST_MARK": mark, **env})
     took = time.monotonic() - start
     time.sleep(0.2)
@@ -75,10 +76,10 @@ def test_two_workers_one_server_run_and_exit_zero(tmp_path):
 def test_a_failing_worker_stops_the_job(tmp_path, how, says):
     proc, took = _launch(tmp_path, "-n", "2", "-s", "1", "--timeout", "90", WHO="1", HOW=how)
     assert proc.returncode == 1
-    assert "customop.launch: worker 1 of 2 (pid " in proc.stderr and says in proc.stderr
+    assert "customop.distributed.launch: worker 1 of 2 (pid " in proc.stderr and says in proc.stderr
     assert "every process it started was ended" in proc.stderr
     if how == "raise":  # the end of its error output is repeated under the report
-        report = proc.stderr.split("customop.launch: worker 1")[1]
+        report = proc.stderr.split("customop.distributed.launch: worker 1")[1]
         assert "ValueError: boom in worker" in report
     assert took < 60  # not the 90 s timeout: the other worker was waiting for it forever
 
@@ -90,10 +91,10 @@ def test_timeout_ends_a_hanging_job(tmp_path):
 
 
 def test_usage_errors():
-    proc = subprocess.run([sys.executable, "-m", "customop.launch", "-n", "2"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run([sys.executable, "-m", "customop.distributed.launch", "-n", "2"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "no COMMAND" in proc.stderr
-    proc = subprocess.run([sys.executable, "-m", "customop.launch", "-n", "0", "true"],
+    proc = subprocess.run([sys.executable, "-m", "customop.distributed.launch", "-n", "0", "true"],
                           cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "at least one worker" in proc.stderr
 
@@ -129,7 +130,7 @@ def test_every_process_listens_on_loopback_only(tmp_path):
     script = tmp_path / "listeners.py"
     script.write_text(LISTENERS)
     mark = uuid.uuid4().hex
-    proc = subprocess.run([sys.executable, "-m", "customop.launch", "-n", "2", "-s", "1",
+    proc = subprocess.run([sys.executable, "-m", "customop.distributed.launch", "-n", "2", "-s", "1",
                            "--timeout", "90", sys.executable, str(script)], cwd=ROOT,
                           capture_output=True, text=True, timeout=120,
                           env={**os.environ, "PYTHONPATH": str(ROOT), "TEST_MARK": mark})

@@ -33,10 +33,10 @@ def test_pickle_returns_the_registered_op(op):
 
 
 def test_unknown_op_names_itself():
-    from customop.operator import _by_reference
+    from customop.registry import by_reference
 
     with pytest.raises(LookupError, match="'tests.customop.auxops.nope'"):
-        _by_reference("tests.customop.auxops.nope", "tests.customop.auxops")
+        by_reference("tests.customop.auxops.nope", "tests.customop.auxops")
     assert pickle.loads(pickle.dumps(auxops.counted)) is auxops.counted  # still usable
 
 

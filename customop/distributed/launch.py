@@ -1,4 +1,4 @@
-"""The one place that starts (and always ends) a distributed MXNet job (``customop.launch``).
+"""The one place that starts (and always ends) a distributed MXNet job.
 
 MXNet's ``dist_sync``/``dist_async`` kvstore runs a scheduler, servers and
 workers that find each other through ``DMLC_*`` environment variables (the
@@ -12,7 +12,7 @@ error output and exits 1.  Every wait is bounded (``--timeout``).
 
 Usage::
 
-    python -m customop.launch -n 2 -s 1 [--launcher local] [--timeout 600] \\
+    python -m customop.distributed.launch -n 2 -s 1 [--launcher local] [--timeout 600] \\
         python examples/dist_train.py --kvstore dist_sync
 
 Other ``--launcher`` values (``ssh``, ``mpi``, ``sge``, ``yarn``) are handed to
@@ -106,6 +106,9 @@ def job_env(num_workers: int, num_servers: int, port: int, job: str) -> dict[str
                DMLC_NODE_HOST=LOOPBACK, DMLC_NUM_WORKER=str(num_workers),
                DMLC_NUM_SERVER=str(num_servers), DMLC_JOB_CLUSTER="local")
     env[TAG] = job
+    # Workers start with worker_site/sitecustomize.py: an uncaught exception exits 1 at once.
+    site = os.path.join(os.path.dirname(os.path.abspath(__file__)), "worker_site")
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (site, env.get("PYTHONPATH")) if p)
     return env
 
 
@@ -114,9 +117,10 @@ def run_local(command: Sequence[str], num_workers: int, num_servers: int,
               port: int | None = None) -> int:
     """Run a local ``dist_*`` job; return 0 when every worker exits 0, else 1 (after ending it)."""
     if num_workers < 1 or num_servers < 1:
-        raise ValueError("customop.launch: need at least one worker (-n) and one server (-s)")
+        raise ValueError("customop.distributed.launch: need at least one worker (-n) and one "
+                         "server (-s)")
     if not command:
-        raise ValueError("customop.launch: no COMMAND to run on the workers")
+        raise ValueError("customop.distributed.launch: no COMMAND to run on the workers")
     job = uuid.uuid4().hex
     env = job_env(num_workers, num_servers, port or free_port(), job)
     procs: list[_Proc] = []
@@ -181,7 +185,7 @@ def _raise_interrupt(signum, frame):
 
 
 def _report(message: str, proc: _Proc | None) -> None:
-    lines = [f"customop.launch: {message}"]
+    lines = [f"customop.distributed.launch: {message}"]
     if proc is not None:
         text = "".join(proc.tail).rstrip()
         lines.append(f"--- last lines of {proc.name}'s error output ---" if text else
@@ -192,7 +196,10 @@ def _report(message: str, proc: _Proc | None) -> None:
 
 
 def exit_on_error() -> None:
-    """Make an uncaught exception end this worker with exit code 1 (call it in the worker).
+    """Make an uncaught exception end this worker with exit code 1.
+
+    Workers started by this launcher get it at start-up; call it yourself in a
+    worker started some other way.
 
     Without it, a ``dist_*`` worker that raises prints its traceback and then dies
     with SIGABRT (``terminate called without an active exception``) while MXNet's
@@ -207,14 +214,9 @@ def exit_on_error() -> None:
     sys.excepthook = hook
 
 
-def _patch_dmlc_tracker() -> None:
-    if not hasattr(threading.Thread, "isAlive"):
-        threading.Thread.isAlive = threading.Thread.is_alive
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m customop.launch",
+        prog="python -m customop.distributed.launch",
         description="Start a distributed MXNet job (scheduler, servers, workers); fail fast.")
     parser.add_argument("-n", "--num-workers", type=int, required=True)
     parser.add_argument("-s", "--num-servers", type=int, default=None,
@@ -233,7 +235,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         import mxnet
 
-        _patch_dmlc_tracker()
+        from ..runtime import use_thread_isalive
+
+        use_thread_isalive()
         tool = os.path.join(os.path.dirname(mxnet.__file__), "tools", "launch.py")
         sys.argv = [tool, "-n", str(args.num_workers), "-s", str(servers), "--launcher",
                     args.launcher, *rest, *args.command]

@@ -13,7 +13,7 @@ whole batch.  Updates that normalise per batch (a center loss divides each
 class's step by ``1 + n_j``, with ``n_j`` counted per device) agree up to that
 normalisation.
 
-Use (``from customop.auxsync import AuxSync``)::
+Use (``from customop.distributed.auxsync import AuxSync``)::
 
     sync = AuxSync([net.centers], trainer)   # Gluon: the aux Parameters
     ...; trainer.step(batch_size); sync()
@@ -32,6 +32,8 @@ import json
 from typing import Any
 
 import mxnet as mx
+
+from .. import registry
 
 _int_keys = itertools.count(1 << 24)  # Gluon's Trainer uses keys 0..n-1
 
@@ -143,8 +145,6 @@ def _gluon_kvstore(kvstore: Any) -> tuple[Any, bool]:
 
 
 def _module_aux(mod: mx.mod.Module) -> tuple[list[str], list[list[mx.nd.NDArray]], Any, bool]:
-    from .operator import _REGISTRY
-
     if not (mod.binded and mod.params_initialized):
         raise ValueError("customop.AuxSync: bind the Module and init_params (and init_optimizer "
                          "for a kvstore) before creating AuxSync")
@@ -152,7 +152,7 @@ def _module_aux(mod: mx.mod.Module) -> tuple[list[str], list[list[mx.nd.NDArray]
     nodes = graph["nodes"]
     wanted = []
     for node in nodes:
-        op = _REGISTRY.get(node.get("attrs", {}).get("op_type", "")) \
+        op = registry.lookup(node.get("attrs", {}).get("op_type", "")) \
             if node["op"] == "Custom" else None
         if op is not None and op.signature.aux:
             for entry in node["inputs"][-len(op.signature.aux):]:

@@ -1,0 +1,25 @@
+"""Gradient checking through MXNet itself: :func:`check_grad` and ``python -m customop.check``.
+
+``report`` holds what a check found, ``numeric`` the three gradients it
+compares, ``grad`` the check itself and ``cli`` the command line.
+"""
+from .grad import check_grad
+from .report import (
+    ARGNUM_SKIP,
+    COMPARISONS,
+    INTEGER_SKIP,
+    TOLERANCES,
+    GradReport,
+    GradRow,
+    Tolerance,
+)
+
+__all__ = ["check_grad", "GradReport", "GradRow", "Tolerance", "TOLERANCES", "COMPARISONS",
+           "INTEGER_SKIP", "ARGNUM_SKIP", "main"]
+
+
+def main(argv=None) -> int:
+    """The command line (``python -m customop.check``); see :mod:`customop.check.cli`."""
+    from .cli import main as cli_main
+
+    return cli_main(argv)

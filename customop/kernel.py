@@ -1,0 +1,183 @@
+"""Running an operator on arrays: the forward, the backward, aux write-back, and checking results.
+
+Every call path (direct, recorded, ``mx.nd.Custom``, graphs) ends here with
+MXNet's arrays or the mode's arrays in hand; nothing in this module decides
+*how* a call reaches MXNet (that is :mod:`customop.dispatch` and
+:mod:`customop.prop`).
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, NoReturn
+
+import mxnet as mx
+import numpy as np
+
+from . import errors, gradients
+
+if TYPE_CHECKING:
+    from .operator import CustomOperator
+
+
+def reraise(exc: BaseException, op_type: str, where: str) -> NoReturn:
+    """Raise ``exc`` (raised while running ``op_type``) as :func:`errors.ours` says."""
+    new = errors.ours(exc, op_type, where)
+    if new is exc:
+        raise exc
+    raise new from exc
+
+
+def run_forward(op: CustomOperator, args: list[Any], params: dict[str, Any],
+                where: str = "forward") -> list[Any]:
+    """Call the forward on mode arrays; return its outputs as a validated list."""
+    try:
+        result = op.fn(*args, **params)
+    except Exception as exc:
+        reraise(exc, op.op_type, where)
+    return check_outputs(op, result)
+
+
+def forward_nd(op: CustomOperator, arrays: list[mx.nd.NDArray], params: dict[str, Any],
+               wait: bool) -> tuple[list[Any], list[Any]]:
+    """The forward on MXNet's arrays (inputs, then aux states), storing aux updates.
+
+    Returns the mode arrays it ran on and its outputs.  ``wait``: finish the aux
+    writes before returning (needed on MXNet's worker threads).
+    """
+    args = [op.mode_impl.from_nd(a) for a in arrays]
+    outs = run_forward(op, args, params)
+    n = len(op.signature.inputs)
+    if op.signature.aux:
+        write_back(op.mode, arrays[n:], args[n:], wait)
+    return args, outs
+
+
+def backward_nd(op: CustomOperator, args: list[Any], aux: list[mx.nd.NDArray], outs: list[Any],
+                out_grads: list[Any] | None, params: dict[str, Any], reqs: list[str],
+                in_grads: list[mx.nd.NDArray]) -> None:
+    """Gradients into MXNet's buffers ``in_grads`` per ``reqs``, storing aux updates.
+
+    ``args`` are the inputs as mode arrays; the aux states are read as they are now.
+    Runs on MXNet's worker threads, so aux writes are finished before returning.
+    """
+    mode = op.mode_impl
+    states = [mode.from_nd(a) for a in aux]
+    grads = run_backward(op, [*args, *states], outs, out_grads, params,
+                         [r != "null" for r in reqs])
+    if aux:
+        write_back(op.mode, aux, states, wait=True)
+    for dst, req, grad in zip(in_grads, reqs, grads):
+        if grad is not None:
+            mode.assign(dst, req, grad)
+        elif req in ("write", "inplace"):
+            dst[:] = 0
+
+
+def run_backward(op: CustomOperator, args: list[Any], outs: list[Any],
+                 out_grads: list[Any] | None, params: dict[str, Any],
+                 wanted: list[bool]) -> list[Any | None]:
+    """Gradients for each input (``None`` means zero); see :mod:`customop.gradients`."""
+    ans = outs[0] if op.num_outputs == 1 else tuple(outs)
+    g = None
+    if op.need_top_grad and out_grads is not None:
+        g = out_grads[0] if op.num_outputs == 1 else tuple(out_grads)
+    n = len(op.signature.inputs)
+    wanted = [*wanted[:n], *[False] * (len(args) - n)]
+    grads = gradients.compute_all(op, ans, args, g, params, wanted)[:n]
+    return [None if grad is None else _checked_grad(op, i, arg, grad)
+            for i, (arg, grad) in enumerate(zip(args, grads))]
+
+
+def write_back(mode_name: str, dst: list[mx.nd.NDArray], values: list[Any], wait: bool) -> None:
+    """Store the (possibly updated) aux values into MXNet's arrays.
+
+    ``'numpy'`` mode copies the host arrays back; in ``'mxnet'`` mode the values
+    are those NDArrays, updated in place.  ``wait``: finish the writes now (on
+    MXNet's worker threads nothing else orders them).
+    """
+    for nd, value in zip(dst, values):
+        if mode_name == "numpy":
+            nd[:] = np.asarray(value).reshape(nd.shape).astype(nd.dtype, copy=False)
+        if wait:
+            nd.wait_to_read()
+
+
+def aux_shapes(op: CustomOperator, input_shapes: list[tuple[int, ...]],
+               params: dict[str, Any]) -> list[tuple[int, ...]]:
+    """The shape of every auxiliary state for inputs of these shapes."""
+    out = []
+    for name in op.signature.aux:
+        try:
+            shape = op.aux_shape_fns[name](*[tuple(s) for s in input_shapes], **params)
+            shape = (int(shape),) if isinstance(shape, (int, np.integer)) else tuple(
+                int(d) for d in shape)
+        except Exception as exc:
+            reraise(exc, op.op_type, f"shape of auxiliary state {name!r}")
+        out.append(shape)
+    return out
+
+
+def check_aux(op: CustomOperator, arrays: list[Any], params: dict[str, Any]) -> None:
+    """Raise unless the auxiliary states given with the inputs have the declared shape."""
+    n = len(op.signature.inputs)
+    if not op.signature.aux:
+        return
+    if len(arrays) == n:
+        raise errors.op_error(op.op_type, TypeError, (
+            f"auxiliary state(s) {', '.join(op.signature.aux)} missing; with arrays, pass them "
+            "after the inputs (they are updated in place). Only Symbol calls may leave them "
+            "out."))
+    shapes = aux_shapes(op, [np.shape(a) for a in arrays[:n]], params)
+    for name, a, want in zip(op.signature.aux, arrays[n:], shapes):
+        got = np.shape(a)
+        if got != tuple(want):
+            raise errors.op_error(op.op_type, ValueError, (
+                f"auxiliary state {name!r} has shape {got}, but for these inputs it must be "
+                f"{tuple(want)}"))
+
+
+def check_outputs(op: CustomOperator, result: Any) -> list[Any]:
+    """The forward's result as a list of ``op.num_outputs`` arrays of the op's mode."""
+    n = op.num_outputs
+    if isinstance(result, (tuple, list)):
+        if n == 1:
+            raise errors.op_error(op.op_type, TypeError, (
+                f"forward returned a {type(result).__name__} of {len(result)} values but the op "
+                f"declares 1 output; pass num_outputs={len(result)} to @customop"))
+        outs = list(result)
+    else:
+        outs = [result]
+    if len(outs) != n:
+        raise errors.op_error(op.op_type, TypeError, (
+            f"forward returned {len(outs)} output(s) but the op declares {n}; pass "
+            f"num_outputs={len(outs)} to @customop"))
+    return [_checked_array(op, o, f"output {i}") for i, o in enumerate(outs)]
+
+
+def _checked_array(op: CustomOperator, value: Any, what: str) -> Any:
+    if op.mode == "mxnet":
+        if not isinstance(value, mx.nd.NDArray):
+            raise errors.op_error(op.op_type, TypeError, (
+                f"{what} is a {type(value).__name__}; in 'mxnet' mode return mx.nd.NDArray "
+                "(or decorate with 'numpy')"))
+        return value
+    if isinstance(value, mx.nd.NDArray):
+        raise errors.op_error(op.op_type, TypeError, (
+            f"{what} is an mx.nd.NDArray; in 'numpy' mode return numpy arrays (or decorate "
+            "with 'mxnet')"))
+    arr = np.asarray(value)
+    if arr.dtype == object or not (np.issubdtype(arr.dtype, np.number) or arr.dtype == np.bool_):
+        raise errors.op_error(op.op_type, TypeError, (
+            f"{what} is a {type(value).__name__} (dtype {arr.dtype}); return numeric numpy "
+            "arrays"))
+    return arr
+
+
+def _checked_grad(op: CustomOperator, i: int, arg: Any, grad: Any) -> Any:
+    name = op.signature.inputs[i]
+    grad = _checked_array(op, grad, f"the gradient for input {name!r} (argnum {i})")
+    want, got = op.mode_impl.shape(arg), op.mode_impl.shape(grad)
+    if tuple(want) != tuple(got) and not (np.prod(want) == 1 == np.prod(got)):
+        raise errors.op_error(op.op_type, ValueError, (
+            f"the gradient for input {name!r} (argnum {i}) has shape {tuple(got)} but the input "
+            f"has shape {tuple(want)}"))
+    return grad

@@ -1,0 +1,316 @@
+"""Every change customop makes to MXNet or Python: what, why, when, and how to switch it off.
+
+Importing ``customop`` or ``ops`` changes nothing: registering an operator uses
+MXNet's own extension point (``mx.operator.register``).  The fixes below are
+installed lazily, by the feature that needs them, the first time it is used in
+a process, and each acts only on calls, graphs or tapes that hold our ops.
+Set ``CUSTOMOP_RUNTIME_OFF`` to a comma-separated list of patch names (or
+``all``) to keep a patch out; the feature then behaves as MXNet does.
+
+``errors`` (installed by the first call of a decorated op or the first graph
+that holds one)
+    Wraps ``mxnet.base.get_last_ffi_error`` (and its copy in the ctypes FFI
+    module), the one function through which MXNet's C errors reach Python, so
+    that a failure raised in one of our callbacks on MXNet's worker thread is
+    raised with its own type and message instead of a bare ``MXNetError:
+    Check failed: ...callbacks[kCustomOpForward]``; only those callback texts
+    are matched, and only failures queued for the reading thread are handed
+    out.  Replaces ``print`` inside ``mxnet.operator`` and ``mxnet.autograd``
+    so that MXNet does not also dump the traceback of *our* failures to stdout
+    (everyone else's callback failures still print, and keep MXNet's error).
+    Measured: without it every forward error in a graph reads as one
+    ``MXNetError`` whose text names no operator.
+
+``fork`` (installed by the first call of a decorated op)
+    ``os.register_at_fork(before=...)`` lets MXNet's queues drain with the GIL
+    released before a fork, and ``atexit`` drains them before exit.  MXNet's
+    own fork handler joins its CustomOp worker thread while the forking thread
+    holds the GIL; a Python callback still queued there waits for the GIL
+    forever (measured: DataLoader workers and ``os.fork`` hung after training
+    calls).  On Python < 3.10, ``subprocess`` forks without running those
+    handlers, so ``subprocess.Popen._execute_child`` runs the same step first
+    (measured: ``subprocess.run`` hung after a forward of a Python CustomOp).
+
+``aux`` (installed by the first use of an operator with auxiliary states)
+    A Python CustomOp updates its aux arrays through copies whose engine
+    variables MXNet does not order with later reads of the real arrays
+    (measured: ``exe.aux_dict`` read right after ``exe.forward()`` or
+    ``exe.backward()`` returned the old value 20 times in 20).  Wraps
+    ``Executor.__init__`` and ``CachedOp.__init__``: an executor or CachedOp
+    whose graph holds such an op (found once, at creation) becomes an instance
+    of a subclass whose ``forward``/``backward``/``__call__`` wait for that op's
+    aux arrays (``MXNDArrayWaitToWrite``: every pending read and write of those
+    arrays) before returning; every other executor and CachedOp keeps MXNet's
+    class and its asynchronous calls.  Wraps ``autograd.backward`` and
+    ``NDArray.backward``: after a backward, the aux arrays of our ops recorded
+    on this thread since the last backward are waited for; a tape without such
+    an op waits for nothing.
+
+``excepthook`` (installed at start-up in the workers of ``python -m
+customop.distributed.launch`` only, by ``customop/distributed/worker_site``)
+    ``sys.excepthook`` prints the traceback and exits 1: a ``dist_*`` worker
+    that raises otherwise dies with SIGABRT or hangs while MXNet's kvstore
+    threads shut down, and the job never ends.
+
+``isAlive`` (installed by ``python -m customop.distributed.launch --launcher ssh|mpi|...``)
+    ``threading.Thread.isAlive = is_alive`` for MXNet's ``tools/launch.py``,
+    which calls the method removed in Python 3.9.
+"""
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import mxnet as mx
+from mxnet.base import _LIB, check_call
+
+from . import errors
+
+_installed: set = set()
+_lock = threading.Lock()
+
+
+def disabled(name: str) -> bool:
+    """Whether ``CUSTOMOP_RUNTIME_OFF`` keeps patch ``name`` out."""
+    off = {p.strip() for p in os.environ.get("CUSTOMOP_RUNTIME_OFF", "").split(",")}
+    return name in off or "all" in off
+
+
+def installed() -> list[str]:
+    """The names of the patches installed in this process so far."""
+    return sorted(_installed)
+
+
+def _once(name: str, install: Callable[[], None]) -> None:
+    if name in _installed or disabled(name):
+        return
+    with _lock:
+        if name not in _installed:
+            install()
+            _installed.add(name)
+
+
+def use() -> None:
+    """A decorated op is being called or bound: install what every op needs (idempotent)."""
+    if "fork" in _installed and "errors" in _installed:  # the common case
+        return
+    _once("errors", _install_errors)
+    _once("fork", _install_fork)
+
+
+# ---- errors ---------------------------------------------------------------------------------
+_original_ffi_error = None
+
+
+def _get_last_ffi_error():
+    return errors.swap_in(_original_ffi_error())
+
+
+def _print(*args, **kwargs):
+    # Stands in for print() inside mxnet.operator / mxnet.autograd, whose callbacks print
+    # "Error in ...: <traceback>" from within their except blocks.
+    exc = sys.exc_info()[1]
+    if exc is not None and args and str(args[0]).startswith("Error in "):
+        if errors.is_ours(exc):
+            return  # ours: the caller gets it, named, once
+        errors.report_foreign()
+    print(*args, **kwargs)
+
+
+def _install_errors() -> None:
+    global _original_ffi_error
+    _original_ffi_error = mx.base.get_last_ffi_error
+    mx.base.get_last_ffi_error = _get_last_ffi_error
+    mx.operator.print = _print
+    mx.autograd.print = _print
+    try:
+        from mxnet._ffi._ctypes import function as ffi_function
+    except ImportError:  # pragma: no cover - built without the ctypes FFI
+        return
+    ffi_function.get_last_ffi_error = _get_last_ffi_error
+
+
+# ---- fork -----------------------------------------------------------------------------------
+_SETTLE_S = 0.002  # a deleter waiting for the GIL runs within this once we let go of it
+_MAX_WAIT_S = 0.5
+
+
+def _live_ops() -> int:
+    return len(mx.operator._registry.ref_holder)
+
+
+def settle() -> None:
+    """Let MXNet's queues (and the Python deleters they run) finish, GIL released."""
+    try:
+        mx.nd.waitall()
+    except Exception:  # noqa: BLE001 - the failure stays with MXNet's arrays; fork must go on
+        pass
+    # Finished ops are deleted on the CustomOperator thread right after they complete, through
+    # a Python callback: give it the GIL until the count of live ops stops moving.
+    deadline = time.monotonic() + _MAX_WAIT_S
+    seen = _live_ops()
+    while time.monotonic() < deadline:
+        time.sleep(_SETTLE_S)
+        now = _live_ops()
+        if now == seen:
+            break
+        seen = now
+
+
+def _install_fork() -> None:
+    os.register_at_fork(before=settle)
+    atexit.register(settle)
+    if sys.version_info < (3, 10):  # noqa: UP036 - Python 3.8 and 3.9 are supported
+        execute_child = subprocess.Popen._execute_child
+
+        def _execute_child(self, *args, **kwargs):
+            settle()
+            return execute_child(self, *args, **kwargs)
+        subprocess.Popen._execute_child = _execute_child
+
+
+# ---- isAlive -------------------------------------------------------------------------------
+def use_thread_isalive() -> None:
+    """For MXNet's ``tools/launch.py`` (dmlc_tracker) on Python >= 3.9."""
+    def install():
+        if not hasattr(threading.Thread, "isAlive"):
+            threading.Thread.isAlive = threading.Thread.is_alive
+    _once("isAlive", install)
+
+
+# ---- aux ------------------------------------------------------------------------------------
+_aux_ops: dict[str, int] = {}  # op_type -> number of aux states, for ops with aux states
+_tape = threading.local()  # .arrays: {handle: NDArray} aux arrays recorded since last backward
+
+
+def use_aux(op_type: str, n_aux: int) -> None:
+    """An operator with aux states is in use: install the ``aux`` patch (idempotent)."""
+    _aux_ops[op_type] = n_aux
+    use()
+    _once("aux", _install_aux)
+
+
+def _wait_to_write(arrays) -> None:
+    # Waits for every pending read and write of each array: MXNet's graph nodes read the real
+    # aux arrays while our callback writes them through copies (see the module doc).
+    if isinstance(threading.current_thread(), threading._DummyThread):
+        return  # one of MXNet's own threads, inside an engine operation: never wait there
+    for a in arrays:
+        check_call(_LIB.MXNDArrayWaitToWrite(a.handle))
+
+
+def note_recorded_aux(arrays) -> None:
+    """Aux arrays of an op recorded on this thread: the next backward waits for them."""
+    if not mx.autograd.is_recording():
+        return
+    held = getattr(_tape, "arrays", None)
+    if held is None:
+        held = _tape.arrays = {}
+    for a in arrays:
+        held[a.handle.value] = a
+
+
+def _settle_tape() -> None:
+    held = getattr(_tape, "arrays", None)
+    if held:
+        _tape.arrays = {}
+        _wait_to_write(held.values())
+
+
+def aux_variables(sym: Any) -> list[str]:
+    """Names of the graph's variables that are aux states of our ops."""
+    if not _aux_ops:
+        return []
+    text = sym.tojson()
+    if '"Custom"' not in text:
+        return []
+    nodes = json.loads(text)["nodes"]
+    names = []
+    for node in nodes:
+        if node.get("op") != "Custom":
+            continue
+        attrs = node.get("attrs") or node.get("attr") or node.get("param") or {}
+        n_aux = _aux_ops.get(attrs.get("op_type"), 0)
+        if n_aux:
+            names += [nodes[entry[0]]["name"] for entry in node["inputs"][-n_aux:]]
+    return names
+
+
+class _AuxExecutor(mx.executor.Executor):
+    """An executor whose graph holds an op with aux states (see ``aux`` above)."""
+
+    _customop_aux: list[str]
+
+    def forward(self, is_train=False, **kwargs):
+        out = super().forward(is_train, **kwargs)
+        _wait_to_write([self.aux_dict[n] for n in self._customop_aux])
+        return out
+
+    def backward(self, out_grads=None, is_train=True):
+        out = super().backward(out_grads, is_train)
+        _wait_to_write([self.aux_dict[n] for n in self._customop_aux])
+        return out
+
+
+_cached_aux: dict[int, list[int]] = {}  # id(CachedOp) -> positions of our aux arrays
+
+
+class _AuxCachedOp(mx.nd.CachedOp):
+    """A CachedOp whose graph holds an op with aux states (see ``aux`` above)."""
+
+    __slots__ = ()
+
+    def __call__(self, *args, **kwargs):
+        out = super().__call__(*args, **kwargs)
+        arrays = [args[i] for i in _cached_aux.get(id(self), ())]
+        _wait_to_write(arrays)
+        note_recorded_aux(arrays)
+        return out
+
+    def __del__(self):
+        _cached_aux.pop(id(self), None)
+        super().__del__()
+
+
+def _install_aux() -> None:
+    executor_init = mx.executor.Executor.__init__
+    cached_init = mx.nd.CachedOp.__init__
+    autograd_backward = mx.autograd.backward
+    ndarray_backward = mx.nd.NDArray.backward
+
+    def executor_init_(self, handle, symbol, *args, **kwargs):
+        executor_init(self, handle, symbol, *args, **kwargs)
+        names = aux_variables(symbol)
+        if names and type(self) is mx.executor.Executor:
+            self.__class__ = _AuxExecutor
+            self._customop_aux = names
+
+    def cached_init_(self, sym, *args, **kwargs):
+        cached_init(self, sym, *args, **kwargs)
+        names = aux_variables(sym)
+        if names and type(self) is mx.nd.CachedOp:
+            inputs = sym.list_inputs()
+            _cached_aux[id(self)] = [inputs.index(n) for n in names if n in inputs]
+            self.__class__ = _AuxCachedOp
+
+    def autograd_backward_(*args, **kwargs):
+        out = autograd_backward(*args, **kwargs)
+        _settle_tape()
+        return out
+
+    def ndarray_backward_(self, *args, **kwargs):
+        out = ndarray_backward(self, *args, **kwargs)
+        _settle_tape()
+        return out
+
+    mx.executor.Executor.__init__ = executor_init_
+    mx.nd.CachedOp.__init__ = cached_init_
+    mx.autograd.backward = autograd_backward_
+    mx.nd.NDArray.backward = ndarray_backward_
