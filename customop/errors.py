@@ -50,14 +50,17 @@ def attach(exc: BaseException, op_type: str, where: str) -> BaseException:
     """Write ``customop '<op_type>' (<where>)`` into ``exc``'s message, once; return ``exc``.
 
     The exception keeps its identity, type and attributes.  Its first argument
-    is prefixed when it is the message; otherwise the text is added as a note
-    (Python 3.11+) or, for a plain exception, as the message's first line.
+    is prefixed when it is the message (a ``KeyError``'s key only before Python
+    3.11); otherwise the text is added as a note (Python 3.11+) or, for a plain
+    exception, as the message.
     """
     if names_op(str(exc), op_type):
         return exc
     prefix = f"customop {op_type!r} ({where})"
     args = exc.args
-    if args and isinstance(args[0], str) and not isinstance(exc, KeyError):
+    if isinstance(exc, KeyError) and hasattr(exc, "add_note"):
+        exc.add_note(f"raised in {prefix}")  # a KeyError's argument is the key: keep it
+    elif args and isinstance(args[0], str):
         exc.args = (f"{prefix}: {args[0]}", *args[1:])
     elif hasattr(exc, "add_note"):
         exc.add_note(f"raised in {prefix}")

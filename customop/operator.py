@@ -56,6 +56,9 @@ class CustomOperator:
         self.num_outputs: int = num_outputs if num_outputs is not None else _count_returns(fn)
         self.auto_grad = bool(auto_grad)
         self.grads: dict[int, GradMaker] = {}
+        self.output_names: list[str] = ["output"] if self.num_outputs == 1 else [
+            f"output{i}" for i in range(self.num_outputs)]
+        self._update_native()
         self.inference = Inference(self)
         self._pkeys: dict[tuple, str] = {}
         registry.register(self, named=name is not None)
@@ -84,9 +87,15 @@ class CustomOperator:
         if not callable(fn):
             raise self.error(TypeError, f"def_grad needs a callable, got {type(fn).__name__}")
         self.grads[argnum] = fn
+        self._update_native()
         for variant in self.variants.values():
             variant.adopt_grads()
         return self
+
+    def _update_native(self) -> None:
+        # An 'mxnet'-mode op with only automatic gradients records its own mx.nd ops.
+        self.records_natively = (self.mode == "mxnet" and not self.grads and self.auto_grad
+                                 and self.need_top_grad)
 
     def twin(self, mode: Mode, **options: Any) -> Callable[[Callable], CustomOperator]:
         """Decorate the same operator's implementation in the other mode.
@@ -170,17 +179,6 @@ class CustomOperator:
                              f"out (optional inputs: {', '.join(self.signature.optional)})")
         return self.variants[absent]
 
-    @property
-    def records_natively(self) -> bool:
-        """An 'mxnet'-mode op with only automatic gradients records its own mx.nd ops."""
-        return (self.mode == "mxnet" and not self.grads and self.auto_grad
-                and self.need_top_grad)
-
-    @property
-    def output_names(self) -> list[str]:
-        return ["output"] if self.num_outputs == 1 else [
-            f"output{i}" for i in range(self.num_outputs)]
-
     def __repr__(self) -> str:
         ins = ", ".join(f"{n}{'*' if i in self.grads else ''}"
                         for i, n in enumerate(self.signature.inputs))
@@ -261,6 +259,7 @@ class _Variant(CustomOperator):
         for j, i in enumerate(self.positions):
             if i in self.full.grads:
                 self.grads[j] = self._grad_for(self.full.grads[i])
+        self._update_native()
 
     def _grad_for(self, maker):
         def grad(ans, *arrays, **params):

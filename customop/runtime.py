@@ -43,8 +43,8 @@ that holds one)
     arrays) before returning; every other executor and CachedOp keeps MXNet's
     class and its asynchronous calls.  Wraps ``autograd.backward`` and
     ``NDArray.backward``: after a backward, the aux arrays of our ops recorded
-    on this thread since the last backward are waited for; a tape without such
-    an op waits for nothing.
+    on this thread in this step (since the first backward after the last
+    recording) are waited for; a tape without such an op waits for nothing.
 
 ``excepthook`` (installed at start-up in the workers of ``python -m
 customop.distributed.launch`` only, by ``customop/distributed/worker_site``)
@@ -187,7 +187,7 @@ def use_thread_isalive() -> None:
 
 # ---- aux ------------------------------------------------------------------------------------
 _aux_ops: dict[str, int] = {}  # op_type -> number of aux states, for ops with aux states
-_tape = threading.local()  # .arrays: {handle: NDArray} aux arrays recorded since last backward
+_tape = threading.local()  # .arrays {handle: NDArray}, .settled: a backward has run since
 
 
 def use_aux(op_type: str, n_aux: int) -> None:
@@ -207,20 +207,21 @@ def _wait_to_write(arrays) -> None:
 
 
 def note_recorded_aux(arrays) -> None:
-    """Aux arrays of an op recorded on this thread: the next backward waits for them."""
+    """Aux arrays of an op recorded on this thread: the next backward passes wait for them."""
     if not mx.autograd.is_recording():
         return
-    held = getattr(_tape, "arrays", None)
-    if held is None:
-        held = _tape.arrays = {}
+    if getattr(_tape, "settled", True):  # a new step: what the last one recorded is done
+        _tape.arrays, _tape.settled = {}, False
     for a in arrays:
-        held[a.handle.value] = a
+        _tape.arrays[a.handle.value] = a
 
 
 def _settle_tape() -> None:
+    # Every backward waits for all the aux arrays recorded since the last step began: a step
+    # may record on several devices and call backward once per device's loss.
     held = getattr(_tape, "arrays", None)
     if held:
-        _tape.arrays = {}
+        _tape.settled = True
         _wait_to_write(held.values())
 
 

@@ -1,4 +1,6 @@
-"""examples/dist_train.py under python -m customop.distributed.launch: 2 dist_sync workers = one process."""
+"""examples/dist_train.py under ``python -m customop.distributed.launch``.
+
+Two dist_sync workers end equal to one process."""
 import importlib.util
 import os
 import re

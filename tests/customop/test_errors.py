@@ -107,6 +107,63 @@ def test_forward_returning_the_wrong_thing(how):
     assert_usable()
 
 
+class CodedError(Exception):
+    """An exception that carries data, as a user's own error types do."""
+
+    def __init__(self, message, code):
+        super().__init__(message)
+        self.code = code
+
+
+RAISED = []
+
+
+@customop("numpy", infer_shape=lambda x: x)
+def raises_coded(x):
+    RAISED.append(CodedError("bad row 3", code=7))
+    raise RAISED[-1]
+
+
+@pytest.mark.parametrize("how", HOWS)
+def test_the_users_exception_is_the_same_object_with_its_attributes(how):
+    RAISED.clear()
+    with pytest.raises(CodedError) as info:
+        run_forward(raises_coded, how, np.ones((3,), np.float32))
+    assert info.value is RAISED[-1] and info.value.code == 7
+    assert str(info.value).count("customop '") == 1
+    assert "raises_coded' (forward): bad row 3" in str(info.value)
+    assert_usable()
+
+
+@customop("numpy", name="tests.named_check")
+def checks_itself(x):
+    raise ValueError("customop 'tests.named_check': x must be positive")
+
+
+@pytest.mark.parametrize("how", HOWS)
+def test_an_ops_own_message_is_prefixed_once(how):
+    with pytest.raises(ValueError) as info:
+        run_forward(checks_itself, how, np.ones((3,), np.float32))
+    text = str(info.value)
+    assert text.startswith("customop 'tests.named_check': x must be positive"), text
+    assert text.count("x must be positive") == 1 and "): customop" not in text, text
+
+
+def test_an_mxnet_failure_keeps_mxnets_message_and_chains_it():
+    @customop("mxnet", infer_shape=lambda x: x)
+    def bad_reshape(x):
+        return x.reshape((7, 7))
+
+    with pytest.raises(ValueError) as info:
+        bad_reshape(mx.nd.ones((2, 3)))
+    text = str(info.value)
+    assert text.startswith("customop ") and "bad_reshape' (forward): an MXNet operator failed" \
+        in text
+    assert "Check failed: shape_.Size() >= shape.Size() (6 vs. 49)" in text, text
+    assert "[bt]" not in text and 'File "' not in text
+    assert isinstance(info.value.__cause__, mx.base.MXNetError)
+
+
 def test_a_tuple_from_a_single_output_op_says_what_to_do():
     @customop("numpy")
     def pair(x):

@@ -130,8 +130,8 @@ def test_every_process_listens_on_loopback_only(tmp_path):
     script = tmp_path / "listeners.py"
     script.write_text(LISTENERS)
     mark = uuid.uuid4().hex
-    proc = subprocess.run([sys.executable, "-m", "customop.distributed.launch", "-n", "2", "-s", "1",
-                           "--timeout", "90", sys.executable, str(script)], cwd=ROOT,
+    proc = subprocess.run([sys.executable, "-m", "customop.distributed.launch", "-n", "2",
+                           "-s", "1", "--timeout", "90", sys.executable, str(script)], cwd=ROOT,
                           capture_output=True, text=True, timeout=120,
                           env={**os.environ, "PYTHONPATH": str(ROOT), "TEST_MARK": mark})
     assert proc.returncode == 0, proc.stderr[-3000:]

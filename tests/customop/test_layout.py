@@ -1,0 +1,151 @@
+"""The core is split by job: no import circle, no private names across modules, and a call
+never comes back into the operator definition once dispatch has it."""
+import ast
+import os
+import re
+import sys
+from pathlib import Path
+
+import mxnet as mx
+import numpy as np
+import pytest
+
+import customop
+from customop import customop as decorate
+from customop.dispatch import forced_path
+
+PKG = Path(customop.__file__).resolve().parent
+
+
+def _modules():
+    for path in sorted(PKG.rglob("*.py")):
+        rel = path.relative_to(PKG.parent).with_suffix("")
+        parts = list(rel.parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        yield ".".join(parts), path
+
+
+def _is_type_checking(node):
+    return isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+
+
+def _run_time_imports(name, path):
+    """(module, imported names) for every import of a customop module outside TYPE_CHECKING."""
+    tree = ast.parse(path.read_text())
+    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    found = []
+    stack = [n for n in tree.body if not _is_type_checking(n)]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, ast.ImportFrom) and node.level:
+            base = package.split(".")
+            base = base[:len(base) - node.level + 1]
+            target = ".".join(base + ([node.module] if node.module else []))
+            for alias in node.names:
+                sub = f"{target}.{alias.name}"
+                found.append((sub if any(m == sub for m, _ in _modules()) else target,
+                              alias.name))
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("customop"):
+            found += [(node.module, a.name) for a in node.names]
+        elif isinstance(node, (ast.If, ast.Try, ast.FunctionDef, ast.ClassDef, ast.With)):
+            stack += [n for n in ast.iter_child_nodes(node) if not _is_type_checking(n)]
+    return found
+
+
+def test_no_import_circle():
+    graph = {name: {m for m, _ in _run_time_imports(name, path) if m != name}
+             for name, path in _modules()}
+    done, active = set(), []
+
+    def visit(node):
+        if node in active:
+            raise AssertionError("import circle: " + " -> ".join(active[active.index(node):]
+                                                                  + [node]))
+        if node in done:
+            return
+        active.append(node)
+        for dep in sorted(graph.get(node, ())):
+            visit(dep)
+        active.pop()
+        done.add(node)
+
+    for node in sorted(graph):
+        visit(node)
+
+
+def test_no_module_imports_another_modules_private_names():
+    offenders = []
+    names = [n.rsplit(".", 1)[-1] for n, _ in _modules()]
+    private_use = re.compile(r"(?<![\w.])(%s)\._[a-z]\w*" % "|".join(map(re.escape, names)))
+    for name, path in _modules():
+        for module, imported in _run_time_imports(name, path):
+            if imported.startswith("_") and imported != "__version__":
+                offenders.append(f"{name} imports {module}.{imported}")
+        for line in path.read_text().splitlines():
+            for match in private_use.finditer(line):
+                if not line.lstrip().startswith("#"):
+                    offenders.append(f"{name} uses {match.group(0)}")
+    assert offenders == []
+
+
+@decorate("numpy")
+def _square(x):
+    return x * x
+
+
+_square.def_grad(lambda ans, x: lambda g: 2 * x * g)
+
+
+@decorate("mxnet")
+def _square_nd(x):
+    return x * x
+
+
+def _calls_between_files(fn):
+    """(caller file, callee file) for every call from one customop module into another."""
+    edges = set()
+
+    def profile(frame, event, arg):
+        if event == "call" and frame.f_back is not None:
+            callee, caller = frame.f_code.co_filename, frame.f_back.f_code.co_filename
+            if callee.startswith(str(PKG)) and caller.startswith(str(PKG)) and callee != caller:
+                edges.add((os.path.relpath(caller, PKG), os.path.relpath(callee, PKG),
+                           frame.f_code.co_name))
+
+    sys.setprofile(profile)
+    try:
+        fn()
+    finally:
+        sys.setprofile(None)
+    return edges
+
+
+def _recorded(op, path):
+    def run():
+        x = mx.nd.ones((3,))
+        x.attach_grad()
+        with forced_path(path), mx.autograd.record():
+            y = op(x)
+        y.backward()
+        x.grad.wait_to_read()
+    return run
+
+
+@pytest.mark.parametrize("how", ["direct", "function", "native", "custom", "numpy", "symbol",
+                                 "executor"])
+def test_a_call_never_returns_into_the_operator_definition(how):
+    runs = {
+        "direct": lambda: _square(mx.nd.ones((3,))).wait_to_read(),
+        "function": _recorded(_square, "function"),
+        "native": _recorded(_square_nd, "native"),
+        "custom": _recorded(_square, "custom"),
+        "numpy": lambda: _square(np.ones(3)),
+        "symbol": lambda: _square(mx.sym.var("x")),
+        "executor": lambda: _square(mx.sym.var("x")).simple_bind(mx.cpu(), x=(3,)).forward(),
+    }
+    edges = _calls_between_files(runs[how])
+    back = sorted(e for e in edges if e[1] == "operator.py" and e[0] != "__init__.py")
+    assert back == []
+    if how not in ("symbol", "executor"):  # nothing / MXNet's worker thread runs the forward
+        assert any(callee == "kernel.py" for _, callee, _ in edges)
