@@ -77,7 +77,8 @@ def test_no_import_circle():
 def test_no_module_imports_another_modules_private_names():
     offenders = []
     names = [n.rsplit(".", 1)[-1] for n, _ in _modules()]
-    private_use = re.compile(r"(?<![\w.])(%s)\._[a-z]\w*" % "|".join(map(re.escape, names)))
+    alternatives = "|".join(map(re.escape, names))
+    private_use = re.compile(r"(?<![\w.])(" + alternatives + r")\._[a-z]\w*")
     for name, path in _modules():
         for module, imported in _run_time_imports(name, path):
             if imported.startswith("_") and imported != "__version__":
