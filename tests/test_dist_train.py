@@ -29,8 +29,9 @@ def _example():
 def _launch(out, *args, workers=2):
     mark = uuid.uuid4().hex
     start = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "customop.distributed.launch", "-n", str(workers), "-s",
-                           "1", "--launcher", "local", "--timeout", "90", sys.executable,
+    proc = subprocess.run([sys.executable, "-m", "customop.distributed.launch", "-n",
+                           str(workers), "-s", "1", "--launcher", "local", "--timeout", "90",
+                           sys.executable,
                            str(EXAMPLE), "--kvstore", "dist_sync", "--out", str(out), *args],
                           cwd=ROOT, capture_output=True, text=True, timeout=120,
                           env={**os.environ, "PYTHONPATH": str(ROOT), "TEST_MARK": mark})

@@ -1,0 +1,140 @@
+"""What importing and using customop costs code that does not use its ops: nothing, measured.
+
+Runs the same unrelated models in three fresh processes: without customop;
+with ``customop`` and ``ops`` imported; and after ``ops.CenterLoss`` (an op with
+auxiliary states, the case that once made every model synchronous) trained
+a step elsewhere in the process.  For each it prints the step time of a
+hybridized Gluon MLP and of a Module-style bound executor (forward+backward,
+then a wait), and how long ``block(x)`` / ``exe.forward()`` take to *return*
+(MXNet runs asynchronously: a call that returns before its work is done is
+what lets the host run ahead of a GPU).  Ratios are against the first process.
+
+``python benchmarks/isolation.py [--steps 200] [--markdown]``
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from benchmarks.tables import print_table  # noqa: E402
+
+SETUPS = {
+    "without customop": "",
+    "customop, ops imported": "import customop, ops",
+    "ops.CenterLoss used elsewhere": """
+import customop, ops
+center = ops.CenterLoss(num_class=4, feature_dim=8)
+center.initialize()
+center.hybridize()
+f = mx.nd.random.normal(shape=(16, 8)); f.attach_grad()
+with mx.autograd.record():
+    l = center(f, mx.nd.array([0, 1, 2, 3] * 4))
+l.backward()
+center.centers.data().wait_to_read()
+""",
+}
+
+MEASURE = """
+import json, time
+import numpy as np
+STEPS = {steps}
+
+def median_ms(fn):
+    times = []
+    for _ in range(STEPS):
+        t = time.perf_counter(); fn(); times.append(time.perf_counter() - t)
+    return 1e3 * float(np.median(times))
+
+net = mx.gluon.nn.HybridSequential()
+net.add(mx.gluon.nn.Dense(512, activation="relu"), mx.gluon.nn.Dense(512, activation="relu"),
+        mx.gluon.nn.Dense(10))
+net.initialize(mx.init.Xavier())
+net.hybridize()
+trainer = mx.gluon.Trainer(net.collect_params(), "sgd", {{"learning_rate": 0.01}})
+ce = mx.gluon.loss.SoftmaxCrossEntropyLoss()
+x = mx.nd.random.normal(shape=(128, 256)); y = mx.nd.array(np.arange(128) % 10)
+
+def gluon_step():
+    with mx.autograd.record():
+        l = ce(net(x), y)
+    l.backward()
+    trainer.step(128)
+    l.wait_to_read()
+
+def gluon_call():
+    net(x)
+
+data = mx.sym.var("data")
+h = mx.sym.FullyConnected(data, num_hidden=512, name="fc1")
+out = mx.sym.FullyConnected(mx.sym.Activation(h, act_type="relu"), num_hidden=10, name="fc2")
+exe = mx.sym.SoftmaxOutput(out, name="softmax").simple_bind(mx.cpu(), data=(128, 256))
+for name, arr in exe.arg_dict.items():
+    arr[:] = np.random.normal(scale=0.05, size=arr.shape)
+
+def executor_step():
+    exe.forward(is_train=True)
+    exe.backward()
+    exe.grad_dict["fc1_weight"].wait_to_read()
+
+def executor_call():
+    exe.forward(is_train=False)
+
+rows = {{}}
+for name, fn in [("gluon_step", gluon_step), ("executor_step", executor_step),
+                 ("gluon_call", gluon_call), ("executor_call", executor_call)]:
+    fn(); mx.nd.waitall()
+    if name.endswith("_call"):
+        def timed(fn=fn):
+            fn()
+        def one(fn=fn):
+            t = time.perf_counter(); fn(); elapsed = time.perf_counter() - t
+            mx.nd.waitall()  # not timed: the next call starts from an idle engine
+            return elapsed
+        rows[name] = 1e3 * float(np.median([one() for _ in range(STEPS)]))
+    else:
+        rows[name] = median_ms(fn)
+print(json.dumps(rows))
+"""
+
+
+def run(setup: str, steps: int) -> dict:
+    code = "import mxnet as mx\n" + setup + "\n" + MEASURE.format(steps=steps)
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                         timeout=600)
+    if out.returncode:
+        raise SystemExit(out.stderr)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="alternate the three processes this many times; medians of rounds")
+    parser.add_argument("--markdown", action="store_true")
+    args = parser.parse_args(argv)
+    found = {name: [] for name in SETUPS}
+    for _ in range(args.rounds):
+        for name, setup in SETUPS.items():
+            found[name].append(run(setup, args.steps))
+    med = {name: {k: sorted(r[k] for r in runs)[len(runs) // 2] for k in runs[0]}
+           for name, runs in found.items()}
+    base = med["without customop"]
+    header = ["process", "Gluon MLP step ms", "x", "executor step ms", "x",
+              "block(x) returns ms", "exe.forward() returns ms"]
+    rows = []
+    for name, m in med.items():
+        rows.append([name, f"{m['gluon_step']:.2f}", f"{m['gluon_step'] / base['gluon_step']:.2f}",
+                     f"{m['executor_step']:.2f}",
+                     f"{m['executor_step'] / base['executor_step']:.2f}",
+                     f"{m['gluon_call']:.3f}", f"{m['executor_call']:.3f}"])
+    print_table(header, rows, args.markdown)
+
+
+if __name__ == "__main__":
+    main()
