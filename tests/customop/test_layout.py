@@ -27,7 +27,9 @@ def _modules():
 
 
 def _is_type_checking(node):
-    return isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+    test = getattr(node, "test", None)
+    return isinstance(node, ast.If) and "TYPE_CHECKING" in (
+        getattr(test, "id", None), getattr(test, "attr", None))
 
 
 def _run_time_imports(name, path):
