@@ -25,11 +25,17 @@ that holds one)
     ``os.register_at_fork(before=...)`` lets MXNet's queues drain with the GIL
     released before a fork, and ``atexit`` drains them before exit.  MXNet's
     own fork handler joins its CustomOp worker thread while the forking thread
-    holds the GIL; a Python callback still queued there waits for the GIL
-    forever (measured: DataLoader workers and ``os.fork`` hung after training
-    calls).  On Python < 3.10, ``subprocess`` forks without running those
-    handlers, so ``subprocess.Popen._execute_child`` runs the same step first
-    (measured: ``subprocess.run`` hung after a forward of a Python CustomOp).
+    holds the GIL; a Python callback still queued there (a forward, or the
+    deleter of a finished op) waits for the GIL forever (measured: DataLoader
+    workers and ``os.fork`` hung after training calls; under load a bounded
+    wait for the deleters lost the race).  So the step waits for the engine,
+    then sends a no-op CustomOp (``customop.runtime.barrier``, registered here)
+    through that thread's queue and waits for it: the queue runs in order, each
+    item's deleters before the next, so once the barrier has run nothing is
+    left there; it orders, it does not time.  On Python < 3.10, ``subprocess``
+    forks without running those handlers, so ``subprocess.Popen._execute_child``
+    runs the same step first (measured: ``subprocess.run`` hung after a forward
+    of a Python CustomOp).
 
 ``aux`` (installed by the first use of an operator with auxiliary states)
     A Python CustomOp updates its aux arrays through copies whose engine
@@ -64,7 +70,6 @@ import os
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -138,33 +143,57 @@ def _install_errors() -> None:
 
 
 # ---- fork -----------------------------------------------------------------------------------
-_SETTLE_S = 0.002  # a deleter waiting for the GIL runs within this once we let go of it
-_MAX_WAIT_S = 0.5
+_BARRIER = "customop.runtime.barrier"
+_barrier_output = None  # the last barrier's output: its node holds the op, freed on our thread
 
 
-def _live_ops() -> int:
-    return len(mx.operator._registry.ref_holder)
+class _Barrier(mx.operator.CustomOp):
+    """Does nothing; its forward runs on MXNet's CustomOp thread after everything queued there."""
+
+    def forward(self, is_train, req, in_data, out_data, aux):
+        pass
+
+    def backward(self, req, out_grad, in_data, out_data, in_grad, aux):
+        pass
+
+
+class _BarrierProp(mx.operator.CustomOpProp):
+    def __init__(self, **kwargs):
+        super().__init__(need_top_grad=False)
+
+    def infer_shape(self, in_shape):
+        return in_shape, in_shape, []
+
+    def create_operator(self, ctx, shapes, dtypes):
+        return _Barrier()
+
+
+def _through_the_custom_thread() -> None:
+    # MXNet's CustomOp thread runs its queue in order, and each item's Python deleters run
+    # before the next item starts.  Once the barrier's forward has run (its output is ready),
+    # nothing queued before it is left, and the barrier's own op is not deleted there: it is
+    # recorded, so its autograd node keeps it until we drop the output on this thread.
+    global _barrier_output
+    x = mx.nd.zeros((1,))
+    x.attach_grad()
+    with mx.autograd.record():
+        out = mx.nd.Custom(x, op_type=_BARRIER)
+    out.wait_to_read()  # the GIL is released while we wait
+    _barrier_output = out
 
 
 def settle() -> None:
-    """Let MXNet's queues (and the Python deleters they run) finish, GIL released."""
+    """Let MXNet's queues, and the Python callbacks they run, finish: GIL released, in order."""
     try:
+        mx.nd.waitall()  # releases the GIL until the engine is idle
+        _through_the_custom_thread()
         mx.nd.waitall()
     except Exception:  # noqa: BLE001 - the failure stays with MXNet's arrays; fork must go on
         pass
-    # Finished ops are deleted on the CustomOperator thread right after they complete, through
-    # a Python callback: give it the GIL until the count of live ops stops moving.
-    deadline = time.monotonic() + _MAX_WAIT_S
-    seen = _live_ops()
-    while time.monotonic() < deadline:
-        time.sleep(_SETTLE_S)
-        now = _live_ops()
-        if now == seen:
-            break
-        seen = now
 
 
 def _install_fork() -> None:
+    mx.operator.register(_BARRIER)(_BarrierProp)
     os.register_at_fork(before=settle)
     atexit.register(settle)
     if sys.version_info < (3, 10):  # noqa: UP036 - Python 3.8 and 3.9 are supported
