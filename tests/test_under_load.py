@@ -1,0 +1,67 @@
+"""Soaks under CPU load (``make soak``): training machines are busy, and races show up there.
+
+Each test starts its own CPU hogs (busy Python processes, one more than the cores) and ends
+them by pid, whatever happens; the work under test runs in children under timeouts.
+"""
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from tests.customop.test_reliability import FORK_SOAK
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+HOGS = 4
+
+
+@contextlib.contextmanager
+def cpu_hogs(n=HOGS):
+    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
+    try:
+        yield [p.pid for p in procs]
+    finally:
+        for p in procs:
+            os.kill(p.pid, signal.SIGKILL)
+            p.wait()
+
+
+def _run(args, timeout):
+    proc = subprocess.Popen(args, cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        pytest.fail(f"hung (killed after {timeout} s); output:\n{out[-3000:]}")
+    return proc.returncode, out
+
+
+@pytest.mark.soak
+@pytest.mark.parametrize("run", range(3))
+def test_fork_soak_beside_cpu_hogs(run):
+    with cpu_hogs():
+        rc, out = _run([sys.executable, "-c", textwrap.dedent(FORK_SOAK.replace("NFORKS", "200"))],
+                       timeout=540)
+    assert rc == 0 and "forks ok 200" in out, out[-3000:]
+
+
+THREAD_AND_ERROR_TESTS = ["tests/customop/test_errors.py", "tests/customop/test_reliability.py",
+                          "tests/customop/test_multidevice.py"]
+
+
+@pytest.mark.soak
+def test_thread_and_error_tests_pass_20_times_beside_cpu_hogs():
+    failures = []
+    with cpu_hogs():
+        for run in range(20):
+            rc, out = _run([sys.executable, "-m", "pytest", "-q", "-x", "-m", "not soak",
+                            "-p", "no:cacheprovider", *THREAD_AND_ERROR_TESTS], timeout=900)
+            if rc != 0:
+                failures.append((run, out[-2000:]))
+    assert failures == []
