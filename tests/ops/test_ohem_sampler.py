@@ -83,14 +83,24 @@ def test_every_path_and_no_host_copy():
 @pytest.mark.parametrize("op", TWINS, ids=["mxnet", "numpy"])
 def test_bad_input_raises_and_the_next_call_works(op):
     x, t, w = map(mx.nd.array, random_inputs(2, 5))
-    with pytest.raises(ValueError, match=r"ops.ohem_sampler: conf_target must have shape"):
+    with pytest.raises(ValueError, match=r"ops.ohem_sampler': conf_target has shape "
+                       r".* must have shape"):
         op(x, t[:, :4], w)
-    with pytest.raises(ValueError, match=r"ops.ohem_sampler: loss_type must be 'softmax'"):
+    with pytest.raises(ValueError, match=r"ops.ohem_sampler': loss_type must be one of "
+                       r"\('softmax',\)"):
         op(x, t, w, loss_type="sigmoid")
-    with pytest.raises(ValueError, match=r"ops.ohem_sampler: ratio must be >= 0"):
-        op(x, t, w, ratio=-1.0)
-    with pytest.raises(ValueError, match=r"ops.ohem_sampler: min_neg must be an int"):
+    for bad in (-1.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match=r"ops.ohem_sampler': ratio must be a finite "
+                           r"number >= 0"):
+            op(x, t, w, ratio=bad)
+    with pytest.raises(TypeError, match=r"ops.ohem_sampler': min_neg must be an int"):
         op(x, t, w, min_neg=1.5)
+    with pytest.raises(ValueError, match=r"ops.ohem_sampler': min_neg must be an int in \[0,"):
+        op(x, t, w, min_neg=-1)
+    with pytest.raises(TypeError, match=r"ops.ohem_sampler': from_logits must be a bool"):
+        op(x, t, w, from_logits="False")
+    with pytest.raises(TypeError, match=r"ops.ohem_sampler': conf_data must be a float array"):
+        op(x.astype("int64"), t, w)
     assert op(x, t, w).shape == (2, 5)
 
 
@@ -98,10 +108,10 @@ def test_numpy_twin_checks_values():
     x, t, w = random_inputs(2, 5)
     bad = t.copy()
     bad[0, 0] = 7
-    with pytest.raises(ValueError, match=r"ops.ohem_sampler: conf_target has values outside"):
+    with pytest.raises(ValueError, match=r"ops.ohem_sampler': conf_target has values outside"):
         ops.ohem_sampler.numpy(*map(mx.nd.array, (x, bad, w)))
     nan = x.copy()
     nan[0, 0, 0] = np.nan
-    with pytest.raises(ValueError, match=r"ops.ohem_sampler: conf_data contains NaN"):
+    with pytest.raises(ValueError, match=r"ops.ohem_sampler': conf_data contains NaN"):
         ops.ohem_sampler.numpy(*map(mx.nd.array, (nan, t, w)))
     assert ops.ohem_sampler.numpy(*map(mx.nd.array, (x, t, w))).shape == (2, 5)

@@ -125,10 +125,11 @@ def test_symbol_both_and_hybridized_wrapper():
 @pytest.mark.parametrize("op", TWINS, ids=["mxnet", "numpy"])
 def test_bad_parameters_raise_and_the_next_call_works(op):
     x = mx.nd.ones((2, 4))
-    with pytest.raises(ValueError, match=r"ops.topk: k=5 must be an int no larger than .* 4"):
+    with pytest.raises(ValueError, match=r"ops.topk': k must be no larger than the "
+                       r"length 4 .* got 5"):
         op(x, k=5)
-    with pytest.raises(ValueError, match="ops.topk: ret_typ must be one of"):
+    with pytest.raises(ValueError, match="ops.topk': ret_typ must be one of"):
         op(x, k=1, ret_typ="values")
-    with pytest.raises(ValueError, match="ops.topk: axis=2 is out of range"):
+    with pytest.raises(ValueError, match="ops.topk': axis must be an int in"):
         op(x, k=1, axis=2)
     assert op(x, k=2).shape == (2, 2)
