@@ -133,3 +133,45 @@ def test_bad_parameters_raise_and_the_next_call_works(op):
     with pytest.raises(ValueError, match="ops.topk': axis must be an int in"):
         op(x, k=1, axis=2)
     assert op(x, k=2).shape == (2, 2)
+
+
+def nan_reference(x, k, is_ascend, do_sort):
+    """Top k of each row with NumPy's order: NaN above +inf above every number; ties (only NaNs
+    here) by lower index."""
+    sign = 1 if is_ascend else -1
+
+    def key(v, i):
+        return (sign, 0.0, i) if np.isnan(v) else (0, sign * float(v), i)
+    out_v, out_i = [], []
+    for row in np.asarray(x, np.float64):
+        order = sorted(range(len(row)), key=lambda i: key(row[i], i))
+        items = order[:k] if k >= 1 else order
+        items = sorted(items) if not do_sort else items
+        out_v.append(row[items])
+        out_i.append(items)
+    return np.array(out_v), np.array(out_i)
+
+
+@pytest.mark.parametrize("op", TWINS, ids=["mxnet", "numpy"])
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+def test_nan_ranks_as_the_largest_value_in_both_modes(op, dtype):
+    # Three NaNs, +inf, -inf and a huge finite value (the dtype's largest, but for float64 where
+    # +inf and the largest finite value tie, as documented) among ordinary numbers.
+    big = 1e300 if dtype == np.float64 else np.finfo(dtype).max
+    row = np.array([1.5, np.nan, -np.inf, 3.0, np.inf, np.nan, -2.0, big, 0.25, np.nan], dtype)
+    x = np.stack([row, row[::-1], np.roll(row, 3)])
+    for k in (1, 2, 3, 4, 5, 8, 0):
+        for is_ascend in (False, True):
+            for do_sort in (True, False):
+                kw = dict(k=k, is_ascend=is_ascend, do_sort=do_sort)
+                value, index = op(mx.nd.array(x, dtype=dtype), ret_typ="both", **kw)
+                want_v, want_i = nan_reference(x, k, is_ascend, do_sort)
+                np.testing.assert_array_equal(value.asnumpy(), want_v.astype(dtype), str(kw))
+                picked = np.take_along_axis(x, index.asnumpy().astype(np.int64), axis=-1)
+                np.testing.assert_array_equal(picked, value.asnumpy(), str(kw))
+                if op is ops.topk.numpy or do_sort is False:
+                    np.testing.assert_array_equal(index.asnumpy(), want_i, str(kw))
+                mask = op(mx.nd.array(x, dtype=dtype), ret_typ="mask", **kw).asnumpy()
+                assert (mask.sum(axis=-1) == (k if k >= 1 else x.shape[1])).all()
+                np.testing.assert_array_equal(np.sort(x[mask > 0].reshape(3, -1), axis=-1),
+                                              np.sort(want_v, axis=-1).astype(dtype), str(kw))
