@@ -169,3 +169,24 @@ def test_gluon_blocks_check_their_parameters_at_construction():
         ops.WingLoss(w=INF)
     with pytest.raises(TypeError, match=r"customop 'ops.center_loss': feature_dim must be"):
         ops.CenterLoss(num_class=2, feature_dim="2")
+
+
+@pytest.mark.parametrize("mode", ["mxnet", "numpy"])
+@pytest.mark.parametrize("case", [
+    ("focal_loss", dict(p=(2, 3, 4), l=(2, 3)), {"p": np.int64}, {}, TypeError, "pred"),
+    ("wing_loss", dict(p=(2, 3), l=(2, 3)), {"p": np.int64}, {}, TypeError, "pred"),
+    ("center_loss", dict(p=(3, 2), l=(3,)), {"p": np.int64}, dict(num_class=2), TypeError,
+     "data"),
+    ("box_iou", dict(p=(2, 4), l=(3, 4)), {}, dict(legacy_box="False"), TypeError,
+     "legacy_box"),
+    ("focal_loss", dict(p=(2, 3, 4), l=(2, 3)), {}, dict(gamma=NAN), ValueError, "gamma"),
+], ids=lambda c: f"{c[0]}-{c[-1]}")
+def test_bound_symbol_raises_naming_the_op_and_the_argument(case, mode):
+    name, shapes, types, params, error, arg = case
+    op = getattr(ops, name)
+    op = op.numpy if mode == "numpy" else op
+    sym = op(mx.sym.var("p"), mx.sym.var("l"), **params)
+    with pytest.raises(error, match=rf"customop 'ops\.{name}'.*: {arg} "):
+        exe = sym.simple_bind(mx.cpu(), type_dict={"l": np.float32, **types}, **shapes)
+        exe.forward()[0].asnumpy()
+    assert mx.nd.ones((2,)).sum().asscalar() == 2
