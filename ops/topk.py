@@ -33,22 +33,32 @@ def _check(shape, k, axis, ret_typ, is_ascend, dtype, do_sort):
 
 
 def _nan_largest(x):
-    """A key that ranks as NumPy sorts: NaN above +inf above every finite value.
+    """A key that ranks as NumPy sorts: NaN above every number (``+inf`` included).
 
-    Float16/32 data are compared in float64 with +inf moved to float64's largest finite
-    value and NaN to +inf: exact.  Float64 data keep their dtype: there +inf and the
-    largest finite float64 tie.  Integer data have no NaN and are their own key.
+    NaN becomes ``+inf`` and ``+inf`` the dtype's largest finite value, in ``x``'s dtype (a
+    float64 copy would double the cost of the sort): so ``+inf`` ties with that largest
+    finite value, the one exception.  Integer data have no NaN and are their own key.
     """
     if not np.issubdtype(x.dtype, np.floating):
         return x
-    key = x.astype("float64", copy=False)
-    big = np.finfo(np.float64).max
-    if x.dtype != np.float64:
-        key = mx.nd.where(key == np.inf, mx.nd.full(key.shape, big, key.context, "float64"),
-                          key)
-    else:
-        key = mx.nd.minimum(key, big)
-    return mx.nd.where(key != key, mx.nd.full(key.shape, np.inf, key.context, "float64"), key)
+    # (arrays, not scalars: MXNet parses a scalar parameter inexactly, 1e308 -> 9.99...e307)
+    finite = mx.nd.minimum(x, _const_like(x, np.finfo(x.dtype).max))
+    return mx.nd.where(x == x, finite, _const_like(x, np.inf))
+
+
+_CONSTANTS: dict = {}  # (value, shape, dtype, context) -> a constant array, never written
+
+
+def _const_like(x, value):
+    # Filling a fresh array costs as much as another pass over the data: keep a few.
+    key = (float(value), x.shape, np.dtype(x.dtype).name, str(x.context))
+    const = _CONSTANTS.get(key)
+    if const is None:
+        if len(_CONSTANTS) >= 16:
+            _CONSTANTS.clear()
+        const = _CONSTANTS[key] = mx.nd.array(np.full(x.shape, value, x.dtype), x.context,
+                                              dtype=x.dtype)
+    return const
 
 
 def _to_last(x, axis):
@@ -82,9 +92,10 @@ def _topk_nd(data, k, axis, ret_typ, is_ascend, dtype, do_sort):
             pos = mx.nd.sort(pos, axis=-1)
         offsets = mx.nd.arange(rows, dtype="int64", ctx=data.context).reshape((rows, 1))
         flat = mx.nd.broadcast_add(pos.reshape((rows, k)), offsets * length)
+    if ret_typ == "indices":
+        return _from_last(pos.astype(dtype), perm)
     value = _from_last(mx.nd.take(x.reshape((-1,)), flat).reshape(pos.shape), perm)
-    indices = _from_last(pos.astype(dtype), perm)
-    return {"value": value, "indices": indices, "both": (value, indices)}[ret_typ]
+    return value if ret_typ == "value" else (value, _from_last(pos.astype(dtype), perm))
 
 
 def _topk_np(data, k, axis, ret_typ, is_ascend, dtype, do_sort):
@@ -222,8 +233,9 @@ class TopK:
 
     NaN follows NumPy's rule in both modes: it sorts as the largest value (above
     ``+inf``), so the top k (descending) take NaNs first and ``is_ascend=True`` takes
-    them last. In ``'mxnet'`` mode float16/float32 data are ranked on a float64 copy
-    (exact); for float64 data ``+inf`` and the largest finite float64 tie.
+    them last. One exception in ``'mxnet'`` mode: ``+inf`` ties with the dtype's
+    largest finite value (``np.finfo(dtype).max``), so which of the two ranks first is
+    unspecified, like other ties.
 
     Shapes: ``data`` any shape; ``value``/``indices`` have ``data``'s shape with
     ``k`` along ``axis`` (``(k,)`` for ``axis=None``); ``mask`` has ``data``'s shape.

@@ -155,9 +155,9 @@ def nan_reference(x, k, is_ascend, do_sort):
 @pytest.mark.parametrize("op", TWINS, ids=["mxnet", "numpy"])
 @pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
 def test_nan_ranks_as_the_largest_value_in_both_modes(op, dtype):
-    # Three NaNs, +inf, -inf and a huge finite value (the dtype's largest, but for float64 where
-    # +inf and the largest finite value tie, as documented) among ordinary numbers.
-    big = 1e300 if dtype == np.float64 else np.finfo(dtype).max
+    # Three NaNs, +inf, -inf and a huge finite value (not the dtype's largest, which ties with
+    # +inf in 'mxnet' mode, as documented) among ordinary numbers.
+    big = np.nextafter(np.finfo(dtype).max, dtype(0), dtype=dtype)
     row = np.array([1.5, np.nan, -np.inf, 3.0, np.inf, np.nan, -2.0, big, 0.25, np.nan], dtype)
     x = np.stack([row, row[::-1], np.roll(row, 3)])
     for k in (1, 2, 3, 4, 5, 8, 0):
