@@ -173,3 +173,11 @@ def test_numpy_twin_refuses_probabilities_outside_0_1():
     x, t, w = random_inputs(2, 5)
     with pytest.raises(ValueError, match=r"'ops.ohem_sampler'.*: conf_data holds values outside"):
         ops.ohem_sampler.numpy(*map(mx.nd.array, (x, t, w)), from_logits=False)
+
+
+def test_weights_shaped_b_n_1_on_every_path():
+    x, t, w = random_inputs(2, 12)
+    probs = softmax64(x).astype(np.float32)
+    outs = every_path(ops.ohem_sampler, [probs, t, w[..., None]], dict(from_logits=False))
+    assert outs[0].shape == (2, 12, 1)
+    np.testing.assert_array_equal(outs[0][..., 0], reference(probs, t, w, from_logits=False))
