@@ -46,19 +46,30 @@ def _nan_largest(x):
     return mx.nd.where(x == x, finite, _const_like(x, np.inf))
 
 
-_CONSTANTS: dict = {}  # (value, shape, dtype, context) -> a constant array, never written
+_CONSTANTS: dict = {}  # (what, shape, dtype, context) -> a constant array, never written
 
 
-def _const_like(x, value):
-    # Filling a fresh array costs as much as another pass over the data: keep a few.
-    key = (float(value), x.shape, np.dtype(x.dtype).name, str(x.context))
+def _cached(key, make):
+    # Making these costs as much as another pass over the data: keep a few.
     const = _CONSTANTS.get(key)
     if const is None:
         if len(_CONSTANTS) >= 16:
             _CONSTANTS.clear()
-        const = _CONSTANTS[key] = mx.nd.array(np.full(x.shape, value, x.dtype), x.context,
-                                              dtype=x.dtype)
+        const = _CONSTANTS[key] = make()
     return const
+
+
+def _const_like(x, value):
+    return _cached((float(value), x.shape, np.dtype(x.dtype).name, str(x.context)),
+                   lambda: mx.nd.array(np.full(x.shape, value, x.dtype), x.context,
+                                       dtype=x.dtype))
+
+
+def _row_offsets(rows, length, x):
+    """``[[0], [length], [2 length], ...]`` (int64): row starts in the flattened data."""
+    return _cached(("offsets", (rows, length), "int64", str(x.context)),
+                   lambda: mx.nd.array(np.arange(rows, dtype=np.int64)[:, None] * length,
+                                       x.context, dtype="int64"))
 
 
 def _to_last(x, axis):
@@ -90,8 +101,7 @@ def _topk_nd(data, k, axis, ret_typ, is_ascend, dtype, do_sort):
                          dtype="int64")
         if not do_sort:
             pos = mx.nd.sort(pos, axis=-1)
-        offsets = mx.nd.arange(rows, dtype="int64", ctx=data.context).reshape((rows, 1))
-        flat = mx.nd.broadcast_add(pos.reshape((rows, k)), offsets * length)
+        flat = mx.nd.broadcast_add(pos.reshape((rows, k)), _row_offsets(rows, length, x))
     if ret_typ == "indices":
         return _from_last(pos.astype(dtype), perm)
     value = _from_last(mx.nd.take(x.reshape((-1,)), flat).reshape(pos.shape), perm)
