@@ -9,8 +9,6 @@ from customop import customop
 from . import _checks
 
 RET_TYPS = ("value", "indices", "mask", "both")
-
-
 DTYPES = ("float16", "float32", "float64", "uint8", "int32", "int64")
 
 
@@ -47,10 +45,13 @@ def _nan_largest(x):
 
 
 _CONSTANTS: dict = {}  # (what, shape, dtype, context) -> a constant array, never written
+_CACHED_SIZE = 1 << 22  # elements; a larger constant is made per call, not held
 
 
-def _cached(key, make):
-    # Making these costs as much as another pass over the data: keep a few.
+def _cached(key, size, make):
+    # Making these costs as much as another pass over the data: keep a few small ones.
+    if size > _CACHED_SIZE:
+        return make()
     const = _CONSTANTS.get(key)
     if const is None:
         if len(_CONSTANTS) >= 16:
@@ -60,14 +61,14 @@ def _cached(key, make):
 
 
 def _const_like(x, value):
-    return _cached((float(value), x.shape, np.dtype(x.dtype).name, str(x.context)),
-                   lambda: mx.nd.array(np.full(x.shape, value, x.dtype), x.context,
-                                       dtype=x.dtype))
+    return _cached((float(value), x.shape, np.dtype(x.dtype).name, str(x.context)), x.size,
+                   lambda: mx.nd.broadcast_to(mx.nd.array(
+                       [value], x.context, dtype=x.dtype).reshape((1,) * x.ndim), x.shape))
 
 
 def _row_offsets(rows, length, x):
     """``[[0], [length], [2 length], ...]`` (int64): row starts in the flattened data."""
-    return _cached(("offsets", (rows, length), "int64", str(x.context)),
+    return _cached(("offsets", (rows, length), "int64", str(x.context)), rows,
                    lambda: mx.nd.array(np.arange(rows, dtype=np.int64)[:, None] * length,
                                        x.context, dtype="int64"))
 

@@ -175,3 +175,16 @@ def test_nan_ranks_as_the_largest_value_in_both_modes(op, dtype):
                 assert (mask.sum(axis=-1) == (k if k >= 1 else x.shape[1])).all()
                 np.testing.assert_array_equal(np.sort(x[mask > 0].reshape(3, -1), axis=-1),
                                               np.sort(want_v, axis=-1).astype(dtype), str(kw))
+
+
+def test_nan_rule_without_the_constant_cache(monkeypatch):
+    # Large inputs build their +inf / largest-finite constants per call instead of caching them.
+    import sys
+    monkeypatch.setattr(sys.modules["ops.topk"], "_CACHED_SIZE", 0)
+    x = np.array([[0.5, np.nan, np.inf, -1.0, np.nan, 2.0]])
+    for dtype in (np.float32, np.float64):
+        value, index = ops.topk(mx.nd.array(x, dtype=dtype), k=4, ret_typ="both")
+        np.testing.assert_array_equal(value.asnumpy(), np.array([[np.nan, np.nan, np.inf, 2.0]],
+                                                                dtype))
+        value = ops.topk(mx.nd.array(x, dtype=dtype), k=2, is_ascend=True, do_sort=False)
+        np.testing.assert_array_equal(value.asnumpy(), np.array([[0.5, -1.0]], dtype))
