@@ -4,6 +4,10 @@
 context it runs MXNet's CUDA kernels, no host copy); ``ops.<name>.numpy`` is its
 readable ``'numpy'``-mode twin with the same docstring.  Losses come with Gluon
 blocks (``ops.FocalLoss``, ``ops.SmoothL1Loss``, ...).
+
+Op types are stable, ``'ops.<name>'`` and ``'ops.<name>.numpy'`` (``ops.topk``'s two-output
+form: ``'ops.topk.both'``): saved graphs store them, and loading one imports ``ops``
+(``tests/ops/test_names.py`` pins the list).
 """
 from .arr_pick import arr_pick
 from .box_decode import box_decode

@@ -8,8 +8,6 @@ they work on NumPy arrays and NDArrays alike.
 """
 from __future__ import annotations
 
-FORMATS = ("corner", "center")
-
 
 def to_center(x1, y1, x2, y2, one):
     """Corner to center coordinates; ``one`` is 1 for legacy boxes, else 0."""
@@ -21,15 +19,3 @@ def to_center(x1, y1, x2, y2, one):
 def to_corner(cx, cy, w, h, one):
     """Center to corner coordinates (inverse of :func:`to_center`)."""
     return cx - w * 0.5, cy - h * 0.5, cx + w * 0.5 - one, cy + h * 0.5 - one
-
-
-def check_format(op, name, value):
-    if value not in FORMATS:
-        raise ValueError(f"ops.{op}: {name} must be 'corner' or 'center', got {value!r}")
-
-
-def check_boxes(op, name, shape, ndim=None):
-    if len(shape) < 2 or shape[-1] != 4 or (ndim is not None and len(shape) != ndim):
-        want = f"{ndim}-d " if ndim else ""
-        raise ValueError(f"ops.{op}: {name} must be a {want}array of boxes with last axis 4, "
-                         f"got shape {tuple(shape)}")

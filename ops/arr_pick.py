@@ -6,18 +6,17 @@ import numpy as np
 
 from customop import customop
 
+from . import _checks
 from .topk import _topk_nd
 
 
-def _check(arr_shape, indicate_shape, num):
-    if len(arr_shape) != 3:
-        raise ValueError(f"ops.arr_pick: arr must have shape (B, M, L), got {tuple(arr_shape)}")
-    b, _, length = arr_shape
-    if tuple(indicate_shape) != (b, 1, length):
-        raise ValueError(f"ops.arr_pick: indicate must have shape (B, 1, L) = {(b, 1, length)} "
-                         f"for arr of shape {tuple(arr_shape)}, got {tuple(indicate_shape)}")
-    if isinstance(num, bool) or not isinstance(num, int) or not 1 <= num <= length:
-        raise ValueError(f"ops.arr_pick: num={num!r} must be an int in [1, L={length}]")
+def _check(arr, indicate, num):
+    _checks.integer("arr_pick", "num", num)
+    _checks.shape_is("arr_pick", "arr", arr.shape, len(arr.shape) == 3, "(B, M, L)")
+    b, _, length = arr.shape
+    _checks.same_shape("arr_pick", "indicate", indicate.shape, (b, 1, length),
+                       f"(B, 1, L) for arr of shape {tuple(arr.shape)}")
+    _checks.integer("arr_pick", "num", num, 1, length)
     return length
 
 
@@ -54,7 +53,7 @@ def arr_pick(arr, indicate, *, num):
         >>> ops.arr_pick(a, b, num=5)[0, :2].asnumpy().tolist()
         [[1.0, 3.0, 5.0, 7.0, 9.0], [11.0, 13.0, 15.0, 17.0, 19.0]]
     """
-    length = _check(arr.shape, indicate.shape, num)
+    length = _check(arr, indicate, num)
     b, m, _ = arr.shape
     ctx = arr.context
     with mx.autograd.pause():
@@ -68,7 +67,7 @@ def arr_pick(arr, indicate, *, num):
 
 @arr_pick.twin("numpy")
 def _arr_pick_numpy(arr, indicate, *, num):
-    length = _check(arr.shape, indicate.shape, num)
+    length = _check(arr, indicate, num)
     key = (indicate != 0) * length + np.arange(length - 1, -1, -1)  # unique: no ties
     pos = np.sort(np.argsort(-key, axis=-1)[..., :num], axis=-1)
     return np.take_along_axis(arr, np.broadcast_to(pos, arr.shape[:2] + (num,)), axis=-1)

@@ -6,16 +6,26 @@ from autograd import numpy as anp
 
 from customop import customop
 
-from ._boxes import check_boxes, check_format, to_center, to_corner
+from . import _checks
+from ._boxes import to_center, to_corner
 
 
-def _check(data, anchors, format):
-    check_boxes("box_decode", "data", data, ndim=3)
-    check_boxes("box_decode", "anchors", anchors, ndim=3)
-    check_format("box_decode", "format", format)
-    if anchors[0] not in (1, data[0]) or anchors[1] != data[1]:
-        raise ValueError(f"ops.box_decode: anchors must have shape (1, N, 4) or (B, N, 4) for "
-                         f"data of shape {tuple(data)}, got {tuple(anchors)}")
+def _check(data, anchors, std0, std1, std2, std3, clip, format, legacy_box):
+    _checks.boxes("box_decode", "data", data.shape, ndim=3)
+    _checks.boxes("box_decode", "anchors", anchors.shape, ndim=3)
+    _checks.floating("box_decode", "data", data.dtype)
+    _checks.floating("box_decode", "anchors", anchors.dtype)
+    _checks.shape_is("box_decode", "anchors", anchors.shape,
+                     anchors.shape[0] in (1, data.shape[0]) and anchors.shape[1] == data.shape[1],
+                     f"(1, N, 4) or (B, N, 4) for data of shape {tuple(data.shape)}")
+    for i, std in enumerate((std0, std1, std2, std3)):
+        _checks.number("box_decode", f"std{i}", std)
+    if clip is None:
+        raise _checks.fail("box_decode", "clip", "must be a number (-1 or any value <= 0: no "
+                           "clip; GluonCV's clip=None), got None", TypeError)
+    _checks.number("box_decode", "clip", clip)
+    _checks.box_format("box_decode", "format", format)
+    _checks.boolean("box_decode", "legacy_box", legacy_box)
 
 
 @customop("mxnet", name="ops.box_decode")
@@ -41,16 +51,17 @@ def box_decode(data, anchors, *, std0=1.0, std1=1.0, std2=1.0, std3=1.0, clip=-1
 
     Parameters
     ----------
-    std0, std1, std2, std3 : float, default 1
+    std0, std1, std2, std3 : finite float, default 1
         Scales of the 4 offsets.
-    clip : float, default -1
-        If positive, the upper bound of the scaled log-size offsets.
+    clip : finite float, default -1
+        If positive, the upper bound of the scaled log-size offsets (GluonCV's ``clip=None``
+        is ``-1`` here; ``None`` raises ``TypeError``).
     format : {'center', 'corner'}, default 'center'
         Encoding of ``anchors``.
     legacy_box : bool, default False
         Widths and heights are ``x2 - x1 + 1``, ``y2 - y1 + 1``.
 
-    Shapes: ``data`` (B, N, 4); ``anchors`` (1, N, 4) (or (B, N, 4): one set per
+    Shapes: ``data`` (B, N, 4), float; ``anchors`` (1, N, 4) (or (B, N, 4): one set per
     image, where MXNet's op would read only the first); output (B, N, 4).
 
     Example:
@@ -59,7 +70,7 @@ def box_decode(data, anchors, *, std0=1.0, std1=1.0, std2=1.0, std3=1.0, clip=-1
         >>> ops.box_decode(d, a, format='corner', legacy_box=True).asnumpy().round(3).tolist()
         [[[0.0, 0.0, 19.0, 9.0]]]
     """
-    _check(data.shape, anchors.shape, format)
+    _check(data, anchors, std0, std1, std2, std3, clip, format, legacy_box)
     one = 1 if legacy_box else 0
     a = mx.nd.split(anchors, 4, axis=-1)
     ax, ay, aw, ah = to_center(*a, one) if format == "corner" else a
@@ -78,7 +89,7 @@ def box_decode(data, anchors, *, std0=1.0, std1=1.0, std2=1.0, std3=1.0, clip=-1
 def _box_decode_numpy(data, anchors, *, std0=1.0, std1=1.0, std2=1.0, std3=1.0, clip=-1.0,
                       format="center", legacy_box=False):
     # Written with autograd.numpy: HIPS autograd gives the gradients.
-    _check(data.shape, anchors.shape, format)
+    _check(data, anchors, std0, std1, std2, std3, clip, format, legacy_box)
     one = 1 if legacy_box else 0
     a = [anchors[..., i] for i in range(4)]
     ax, ay, aw, ah = to_center(*a, one) if format == "corner" else a

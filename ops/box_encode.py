@@ -8,23 +8,23 @@ from autograd.tracer import getval
 
 from customop import customop
 
-from ._boxes import check_boxes, to_center
+from . import _checks
+from ._boxes import to_center
 
 
-def _check(samples, matches, anchors, refs, means, stds):
-    check_boxes("box_encode", "anchors", anchors, ndim=3)
-    check_boxes("box_encode", "refs", refs, ndim=3)
-    b, n = anchors[:2]
-    for name, shape in (("samples", samples), ("matches", matches)):
-        if tuple(shape) != (b, n):
-            raise ValueError(f"ops.box_encode: {name} must have shape (B, N) = {(b, n)} like "
-                             f"anchors {tuple(anchors)}, got {tuple(shape)}")
-    if refs[0] != b:
-        raise ValueError(f"ops.box_encode: refs must have shape (B, M, 4) with B = {b}, got "
-                         f"{tuple(refs)}")
-    for name, shape in (("means", means), ("stds", stds)):
-        if tuple(shape) != (4,):
-            raise ValueError(f"ops.box_encode: {name} must have shape (4,), got {tuple(shape)}")
+def _check(samples, matches, anchors, refs, means, stds, legacy_box):
+    _checks.boxes("box_encode", "anchors", anchors.shape, ndim=3)
+    _checks.boxes("box_encode", "refs", refs.shape, ndim=3)
+    b, n = anchors.shape[:2]
+    for name, x in (("samples", samples), ("matches", matches)):
+        _checks.same_shape("box_encode", name, x.shape, (b, n), "(B, N) like anchors")
+    _checks.shape_is("box_encode", "refs", refs.shape, refs.shape[0] == b,
+                     f"(B, M, 4) with B = {b}")
+    for name, x in (("means", means), ("stds", stds)):
+        _checks.same_shape("box_encode", name, x.shape, (4,), "one value per coordinate")
+    for name, x in (("anchors", anchors), ("refs", refs), ("means", means), ("stds", stds)):
+        _checks.floating("box_encode", name, x.dtype)
+    _checks.boolean("box_encode", "legacy_box", legacy_box)
 
 
 def _infer_shape(samples, matches, anchors, refs, means, stds, **_):
@@ -63,7 +63,8 @@ def box_encode(samples, matches, anchors, refs, means, stds, *, legacy_box=False
 
     Shapes: ``samples`` (B, N): +1 positive, -1 negative, 0 ignore;
     ``matches`` (B, N): index into ``refs``; ``anchors`` (B, N, 4); ``refs`` (B, M, 4);
-    ``means``, ``stds`` (4,). Outputs ``targets``, ``masks``: (B, N, 4).
+    ``means``, ``stds`` (4,); all four float (integer: ``TypeError``).
+    Outputs ``targets``, ``masks``: (B, N, 4).
 
     Example:
         >>> import mxnet as mx, ops
@@ -73,7 +74,7 @@ def box_encode(samples, matches, anchors, refs, means, stds, *, legacy_box=False
         >>> t.asnumpy().round(4).tolist()   # width 20 vs 10: dx = (10 - 5) / 10, log 2
         [[[0.5, 0.0, 0.6931, 0.0]]]
     """
-    _check(samples.shape, matches.shape, anchors.shape, refs.shape, means.shape, stds.shape)
+    _check(samples, matches, anchors, refs, means, stds, legacy_box)
     if not legacy_box:  # MXNet's kernel, for bit-equal outputs; gradients: _encode_grad
         return tuple(mx.nd.contrib.box_encode(samples, matches, anchors, refs, means, stds))
     return _encode_nd(samples, matches, anchors, refs, means, stds, 1)
@@ -121,13 +122,13 @@ for _i in (0, 1):  # samples and matches select; they get no gradient
 @box_encode.twin("numpy")
 def _box_encode_numpy(samples, matches, anchors, refs, means, stds, *, legacy_box=False):
     # Written with autograd.numpy: HIPS autograd gives the gradients.
-    _check(samples.shape, matches.shape, anchors.shape, refs.shape, means.shape, stds.shape)
+    _check(samples, matches, anchors, refs, means, stds, legacy_box)
     one = 1 if legacy_box else 0
     valid = getval(samples) > 0.5
     index = getval(matches)
     if np.any(valid & ((index < 0) | (index >= refs.shape[1]) | (index != np.round(index)))):
-        raise ValueError(f"ops.box_encode: matches of positive samples must be integers in "
-                         f"[0, M={refs.shape[1]})")
+        raise _checks.fail("box_encode", "matches", f"of positive samples must be integers in "
+                           f"[0, M={refs.shape[1]})")
     index = np.clip(index, 0, refs.shape[1] - 1).astype(np.int64)
     ref = refs[np.arange(refs.shape[0])[:, None], index]
     rx, ry, rw, rh = to_center(ref[..., 0], ref[..., 1], ref[..., 2], ref[..., 3], one)

@@ -6,13 +6,17 @@ import numpy as np
 
 from customop import customop
 
-from ._boxes import check_boxes, check_format, to_corner
+from . import _checks
+from ._boxes import to_corner
 
 
-def _check(lhs_shape, rhs_shape, format):
-    check_boxes("box_iou", "lhs", lhs_shape)
-    check_boxes("box_iou", "rhs", rhs_shape)
-    check_format("box_iou", "format", format)
+def _check(lhs, rhs, format, legacy_box):
+    _checks.boxes("box_iou", "lhs", lhs.shape)
+    _checks.boxes("box_iou", "rhs", rhs.shape)
+    _checks.floating("box_iou", "lhs", lhs.dtype)
+    _checks.floating("box_iou", "rhs", rhs.dtype)
+    _checks.box_format("box_iou", "format", format)
+    _checks.boolean("box_iou", "legacy_box", legacy_box)
 
 
 @customop("mxnet", name="ops.box_iou", auto_grad=False)
@@ -43,7 +47,7 @@ def box_iou(lhs, rhs, *, format="corner", legacy_box=False):
     legacy_box : bool, default False
         Widths and heights are ``x2 - x1 + 1``, ``y2 - y1 + 1``.
 
-    Shapes: ``lhs`` (..., 4), ``rhs`` (..., 4); output
+    Shapes: ``lhs`` (..., 4), ``rhs`` (..., 4), float (integer boxes: ``TypeError``); output
     ``lhs.shape[:-1] + rhs.shape[:-1]``.
 
     Example:
@@ -53,7 +57,7 @@ def box_iou(lhs, rhs, *, format="corner", legacy_box=False):
         >>> [round(float(x.asnumpy()[0, 0]) * n, 3) for x, n in ((legacy, 175), (plain, 146))]
         [25.0, 16.0]
     """
-    _check(lhs.shape, rhs.shape, format)
+    _check(lhs, rhs, format, legacy_box)
     if legacy_box and format == "corner":
         shift = mx.nd.array([0, 0, 1, 1], ctx=lhs.context, dtype=lhs.dtype)
         lhs, rhs = mx.nd.broadcast_add(lhs, shift), mx.nd.broadcast_add(rhs, shift)
@@ -62,7 +66,7 @@ def box_iou(lhs, rhs, *, format="corner", legacy_box=False):
 
 @box_iou.twin("numpy")
 def _box_iou_numpy(lhs, rhs, *, format="corner", legacy_box=False):
-    _check(lhs.shape, rhs.shape, format)
+    _check(lhs, rhs, format, legacy_box)
     one = 1 if legacy_box else 0
     a, b = lhs.reshape(-1, 1, 4), rhs.reshape(1, -1, 4)
     if format == "center":

@@ -6,29 +6,41 @@ import numpy as np
 
 from customop import customop
 
-from ._boxes import check_format, to_center, to_corner
+from . import _checks
+from ._boxes import to_center, to_corner
 
 
-def _check(shape, coord_start, score_index, id_index, in_format, out_format):
-    check_format("box_nms", "in_format", in_format)
-    check_format("box_nms", "out_format", out_format)
-    if len(shape) < 2:
-        raise ValueError(f"ops.box_nms: data must have shape (..., N, K), got {tuple(shape)}")
+def _check(data, overlap_thresh, valid_thresh, topk, coord_start, score_index, id_index,
+           background_id, force_suppress, in_format, out_format, legacy_box):
+    op = "box_nms"
+    _checks.number(op, "overlap_thresh", overlap_thresh)
+    _checks.number(op, "valid_thresh", valid_thresh)
+    for name, value in (("topk", topk), ("coord_start", coord_start),
+                        ("score_index", score_index), ("id_index", id_index),
+                        ("background_id", background_id)):
+        _checks.integer(op, name, value)
+    _checks.boolean(op, "force_suppress", force_suppress)
+    _checks.box_format(op, "in_format", in_format)
+    _checks.box_format(op, "out_format", out_format)
+    _checks.boolean(op, "legacy_box", legacy_box)
+    shape = data.shape
+    _checks.shape_is(op, "data", shape, len(shape) >= 2, "(..., N, K)")
+    _checks.floating(op, "data", data.dtype)
     width = shape[-1]
     coords = set(range(coord_start, coord_start + 4))
     if not 0 <= coord_start <= width - 4:
-        raise ValueError(f"ops.box_nms: coord_start={coord_start} needs 4 coordinates inside "
-                         f"the last axis of length {width}")
+        raise _checks.fail(op, "coord_start", f"must leave 4 coordinates inside the last axis "
+                           f"of data, of length {width}, got {coord_start}")
     if not 0 <= score_index < width or score_index in coords:
-        raise ValueError(f"ops.box_nms: score_index={score_index} must be in [0, {width}) and "
-                         f"not one of the coordinates {sorted(coords)}")
+        raise _checks.fail(op, "score_index", f"must be in [0, {width}) and not one of the "
+                           f"coordinates {sorted(coords)}, got {score_index}")
     if id_index >= 0 and (id_index >= width or id_index in coords or id_index == score_index):
-        raise ValueError(f"ops.box_nms: id_index={id_index} must be -1 or in [0, {width}), "
-                         "apart from the score and the coordinates")
+        raise _checks.fail(op, "id_index", f"must be -1 or in [0, {width}), apart from the "
+                           f"score and the coordinates, got {id_index}")
     if width < 5 + (id_index > 0):
-        raise ValueError(f"ops.box_nms: the last axis of data needs at least "
-                         f"{5 + (id_index > 0)} entries (score, 4 coordinates"
-                         f"{', id' if id_index > 0 else ''}), got {width}")
+        raise _checks.fail(op, "data", f"needs at least {5 + (id_index > 0)} entries on its "
+                           f"last axis (score, 4 coordinates{', id' if id_index > 0 else ''}), "
+                           f"got {width}")
 
 
 def _convert(coords, in_format, out_format, one):
@@ -75,9 +87,9 @@ def box_nms(data, *, overlap_thresh=0.5, valid_thresh=0.0, topk=-1, coord_start=
 
     Parameters
     ----------
-    overlap_thresh : float, default 0.5
+    overlap_thresh : finite float, default 0.5
         Suppress a box whose IoU with a kept box is above this.
-    valid_thresh : float, default 0
+    valid_thresh : finite float, default 0
         Boxes with ``score <= valid_thresh`` are dropped first.
     topk : int, default -1
         Apply NMS to the ``topk`` highest-scoring valid boxes only; -1: all; 0 returns
@@ -92,7 +104,8 @@ def box_nms(data, *, overlap_thresh=0.5, valid_thresh=0.0, topk=-1, coord_start=
     legacy_box : bool, default False
         Widths and heights are ``x2 - x1 + 1``, ``y2 - y1 + 1``.
 
-    Shapes: ``data`` (..., N, K) with K >= 5; output the same shape.
+    Shapes: ``data`` (..., N, K) with K >= 5, float (integer: ``TypeError``); output the
+    same shape.
 
     Example:
         >>> import mxnet as mx, ops
@@ -102,7 +115,8 @@ def box_nms(data, *, overlap_thresh=0.5, valid_thresh=0.0, topk=-1, coord_start=
         >>> ops.box_nms(d, overlap_thresh=0.12, legacy_box=True)[:, 1].asnumpy().tolist()
         [0.9, -1.0]
     """
-    _check(data.shape, coord_start, score_index, id_index, in_format, out_format)
+    _check(data, overlap_thresh, valid_thresh, topk, coord_start, score_index, id_index,
+           background_id, force_suppress, in_format, out_format, legacy_box)
     common = dict(overlap_thresh=overlap_thresh, valid_thresh=valid_thresh, topk=topk,
                   coord_start=coord_start, score_index=score_index, id_index=id_index,
                   background_id=background_id, force_suppress=force_suppress,
@@ -141,7 +155,8 @@ def box_nms(data, *, overlap_thresh=0.5, valid_thresh=0.0, topk=-1, coord_start=
 def _box_nms_numpy(data, *, overlap_thresh=0.5, valid_thresh=0.0, topk=-1, coord_start=2,
                    score_index=1, id_index=-1, background_id=-1, force_suppress=False,
                    in_format="corner", out_format="corner", legacy_box=False):
-    _check(data.shape, coord_start, score_index, id_index, in_format, out_format)
+    _check(data, overlap_thresh, valid_thresh, topk, coord_start, score_index, id_index,
+           background_id, force_suppress, in_format, out_format, legacy_box)
     if topk == 0:  # MXNet's box_nms returns its input as is
         return data.copy()
     one = 1 if legacy_box else 0

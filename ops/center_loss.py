@@ -9,18 +9,21 @@ from . import _checks
 __all__ = ["center_loss", "CenterLoss"]
 
 
-def _check(data_shape, label_shape, num_class, alpha, scale):
-    if len(data_shape) != 2:
+def _check_params(num_class, alpha, scale):
+    _checks.integer("center_loss", "num_class", num_class, 1)
+    _checks.number("center_loss", "alpha", alpha, 0, 1)
+    _checks.number("center_loss", "scale", scale)
+
+
+def _check(data, label, centers, num_class, alpha, scale):
+    _check_params(num_class, alpha, scale)
+    if len(data.shape) != 2:
         raise _checks.fail("center_loss", "data", f"must have shape (N, feature_dim), got "
-                           f"{tuple(data_shape)}")
-    _checks.same_shape("center_loss", "label", label_shape, data_shape[:1],
+                           f"{tuple(data.shape)}")
+    _checks.floating("center_loss", "data", data.dtype)
+    _checks.same_shape("center_loss", "label", label.shape, data.shape[:1],
                        "one class per sample")
-    if not isinstance(num_class, int) or isinstance(num_class, bool) or num_class < 1:
-        raise _checks.fail("center_loss", "num_class", f"must be an int >= 1, got {num_class!r}")
-    if not isinstance(alpha, int | float) or not 0 <= alpha <= 1:
-        raise _checks.fail("center_loss", "alpha", f"must be in [0, 1], got {alpha!r}")
-    if not isinstance(scale, int | float) or isinstance(scale, bool):
-        raise _checks.fail("center_loss", "scale", f"must be a number, got {scale!r}")
+    _checks.floating("center_loss", "centers", centers.dtype)
 
 
 def _label_error(num_class):
@@ -32,8 +35,8 @@ def _centers_shape(data, label, num_class, **_):
     return (num_class, data[1])
 
 
-@customop("mxnet", aux={"centers": _centers_shape}, infer_shape=lambda data, *_, **__:
-          (data[0],))
+@customop("mxnet", name="ops.center_loss", aux={"centers": _centers_shape},
+          infer_shape=lambda data, *_, **__: (data[0],))
 def center_loss(data, label, centers, *, num_class, alpha=0.5, scale=1.0):
     r"""Center loss: pull each feature towards the running center of its class.
 
@@ -53,13 +56,13 @@ def center_loss(data, label, centers, *, num_class, alpha=0.5, scale=1.0):
 
     Parameters
     ----------
-    data : features ``(N, feature_dim)``.
+    data : float features ``(N, feature_dim)`` (an integer ``data`` raises ``TypeError``).
     label : ``(N,)`` class indices in ``[0, num_class)``, float or int (checked: one flag
         read back in ``'mxnet'`` mode).
     centers : ``(num_class, feature_dim)``, the state (omit with symbols).
     num_class : int, keyword.
     alpha : float in [0, 1], default 0.5, the center update rate.
-    scale : float, default 1, the loss weight :math:`\lambda`.
+    scale : finite float, default 1, the loss weight :math:`\lambda`.
 
     Returns the per-sample loss ``(N,)``.
 
@@ -73,7 +76,7 @@ def center_loss(data, label, centers, *, num_class, alpha=0.5, scale=1.0):
         >>> loss.asnumpy(), centers.asnumpy()[1]   # c_1 += 0.5 * (1 + 3) / (1 + 2)
         (array([0.5, 4.5], dtype=float32), array([0.6666667, 0.       ], dtype=float32))
     """
-    _check(data.shape, label.shape, num_class, alpha, scale)
+    _check(data, label, centers, num_class, alpha, scale)
     if _checks.any_nd((label < 0) + (label >= num_class) + (label != mx.nd.floor(label))):
         raise _label_error(num_class)
     diff = data - mx.nd.take(centers, label, axis=0)
@@ -82,7 +85,7 @@ def center_loss(data, label, centers, *, num_class, alpha=0.5, scale=1.0):
 
 @center_loss.twin("numpy")
 def _center_loss_numpy(data, label, centers, *, num_class, alpha=0.5, scale=1.0):
-    _check(data.shape, label.shape, num_class, alpha, scale)
+    _check(data, label, centers, num_class, alpha, scale)
     if np.any((label < 0) | (label >= num_class) | (label != np.floor(label))):
         raise _label_error(num_class)
     diff = data - centers[label.astype(np.int64)]
@@ -147,7 +150,8 @@ class CenterLoss(mx.gluon.loss.Loss):
     def __init__(self, num_class, feature_dim, alpha=0.5, scale=1.0, weight=None, batch_axis=0,
                  **kwargs):
         super().__init__(weight, batch_axis, **kwargs)
-        _check((1, feature_dim), (1,), num_class, alpha, scale)
+        _check_params(num_class, alpha, scale)
+        _checks.integer("center_loss", "feature_dim", feature_dim, 1)
         self._op_params = dict(num_class=int(num_class), alpha=float(alpha), scale=float(scale))
         with self.name_scope():
             self.centers = self.params.get("centers", shape=(num_class, feature_dim),

@@ -12,25 +12,26 @@ __all__ = ["focal_loss", "FocalLoss"]
 NORMALIZATIONS = ("positive", "valid", "none")
 
 
-def _check(pred_shape, label_shape, normalizer_shape, alpha, gamma, normalization,
-           ignore_label):
-    if len(pred_shape) < 1 or pred_shape[-1] < 1:
+def _check_params(alpha, gamma, normalization, ignore_label):
+    _checks.number("focal_loss", "alpha", alpha, 0, 1)
+    _checks.number("focal_loss", "gamma", gamma, 0)
+    _checks.choice("focal_loss", "normalization", normalization, NORMALIZATIONS)
+    _checks.integer("focal_loss", "ignore_label", ignore_label)
+
+
+def _check(pred, label, normalizer, alpha, gamma, normalization, ignore_label):
+    _check_params(alpha, gamma, normalization, ignore_label)
+    if len(pred.shape) < 1 or pred.shape[-1] < 1:
         raise _checks.fail("focal_loss", "pred", f"must have a class axis last, got shape "
-                           f"{tuple(pred_shape)}")
-    _checks.same_shape("focal_loss", "label", label_shape, pred_shape[:-1],
+                           f"{tuple(pred.shape)}")
+    _checks.floating("focal_loss", "pred", pred.dtype)
+    _checks.same_shape("focal_loss", "label", label.shape, pred.shape[:-1],
                        "pred's shape without its last, class axis")
-    if normalizer_shape is not None and int(np.prod(normalizer_shape)) != 1:
-        raise _checks.fail("focal_loss", "normalizer", f"must hold one value (shape (1,)), "
-                           f"got shape {tuple(normalizer_shape)}")
-    if not isinstance(alpha, int | float) or not 0 <= alpha <= 1:
-        raise _checks.fail("focal_loss", "alpha", f"must be in [0, 1], got {alpha!r}")
-    if not isinstance(gamma, int | float) or not gamma >= 0:
-        raise _checks.fail("focal_loss", "gamma", f"must be >= 0, got {gamma!r}")
-    if normalization not in NORMALIZATIONS:
-        raise _checks.fail("focal_loss", "normalization", f"must be one of {NORMALIZATIONS}, "
-                           f"got {normalization!r}")
-    if not isinstance(ignore_label, int) or isinstance(ignore_label, bool):
-        raise _checks.fail("focal_loss", "ignore_label", f"must be an int, got {ignore_label!r}")
+    if normalizer is not None:
+        if int(np.prod(normalizer.shape)) != 1:
+            raise _checks.fail("focal_loss", "normalizer", f"must hold one value (shape "
+                               f"(1,)), got shape {tuple(normalizer.shape)}")
+        _checks.floating("focal_loss", "normalizer", normalizer.dtype)
 
 
 def _label_error(num_class, ignore_label):
@@ -39,7 +40,8 @@ def _label_error(num_class, ignore_label):
                         f"1..C={num_class}")
 
 
-@customop("mxnet", optional=("normalizer",), infer_shape=lambda pred, *_, **__: pred)
+@customop("mxnet", name="ops.focal_loss", optional=("normalizer",),
+          infer_shape=lambda pred, *_, **__: pred)
 def focal_loss(pred, label, normalizer=None, *, alpha=0.25, gamma=2.0,
                normalization="positive", ignore_label=-1):
     r"""Sigmoid focal loss on logits, one binary classifier per foreground class.
@@ -63,12 +65,13 @@ def focal_loss(pred, label, normalizer=None, *, alpha=0.25, gamma=2.0,
 
     Parameters
     ----------
-    pred : logits of shape ``(N, ..., C)`` (e.g. ``(batch, anchors, classes)``).
+    pred : float logits of shape ``(N, ..., C)`` (e.g. ``(batch, anchors, classes)``); an
+        integer ``pred`` raises ``TypeError`` (the loss is float math).
     label : shape ``(N, ...)``, values in ``{ignore_label, 0, 1, ..., C}``, float or int;
         anything else raises ``ValueError`` (one flag read back in ``'mxnet'`` mode).
-    normalizer : optional array of one value (shape ``(1,)``), the :math:`Z` above.
+    normalizer : optional float array of one value (shape ``(1,)``), the :math:`Z` above.
     alpha : float in [0, 1], default 0.25, the weight of the positives.
-    gamma : float >= 0, default 2, the focusing exponent.
+    gamma : finite float >= 0, default 2, the focusing exponent.
     normalization : ``'positive'`` (default), ``'valid'`` or ``'none'``.
     ignore_label : int, default -1.
 
@@ -82,8 +85,7 @@ def focal_loss(pred, label, normalizer=None, *, alpha=0.25, gamma=2.0,
         >>> ops.focal_loss(pred, label, gamma=0.0).sum().asscalar()  # doctest: +ELLIPSIS
         2.38...
     """
-    _check(pred.shape, label.shape, None if normalizer is None else normalizer.shape, alpha,
-           gamma, normalization, ignore_label)
+    _check(pred, label, normalizer, alpha, gamma, normalization, ignore_label)
     num_class = pred.shape[-1]
     label = label.astype(pred.dtype, copy=False)
     if _checks.any_nd(((label < 0) + (label > num_class) + (label != mx.nd.floor(label)))
@@ -101,8 +103,7 @@ def focal_loss(pred, label, normalizer=None, *, alpha=0.25, gamma=2.0,
 @focal_loss.twin("numpy")
 def _focal_loss_numpy(pred, label, normalizer=None, *, alpha=0.25, gamma=2.0,
                       normalization="positive", ignore_label=-1):
-    _check(pred.shape, label.shape, None if normalizer is None else normalizer.shape, alpha,
-           gamma, normalization, ignore_label)
+    _check(pred, label, normalizer, alpha, gamma, normalization, ignore_label)
     num_class = pred.shape[-1]
     if np.any(((label < 0) | (label > num_class) | (label != np.floor(label)))
               & (label != ignore_label)):
@@ -220,7 +221,7 @@ class FocalLoss(mx.gluon.loss.Loss):
     def __init__(self, alpha=0.25, gamma=2.0, normalization="positive", ignore_label=-1,
                  weight=None, batch_axis=0, **kwargs):
         super().__init__(weight, batch_axis, **kwargs)
-        _check((1,), (), None, alpha, gamma, normalization, ignore_label)
+        _check_params(alpha, gamma, normalization, ignore_label)
         self._op_params = dict(alpha=float(alpha), gamma=float(gamma),
                             normalization=normalization, ignore_label=int(ignore_label))
 

@@ -6,26 +6,30 @@ import numpy as np
 
 from customop import customop
 
+from . import _checks
 
-def _check(conf_data, conf_target, conf_weight, ratio, min_neg, loss_type):
-    if loss_type != "softmax":
-        raise ValueError(f"ops.ohem_sampler: loss_type must be 'softmax', got {loss_type!r}")
-    if len(conf_data) != 3 or conf_data[-1] < 2:
-        raise ValueError(f"ops.ohem_sampler: conf_data must have shape (B, N, C) with C >= 2 "
-                         f"(class 0 = background), got {tuple(conf_data)}")
-    for name, shape in (("conf_target", conf_target), ("conf_weight", conf_weight)):
-        if tuple(shape) != tuple(conf_data[:2]):
-            raise ValueError(f"ops.ohem_sampler: {name} must have shape (B, N) = "
-                             f"{tuple(conf_data[:2])}, got {tuple(shape)}")
-    if not ratio >= 0:
-        raise ValueError(f"ops.ohem_sampler: ratio must be >= 0, got {ratio!r}")
-    if isinstance(min_neg, bool) or not isinstance(min_neg, int) or min_neg < 0:
-        raise ValueError(f"ops.ohem_sampler: min_neg must be an int >= 0, got {min_neg!r}")
+
+def _check(conf_data, conf_target, conf_weight, ratio, min_neg, ignore_label, loss_type,
+           from_logits):
+    op = "ohem_sampler"
+    _checks.number(op, "ratio", ratio, 0)
+    _checks.integer(op, "min_neg", min_neg, 0)
+    _checks.integer(op, "ignore_label", ignore_label)
+    _checks.choice(op, "loss_type", loss_type, ("softmax",))
+    _checks.boolean(op, "from_logits", from_logits)
+    shape = conf_data.shape
+    _checks.shape_is(op, "conf_data", shape, len(shape) == 3 and shape[-1] >= 2,
+                     "(B, N, C) with C >= 2 (class 0 = background)")
+    _checks.floating(op, "conf_data", conf_data.dtype)
+    _checks.same_shape(op, "conf_target", conf_target.shape, shape[:2], "(B, N)")
+    _checks.shape_is(op, "conf_weight", conf_weight.shape,
+                     tuple(conf_weight.shape) in (tuple(shape[:2]), tuple(shape[:2]) + (1,)),
+                     f"(B, N) = {tuple(shape[:2])} or (B, N, 1)")
 
 
 @customop("mxnet", name="ops.ohem_sampler", auto_grad=False)
 def ohem_sampler(conf_data, conf_target, conf_weight, *, ratio=3.0, min_neg=0, ignore_label=-1,
-                 loss_type="softmax"):
+                 loss_type="softmax", from_logits=True):
     r"""Online hard example mining (Shrivastava et al., 2016) by re-weighting samples.
 
     Per image ``b``: a sample is *usable* if ``conf_weight > 0`` and
@@ -41,9 +45,19 @@ def ohem_sampler(conf_data, conf_target, conf_weight, *, ratio=3.0, min_neg=0, i
 
     .. math::
 
-        \ell_i = -\log \frac{e^{x_{i,0}}}{\sum_c e^{x_{i,c}}}
+        \ell_i = -\log p_{i,0},\qquad p_{i,0} = \frac{e^{x_{i,0}}}{\sum_c e^{x_{i,c}}}
+        \ \text{(``from_logits=True``)},\quad p_{i,0} = x_{i,0}\ \text{(``from_logits=False``)}
 
-    is the softmax cross-entropy of sample ``i`` if it were background (class 0).
+    is the softmax cross-entropy of sample ``i`` if it were background (class 0). With
+    ``from_logits=False`` (the seed's convention: ``conf_data`` holds softmax
+    probabilities) this ranks by the lowest background probability ``x[..., 0]``;
+    no softmax is applied.
+
+    Rounding: :math:`\lfloor \mathrm{ratio} \cdot n_{pos} \rfloor`, as GluonCV's
+    ``OHEMSampler``; SSD's hard negative mining (and GluonCV's ``SSDMultiBoxLoss``)
+    rounds up, :math:`\lceil \mathrm{ratio} \cdot n_{pos} \rceil`. They differ only
+    when ``ratio * n_pos`` is not an integer (``ratio=2.5``, 3 positives: 7 here, 8 in
+    SSD).
     Ties in :math:`\ell` are broken by the lower sample index first (exactly, in
     both modes). The output is 1 for kept and 0 for every other sample (dropped
     negatives, ignored and zero-weight samples); feed it as the weight of the
@@ -52,8 +66,8 @@ def ohem_sampler(conf_data, conf_target, conf_weight, *, ratio=3.0, min_neg=0, i
     ``ops.ohem_sampler`` runs in ``'mxnet'`` mode (one ``sort`` per image row plus
     element-wise ops; no host copy) and does not check label values or NaNs (that
     would cost a device sync; a NaN loss ranks unpredictably); the ``'numpy'``
-    twin ``ops.ohem_sampler.numpy`` rejects labels outside ``{ignore_label} ∪ [0, C)``
-    and NaN in ``conf_data``.
+    twin ``ops.ohem_sampler.numpy`` rejects labels outside ``{ignore_label} ∪ [0, C)``,
+    NaN in ``conf_data`` and, with ``from_logits=False``, probabilities outside [0, 1].
 
     Parameters
     ----------
@@ -65,10 +79,12 @@ def ohem_sampler(conf_data, conf_target, conf_weight, *, ratio=3.0, min_neg=0, i
         Samples with this target are neither positive nor negative.
     loss_type : {'softmax'}, default 'softmax'
         How negatives are ranked (see above).
+    from_logits : bool, default True
+        ``conf_data`` holds logits; ``False``: softmax probabilities (the seed's input).
 
-    Shapes: ``conf_data`` (B, N, C) logits, class 0 = background;
-    ``conf_target`` (B, N) class ids; ``conf_weight`` (B, N);
-    output ``new_conf_weight`` (B, N), ``conf_weight``'s dtype.
+    Shapes: ``conf_data`` (B, N, C) float logits (or probabilities), class 0 = background;
+    ``conf_target`` (B, N) class ids; ``conf_weight`` (B, N) or (B, N, 1);
+    output ``new_conf_weight`` of ``conf_weight``'s shape and dtype.
 
     Example:
         >>> import mxnet as mx, ops
@@ -77,15 +93,21 @@ def ohem_sampler(conf_data, conf_target, conf_weight, *, ratio=3.0, min_neg=0, i
         >>> ops.ohem_sampler(x, t, w, ratio=2).asnumpy().tolist()
         [[1.0, 1.0, 0.0, 1.0, 0.0]]
     """
-    _check(conf_data.shape, conf_target.shape, conf_weight.shape, ratio, min_neg, loss_type)
+    _check(conf_data, conf_target, conf_weight, ratio, min_neg, ignore_label, loss_type,
+           from_logits)
     f64 = "float64"
-    loss = -mx.nd.log_softmax(conf_data, axis=-1)[:, :, 0].astype(f64)
+    weight_shape = conf_weight.shape
+    conf_weight = conf_weight.reshape(conf_target.shape)
+    if from_logits:
+        loss = -mx.nd.log_softmax(conf_data, axis=-1)[:, :, 0].astype(f64)
+    else:  # -p0 ranks as -log p0 does
+        loss = -conf_data[:, :, 0].astype(f64)
     usable = (conf_weight > 0) * (conf_target != ignore_label)
     pos = (usable * (conf_target > 0)).astype(f64)
     neg = (usable * (conf_target == 0)).astype(f64)
     wanted = mx.nd.maximum(mx.nd.floor(pos.sum(axis=1) * ratio), float(min_neg))
     num_neg = mx.nd.minimum(wanted, neg.sum(axis=1)).reshape((-1, 1))  # (B, 1)
-    key = mx.nd.where(neg, loss, -mx.nd.ones_like(loss))  # losses are >= 0
+    key = mx.nd.where(neg, loss, mx.nd.full(loss.shape, -np.inf, loss.context, f64))
     ranked = mx.nd.sort(key, axis=1, is_ascend=False)
     cut = mx.nd.pick(ranked, mx.nd.maximum(num_neg - 1, 0).reshape((-1,)), axis=1,
                      keepdims=True)  # the num_neg-th largest loss
@@ -93,23 +115,32 @@ def ohem_sampler(conf_data, conf_target, conf_weight, *, ratio=3.0, min_neg=0, i
     at_cut = neg * mx.nd.broadcast_equal(key, cut)
     room = num_neg - above.sum(axis=1, keepdims=True)  # ties at the cut: lowest index first
     kept_ties = at_cut * mx.nd.broadcast_lesser_equal(mx.nd.cumsum(at_cut, axis=1), room)
-    return (pos + above + kept_ties).astype(conf_weight.dtype)
+    return (pos + above + kept_ties).astype(conf_weight.dtype).reshape(weight_shape)
 
 
 @ohem_sampler.twin("numpy")
 def _ohem_sampler_numpy(conf_data, conf_target, conf_weight, *, ratio=3.0, min_neg=0,
-                        ignore_label=-1, loss_type="softmax"):
-    _check(conf_data.shape, conf_target.shape, conf_weight.shape, ratio, min_neg, loss_type)
+                        ignore_label=-1, loss_type="softmax", from_logits=True):
+    _check(conf_data, conf_target, conf_weight, ratio, min_neg, ignore_label, loss_type,
+           from_logits)
     num_class = conf_data.shape[-1]
     labels = conf_target[conf_target != ignore_label]
     if np.any((labels < 0) | (labels >= num_class) | (labels != np.round(labels))):
-        raise ValueError(f"ops.ohem_sampler: conf_target has values outside "
-                         f"{{ignore_label={ignore_label}}} and the classes [0, {num_class})")
+        raise _checks.fail("ohem_sampler", "conf_target", f"has values outside "
+                           f"{{ignore_label={ignore_label}}} and the classes [0, {num_class})")
     if np.isnan(conf_data).any():
-        raise ValueError("ops.ohem_sampler: conf_data contains NaN")
+        raise _checks.fail("ohem_sampler", "conf_data", "contains NaN")
+    if not from_logits and np.any((conf_data < 0) | (conf_data > 1)):
+        raise _checks.fail("ohem_sampler", "conf_data", "holds values outside [0, 1], but "
+                           "from_logits=False says they are probabilities")
+    weight_shape = conf_weight.shape
+    conf_weight = conf_weight.reshape(conf_target.shape)
     x = conf_data.astype(np.float64)
-    top = x.max(axis=-1, keepdims=True)
-    loss = (np.log(np.exp(x - top).sum(axis=-1)) + top[..., 0]) - x[..., 0]
+    if from_logits:
+        top = x.max(axis=-1, keepdims=True)
+        loss = (np.log(np.exp(x - top).sum(axis=-1)) + top[..., 0]) - x[..., 0]
+    else:
+        loss = -x[..., 0]
     out = np.zeros_like(conf_weight)
     for b in range(x.shape[0]):
         usable = (conf_weight[b] > 0) & (conf_target[b] != ignore_label)
@@ -119,4 +150,4 @@ def _ohem_sampler_numpy(conf_data, conf_target, conf_weight, *, ratio=3.0, min_n
         hardest = neg[np.argsort(-loss[b, neg], kind="stable")[:num_neg]]
         out[b, pos] = 1
         out[b, hardest] = 1
-    return out
+    return out.reshape(weight_shape)

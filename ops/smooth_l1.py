@@ -9,17 +9,19 @@ from . import _checks
 __all__ = ["smooth_l1", "SmoothL1Loss"]
 
 
-def _check(data_shape, sigma_shape, weight_shape):
-    _checks.broadcastable("smooth_l1", "sigma", sigma_shape, data_shape, "data")
-    if weight_shape is not None:
-        _checks.broadcastable("smooth_l1", "weight", weight_shape, data_shape, "data")
+def _check(data, sigma, weight):
+    _checks.floating("smooth_l1", "data", data.dtype)
+    _checks.broadcastable("smooth_l1", "sigma", sigma.shape, data.shape, "data")
+    if weight is not None:
+        _checks.broadcastable("smooth_l1", "weight", weight.shape, data.shape, "data")
 
 
-def _sigma_error(sigma):
-    return _checks.fail("smooth_l1", "sigma", f"must be > 0 everywhere (got min {sigma})")
+def _sigma_error():
+    return _checks.fail("smooth_l1", "sigma", "must be finite and > 0 everywhere (it holds "
+                        "values <= 0, inf or NaN)")
 
 
-@customop("mxnet", optional=("weight",))
+@customop("mxnet", name="ops.smooth_l1", optional=("weight",))
 def smooth_l1(data, sigma, weight=None):
     r"""Smooth L1 loss with a run-time ``sigma`` (an input array, not a fixed scalar).
 
@@ -34,9 +36,10 @@ def smooth_l1(data, sigma, weight=None):
 
     Parameters
     ----------
-    data : array of any shape, usually a regression residual ``pred - target``.
-    sigma : positive array broadcastable to ``data`` (e.g. shape ``(1,)``, or one value per
-        box coordinate); ``sigma <= 0`` raises ``ValueError``.
+    data : float array of any shape, usually a regression residual ``pred - target`` (an
+        integer ``data`` raises ``TypeError``: the loss is float math).
+    sigma : finite positive array broadcastable to ``data`` (e.g. shape ``(1,)``, or one value
+        per box coordinate); ``sigma <= 0``, ``inf`` or NaN raises ``ValueError``.
     weight : optional array broadcastable to ``data`` multiplying the loss elementwise.
 
     Returns the elementwise loss, shaped like ``data``.  ``smooth_l1.numpy`` is the
@@ -49,9 +52,9 @@ def smooth_l1(data, sigma, weight=None):
         >>> ops.smooth_l1(x, mx.nd.array([2.0])).asnumpy()
         array([1.875, 0.02 , 0.375], dtype=float32)
     """
-    _check(data.shape, sigma.shape, None if weight is None else weight.shape)
-    if _checks.any_nd(sigma <= 0):
-        raise _sigma_error(sigma.min().asnumpy()[0])
+    _check(data, sigma, weight)
+    if _checks.any_nd((sigma > 0) * (sigma - sigma == 0) == 0):  # inf - inf and NaN: NaN
+        raise _sigma_error()
     s2 = (sigma * sigma).astype(data.dtype, copy=False)
     # smooth_l1(x; sigma) = smooth_l1(sigma^2 x; 1) / sigma^2: MXNet's fused kernel does the rest
     loss = mx.nd.broadcast_div(mx.nd.smooth_l1(mx.nd.broadcast_mul(s2, data), scalar=1.0), s2)
@@ -60,9 +63,9 @@ def smooth_l1(data, sigma, weight=None):
 
 @smooth_l1.twin("numpy")
 def _smooth_l1_numpy(data, sigma, weight=None):
-    _check(data.shape, sigma.shape, None if weight is None else weight.shape)
-    if np.any(sigma <= 0):
-        raise _sigma_error(np.min(sigma))
+    _check(data, sigma, weight)
+    if not np.all((sigma > 0) & (sigma < np.inf)):
+        raise _sigma_error()
     s2 = sigma * sigma
     ax = np.abs(data)
     loss = np.where(ax < 1 / s2, 0.5 * s2 * data * data, ax - 0.5 / s2)
@@ -121,7 +124,7 @@ class SmoothL1Loss(mx.gluon.loss.Loss):
 
     def __init__(self, sigma=1.0, weight=None, batch_axis=0, **kwargs):
         super().__init__(weight, batch_axis, **kwargs)
-        self._sigma = float(sigma)
+        self._sigma = _checks.positive("smooth_l1", "sigma", sigma)
 
     def hybrid_forward(self, F, pred, label, sigma=None, sample_weight=None):
         if sigma is None:

@@ -9,11 +9,12 @@ from . import _checks
 __all__ = ["softmax_ce", "SoftmaxCE"]
 
 
-def _check(data_shape, label_shape):
-    if len(data_shape) != 2:
+def _check(data, label):
+    if len(data.shape) != 2:
         raise _checks.fail("softmax_ce", "data", f"must have shape (N, C) (batch, classes), "
-                           f"got shape {tuple(data_shape)}")
-    _checks.same_shape("softmax_ce", "label", label_shape, data_shape[:1],
+                           f"got shape {tuple(data.shape)}")
+    _checks.floating("softmax_ce", "data", data.dtype)
+    _checks.same_shape("softmax_ce", "label", label.shape, data.shape[:1],
                        "one class index per sample")
 
 
@@ -22,7 +23,7 @@ def _label_error(num_class):
                         f"[0, {num_class - 1}] (data has {num_class} classes)")
 
 
-@customop("mxnet", need_top_grad=False, infer_shape=lambda data, label: data)
+@customop("mxnet", name="ops.softmax_ce", need_top_grad=False, infer_shape=lambda data, label: data)
 def softmax_ce(data, label):
     r"""Softmax output layer trained with cross-entropy, like ``mx.nd.SoftmaxOutput``.
 
@@ -39,7 +40,7 @@ def softmax_ce(data, label):
 
     Parameters
     ----------
-    data : array of shape ``(N, C)``.
+    data : float array of shape ``(N, C)`` (integer: ``TypeError``).
     label : array of shape ``(N,)``, class indices in ``[0, C)``, float or int.  Values
         outside raise ``ValueError`` (one flag read back from the device in ``'mxnet'`` mode).
 
@@ -50,7 +51,7 @@ def softmax_ce(data, label):
         >>> ops.softmax_ce(mx.nd.array([[0.0, 0.0]]), mx.nd.array([1])).asnumpy()
         array([[0.5, 0.5]], dtype=float32)
     """
-    _check(data.shape, label.shape)
+    _check(data, label)
     num_class = data.shape[1]
     if _checks.any_nd((label < 0) + (label >= num_class) + (label != mx.nd.floor(label))):
         raise _label_error(num_class)
@@ -59,7 +60,7 @@ def softmax_ce(data, label):
 
 @softmax_ce.twin("numpy")
 def _softmax_ce_numpy(data, label):
-    _check(data.shape, label.shape)
+    _check(data, label)
     num_class = data.shape[1]
     if np.any((label < 0) | (label >= num_class) | (label != np.floor(label))):
         raise _label_error(num_class)

@@ -13,11 +13,17 @@ def _layout(shape, reps):
     """(reps, data shape), both padded with leading ones to one length, as numpy.tile does."""
     if isinstance(reps, int):
         reps = (reps,)
-    if not isinstance(reps, tuple | list) or not all(
+    if not isinstance(reps, (tuple, list)) or not all(
             isinstance(r, int) and not isinstance(r, bool) and r >= 1 for r in reps):
-        raise _checks.fail("tile", "reps", f"must be an int or a tuple of ints >= 1, got {reps!r}")
+        raise _checks.fail("tile", "reps", f"must be an int or a tuple of ints >= 1, got {reps!r}",
+                           TypeError if not _ints(reps) else ValueError)
     n = max(len(reps), len(shape))
     return (1,) * (n - len(reps)) + tuple(reps), (1,) * (n - len(shape)) + tuple(shape)
+
+
+def _ints(reps):
+    return isinstance(reps, (tuple, list)) and all(
+        isinstance(r, int) and not isinstance(r, bool) for r in reps)
 
 
 def _interleaved(shape, reps):
@@ -25,7 +31,7 @@ def _interleaved(shape, reps):
     return tuple(d for pair in zip(reps, shape) for d in pair), tuple(range(0, 2 * len(shape), 2))
 
 
-@customop("mxnet")
+@customop("mxnet", name="ops.tile")
 def tile(data, *, reps):
     r"""Repeat ``data`` ``reps[k]`` times along axis ``k`` (``numpy.tile`` semantics).
 
@@ -58,17 +64,11 @@ def _tile_numpy(data, *, reps):
     return np.tile(data, reps)
 
 
-def _grad_mxnet(ans, data, *, reps):
+def _grad(ans, data, *, reps):  # the same reshape and sum on NDArrays and NumPy arrays
     reps, shape = _layout(data.shape, reps)
     view, axes = _interleaved(shape, reps)
     return lambda g: g.reshape(view).sum(axis=axes).reshape(data.shape)
 
 
-def _grad_numpy(ans, data, *, reps):
-    reps, shape = _layout(data.shape, reps)
-    view, axes = _interleaved(shape, reps)
-    return lambda g: g.reshape(view).sum(axis=axes).reshape(data.shape)
-
-
-tile.def_grad(_grad_mxnet)
-tile.numpy.def_grad(_grad_numpy)
+tile.def_grad(_grad)
+tile.numpy.def_grad(_grad)

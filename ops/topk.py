@@ -6,23 +6,71 @@ import numpy as np
 
 from customop import customop
 
+from . import _checks
+
 RET_TYPS = ("value", "indices", "mask", "both")
+DTYPES = ("float16", "float32", "float64", "uint8", "int32", "int64")
 
 
 def _check(shape, k, axis, ret_typ, is_ascend, dtype, do_sort):
     """Cheap parameter checks (shapes and literals only): the length along ``axis``."""
-    if ret_typ not in RET_TYPS:
-        raise ValueError(f"ops.topk: ret_typ must be one of {RET_TYPS}, got {ret_typ!r}")
+    _checks.choice("topk", "ret_typ", ret_typ, RET_TYPS)
+    _checks.boolean("topk", "is_ascend", is_ascend)
+    _checks.boolean("topk", "do_sort", do_sort)
+    _checks.choice("topk", "dtype", dtype, DTYPES)
+    _checks.integer("topk", "k", k)
     if axis is None:
-        return int(np.prod(shape))
-    if not isinstance(axis, int) or not -len(shape) <= axis < len(shape):
-        raise ValueError(f"ops.topk: axis={axis!r} is out of range for data of shape "
-                         f"{tuple(shape)}")
-    length = shape[axis]
-    if not isinstance(k, int) or k > length:
-        raise ValueError(f"ops.topk: k={k!r} must be an int no larger than the length "
-                         f"{length} of axis {axis} (k < 1 selects all, sorted)")
+        length = int(np.prod(shape))
+    else:
+        _checks.integer("topk", "axis", axis, -len(shape), len(shape) - 1)
+        length = shape[axis]
+    if k > length:
+        raise _checks.fail("topk", "k", f"must be no larger than the length {length} of axis "
+                           f"{axis} (k < 1 selects all, sorted), got {k}")
     return length
+
+
+def _nan_largest(x):
+    """A key that ranks as NumPy sorts: NaN above every number (``+inf`` included).
+
+    NaN becomes ``+inf`` and ``+inf`` the dtype's largest finite value, in ``x``'s dtype (a
+    float64 copy would double the cost of the sort): so ``+inf`` ties with that largest
+    finite value, the one exception.  Integer data have no NaN and are their own key.
+    """
+    if not np.issubdtype(x.dtype, np.floating):
+        return x
+    # (arrays, not scalars: MXNet parses a scalar parameter inexactly, 1e308 -> 9.99...e307)
+    finite = mx.nd.minimum(x, _const_like(x, np.finfo(x.dtype).max))
+    return mx.nd.where(x == x, finite, _const_like(x, np.inf))
+
+
+_CONSTANTS: dict = {}  # (what, shape, dtype, context) -> a constant array, never written
+_CACHED_SIZE = 1 << 22  # elements; a larger constant is made per call, not held
+
+
+def _cached(key, size, make):
+    # Making these costs as much as another pass over the data: keep a few small ones.
+    if size > _CACHED_SIZE:
+        return make()
+    const = _CONSTANTS.get(key)
+    if const is None:
+        if len(_CONSTANTS) >= 16:
+            _CONSTANTS.clear()
+        const = _CONSTANTS[key] = make()
+    return const
+
+
+def _const_like(x, value):
+    return _cached((float(value), x.shape, np.dtype(x.dtype).name, str(x.context)), x.size,
+                   lambda: mx.nd.broadcast_to(mx.nd.array(
+                       [value], x.context, dtype=x.dtype).reshape((1,) * x.ndim), x.shape))
+
+
+def _row_offsets(rows, length, x):
+    """``[[0], [length], [2 length], ...]`` (int64): row starts in the flattened data."""
+    return _cached(("offsets", (rows, length), "int64", str(x.context)), rows,
+                   lambda: mx.nd.array(np.arange(rows, dtype=np.int64)[:, None] * length,
+                                       x.context, dtype="int64"))
 
 
 def _to_last(x, axis):
@@ -42,20 +90,23 @@ def _from_last(y, perm):
 
 def _topk_nd(data, k, axis, ret_typ, is_ascend, dtype, do_sort):
     length = _check(data.shape, k, axis, ret_typ, is_ascend, dtype, do_sort)
-    if do_sort or ret_typ == "mask":
-        return mx.nd.topk(data, axis=axis, k=k, ret_typ=ret_typ, is_ascend=is_ascend,
-                          dtype=dtype)
     k = length if k < 1 else k
     x, perm = _to_last(data, axis)
     rows = x.size // length
     with mx.autograd.pause():  # positions are not differentiable (sort of int64 cannot record)
-        pos = mx.nd.sort(mx.nd.topk(x, axis=-1, k=k, ret_typ="indices", is_ascend=is_ascend,
-                                    dtype="int64"), axis=-1)
-        offsets = mx.nd.arange(rows, dtype="int64", ctx=data.context).reshape((rows, 1))
-        flat = mx.nd.broadcast_add(pos.reshape((rows, k)), offsets * length)
+        key = _nan_largest(x)
+        if ret_typ == "mask":
+            mask = mx.nd.topk(key, axis=-1, k=k, ret_typ="mask", is_ascend=is_ascend)
+            return _from_last(mask.astype(data.dtype, copy=False), perm).reshape(data.shape)
+        pos = mx.nd.topk(key, axis=-1, k=k, ret_typ="indices", is_ascend=is_ascend,
+                         dtype="int64")
+        if not do_sort:
+            pos = mx.nd.sort(pos, axis=-1)
+        flat = mx.nd.broadcast_add(pos.reshape((rows, k)), _row_offsets(rows, length, x))
+    if ret_typ == "indices":
+        return _from_last(pos.astype(dtype), perm)
     value = _from_last(mx.nd.take(x.reshape((-1,)), flat).reshape(pos.shape), perm)
-    indices = _from_last(pos.astype(dtype), perm)
-    return {"value": value, "indices": indices, "both": (value, indices)}[ret_typ]
+    return value if ret_typ == "value" else (value, _from_last(pos.astype(dtype), perm))
 
 
 def _topk_np(data, k, axis, ret_typ, is_ascend, dtype, do_sort):
@@ -114,7 +165,7 @@ def _topk_single_numpy(data, *, k=1, axis=-1, ret_typ="value", is_ascend=False,
     return _topk_np(data, k, axis, ret_typ, is_ascend, dtype, do_sort)
 
 
-@customop("mxnet", name="ops.topk_both", num_outputs=2)
+@customop("mxnet", name="ops.topk.both", num_outputs=2)
 def _topk_both(data, *, k=1, axis=-1, ret_typ="both", is_ascend=False, dtype="float32",
                do_sort=True):
     return _topk_nd(data, k, axis, "both", is_ascend, dtype, do_sort)
@@ -167,7 +218,7 @@ class TopK:
     ``ops.topk`` runs in ``'mxnet'`` mode (``mx.nd.topk``, ``sort``, ``take``:
     MXNet's CUDA kernels on a GPU, no host copy); ``ops.topk.numpy`` is the
     ``'numpy'``-mode twin. ``ret_typ='both'`` is served by a second registered
-    op with two outputs (``ops.topk.both``; ``ops.topk.single`` serves the
+    op with two outputs, op type ``'ops.topk.both'`` (``'ops.topk'`` serves the
     others), because an operator's output count cannot depend on a parameter.
 
     Parameters
@@ -180,7 +231,7 @@ class TopK:
         ``'both'`` returns ``(value, indices)``; ``'mask'`` is 1 at the selected positions.
     is_ascend : bool, default False
         Select the k smallest instead of the k largest.
-    dtype : str, default 'float32'
+    dtype : {'float16', 'float32', 'float64', 'uint8', 'int32', 'int64'}, default 'float32'
         Dtype of ``indices``.
     do_sort : bool, default True
         Sort the selection by value (``mx.nd.topk``); ``False`` keeps the original order.
@@ -190,6 +241,12 @@ class TopK:
     ``[1,1,1,1,0.5,1]`` gives indices ``[0,1,2]`` but 5 of forty ones gives
     ``[3,4,1,0,2]``); the ``'numpy'`` twin takes the lower index first. Values never
     depend on the tie rule.
+
+    NaN follows NumPy's rule in both modes: it sorts as the largest value (above
+    ``+inf``), so the top k (descending) take NaNs first and ``is_ascend=True`` takes
+    them last. One exception in ``'mxnet'`` mode: ``+inf`` ties with the dtype's
+    largest finite value (``np.finfo(dtype).max``), so which of the two ranks first is
+    unspecified, like other ties.
 
     Shapes: ``data`` any shape; ``value``/``indices`` have ``data``'s shape with
     ``k`` along ``axis`` (``(k,)`` for ``axis=None``); ``mask`` has ``data``'s shape.

@@ -11,15 +11,20 @@ from . import _checks
 __all__ = ["wing_loss", "WingLoss"]
 
 
-def _check(pred_shape, target_shape, weight_shape, w, epsilon):
+def _check_params(w, epsilon):
     _checks.positive("wing_loss", "w", w)
     _checks.positive("wing_loss", "epsilon", epsilon)
-    _checks.same_shape("wing_loss", "target", target_shape, pred_shape, "pred's shape")
-    if weight_shape is not None:
-        _checks.broadcastable("wing_loss", "weight", weight_shape, pred_shape, "pred")
 
 
-@customop("mxnet", optional=("weight",))
+def _check(pred, target, weight, w, epsilon):
+    _check_params(w, epsilon)
+    _checks.floating("wing_loss", "pred", pred.dtype)
+    _checks.same_shape("wing_loss", "target", target.shape, pred.shape, "pred's shape")
+    if weight is not None:
+        _checks.broadcastable("wing_loss", "weight", weight.shape, pred.shape, "pred")
+
+
+@customop("mxnet", name="ops.wing_loss", optional=("weight",))
 def wing_loss(pred, target, weight=None, *, w=10.0, epsilon=2.0):
     r"""Wing loss: logarithmic for small errors, L1 for large ones (Feng et al. 2018).
 
@@ -37,11 +42,12 @@ def wing_loss(pred, target, weight=None, *, w=10.0, epsilon=2.0):
 
     Parameters
     ----------
-    pred : array of any shape (e.g. ``(N, 2K)`` landmark coordinates).
+    pred : float array of any shape (e.g. ``(N, 2K)`` landmark coordinates); an integer
+        ``pred`` raises ``TypeError``.
     target : array shaped like ``pred``.
     weight : optional array broadcastable to ``pred``, multiplying the loss elementwise.
-    w : float > 0, default 10, the width of the non-linear part.
-    epsilon : float > 0, default 2, its curvature.
+    w : finite float > 0, default 10, the width of the non-linear part.
+    epsilon : finite float > 0, default 2, its curvature.
 
     Returns the elementwise loss, shaped like ``pred``.  Call as
     ``wing_loss(pred, target, weight, w=..., epsilon=...)`` (parameters by keyword).
@@ -53,14 +59,14 @@ def wing_loss(pred, target, weight=None, *, w=10.0, epsilon=2.0):
         [ 4.054651 19.917595]
         <NDArray 2 @cpu(0)>
     """
-    _check(pred.shape, target.shape, None if weight is None else weight.shape, w, epsilon)
+    _check(pred, target, weight, w, epsilon)
     loss = _wing_nd(pred, target, w, epsilon)
     return loss if weight is None else loss * weight.astype(pred.dtype, copy=False)
 
 
 @wing_loss.twin("numpy")
 def _wing_loss_numpy(pred, target, weight=None, *, w=10.0, epsilon=2.0):
-    _check(pred.shape, target.shape, None if weight is None else weight.shape, w, epsilon)
+    _check(pred, target, weight, w, epsilon)
     loss = _wing_np(pred, target, w, epsilon)
     return (loss if weight is None else loss * weight).astype(pred.dtype, copy=False)
 
@@ -150,7 +156,7 @@ class WingLoss(mx.gluon.loss.Loss):
 
     def __init__(self, w=10.0, epsilon=2.0, weight=None, batch_axis=0, **kwargs):
         super().__init__(weight, batch_axis, **kwargs)
-        _check((), (), None, w, epsilon)
+        _check_params(w, epsilon)
         self._w, self._epsilon = float(w), float(epsilon)
 
     def hybrid_forward(self, F, pred, label, sample_weight=None):

@@ -69,10 +69,10 @@ def test_every_path_and_no_host_copy():
 @pytest.mark.parametrize("op", TWINS, ids=["mxnet", "numpy"])
 def test_bad_input_raises_and_the_next_call_works(op):
     arr, ind = mx.nd.ones((2, 3, 5)), mx.nd.ones((2, 1, 5))
-    with pytest.raises(ValueError, match=r"ops.arr_pick: indicate must have shape \(B, 1, L\)"):
+    with pytest.raises(ValueError, match=r"ops.arr_pick': indicate has shape .*\(B, 1, L\)"):
         op(arr, mx.nd.ones((2, 3, 5)), num=2)
-    with pytest.raises(ValueError, match=r"ops.arr_pick: num=6 must be an int in \[1, L=5\]"):
+    with pytest.raises(ValueError, match=r"ops.arr_pick': num must be an int in \[1, 5\], got 6"):
         op(arr, ind, num=6)
-    with pytest.raises(ValueError, match=r"ops.arr_pick: arr must have shape \(B, M, L\)"):
+    with pytest.raises(ValueError, match=r"ops.arr_pick': arr must have shape \(B, M, L\)"):
         op(mx.nd.ones((2, 5)), ind, num=2)
     assert op(arr, ind, num=2).shape == (2, 3, 2)

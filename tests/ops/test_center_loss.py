@@ -174,15 +174,16 @@ def test_bad_input_names_the_op_and_the_argument(op, how):
     x, centers = mx.nd.ones((3, D)), mx.nd.zeros((K, D))
     with forced_path(how):
         for bad in ([0, K, 1], [-1, 0, 0], [0.5, 1, 1]):
-            with pytest.raises(ValueError, match=r"ops\.center_loss: label has values that are "
+            with pytest.raises(ValueError, match=r"ops\.center_loss': label has values that are "
                                r"not class indices in \[0, num_class - 1\] = \[0, 3\]"):
                 op(x, mx.nd.array(bad), centers, num_class=K).wait_to_read()
-        with pytest.raises(ValueError, match=r"ops\.center_loss: label has shape \(4,\)"):
+        with pytest.raises(ValueError, match=r"ops\.center_loss': label has shape \(4,\)"):
             op(x, mx.nd.zeros((4,)), centers, num_class=K).wait_to_read()
-        with pytest.raises(ValueError, match=r"ops\.center_loss: data must have shape"):
+        with pytest.raises(ValueError, match=r"ops\.center_loss': data must have shape"):
             op(mx.nd.ones((3, 2, 2)), mx.nd.zeros((3,)), mx.nd.zeros((K, 2)),
                num_class=K).wait_to_read()
-        with pytest.raises(ValueError, match=r"ops\.center_loss: alpha must be in \[0, 1\]"):
+        with pytest.raises(ValueError, match=r"ops\.center_loss': alpha must be a finite number"
+                           r" in \[0, 1\]"):
             op(x, mx.nd.zeros((3,)), centers, num_class=K, alpha=2.0).wait_to_read()
         with pytest.raises(ValueError, match=r"auxiliary state 'centers' has shape"):
             op(x, mx.nd.zeros((3,)), mx.nd.zeros((K + 1, D)), num_class=K).wait_to_read()

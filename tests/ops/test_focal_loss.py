@@ -183,27 +183,27 @@ def test_bad_input_names_the_op_and_the_argument(op, how):
         for bad in (5, -2, 0.5):
             label = mx.nd.zeros((2, 3))
             label[1, 2] = bad
-            with pytest.raises(ValueError, match=r"ops\.focal_loss: label has values outside "
+            with pytest.raises(ValueError, match=r"ops\.focal_loss': label has values outside "
                                r"\[ignore_label, C\]: .*ignore_label=-1.*C=4"):
                 op(x, label).wait_to_read()
-        with pytest.raises(ValueError, match=r"ops\.focal_loss: label has shape \(2, 4\) but "
+        with pytest.raises(ValueError, match=r"ops\.focal_loss': label has shape \(2, 4\) but "
                            r"must have shape \(2, 3\)"):
             op(x, mx.nd.zeros((2, 4))).wait_to_read()
-        with pytest.raises(ValueError, match=r"ops\.focal_loss: normalizer must hold one value"):
+        with pytest.raises(ValueError, match=r"ops\.focal_loss': normalizer must hold one value"):
             op(x, mx.nd.zeros((2, 3)), mx.nd.ones((2,))).wait_to_read()
         for key, value in [("alpha", 1.5), ("gamma", -1.0), ("normalization", "batch")]:
-            with pytest.raises(ValueError, match=rf"ops\.focal_loss: {key} must"):
+            with pytest.raises(ValueError, match=rf"ops\.focal_loss': {key} must"):
                 op(x, mx.nd.zeros((2, 3)), **{key: value}).wait_to_read()
         y = op(x, mx.nd.array([[0, 4, -1], [1, 2, 3]]))
     assert np.isfinite(y.asnumpy()).all()
-    with pytest.raises(ValueError, match=r"ops\.focal_loss: normalization"):
+    with pytest.raises(ValueError, match=r"ops\.focal_loss': normalization"):
         ops.FocalLoss(normalization="sum")
 
 
 def test_bad_labels_in_a_bound_graph_raise_and_the_executor_recovers():
     s = ops.focal_loss(mx.sym.var("pred"), mx.sym.var("label"))
     ex = s.simple_bind(mx.cpu(), grad_req="null", pred=(2, 3, 4), label=(2, 3))
-    with pytest.raises(ValueError, match=r"ops\.focal_loss: label has values outside"):
+    with pytest.raises(ValueError, match=r"ops\.focal_loss': label has values outside"):
         ex.forward(is_train=False, pred=np.zeros((2, 3, 4)), label=np.full((2, 3), 7.0))
         ex.outputs[0].wait_to_read()
     ex.forward(is_train=False, pred=np.zeros((2, 3, 4)), label=np.ones((2, 3)))

@@ -9,11 +9,15 @@ from tests.ops.detection import every_path, forward_backward_without_host_copy
 TWINS = [ops.ohem_sampler, ops.ohem_sampler.numpy]
 
 
-def reference(conf_data, conf_target, conf_weight, ratio=3.0, min_neg=0, ignore_label=-1):
-    """float64 OHEM from the definition: rank negatives by -log softmax(x)[0], ties by index."""
+def reference(conf_data, conf_target, conf_weight, ratio=3.0, min_neg=0, ignore_label=-1,
+              from_logits=True):
+    """float64 OHEM from the definition: rank negatives by -log p0 (p0 = softmax(x)[0], or x[0]
+    when x holds probabilities), ties by index; floor(ratio * num_pos) negatives."""
     x = np.asarray(conf_data, np.float64)
-    p0 = np.exp(x[..., 0]) / np.exp(x).sum(-1)
-    loss = -np.log(p0)
+    conf_weight = conf_weight.reshape(conf_target.shape)
+    p0 = np.exp(x[..., 0]) / np.exp(x).sum(-1) if from_logits else x[..., 0]
+    with np.errstate(divide="ignore"):
+        loss = -np.log(p0)
     out = np.zeros(conf_target.shape)
     for b in range(len(x)):
         usable = [i for i in range(x.shape[1])
@@ -83,14 +87,24 @@ def test_every_path_and_no_host_copy():
 @pytest.mark.parametrize("op", TWINS, ids=["mxnet", "numpy"])
 def test_bad_input_raises_and_the_next_call_works(op):
     x, t, w = map(mx.nd.array, random_inputs(2, 5))
-    with pytest.raises(ValueError, match=r"ops.ohem_sampler: conf_target must have shape"):
+    with pytest.raises(ValueError, match=r"ops.ohem_sampler': conf_target has shape "
+                       r".* must have shape"):
         op(x, t[:, :4], w)
-    with pytest.raises(ValueError, match=r"ops.ohem_sampler: loss_type must be 'softmax'"):
+    with pytest.raises(ValueError, match=r"ops.ohem_sampler': loss_type must be one of "
+                       r"\('softmax',\)"):
         op(x, t, w, loss_type="sigmoid")
-    with pytest.raises(ValueError, match=r"ops.ohem_sampler: ratio must be >= 0"):
-        op(x, t, w, ratio=-1.0)
-    with pytest.raises(ValueError, match=r"ops.ohem_sampler: min_neg must be an int"):
+    for bad in (-1.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match=r"ops.ohem_sampler': ratio must be a finite "
+                           r"number >= 0"):
+            op(x, t, w, ratio=bad)
+    with pytest.raises(TypeError, match=r"ops.ohem_sampler': min_neg must be an int"):
         op(x, t, w, min_neg=1.5)
+    with pytest.raises(ValueError, match=r"ops.ohem_sampler': min_neg must be an int in \[0,"):
+        op(x, t, w, min_neg=-1)
+    with pytest.raises(TypeError, match=r"ops.ohem_sampler': from_logits must be a bool"):
+        op(x, t, w, from_logits="False")
+    with pytest.raises(TypeError, match=r"ops.ohem_sampler': conf_data must be a float array"):
+        op(x.astype("int64"), t, w)
     assert op(x, t, w).shape == (2, 5)
 
 
@@ -98,10 +112,72 @@ def test_numpy_twin_checks_values():
     x, t, w = random_inputs(2, 5)
     bad = t.copy()
     bad[0, 0] = 7
-    with pytest.raises(ValueError, match=r"ops.ohem_sampler: conf_target has values outside"):
+    with pytest.raises(ValueError, match=r"ops.ohem_sampler': conf_target has values outside"):
         ops.ohem_sampler.numpy(*map(mx.nd.array, (x, bad, w)))
     nan = x.copy()
     nan[0, 0, 0] = np.nan
-    with pytest.raises(ValueError, match=r"ops.ohem_sampler: conf_data contains NaN"):
+    with pytest.raises(ValueError, match=r"ops.ohem_sampler': conf_data contains NaN"):
         ops.ohem_sampler.numpy(*map(mx.nd.array, (nan, t, w)))
     assert ops.ohem_sampler.numpy(*map(mx.nd.array, (x, t, w))).shape == (2, 5)
+
+
+def softmax64(x):
+    e = np.exp(np.asarray(x, np.float64))
+    return e / e.sum(-1, keepdims=True)
+
+
+@pytest.mark.parametrize("op", TWINS, ids=["mxnet", "numpy"])
+def test_probabilities_and_weights_shaped_b_n_1_as_in_the_seed(op):
+    for _ in range(5):
+        x, t, w = random_inputs()
+        probs = softmax64(x).astype(np.float32)
+        probs[0, 0] = [1.0, 0.0, 0.0, 0.0]  # certain background: the easiest negative
+        probs[1, 0] = [0.0, 0.5, 0.25, 0.25]  # p0 = 0: the hardest (loss inf)
+        for kw in (dict(), dict(ratio=0.5), dict(ratio=1.0, min_neg=5)):
+            want = reference(probs, t, w, from_logits=False, **kw)
+            got = op(*map(mx.nd.array, (probs, t, w)), from_logits=False, **kw)
+            np.testing.assert_array_equal(got.asnumpy(), want, err_msg=kw)
+            got = op(*map(mx.nd.array, (probs, t, w[..., None])), from_logits=False, **kw)
+            assert got.shape == w.shape + (1,)
+            np.testing.assert_array_equal(got.asnumpy()[..., 0], want, err_msg=kw)
+            got = op(*map(mx.nd.array, (x, t, w[..., None])), **kw)
+            np.testing.assert_array_equal(got.asnumpy()[..., 0], reference(x, t, w, **kw))
+
+
+def test_probabilities_rank_like_their_logits():
+    # Softmax is monotone in the background loss: logits and their probabilities select alike
+    # (away from float32 ties of p0).
+    x = np.random.normal(0, 2, (2, 30, 4)).astype(np.float32)
+    t = np.random.choice([0, 0, 0, 1, 2], (2, 30)).astype(np.float32)
+    w = np.ones((2, 30), np.float32)
+    probs = softmax64(x).astype(np.float32)
+    for op in TWINS:
+        np.testing.assert_array_equal(
+            op(*map(mx.nd.array, (probs, t, w)), from_logits=False, ratio=1.0).asnumpy(),
+            op(*map(mx.nd.array, (x, t, w)), ratio=1.0).asnumpy())
+
+
+def test_rounding_is_floor_not_ssds_ceil():
+    # ratio 2.5 with 3 positives: floor 7 negatives (GluonCV's OHEMSampler); SSD's ceil gives 8.
+    x = np.zeros((1, 20, 2), np.float32)
+    x[0, :, 1] = np.arange(20)  # distinct background losses
+    t = np.zeros((1, 20), np.float32)
+    t[0, :3] = 1
+    for op in TWINS:
+        got = op(*map(mx.nd.array, (x, t, np.ones((1, 20), np.float32))), ratio=2.5).asnumpy()
+        assert got.sum() == 3 + 7
+        np.testing.assert_array_equal(got[0, 3:], (np.arange(3, 20) >= 13).astype(np.float32))
+
+
+def test_numpy_twin_refuses_probabilities_outside_0_1():
+    x, t, w = random_inputs(2, 5)
+    with pytest.raises(ValueError, match=r"'ops.ohem_sampler'.*: conf_data holds values outside"):
+        ops.ohem_sampler.numpy(*map(mx.nd.array, (x, t, w)), from_logits=False)
+
+
+def test_weights_shaped_b_n_1_on_every_path():
+    x, t, w = random_inputs(2, 12)
+    probs = softmax64(x).astype(np.float32)
+    outs = every_path(ops.ohem_sampler, [probs, t, w[..., None]], dict(from_logits=False))
+    assert outs[0].shape == (2, 12, 1)
+    np.testing.assert_array_equal(outs[0][..., 0], reference(probs, t, w, from_logits=False))

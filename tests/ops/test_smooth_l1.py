@@ -1,4 +1,4 @@
-"""ops.smooth_l1: sigma as an input array; equal to mx.nd.smooth_l1 for a constant sigma."""
+"""ops.smooth_l1': sigma as an input array; equal to mx.nd.smooth_l1 for a constant sigma."""
 import mxnet as mx
 import numpy as np
 import pytest
@@ -122,13 +122,13 @@ def test_bad_input_names_the_op_and_the_argument(op, how):
     from customop.dispatch import forced_path
     x = mx.nd.ones((2, 3))
     with forced_path(how):
-        for bad in ([1.0, 0.0, 1.0], [-1.0]):
-            with pytest.raises(ValueError, match=r"ops\.smooth_l1: sigma must be > 0"):
+        for bad in ([1.0, 0.0, 1.0], [-1.0], [np.nan], [1.0, np.inf, 1.0]):
+            with pytest.raises(ValueError, match=r"ops\.smooth_l1': sigma must be finite and > 0"):
                 op(x, mx.nd.array(bad)).wait_to_read()
-        with pytest.raises(ValueError, match=r"ops\.smooth_l1: sigma has shape \(2,\), which "
+        with pytest.raises(ValueError, match=r"ops\.smooth_l1': sigma has shape \(2,\), which "
                            r"does not broadcast to data's shape \(2, 3\)"):
             op(x, mx.nd.ones((2,))).wait_to_read()
-        with pytest.raises(ValueError, match=r"ops\.smooth_l1: weight has shape"):
+        with pytest.raises(ValueError, match=r"ops\.smooth_l1': weight has shape"):
             op(x, mx.nd.ones((1,)), mx.nd.ones((3, 3))).wait_to_read()
     with mx.autograd.record():
         y = op(x, mx.nd.array([1.0]))

@@ -1,4 +1,4 @@
-"""ops.softmax_ce: an output layer equal to mx.nd.SoftmaxOutput, checked against its CE loss."""
+"""ops.softmax_ce': an output layer equal to mx.nd.SoftmaxOutput, checked against its CE loss."""
 import mxnet as mx
 import numpy as np
 import pytest
@@ -79,12 +79,12 @@ def test_bad_input_names_the_op_and_the_argument(op, how):
     x = mx.nd.ones((3, 4))
     with forced_path(how):
         for bad in ([0, 4, 1], [-1, 0, 0], [0.5, 1, 1]):
-            with pytest.raises(ValueError, match=r"ops\.softmax_ce: label has values that are "
+            with pytest.raises(ValueError, match=r"ops\.softmax_ce': label has values that are "
                                r"not class indices in \[0, 3\]"):
                 op(x, mx.nd.array(bad)).wait_to_read()
-        with pytest.raises(ValueError, match=r"ops\.softmax_ce: label has shape \(4,\)"):
+        with pytest.raises(ValueError, match=r"ops\.softmax_ce': label has shape \(4,\)"):
             op(x, mx.nd.zeros((4,))).wait_to_read()
-        with pytest.raises(ValueError, match=r"ops\.softmax_ce: data must have shape \(N, C\)"):
+        with pytest.raises(ValueError, match=r"ops\.softmax_ce': data must have shape \(N, C\)"):
             op(mx.nd.ones((3, 2, 2)), mx.nd.zeros((3,))).wait_to_read()
         y = op(x, mx.nd.array([0, 3, 1]))
     np.testing.assert_allclose(y.asnumpy(), 0.25)

@@ -125,10 +125,66 @@ def test_symbol_both_and_hybridized_wrapper():
 @pytest.mark.parametrize("op", TWINS, ids=["mxnet", "numpy"])
 def test_bad_parameters_raise_and_the_next_call_works(op):
     x = mx.nd.ones((2, 4))
-    with pytest.raises(ValueError, match=r"ops.topk: k=5 must be an int no larger than .* 4"):
+    with pytest.raises(ValueError, match=r"ops.topk': k must be no larger than the "
+                       r"length 4 .* got 5"):
         op(x, k=5)
-    with pytest.raises(ValueError, match="ops.topk: ret_typ must be one of"):
+    with pytest.raises(ValueError, match="ops.topk': ret_typ must be one of"):
         op(x, k=1, ret_typ="values")
-    with pytest.raises(ValueError, match="ops.topk: axis=2 is out of range"):
+    with pytest.raises(ValueError, match="ops.topk': axis must be an int in"):
         op(x, k=1, axis=2)
     assert op(x, k=2).shape == (2, 2)
+
+
+def nan_reference(x, k, is_ascend, do_sort):
+    """Top k of each row with NumPy's order: NaN above +inf above every number; ties (only NaNs
+    here) by lower index."""
+    sign = 1 if is_ascend else -1
+
+    def key(v, i):
+        return (sign, 0.0, i) if np.isnan(v) else (0, sign * float(v), i)
+    out_v, out_i = [], []
+    for row in np.asarray(x, np.float64):
+        order = sorted(range(len(row)), key=lambda i: key(row[i], i))
+        items = order[:k] if k >= 1 else order
+        items = sorted(items) if not do_sort else items
+        out_v.append(row[items])
+        out_i.append(items)
+    return np.array(out_v), np.array(out_i)
+
+
+@pytest.mark.parametrize("op", TWINS, ids=["mxnet", "numpy"])
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+def test_nan_ranks_as_the_largest_value_in_both_modes(op, dtype):
+    # Three NaNs, +inf, -inf and a huge finite value (not the dtype's largest, which ties with
+    # +inf in 'mxnet' mode, as documented) among ordinary numbers.
+    big = np.nextafter(np.finfo(dtype).max, dtype(0), dtype=dtype)
+    row = np.array([1.5, np.nan, -np.inf, 3.0, np.inf, np.nan, -2.0, big, 0.25, np.nan], dtype)
+    x = np.stack([row, row[::-1], np.roll(row, 3)])
+    for k in (1, 2, 3, 4, 5, 8, 0):
+        for is_ascend in (False, True):
+            for do_sort in (True, False):
+                kw = dict(k=k, is_ascend=is_ascend, do_sort=do_sort)
+                value, index = op(mx.nd.array(x, dtype=dtype), ret_typ="both", **kw)
+                want_v, want_i = nan_reference(x, k, is_ascend, do_sort)
+                np.testing.assert_array_equal(value.asnumpy(), want_v.astype(dtype), str(kw))
+                picked = np.take_along_axis(x, index.asnumpy().astype(np.int64), axis=-1)
+                np.testing.assert_array_equal(picked, value.asnumpy(), str(kw))
+                if op is ops.topk.numpy or do_sort is False:
+                    np.testing.assert_array_equal(index.asnumpy(), want_i, str(kw))
+                mask = op(mx.nd.array(x, dtype=dtype), ret_typ="mask", **kw).asnumpy()
+                assert (mask.sum(axis=-1) == (k if k >= 1 else x.shape[1])).all()
+                np.testing.assert_array_equal(np.sort(x[mask > 0].reshape(3, -1), axis=-1),
+                                              np.sort(want_v, axis=-1).astype(dtype), str(kw))
+
+
+def test_nan_rule_without_the_constant_cache(monkeypatch):
+    # Large inputs build their +inf / largest-finite constants per call instead of caching them.
+    import sys
+    monkeypatch.setattr(sys.modules["ops.topk"], "_CACHED_SIZE", 0)
+    x = np.array([[0.5, np.nan, np.inf, -1.0, np.nan, 2.0]])
+    for dtype in (np.float32, np.float64):
+        value, index = ops.topk(mx.nd.array(x, dtype=dtype), k=4, ret_typ="both")
+        np.testing.assert_array_equal(value.asnumpy(), np.array([[np.nan, np.nan, np.inf, 2.0]],
+                                                                dtype))
+        value = ops.topk(mx.nd.array(x, dtype=dtype), k=2, is_ascend=True, do_sort=False)
+        np.testing.assert_array_equal(value.asnumpy(), np.array([[0.5, -1.0]], dtype))
