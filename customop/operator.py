@@ -335,8 +335,9 @@ def customop(mode: Mode, *, name: str | None = None, need_top_grad: bool = True,
             parameters as auxiliary states (MXNet's ``list_auxiliary_states``):
             state the op owns and updates in place, never differentiated.
             ``shape_fn(*input_shapes, **params)`` gives its shape; its dtype is
-            the first input's.  Symbol calls may leave them out (MXNet creates
-            ``<node>_<name>`` variables, zero-initialised); array calls pass them.
+            the first floating input's (float32 without one).  Symbol calls may
+            leave them out (MXNet creates ``<node>_<name>`` variables,
+            zero-initialised); array calls pass them.
         optional: names of positional parameters defaulting to ``None`` that are
             optional array inputs (``def f(pred, label, weight=None)``): a call
             may leave them out, on every call style, and the forward and the

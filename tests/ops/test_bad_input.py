@@ -108,9 +108,6 @@ def _good_call(op, inputs, params):
 @pytest.mark.parametrize("how", ["direct", "function", "custom"])
 def test_nd_call_raises_naming_the_op_and_the_argument(case, mode, how):
     name, op, inputs, params, error, arg = case
-    if name == "center-int-data" and how == "custom":
-        pytest.xfail("the core types aux states like the first input (int64 here): MXNet "
-                     "refuses the float32 centers before the op can name the argument")
     op = op.numpy if mode == "numpy" else op
     xs = [mx.nd.array(a, dtype=a.dtype) for a in inputs]
     with forced_path(how):
