@@ -11,9 +11,9 @@ needs from MXNet is installed when it is first used (see :mod:`customop.runtime`
 """
 from typing import Any
 
-from .kernel import residuals
 from .loading import imports, load_checkpoint
 from .operator import CustomOperator, customop
+from .saved import residuals
 
 __all__ = ["customop", "CustomOperator", "residuals", "check_grad", "imports",
            "load_checkpoint"]

@@ -18,6 +18,7 @@ import mxnet as mx
 import numpy as np
 
 from . import errors
+from .saved import residuals
 
 if TYPE_CHECKING:
     from .operator import CustomOperator
@@ -110,8 +111,8 @@ def _untraceable(op, argnums, how: str, cause: BaseException | str) -> BaseExcep
                      f"{zeros}({n}), argnum={i})" for i, n in zip(argnums, names))
     return errors.op_error(op.op_type, TypeError, (
         f"cannot compute an automatic gradient for input{'' if one else 's'} {listed}: "
-        f"{cause}. If {'it is' if one else 'they are'} not meant to be differentiated (a label, "
-        "an index, a mask), stop the gradient: pass "
+        f"{str(cause).rstrip('.')}. If {'it is' if one else 'they are'} not meant to be "
+        "differentiated (a label, an index, a mask), stop the gradient: pass "
         f"{' / '.join(f'mx.nd.stop_gradient({n})' for n in names)} to the op (or do not "
         f"attach_grad() {'it' if one else 'them'}), or register a def_grad returning zeros: "
         f"{fixes}. Otherwise {how[0].lower()}{how[1:]}, or register the gradient with "
@@ -200,7 +201,6 @@ def _mxnet_vjp(op, argnums, ans, args, g, params):
 
 
 def _outputs(result):
-    from .kernel import residuals  # kernel imports this module
     return result.outputs if isinstance(result, residuals) else result
 
 
