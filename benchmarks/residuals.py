@@ -1,6 +1,6 @@
 """Forward+backward with residuals (the forward hands its work to the backward) vs recomputation.
 
-Run from the repository root (about a minute on 2 CPU cores; ``--quick`` a few seconds)::
+Run from the repository root (2-3 minutes on 2 CPU cores; ``--quick`` about 15 s)::
 
     .venv/bin/python benchmarks/residuals.py [--markdown] [--quick]
 
@@ -16,9 +16,9 @@ Two operators, each in two versions that compute the same numbers:
 
 One timed call is ``mx.autograd.record()``, the forward, ``backward()``, and a wait for the
 input's gradient.  Each is timed on the default recording path (``function``) and on
-``mx.nd.Custom`` (``custom``: the path of symbols, Module and hybridized blocks).  Versions
-are timed round-robin (one untimed lead-in call per turn); medians per call.  Both versions'
-outputs and gradients are compared before timing.
+``mx.nd.Custom`` (``custom``: the path of symbols, Module and hybridized blocks).  The two
+versions alternate call by call; the table gives each one's median and the median of the
+per-pair ratios.  Both versions' outputs and gradients are compared before timing.
 """
 from __future__ import annotations
 
@@ -140,16 +140,19 @@ def check(op_pair, inputs, params, path):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
 
 
-def time_pair(op_pair, inputs, params, path, turns, per_turn):
+def time_pair(op_pair, inputs, params, path, pairs):
+    # One call of each version per pair, in alternating order, so load from elsewhere hits
+    # both alike; the speed-up is the median of the per-pair ratios.
     times = [[], []]
-    for t in range(turns):
+    for k in (0, 1):
+        fwd_bwd(op_pair[k], inputs, params, path)  # lead-in
+    for t in range(pairs):
         for k in (0, 1) if t % 2 == 0 else (1, 0):
-            fwd_bwd(op_pair[k], inputs, params, path)  # lead-in
-            for _ in range(per_turn):
-                start = time.perf_counter()
-                fwd_bwd(op_pair[k], inputs, params, path)
-                times[k].append(time.perf_counter() - start)
-    return [statistics.median(ts) * 1e3 for ts in times]
+            start = time.perf_counter()
+            fwd_bwd(op_pair[k], inputs, params, path)
+            times[k].append(time.perf_counter() - start)
+    ratio = statistics.median(a / b for a, b in zip(*times))
+    return [statistics.median(ts) * 1e3 for ts in times] + [ratio]
 
 
 def main(argv=None):
@@ -157,21 +160,21 @@ def main(argv=None):
     parser.add_argument("--markdown", action="store_true")
     parser.add_argument("--quick", action="store_true")
     args = parser.parse_args(argv)
-    turns, per_turn = (3, 3) if args.quick else (10, 5)
+    pairs = 6 if args.quick else 60
     all_cases, (n, c) = cases(args.quick)
     rows = []
     for name, pair, inputs, params in all_cases:
         inputs[0].attach_grad()
         for path in ("function", "custom"):
             check(pair, inputs, params, path)
-            recompute, saved = time_pair(pair, inputs, params, path, turns, per_turn)
-            rows.append([name, path, f"{recompute:.2f}", f"{saved:.2f}",
-                         f"{recompute / saved:.2f}x"])
+            recompute, saved, ratio = time_pair(pair, inputs, params, path, pairs)
+            rows.append([name, path, f"{recompute:.2f}", f"{saved:.2f}", f"{ratio:.2f}x"])
     machine = platform.processor() or platform.machine()
     print(f"# {datetime.datetime.utcnow():%Y-%m-%d %H:%M} UTC, {machine}, python "
           f"{platform.python_version()}, mxnet {mx.__version__}, numpy {np.__version__}"
-          f"; inputs ({n}, {c}) float32; medians of {turns * per_turn} calls")
-    print_table(["operator", "path", "recompute ms", "residuals ms", "speed-up"], rows,
+          f"; inputs ({n}, {c}) float32; medians of {pairs} calls")
+    print_table(["operator", "path", "recompute ms", "residuals ms", "speed-up (median ratio)"],
+                rows,
                 args.markdown, "---|---|---:|---:|---:")
 
 

@@ -178,7 +178,7 @@ def detached(saved: dict[str, Any]) -> dict[str, Any]:
     def one(v):
         if isinstance(v, mx.nd.NDArray):
             return v.detach()
-        if isinstance(v, (tuple, list)):
+        if type(v) in (tuple, list):
             return type(v)(one(x) for x in v)
         return v
     return {k: one(v) for k, v in saved.items()}

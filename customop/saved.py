@@ -15,10 +15,11 @@ class residuals:  # noqa: N801 - used like a function: ``return residuals(out, p
     ``return customop.residuals(out, probs=p)`` (several outputs:
     ``residuals(a, b, probs=p)``) hands ``probs`` to every gradient closure that
     names it (``def grad(ans, x, label, probs): ...``); callers still get only
-    ``out``.  A recorded call keeps them as long as its graph node lives; a call
-    that is not recorded, shape inference and ``is_train=False`` graph runs drop
-    them.  Where none were kept (a second backward of an executor), the backward
-    runs the forward again to get them.
+    ``out``.  A recorded call keeps them as long as its autograd node lives (the
+    ``function`` path) or until its backward (graph nodes: ``mx.nd.Custom``,
+    executors, hybridized blocks); a call that is not recorded, shape inference
+    and ``is_train=False`` graph runs drop them.  Where none were kept (a second
+    backward after one forward), the backward runs the forward again to get them.
 
     Example:
         >>> import numpy as np
