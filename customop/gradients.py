@@ -9,6 +9,7 @@ recording the forward again in ``'mxnet'`` mode; else zero (``None``).
 """
 from __future__ import annotations
 
+import functools
 import inspect
 import warnings
 from collections.abc import Callable
@@ -48,20 +49,30 @@ def compute_all(op: CustomOperator, ans: Any, args: list[Any], g: Any,
     return grads
 
 
-def keywords(fn: Callable, head: int) -> tuple[list[inspect.Parameter], bool]:
+def keywords(fn: Callable, head: int) -> tuple[tuple[inspect.Parameter, ...], bool]:
     """The parameters ``fn`` can take by keyword after ``head`` positional arguments, and
     whether it has ``**params``."""
     try:
+        return _cached_keywords(fn, head)
+    except TypeError:  # an unhashable callable
+        return _keywords(fn, head)
+
+
+def _keywords(fn, head):
+    try:
         ps = list(inspect.signature(fn).parameters.values())
     except (TypeError, ValueError):
-        return [], True
+        return (), False  # keep to what the call passed
     out = []
     for p in ps:
         if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and head > 0:
             head -= 1
         elif p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY):
             out.append(p)
-    return out, any(p.kind == p.VAR_KEYWORD for p in ps)
+    return tuple(out), any(p.kind == p.VAR_KEYWORD for p in ps)
+
+
+_cached_keywords = functools.lru_cache(maxsize=1024)(_keywords)  # asked at every backward
 
 
 def closure_kwargs(op: CustomOperator, maker: Callable, n_args: int, params: dict[str, Any],
