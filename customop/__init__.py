@@ -1,7 +1,8 @@
 """customop: MinPy-style custom operators for Apache MXNet 1.9.
 
 ``@customop('numpy'|'mxnet')`` turns a forward function into a registered
-MXNet CustomOp; ``op.def_grad(fn, argnum)`` attaches gradients;
+MXNet CustomOp; ``op.def_grad(fn, argnum)`` attaches gradients (``return residuals(out, p=p)``
+hands the forward's intermediate values to them);
 ``check_grad(op, *inputs)`` checks them against finite differences;
 ``imports``/``load_checkpoint`` reload saved graphs, importing their ops first.
 
@@ -12,8 +13,10 @@ from typing import Any
 
 from .loading import imports, load_checkpoint
 from .operator import CustomOperator, customop
+from .saved import residuals
 
-__all__ = ["customop", "CustomOperator", "check_grad", "imports", "load_checkpoint"]
+__all__ = ["customop", "CustomOperator", "residuals", "check_grad", "imports",
+           "load_checkpoint"]
 __version__ = "0.1.0"
 
 

@@ -144,7 +144,7 @@ def call_direct(op: CustomOperator, nd_inputs: list[mx.nd.NDArray],
     mode = op.mode_impl
     ctx = nd_inputs[0].context
     with mx.autograd.pause(train_mode=mx.autograd.is_training()):
-        _, outs = kernel.forward_nd(op, nd_inputs, params, wait=False)
+        _, outs, _ = kernel.forward_nd(op, nd_inputs, params, wait=False)  # nothing to keep
         return [_fresh(mode.to_nd(o, ctx), nd_inputs) for o in outs]
 
 
@@ -165,10 +165,11 @@ _counter = itertools.count()
 
 
 class _Recorded:
-    __slots__ = ("op", "args", "outs", "params", "aux", "reader")
+    __slots__ = ("op", "args", "outs", "params", "aux", "saved", "reader")
 
-    def __init__(self, op, args, outs, params, aux):
+    def __init__(self, op, args, outs, params, aux, saved):
         self.op, self.args, self.outs, self.params, self.aux = op, args, outs, params, aux
+        self.saved = saved  # the forward's residuals: freed with the node, by _delete
         self.reader = threading.get_ident()  # records it, so runs (and reads) its backward
 
 
@@ -190,7 +191,8 @@ def _run_backward(state, num_ograds, num_igrads, ptrs, reqs):
             g = [mode.from_nd(NDArray(ctypes.cast(ptrs[i], NDArrayHandle), writable=False))
                  for i in range(num_ograds)]
             g = [v.reshape(o.shape) if op.mode == "numpy" else v for v, o in zip(g, outs)]
-        kernel.backward_nd(op, args, state.aux, outs, g, state.params, reqs, igrads)
+        kernel.backward_nd(op, args, state.aux, outs, g, state.params, reqs, igrads,
+                           state.saved)
     except Exception as exc:
         errors.report(errors.ours(exc, op.op_type, "backward"), state.reader)
         return False
@@ -213,13 +215,14 @@ def call_function(op: CustomOperator, nd_inputs: list[mx.nd.NDArray],
     aux_nd = nd_inputs[n:]
     nd_inputs = nd_inputs[:n]
     with mx.autograd.pause(train_mode=mx.autograd.is_training()):
-        args, outs = kernel.forward_nd(op, [*nd_inputs, *aux_nd], params, wait=False)
+        args, outs, saved = kernel.forward_nd(op, [*nd_inputs, *aux_nd], params, wait=False)
         nd_outs = [_fresh(mode.to_nd(o, ctx), nd_inputs) for o in outs]
     # The closure outlives this call inside MXNet's graph node; holding the recorded outputs
-    # themselves would tie the node to itself and it would never be freed.
-    args, outs = _detached(args[:n]), _detached(outs)
+    # themselves (or a residual that is one of them) would tie the node to itself and it
+    # would never be freed.
+    args, outs, saved = _detached(args[:n]), _detached(outs), kernel.detached(saved)
 
-    state = _Recorded(op, args, outs, params, aux_nd)
+    state = _Recorded(op, args, outs, params, aux_nd, saved)
     key = next(_counter)
     # MXNet holds the C callbacks until it calls delete; ctypes objects made with cast() sit
     # in reference cycles, so they must not reach the arrays: they hold only plain functions

@@ -1,34 +1,45 @@
 """The one place that decides where each input's gradient comes from.
 
-Order, per input: integer inputs get zero; a ``def_grad`` closure wins; else,
+Order, per input: integer inputs get zero; a ``def_grad`` closure wins (called
+with the inputs, every parameter it names or takes through ``**params``,
+defaults filled in, and the forward's residuals it names); else,
 when the operator allows it (``auto_grad=True``), an automatic gradient: HIPS
 ``autograd`` (``make_vjp``) over the forward in ``'numpy'`` mode, ``mx.autograd``
 recording the forward again in ``'mxnet'`` mode; else zero (``None``).
 """
 from __future__ import annotations
 
+import functools
+import inspect
 import warnings
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import mxnet as mx
 import numpy as np
 
 from . import errors
+from .saved import residuals
 
 if TYPE_CHECKING:
     from .operator import CustomOperator
 
 
 def compute_all(op: CustomOperator, ans: Any, args: list[Any], g: Any,
-                params: dict[str, Any], wanted: list[bool]) -> list[Any | None]:
-    """Gradients for every input (``None`` means zero) given upstream gradient ``g``."""
+                params: dict[str, Any], wanted: list[bool],
+                saved: Callable[[], dict[str, Any]] = dict) -> list[Any | None]:
+    """Gradients for every input (``None`` means zero) given upstream gradient ``g``.
+
+    ``saved()`` gives the forward's residuals; it is called only for a closure that
+    names one.
+    """
     grads: list[Any | None] = [None] * len(args)
     auto = []
     for i, (arg, want) in enumerate(zip(args, wanted)):
         if not want or not np.issubdtype(op.mode_impl.dtype(arg), np.floating):
             continue
         if i in op.grads:
-            grads[i] = _from_closure(op, i, ans, args, g, params)
+            grads[i] = _from_closure(op, i, ans, args, g, params, saved)
         elif op.auto_grad:
             auto.append(i)
     if auto:
@@ -38,10 +49,57 @@ def compute_all(op: CustomOperator, ans: Any, args: list[Any], g: Any,
     return grads
 
 
-def _from_closure(op, i, ans, args, g, params):
+def keywords(fn: Callable, head: int) -> tuple[tuple[inspect.Parameter, ...], bool]:
+    """The parameters ``fn`` can take by keyword after ``head`` positional arguments, and
+    whether it has ``**params``."""
+    try:
+        return _cached_keywords(fn, head)
+    except TypeError:  # an unhashable callable
+        return _keywords(fn, head)
+
+
+def _keywords(fn, head):
+    try:
+        ps = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return (), False  # keep to what the call passed
+    out = []
+    for p in ps:
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and head > 0:
+            head -= 1
+        elif p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY):
+            out.append(p)
+    return tuple(out), any(p.kind == p.VAR_KEYWORD for p in ps)
+
+
+_cached_keywords = functools.lru_cache(maxsize=1024)(_keywords)  # asked at every backward
+
+
+def closure_kwargs(op: CustomOperator, maker: Callable, n_args: int, params: dict[str, Any],
+                   saved: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """The keywords a gradient closure (called with ``ans`` and ``n_args`` arrays) gets.
+
+    The parameters the call passed (always); the defaults of the others, where the
+    closure names them or takes ``**params``; the residuals it names.
+    """
+    found, var_kw = keywords(maker, 1 + n_args)
+    names = {p.name for p in found}
+    kw = dict(params)
+    for key, value in op.signature.defaults.items():
+        if key not in kw and (var_kw or key in names):
+            kw[key] = value
+    wants = names - set(op.signature.param_names)
+    if wants:
+        residuals = saved()
+        kw.update((k, v) for k, v in residuals.items() if k in wants)
+    return kw
+
+
+def _from_closure(op, i, ans, args, g, params, saved):
     name = op.signature.inputs[i]
     try:
-        grad = op.grads[i](ans, *args, **params)(g)
+        maker = op.grads[i]
+        grad = maker(ans, *args, **closure_kwargs(op, maker, len(args), params, saved))(g)
     except Exception as exc:
         new = errors.ours(exc, op.op_type, f"gradient for input {name!r}")
         if new is exc:
@@ -55,10 +113,42 @@ def _from_closure(op, i, ans, args, g, params):
 
 
 def _untraceable(op, argnums, how: str, cause: BaseException | str) -> BaseException:
-    names = ", ".join(repr(op.signature.inputs[i]) for i in argnums)
+    names = [op.signature.inputs[i] for i in argnums]
+    one = len(names) == 1
+    listed = ", ".join(map(repr, names))
+    arrays = ", ".join(op.signature.arrays)
+    zeros = "np.zeros_like" if op.mode == "numpy" else "mx.nd.zeros_like"
+    fixes = " ".join(f"{_reached_as(op)}.def_grad(lambda ans, {arrays}, **params: lambda g: "
+                     f"{zeros}({n}), argnum={i})" for i, n in zip(argnums, names))
     return errors.op_error(op.op_type, TypeError, (
-        f"cannot compute an automatic gradient for input(s) {names}: {cause}. {how} or register "
-        "a gradient with def_grad."))
+        f"cannot compute an automatic gradient for input{'' if one else 's'} {listed}: "
+        f"{str(cause).rstrip('.')}. If {'it is' if one else 'they are'} not meant to be "
+        "differentiated (a label, an index, a mask), stop the gradient: pass "
+        f"{' / '.join(f'mx.nd.stop_gradient({n})' for n in names)} to the op (or do not "
+        f"attach_grad() {'it' if one else 'them'}), or register a def_grad returning zeros: "
+        f"{fixes}. Otherwise {how[0].lower()}{how[1:]}, or register the gradient with "
+        "def_grad."))
+
+
+def _reached_as(op) -> str:
+    # How the user names this op: a twin is `<first op>.<mode>`.
+    first = next(iter(op.twins.values()))
+    return op.__name__ if first is op else f"{first.__name__}.{op.mode}"
+
+
+def _narrowed(attempt, argnums):
+    # The inputs whose gradient cannot be computed on their own (all, if none alone fails).
+    if len(argnums) == 1:
+        return argnums
+    bad = []
+    for i in argnums:
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("error", UserWarning)
+                attempt([i])
+        except Exception:  # noqa: BLE001 - any failure marks the input
+            bad.append(i)
+    return bad or argnums
 
 
 _NUMPY_HOW = ("Write the forward with `import autograd.numpy as np` "
@@ -69,48 +159,60 @@ def _numpy_vjp(op, argnums, ans, args, g, params):
     import autograd  # imported here: only 'numpy'-mode ops without def_grad need it
     import autograd.builtins
 
-    def traced(*xs):
-        out = op.fn(*_substituted(args, argnums, xs), **params)
-        # A plain tuple of boxes is invisible to the tracer; autograd's own tuple is not.
-        return autograd.builtins.tuple(out) if isinstance(out, (tuple, list)) else out
-
     heads = _ones_like_outputs(ans) if g is None else g
+
+    def attempt(nums):
+        def traced(*xs):
+            out = _outputs(op.fn(*_substituted(args, nums, xs), **params))
+            # A plain tuple of boxes is invisible to the tracer; autograd's own tuple is not.
+            return autograd.builtins.tuple(out) if isinstance(out, (tuple, list)) else out
+        vjp, _ = autograd.make_vjp(traced, tuple(range(len(nums))))(*[args[i] for i in nums])
+        return vjp(heads)
+
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", UserWarning)  # "Output seems independent of input"
-            vjp, _ = autograd.make_vjp(traced, tuple(range(len(argnums))))(
-                *[args[i] for i in argnums])
-            found = vjp(heads)
+            found = attempt(argnums)
     except UserWarning as w:
-        raise _untraceable(op, argnums, _NUMPY_HOW, f"the output does not depend on them "
-                           f"through autograd.numpy ({w})") from None
+        raise _untraceable(op, _narrowed(attempt, argnums), _NUMPY_HOW, "the output does not "
+                           f"depend on it through autograd.numpy ({w})") from None
     except Exception as exc:
         if errors.names_op(str(exc), op.op_type):
             raise
-        raise _untraceable(op, argnums, _NUMPY_HOW, f"{type(exc).__name__}: {exc}") from exc
+        raise _untraceable(op, _narrowed(attempt, argnums), _NUMPY_HOW,
+                           f"{type(exc).__name__}: {exc}") from exc
     return [np.asarray(x) for x in found]
 
 
 def _mxnet_vjp(op, argnums, ans, args, g, params):
-    xs = [args[i].copy() for i in argnums]
-    for x in xs:
-        x.attach_grad()
     how = "Write the forward with differentiable mx.nd operators (no asnumpy)"
-    try:
+
+    def attempt(nums):
+        xs = [args[i].copy() for i in nums]
+        for x in xs:
+            x.attach_grad()
         with mx.autograd.record():
-            outs = op.fn(*_substituted(args, argnums, xs), **params)
+            outs = _outputs(op.fn(*_substituted(args, nums, xs), **params))
         outs = list(outs) if isinstance(outs, (tuple, list)) else [outs]
         heads = [mx.nd.ones_like(o) for o in outs] if g is None else (
             list(g) if isinstance(g, (tuple, list)) else [g])
         mx.autograd.backward(outs, head_grads=heads)
         return [x.grad for x in xs]
+
+    try:
+        return attempt(argnums)
     except mx.base.MXNetError as exc:
-        raise _untraceable(op, argnums, how, errors.mxnet_text(exc)) from exc
+        raise _untraceable(op, _narrowed(attempt, argnums), how,
+                           errors.mxnet_text(exc)) from exc
     except Exception as exc:
         new = errors.ours(exc, op.op_type, "automatic gradient")
         if new is exc:
             raise
         raise new from exc
+
+
+def _outputs(result):
+    return result.outputs if isinstance(result, residuals) else result
 
 
 def _substituted(args, argnums, xs):

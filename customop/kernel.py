@@ -13,6 +13,7 @@ import mxnet as mx
 import numpy as np
 
 from . import errors, gradients
+from .saved import residuals
 
 if TYPE_CHECKING:
     from .operator import CustomOperator
@@ -29,40 +30,51 @@ def reraise(exc: BaseException, op_type: str, where: str) -> NoReturn:
 def run_forward(op: CustomOperator, args: list[Any], params: dict[str, Any],
                 where: str = "forward") -> list[Any]:
     """Call the forward on mode arrays; return its outputs as a validated list."""
+    return run_forward_saving(op, args, params, where)[0]
+
+
+def run_forward_saving(op: CustomOperator, args: list[Any], params: dict[str, Any],
+                       where: str = "forward") -> tuple[list[Any], dict[str, Any]]:
+    """The forward's outputs (validated) and the residuals it handed to its closures."""
     try:
         result = op.fn(*args, **params)
     except Exception as exc:
         reraise(exc, op.op_type, where)
-    return check_outputs(op, result)
+    saved: dict[str, Any] = {}
+    if isinstance(result, residuals):
+        result, saved = result.outputs, result.saved
+        _check_residual_names(op, saved)
+    return check_outputs(op, result), saved
 
 
 def forward_nd(op: CustomOperator, arrays: list[mx.nd.NDArray], params: dict[str, Any],
-               wait: bool) -> tuple[list[Any], list[Any]]:
+               wait: bool) -> tuple[list[Any], list[Any], dict[str, Any]]:
     """The forward on MXNet's arrays (inputs, then aux states), storing aux updates.
 
-    Returns the mode arrays it ran on and its outputs.  ``wait``: finish the aux
-    writes before returning (needed on MXNet's worker threads).
+    Returns the mode arrays it ran on, its outputs and its residuals.  ``wait``:
+    finish the aux writes before returning (needed on MXNet's worker threads).
     """
     args = [op.mode_impl.from_nd(a) for a in arrays]
-    outs = run_forward(op, args, params)
+    outs, saved = run_forward_saving(op, args, params)
     n = len(op.signature.inputs)
     if op.signature.aux:
         write_back(op.mode, arrays[n:], args[n:], wait)
-    return args, outs
+    return args, outs, saved
 
 
 def backward_nd(op: CustomOperator, args: list[Any], aux: list[mx.nd.NDArray], outs: list[Any],
                 out_grads: list[Any] | None, params: dict[str, Any], reqs: list[str],
-                in_grads: list[mx.nd.NDArray]) -> None:
+                in_grads: list[mx.nd.NDArray], saved: dict[str, Any] | None = None) -> None:
     """Gradients into MXNet's buffers ``in_grads`` per ``reqs``, storing aux updates.
 
     ``args`` are the inputs as mode arrays; the aux states are read as they are now.
+    ``saved``: the forward's residuals, ``None`` where none were kept.
     Runs on MXNet's worker threads, so aux writes are finished before returning.
     """
     mode = op.mode_impl
     states = [mode.from_nd(a) for a in aux]
     grads = run_backward(op, [*args, *states], outs, out_grads, params,
-                         [r != "null" for r in reqs])
+                         [r != "null" for r in reqs], saved)
     if aux:
         write_back(op.mode, aux, states, wait=True)
     for dst, req, grad in zip(in_grads, reqs, grads):
@@ -74,15 +86,32 @@ def backward_nd(op: CustomOperator, args: list[Any], aux: list[mx.nd.NDArray], o
 
 def run_backward(op: CustomOperator, args: list[Any], outs: list[Any],
                  out_grads: list[Any] | None, params: dict[str, Any],
-                 wanted: list[bool]) -> list[Any | None]:
-    """Gradients for each input (``None`` means zero); see :mod:`customop.gradients`."""
+                 wanted: list[bool], saved: dict[str, Any] | None = None) -> list[Any | None]:
+    """Gradients for each input (``None`` means zero); see :mod:`customop.gradients`.
+
+    ``args``: inputs then aux states, as mode arrays.  ``saved``: the forward's
+    residuals; ``None``: none were kept, so a closure asking for one gets them from
+    the forward run again (on copies of the aux states, which it must not move).
+    """
     ans = outs[0] if op.num_outputs == 1 else tuple(outs)
     g = None
     if op.need_top_grad and out_grads is not None:
         g = out_grads[0] if op.num_outputs == 1 else tuple(out_grads)
     n = len(op.signature.inputs)
     wanted = [*wanted[:n], *[False] * (len(args) - n)]
-    grads = gradients.compute_all(op, ans, args, g, params, wanted)[:n]
+    if saved is None:
+        found: list[dict[str, Any]] = []
+
+        def fetch() -> dict[str, Any]:
+            if not found:
+                copies = [*args[:n], *[op.mode_impl.copy(s) for s in args[n:]]]
+                found.append(run_forward_saving(op, copies, params, "forward (run again for "
+                                                "its residuals)")[1])
+            return found[0]
+    else:
+        def fetch() -> dict[str, Any]:
+            return saved
+    grads = gradients.compute_all(op, ans, args, g, params, wanted, fetch)[:n]
     return [None if grad is None else _checked_grad(op, i, arg, grad)
             for i, (arg, grad) in enumerate(zip(args, grads))]
 
@@ -133,6 +162,26 @@ def check_aux(op: CustomOperator, arrays: list[Any], params: dict[str, Any]) -> 
             raise errors.op_error(op.op_type, ValueError, (
                 f"auxiliary state {name!r} has shape {got}, but for these inputs it must be "
                 f"{tuple(want)}"))
+
+
+def _check_residual_names(op: CustomOperator, saved: dict[str, Any]) -> None:
+    taken = set(op.signature.arrays) | set(op.signature.param_names) | {"ans"}
+    clash = sorted(taken & set(saved))
+    if clash:
+        raise errors.op_error(op.op_type, TypeError, (
+            f"residual(s) {', '.join(map(repr, clash))} share a name with the op's inputs or "
+            "parameters (or 'ans'); gradient closures receive residuals by name, so rename them"))
+
+
+def detached(saved: dict[str, Any]) -> dict[str, Any]:
+    """Residuals with NDArrays detached from autograd (a node must not hold itself)."""
+    def one(v):
+        if isinstance(v, mx.nd.NDArray):
+            return v.detach()
+        if type(v) in (tuple, list):
+            return type(v)(one(x) for x in v)
+        return v
+    return {k: one(v) for k, v in saved.items()}
 
 
 def check_outputs(op: CustomOperator, result: Any) -> list[Any]:

@@ -43,6 +43,10 @@ class NumpyMode:
         return np.zeros_like(arr)
 
     @staticmethod
+    def copy(arr: Any) -> np.ndarray:
+        return np.array(arr)
+
+    @staticmethod
     def as_scalar_view(value: np.ndarray) -> np.ndarray:
         return value.reshape(())
 
@@ -93,6 +97,10 @@ class MXNetMode:
     @staticmethod
     def zeros_like(arr: mx.nd.NDArray) -> mx.nd.NDArray:
         return mx.nd.zeros_like(arr)
+
+    @staticmethod
+    def copy(arr: mx.nd.NDArray) -> mx.nd.NDArray:
+        return arr.copy()
 
     @staticmethod
     def as_scalar_view(value: mx.nd.NDArray) -> mx.nd.NDArray:

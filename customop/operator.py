@@ -12,7 +12,7 @@ from typing import Any
 
 import mxnet as mx
 
-from . import dispatch, errors, registry
+from . import dispatch, errors, gradients, registry
 from .inference import Inference
 from .modes import MODES
 from .signature import Signature
@@ -264,6 +264,14 @@ class _Variant(CustomOperator):
     def _grad_for(self, maker):
         def grad(ans, *arrays, **params):
             return maker(ans, *self._full_args(arrays), **params)
+        # Seen from outside, it takes by keyword what the full op's closure takes (the
+        # residuals and defaults it names reach it through **params).
+        found, var_kw = gradients.keywords(maker, 1 + len(self.full.signature.arrays))
+        P = inspect.Parameter
+        grad.__signature__ = inspect.Signature([
+            P("ans", P.POSITIONAL_ONLY), P("arrays", P.VAR_POSITIONAL),
+            *[p.replace(kind=P.KEYWORD_ONLY) for p in found],
+            *([P("params", P.VAR_KEYWORD)] if var_kw else [])])
         return grad
 
 
@@ -307,9 +315,18 @@ def _count_returns(fn: Callable) -> int:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
             continue  # returns of nested functions are not ours
         if isinstance(node, ast.Return) and node.value is not None:
-            sizes.add(len(node.value.elts) if isinstance(node.value, ast.Tuple) else 1)
+            value = node.value
+            if isinstance(value, ast.Call) and _called_name(value) == "residuals":
+                # return residuals(a, b, saved=s): the outputs are the positional arguments
+                value = value.args[0] if len(value.args) == 1 else ast.Tuple(value.args)
+            sizes.add(len(value.elts) if isinstance(value, ast.Tuple) else 1)
         stack.extend(ast.iter_child_nodes(node))
     return sizes.pop() if len(sizes) == 1 else 1
+
+
+def _called_name(call: ast.Call) -> str | None:
+    f = call.func
+    return f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else None
 
 
 def customop(mode: Mode, *, name: str | None = None, need_top_grad: bool = True,

@@ -154,6 +154,9 @@ class _Op(mx.operator.CustomOp):
         self.op, self.params, self.scalar = op, params, scalar
         self.call, self.reader = call, reader
         self.saved: tuple | None = None
+        # The last training forward's residuals, until its backward: MXNet runs the two as
+        # separate callbacks of this one object (one per bound node, or per mx.nd.Custom call).
+        self.residuals: dict[str, Any] | None = None
 
     def _fail(self, exc: BaseException, where: str) -> None:
         new = errors.ours(exc, self.op.op_type, where)
@@ -168,8 +171,11 @@ class _Op(mx.operator.CustomOp):
     def forward(self, is_train, req, in_data, out_data, aux):
         op, mode = self.op, self.op.mode_impl
         try:
-            args, outs = kernel.forward_nd(op, [*in_data, *aux], self.params, wait=True)
+            self.residuals = None
+            args, outs, saved = kernel.forward_nd(op, [*in_data, *aux], self.params, wait=True)
             args = args[:len(in_data)]
+            if is_train:
+                self.residuals = saved
             for dst, r, value in zip(out_data, req, outs):
                 mode.assign(dst, r, value)
             if is_train and op.mode == "numpy":
@@ -183,6 +189,7 @@ class _Op(mx.operator.CustomOp):
         op, mode = self.op, self.op.mode_impl
         try:
             saved, self.saved = self.saved, None
+            residuals, self.residuals = self.residuals, None
             if saved is not None and saved[0] == [_data_ptr(a) for a in (*in_data, *out_data)]:
                 args, outs = saved[1], saved[2]
             else:
@@ -193,6 +200,7 @@ class _Op(mx.operator.CustomOp):
             if op.need_top_grad:
                 grads_in = [mode.as_scalar_view(v) if s else v
                             for v, s in zip((mode.from_nd(o) for o in out_grad), self.scalar)]
-            kernel.backward_nd(op, args, aux, outs, grads_in, self.params, req, in_grad)
+            kernel.backward_nd(op, args, aux, outs, grads_in, self.params, req, in_grad,
+                               residuals)
         except Exception as exc:
             self._fail(exc, "backward")

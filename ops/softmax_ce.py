@@ -2,7 +2,7 @@
 import mxnet as mx
 import numpy as np
 
-from customop import customop
+from customop import customop, residuals
 
 from . import _checks
 
@@ -36,7 +36,9 @@ def softmax_ce(data, label):
     The forward returns the probabilities ``p``; the backward ignores the head gradient
     (an output layer, ``need_top_grad=False``) and gives the gradient of the summed
     cross-entropy ``L`` (``SoftmaxOutput``'s defaults: ``grad_scale=1``,
-    ``normalization='null'``).  ``label`` gets zero gradient.
+    ``normalization='null'``).  ``label`` gets zero gradient.  The forward hands
+    ``onehot(y)`` (the ``'numpy'`` twin: the integer labels it validated) to the backward
+    as a residual instead of the backward building it again.
 
     Parameters
     ----------
@@ -55,27 +57,29 @@ def softmax_ce(data, label):
     num_class = data.shape[1]
     if _checks.any_nd((label < 0) + (label >= num_class) + (label != mx.nd.floor(label))):
         raise _label_error(num_class)
-    return mx.nd.softmax(data, axis=1)
+    onehot = mx.nd.one_hot(label, num_class, dtype=data.dtype)
+    return residuals(mx.nd.softmax(data, axis=1), onehot=onehot)
 
 
 @softmax_ce.twin("numpy")
 def _softmax_ce_numpy(data, label):
     _check(data, label)
     num_class = data.shape[1]
-    if np.any((label < 0) | (label >= num_class) | (label != np.floor(label))):
+    index = label.astype(np.int64)
+    if np.any((index < 0) | (index >= num_class) | (index != label)):
         raise _label_error(num_class)
     e = np.exp(data - data.max(axis=1, keepdims=True))
-    return e / e.sum(axis=1, keepdims=True)
+    return residuals(e / e.sum(axis=1, keepdims=True), index=index)
 
 
-def _grad_mxnet(ans, data, label):
-    return lambda _: ans - mx.nd.one_hot(label, ans.shape[1], dtype=ans.dtype)
+def _grad_mxnet(ans, data, label, onehot):
+    return lambda _: ans - onehot
 
 
-def _grad_numpy(ans, data, label):
+def _grad_numpy(ans, data, label, index):
     def grad(_):
         d = ans.copy()
-        d[np.arange(len(d)), label.astype(np.int64)] -= 1
+        d[np.arange(len(d)), index] -= 1
         return d
     return grad
 

@@ -1,0 +1,182 @@
+"""Forward+backward with residuals (the forward hands its work to the backward) vs recomputation.
+
+Run from the repository root (2-3 minutes on 2 CPU cores; ``--quick`` about 15 s)::
+
+    .venv/bin/python benchmarks/residuals.py [--markdown] [--quick]
+
+Two operators, each in two versions that compute the same numbers:
+
+* ``softmax_ce``: ``ops.softmax_ce`` (the ``'mxnet'`` op keeps ``onehot(label)``, the
+  ``'numpy'`` twin the validated integer labels, as residuals) next to the same op with its
+  previous closures, which build them again in the backward.  Its backward already receives
+  the probabilities as ``ans``, so only the one-hot / index work is saved.
+* ``arc_margin``: ArcFace's additive angular margin ``cos(arccos(clip(x)) + m)`` (the
+  operator of issue 21): the residual version keeps ``theta`` and ``sin(theta)`` for the
+  backward; the other one recomputes clip, arccos and the square root there.
+
+One timed call is ``mx.autograd.record()``, the forward, ``backward()``, and a wait for the
+input's gradient.  Each is timed on the default recording path (``function``) and on
+``mx.nd.Custom`` (``custom``: the path of symbols, Module and hybridized blocks).  The two
+versions alternate call by call; the table gives each one's median and the median of the
+per-pair ratios.  Both versions' outputs and gradients are compared before timing.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import platform
+import statistics
+import sys
+import time
+
+import mxnet as mx
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tables import print_table  # noqa: E402  (benchmarks/ is sys.path[0] when run as a script)
+
+import ops  # noqa: E402
+from customop import customop, residuals  # noqa: E402
+from customop.dispatch import forced_path  # noqa: E402
+
+
+# ---- softmax_ce with its previous closures (one-hot / indices built in the backward) --------
+@customop("mxnet", need_top_grad=False, infer_shape=lambda data, label: data)
+def softmax_ce_recompute(data, label):
+    num_class = data.shape[1]
+    if ((label < 0) + (label >= num_class) + (label != mx.nd.floor(label))).sum().asscalar():
+        raise ValueError("bad label")
+    return mx.nd.softmax(data, axis=1)
+
+
+@softmax_ce_recompute.twin("numpy")
+def _softmax_ce_recompute_np(data, label):
+    num_class = data.shape[1]
+    if np.any((label < 0) | (label >= num_class) | (label != np.floor(label))):
+        raise ValueError("bad label")
+    e = np.exp(data - data.max(axis=1, keepdims=True))
+    return e / e.sum(axis=1, keepdims=True)
+
+
+def _onehot_grad(ans, data, label):
+    return lambda _: ans - mx.nd.one_hot(label, ans.shape[1], dtype=ans.dtype)
+
+
+def _index_grad(ans, data, label):
+    def grad(_):
+        d = ans.copy()
+        d[np.arange(len(d)), label.astype(np.int64)] -= 1
+        return d
+    return grad
+
+
+softmax_ce_recompute.def_grad(_onehot_grad)
+softmax_ce_recompute.def_grad(lambda ans, data, label: lambda _: mx.nd.zeros_like(label), 1)
+softmax_ce_recompute.numpy.def_grad(_index_grad)
+softmax_ce_recompute.numpy.def_grad(lambda ans, data, label: lambda _: np.zeros_like(label), 1)
+
+
+# ---- ArcFace's angular margin: y = cos(theta + m), theta = arccos(clip(x)) ------------------
+EPS = 1e-6
+
+
+@customop("mxnet")
+def arc_margin(x, m=0.5):
+    theta = mx.nd.arccos(mx.nd.clip(x, -1 + EPS, 1 - EPS))
+    return mx.nd.cos(theta + m)
+
+
+# dy/dx = sin(theta + m) / sin(theta), and 0 where x was clipped
+arc_margin.def_grad(lambda ans, x, m=0.5: _arc_grad(x, mx.nd.arccos(
+    mx.nd.clip(x, -1 + EPS, 1 - EPS)), m))
+
+
+@customop("mxnet")
+def arc_margin_saved(x, m=0.5):
+    theta = mx.nd.arccos(mx.nd.clip(x, -1 + EPS, 1 - EPS))
+    return residuals(mx.nd.cos(theta + m), theta=theta)
+
+
+arc_margin_saved.def_grad(lambda ans, x, theta, m=0.5: _arc_grad(x, theta, m))
+
+
+def _arc_grad(x, theta, m):
+    inside = mx.nd.abs(x) < 1 - EPS
+    return lambda g: g * inside * mx.nd.sin(theta + m) / mx.nd.sin(theta)
+
+
+# ---- timing ------------------------------------------------------------------------------------
+def cases(quick):
+    n, c = (128, 100) if quick else (1024, 1000)
+    rng = np.random.RandomState(0)
+    data = mx.nd.array(rng.normal(size=(n, c)).astype(np.float32))
+    label = mx.nd.array(rng.randint(0, c, size=n).astype(np.float32))
+    cosine = mx.nd.array(rng.uniform(-0.99, 0.99, size=(n, c)).astype(np.float32))
+    return [
+        ("softmax_ce 'mxnet'", (softmax_ce_recompute.mxnet, ops.softmax_ce.mxnet),
+         [data, label], {}),
+        ("softmax_ce 'numpy'", (softmax_ce_recompute.numpy, ops.softmax_ce.numpy),
+         [data, label], {}),
+        ("arc_margin 'mxnet'", (arc_margin, arc_margin_saved), [cosine], {"m": 0.5}),
+    ], (n, c)
+
+
+def fwd_bwd(op, inputs, params, path):
+    x = inputs[0]
+    with forced_path(path), mx.autograd.record():
+        y = op(*inputs, **params)
+    y.backward()
+    x.grad.wait_to_read()
+    return y
+
+
+def check(op_pair, inputs, params, path):
+    got = []
+    for op in op_pair:
+        y = fwd_bwd(op, inputs, params, path)
+        got.append((y.asnumpy(), inputs[0].grad.asnumpy()))
+    for a, b in zip(*got):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+
+
+def time_pair(op_pair, inputs, params, path, pairs):
+    # One call of each version per pair, in alternating order, so load from elsewhere hits
+    # both alike; the speed-up is the median of the per-pair ratios.
+    times = [[], []]
+    for k in (0, 1):
+        fwd_bwd(op_pair[k], inputs, params, path)  # lead-in
+    for t in range(pairs):
+        for k in (0, 1) if t % 2 == 0 else (1, 0):
+            start = time.perf_counter()
+            fwd_bwd(op_pair[k], inputs, params, path)
+            times[k].append(time.perf_counter() - start)
+    ratio = statistics.median(a / b for a, b in zip(*times))
+    return [statistics.median(ts) * 1e3 for ts in times] + [ratio]
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--markdown", action="store_true")
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args(argv)
+    pairs = 6 if args.quick else 60
+    all_cases, (n, c) = cases(args.quick)
+    rows = []
+    for name, pair, inputs, params in all_cases:
+        inputs[0].attach_grad()
+        for path in ("function", "custom"):
+            check(pair, inputs, params, path)
+            recompute, saved, ratio = time_pair(pair, inputs, params, path, pairs)
+            rows.append([name, path, f"{recompute:.2f}", f"{saved:.2f}", f"{ratio:.2f}x"])
+    machine = platform.processor() or platform.machine()
+    print(f"# {datetime.datetime.utcnow():%Y-%m-%d %H:%M} UTC, {machine}, python "
+          f"{platform.python_version()}, mxnet {mx.__version__}, numpy {np.__version__}"
+          f"; inputs ({n}, {c}) float32; medians of {pairs} calls")
+    print_table(["operator", "path", "recompute ms", "residuals ms", "speed-up (median ratio)"],
+                rows,
+                args.markdown, "---|---|---:|---:|---:")
+
+
+if __name__ == "__main__":
+    main()
