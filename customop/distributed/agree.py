@@ -95,6 +95,7 @@ def touch(arrays: list[mx.nd.NDArray], labels: list[tuple[str, str]]) -> None:
         return
     global _generation, _touches
     _touches += 1
+    taken = []
     for a, (op_type, state) in zip(arrays, labels):
         entry = _tracked.get(a.handle.value)  # held here, so its handle is not reused
         if entry is None or entry.op_type == "?":
@@ -107,11 +108,17 @@ def touch(arrays: list[mx.nd.NDArray], labels: list[tuple[str, str]]) -> None:
         entry.last = _touches
         if entry.base is None:
             with mx.autograd.pause():
-                entry.base = a.copy()  # ordered before the op's write by MXNet's engine
+                entry.base = a.copy()
+            taken.append(entry.base)
             entry.passes, entry.step_mark, entry.first = 0, _steps, _touches
         else:
             entry.passes += 1
             _check_unsynced(entry)
+    for base in taken:
+        # Finished now: the op writes its aux arrays through copies whose engine variables
+        # MXNet does not order with this read (see ``aux`` in customop.runtime); without the
+        # wait, one loaded dist_sync run ended with a step's delta missing on a worker.
+        base.wait_to_read()
 
 
 def note_step() -> None:
