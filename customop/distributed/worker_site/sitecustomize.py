@@ -6,7 +6,8 @@ threads shut down, and the job never ends: here an uncaught exception prints its
 traceback and leaves through ``os._exit(1)``.  A ``sitecustomize`` further down
 the path still runs.
 """
-import importlib
+import importlib.machinery
+import importlib.util
 import os
 import sys
 
@@ -16,9 +17,7 @@ if os.environ.get("DMLC_ROLE") == "worker":
     exit_on_error()
 
 _here = os.path.dirname(os.path.abspath(__file__))
-sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _here]
-del sys.modules[__name__]
-try:
-    importlib.import_module("sitecustomize")
-except ImportError:
-    pass
+_rest = [p for p in sys.path if os.path.abspath(p or ".") != _here]
+_next = importlib.machinery.PathFinder.find_spec("sitecustomize", _rest)
+if _next is not None and _next.loader is not None:
+    _next.loader.exec_module(importlib.util.module_from_spec(_next))
