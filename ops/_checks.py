@@ -25,7 +25,7 @@ def any_nd(*conditions: mx.nd.NDArray) -> bool:
 
 
 def positive(op: str, name: str, value: float) -> None:
-    if not isinstance(value, int | float) or isinstance(value, bool) or not value > 0:
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
         raise fail(op, name, f"must be a number > 0, got {value!r}")
 
 

@@ -17,9 +17,9 @@ def _check(data_shape, label_shape, num_class, alpha, scale):
                        "one class per sample")
     if not isinstance(num_class, int) or isinstance(num_class, bool) or num_class < 1:
         raise _checks.fail("center_loss", "num_class", f"must be an int >= 1, got {num_class!r}")
-    if not isinstance(alpha, int | float) or not 0 <= alpha <= 1:
+    if not isinstance(alpha, (int, float)) or not 0 <= alpha <= 1:
         raise _checks.fail("center_loss", "alpha", f"must be in [0, 1], got {alpha!r}")
-    if not isinstance(scale, int | float) or isinstance(scale, bool):
+    if not isinstance(scale, (int, float)) or isinstance(scale, bool):
         raise _checks.fail("center_loss", "scale", f"must be a number, got {scale!r}")
 
 

@@ -22,9 +22,9 @@ def _check(pred_shape, label_shape, normalizer_shape, alpha, gamma, normalizatio
     if normalizer_shape is not None and int(np.prod(normalizer_shape)) != 1:
         raise _checks.fail("focal_loss", "normalizer", f"must hold one value (shape (1,)), "
                            f"got shape {tuple(normalizer_shape)}")
-    if not isinstance(alpha, int | float) or not 0 <= alpha <= 1:
+    if not isinstance(alpha, (int, float)) or not 0 <= alpha <= 1:
         raise _checks.fail("focal_loss", "alpha", f"must be in [0, 1], got {alpha!r}")
-    if not isinstance(gamma, int | float) or not gamma >= 0:
+    if not isinstance(gamma, (int, float)) or not gamma >= 0:
         raise _checks.fail("focal_loss", "gamma", f"must be >= 0, got {gamma!r}")
     if normalization not in NORMALIZATIONS:
         raise _checks.fail("focal_loss", "normalization", f"must be one of {NORMALIZATIONS}, "

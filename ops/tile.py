@@ -13,7 +13,7 @@ def _layout(shape, reps):
     """(reps, data shape), both padded with leading ones to one length, as numpy.tile does."""
     if isinstance(reps, int):
         reps = (reps,)
-    if not isinstance(reps, tuple | list) or not all(
+    if not isinstance(reps, (tuple, list)) or not all(
             isinstance(r, int) and not isinstance(r, bool) and r >= 1 for r in reps):
         raise _checks.fail("tile", "reps", f"must be an int or a tuple of ints >= 1, got {reps!r}")
     n = max(len(reps), len(shape))

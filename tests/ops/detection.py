@@ -65,7 +65,7 @@ def every_path(op, inputs, params, float_inputs=None):
         x.attach_grad()
     with mx.autograd.record():
         outs = net(*xs)
-    outs = list(outs) if isinstance(outs, tuple | list) else [outs]
+    outs = list(outs) if isinstance(outs, (tuple, list)) else [outs]
     mx.autograd.backward(outs)
     results["hybridized"] = ([o.asnumpy() for o in outs], [x.grad.asnumpy() for x in xs])
     floats = float_inputs if float_inputs is not None else [
