@@ -5,6 +5,16 @@ MXNet CustomOp; ``op.def_grad(fn, argnum)`` attaches gradients;
 ``check_grad(op, *inputs)`` checks them against finite differences;
 ``imports``/``load_checkpoint`` reload saved graphs, importing their ops first.
 """
+try:
+    import mxnet as _mxnet  # noqa: F401
+except ModuleNotFoundError as _exc:
+    if _exc.name != "mxnet":
+        raise
+    raise ModuleNotFoundError(
+        "customop needs MXNet 1.9.1, which is not installed. Install customop with one "
+        "extra: pip install 'customop[cpu]' (mxnet==1.9.1) or 'customop[cu112]' "
+        "(mxnet-cu112==1.9.1, CUDA 11.2), never both.", name="mxnet") from None
+
 import os as _os
 from typing import Any
 

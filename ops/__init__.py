@@ -4,7 +4,13 @@
 context it runs MXNet's CUDA kernels, no host copy); ``ops.<name>.numpy`` is its
 readable ``'numpy'``-mode twin with the same docstring.  Losses come with Gluon
 blocks (``ops.FocalLoss``, ``ops.SmoothL1Loss``, ...).
+
+Installed from a wheel this package is ``customop.ops`` (``from customop import ops``): a
+top-level ``ops`` belongs to Canonical's Juju package.  In a checkout the same folder is
+also ``ops`` (the repository root on ``sys.path``); both names then give one module object,
+so every operator is defined and registered once.
 """
+from . import _checkout  # noqa: F401  (first: in a checkout, makes customop.ops be ops)
 from .arr_pick import arr_pick
 from .box_decode import box_decode
 from .box_encode import box_encode
