@@ -11,6 +11,7 @@ import glob
 import os
 import re
 import shutil
+import tempfile
 from pathlib import Path
 
 import nox
@@ -74,10 +75,8 @@ def tests(session: nox.Session) -> None:
 def install(session: nox.Session) -> None:
     """A user's `pip install '.[cpu]'` (no pins) in a fresh venv, used outside the checkout."""
     session.install(".[cpu]")
-    work = Path(session.create_tmp()) / "outside"
-    shutil.rmtree(work, ignore_errors=True)
-    work.mkdir(parents=True)
-    shutil.copy(ROOT / ".ci" / "install_check.py", work / "install_check.py")
-    with session.chdir(work):
-        session.run("python", "install_check.py", str(ROOT / "README.md"),
-                    env={"PYTHONPATH": ""})
+    with tempfile.TemporaryDirectory(prefix="customop-install-") as work:
+        shutil.copy(ROOT / ".ci" / "install_check.py", work)
+        with session.chdir(work):
+            session.run("python", "install_check.py", str(ROOT / "README.md"),
+                        env={"PYTHONPATH": ""})
