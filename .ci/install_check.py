@@ -11,16 +11,18 @@ import mxnet as mx
 import numpy as np
 
 import customop
-from customop import ops
 
 readme = Path(sys.argv[1]).read_text(encoding="utf-8")
 checkout = Path(sys.argv[1]).resolve().parent
+quick = re.search(r"## Quick start\s+```python\n(.*?)```", readme, re.S).group(1)
+exec(compile(quick, "README quick start", "exec"), {"__name__": "__main__"})
+print("README quick start ran", flush=True)
+
+from customop import ops  # noqa: E402  (after the quick start, which needs only customop)
+
 for module in (customop, ops):  # the installed copy, not the checkout's folders
     path = Path(module.__file__).resolve()
     assert "site-packages" in path.parts and checkout / "customop" not in path.parents, path
-
-quick = re.search(r"## Quick start\s+```python\n(.*?)```", readme, re.S).group(1)
-exec(compile(quick, "README quick start", "exec"), {"__name__": "__main__"})
 
 x = mx.nd.array([[0.5, -2.0, 3.0]])
 x.attach_grad()
