@@ -57,7 +57,7 @@ def _run_pytest(session: nox.Session, args: list[str], selection: bool) -> None:
     except nox.command.CommandFailed as exc:
         reason = str(exc.reason or "")
         if reason.endswith("code 5"):
-            session.error("pytest collected no tests: the suite did not load on this Python")
+            session.error("pytest collected no tests (exit code 5) from the full suite")
         if reason.endswith(("code 124", "code 137")):
             session.error(f"the suite ran past {SUITE_TIMEOUT_S} s and was killed (a hang?)")
         raise
