@@ -26,7 +26,7 @@ import ops  # noqa: E402
 def _timed(fn):
     start = time.perf_counter()
     out = fn()
-    for o in out if isinstance(out, tuple | list) else [out]:
+    for o in out if isinstance(out, (tuple, list)) else [out]:
         o.wait_to_read()
     return (time.perf_counter() - start) * 1e3
 

@@ -1,4 +1,5 @@
 """Printing a benchmark table, as plain aligned text or as Markdown (shared by the scripts)."""
+from __future__ import annotations
 
 
 def print_table(header: list[str], rows: list[list[str]], markdown: bool,

@@ -9,6 +9,16 @@ hands the forward's intermediate values to them);
 Importing this package changes nothing in MXNet or Python; what an operator
 needs from MXNet is installed when it is first used (see :mod:`customop.runtime`).
 """
+try:
+    import mxnet as _mxnet  # noqa: F401
+except ModuleNotFoundError as _exc:
+    if _exc.name != "mxnet":
+        raise
+    raise ModuleNotFoundError(
+        "customop needs MXNet 1.9.1, which is not installed. Install customop with one "
+        "extra: pip install 'customop[cpu]' (mxnet==1.9.1) or 'customop[cu112]' "
+        "(mxnet-cu112==1.9.1, CUDA 11.2), never both.", name="mxnet") from None
+
 from typing import Any
 
 from .loading import imports, load_checkpoint

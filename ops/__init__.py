@@ -8,7 +8,13 @@ blocks (``ops.FocalLoss``, ``ops.SmoothL1Loss``, ...).
 Op types are stable, ``'ops.<name>'`` and ``'ops.<name>.numpy'`` (``ops.topk``'s two-output
 form: ``'ops.topk.both'``): saved graphs store them, and loading one imports ``ops``
 (``tests/ops/test_names.py`` pins the list).
+
+Installed from a wheel this package is ``customop.ops`` (``from customop import ops``): a
+top-level ``ops`` belongs to Canonical's Juju package.  In a checkout the same folder is
+also ``ops`` (the repository root on ``sys.path``); both names then give one module object,
+so every operator is defined and registered once.
 """
+from . import _checkout  # noqa: F401  (first: in a checkout, makes customop.ops be ops)
 from .arr_pick import arr_pick
 from .box_decode import box_decode
 from .box_encode import box_encode

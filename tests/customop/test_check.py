@@ -281,3 +281,12 @@ def test_automatic_gradients_pass_the_checker_from_the_package_root():
     assert package.check_grad(log_cosh, normal(3, 4), normal(3, 4)).passed
     report = package.check_grad(scaled_softsign, away_from(normal(3, 4), [0.0]), k=0.5)
     assert report.passed and len(report.rows) == 3
+
+
+def test_cli_unknown_param_exits_2_with_one_line():
+    # The README promises exit 2 on a usage error; an operator parameter that does not exist
+    # is one: one line naming it, no traceback.
+    proc = run_cli("tests.customop.checkme_ops:leaky", "--shape", "x=3", "--param", "nosuch=1")
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "nosuch" in lines[0], proc.stderr

@@ -151,7 +151,7 @@ def test_plain_numpy_call_runs_the_forward_and_returns_numpy():
     x, y = data()
     want, _ = ref_softmax_ce(x, y)
     out = opdefs.softmax_ce(x, y)
-    assert isinstance(out, np.ndarray | np.floating) and np.ndim(out) == 0
+    assert isinstance(out, (np.ndarray, np.floating)) and np.ndim(out) == 0
     np.testing.assert_allclose(out, want, rtol=1e-5)
     out_nd_mode = opdefs.square_nd(np.arange(3.0))
     assert isinstance(out_nd_mode, np.ndarray)

@@ -15,7 +15,7 @@ def test_round_trip_keeps_value_and_type(value):
     decoded = params.decode(params.encode(value))
     assert decoded == value
     assert type(decoded) is type(value)
-    if isinstance(value, tuple | list):
+    if isinstance(value, (tuple, list)):
         assert [type(v) for v in decoded] == [type(v) for v in value]
 
 
