@@ -85,6 +85,11 @@ def load_checkpoint(prefix: str, epoch: int) -> tuple[mx.sym.Symbol, dict, dict]
     return mx.model.load_checkpoint(prefix, epoch)
 
 
+# Where an op_type's first part is installed: the operator library's op types are
+# 'ops.<name>', and a wheel installs it as customop.ops (a top-level 'ops' may be Canonical's).
+_HOMES = {"ops": "customop.ops"}
+
+
 def _import_defining_module(op_type: str) -> list[tuple[str, bool]]:
     """Import the longest importable dotted prefix of op_type; [(module, imported)]."""
     parts = op_type.split(".")
@@ -94,12 +99,16 @@ def _import_defining_module(op_type: str) -> list[tuple[str, bool]]:
         if module in ("__main__", "__mp_main__"):
             tried.append((module, False))
             break
-        try:
-            importlib.import_module(module)
-        except ImportError:
-            tried.append((module, False))
-            continue
-        tried.append((module, True))
-        if registry.lookup(op_type) is not None:
-            break
+        candidates = [module]
+        if parts[0] in _HOMES:
+            candidates.insert(0, ".".join([_HOMES[parts[0]], *parts[1:k]]))
+        for candidate in candidates:
+            try:
+                importlib.import_module(candidate)
+            except ImportError:
+                tried.append((candidate, False))
+                continue
+            tried.append((candidate, True))
+            if registry.lookup(op_type) is not None:
+                return tried
     return tried

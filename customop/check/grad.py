@@ -190,7 +190,7 @@ def _heads(outs, arrays, output_layer, loss, num_heads, seed):
 def _resolve_argnums(argnums, names: list[str]) -> list[int]:
     if argnums is None:
         return list(range(len(names)))
-    if isinstance(argnums, int | str):
+    if isinstance(argnums, (int, str)):
         argnums = [argnums]
     out = []
     for a in argnums:

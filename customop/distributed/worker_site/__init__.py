@@ -1,0 +1,1 @@
+"""The folder the launcher puts first on its workers' PYTHONPATH (see sitecustomize.py)."""
