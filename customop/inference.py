@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import itertools
 import os
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Tuple  # noqa: UP035 - Tuple: see Shape
 
@@ -23,15 +22,18 @@ if TYPE_CHECKING:
     from .operator import CustomOperator
 
 Shape = Tuple[int, ...]  # noqa: UP006 - evaluated at run time on Python 3.8
-_placeholder_thread: ThreadPoolExecutor | None = None
+_placeholder_thread: Any = None  # a ThreadPoolExecutor, made on first use
 _placeholder_pid = 0
 
 
-def _infer_thread() -> ThreadPoolExecutor:
+def _infer_thread() -> Any:
     # Threads do not survive fork(): a child made after the parent inferred shapes would wait
     # forever on the parent's thread, so each process makes its own on first use.
     global _placeholder_thread, _placeholder_pid
     if _placeholder_thread is None or _placeholder_pid != os.getpid():
+        # imported here: on Python 3.8 importing concurrent.futures registers an atexit hook
+        from concurrent.futures import ThreadPoolExecutor
+
         _placeholder_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="customop-infer")
         _placeholder_pid = os.getpid()
     return _placeholder_thread

@@ -74,7 +74,8 @@ def test_wheel_metadata_pythons_and_exclusive_mxnet_extras(wheel):
     assert {r.split(";")[0] for r in requires if r.startswith("autograd")} == {
         "autograd>=1.7.0", "autograd>=1.8.0", "autograd>=1.9.1"}
     # The operators install inside customop: a top-level ops/ would be another package's.
-    assert "customop/ops/focal_loss.py" in names and "customop/check.py" in names
+    assert "customop/ops/focal_loss.py" in names and "customop/check/cli.py" in names
+    assert "customop/distributed/worker_site/sitecustomize.py" in names
     assert not any(n.startswith("ops/") for n in names)
 
 

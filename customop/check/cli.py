@@ -125,7 +125,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if isinstance(obj, CustomOperator):
             obj.signature.check_params(params)  # an unknown --param is a usage error
     except (ValueError, TypeError, ImportError, AttributeError) as exc:
-        parser.error(str(exc).splitlines()[0])
+        # one line, as for argparse's own errors but without the usage block
+        print(f"{parser.prog}: error: {str(exc).splitlines()[0]}", file=sys.stderr)
+        raise SystemExit(2) from None
     inputs = _random_inputs(names, shapes, dtypes, highs, args.seed)
     argnums = None
     if args.wrt:
