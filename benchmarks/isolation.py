@@ -8,6 +8,8 @@ hybridized Gluon MLP and of a Module-style bound executor (forward+backward,
 then a wait), and how long ``block(x)`` / ``exe.forward()`` take to *return*
 (MXNet runs asynchronously: a call that returns before its work is done is
 what lets the host run ahead of a GPU).  Ratios are against the first process.
+A last row measures the first process's models again after ``ops.CenterLoss``
+trained a step in that same process (no process-to-process variation).
 
 ``python benchmarks/isolation.py [--steps 200] [--markdown]``
 """
@@ -84,26 +86,31 @@ def executor_step():
 def executor_call():
     exe.forward(is_train=False)
 
-rows = {{}}
-for name, fn in [("gluon_step", gluon_step), ("executor_step", executor_step),
-                 ("gluon_call", gluon_call), ("executor_call", executor_call)]:
-    fn(); mx.nd.waitall()
-    if name.endswith("_call"):
-        def timed(fn=fn):
-            fn()
-        def one(fn=fn):
-            t = time.perf_counter(); fn(); elapsed = time.perf_counter() - t
-            mx.nd.waitall()  # not timed: the next call starts from an idle engine
-            return elapsed
-        rows[name] = 1e3 * float(np.median([one() for _ in range(STEPS)]))
-    else:
-        rows[name] = median_ms(fn)
-print(json.dumps(rows))
+def measure():
+    rows = {{}}
+    for name, fn in [("gluon_step", gluon_step), ("executor_step", executor_step),
+                     ("gluon_call", gluon_call), ("executor_call", executor_call)]:
+        fn(); mx.nd.waitall()
+        if name.endswith("_call"):
+            def one(fn=fn):
+                t = time.perf_counter(); fn(); elapsed = time.perf_counter() - t
+                mx.nd.waitall()  # not timed: the next call starts from an idle engine
+                return elapsed
+            rows[name] = 1e3 * float(np.median([one() for _ in range(STEPS)]))
+        else:
+            rows[name] = median_ms(fn)
+    return rows
+
+before = measure()
+{after}
+print(json.dumps([before, measure()]))
 """
 
 
-def run(setup: str, steps: int) -> dict:
-    code = "import mxnet as mx\n" + setup + "\n" + MEASURE.format(steps=steps)
+def run(setup: str, steps: int) -> list:
+    """[rows measured after ``setup``, rows measured again after ``ops.CenterLoss`` ran]."""
+    after = SETUPS["ops.CenterLoss used elsewhere"]
+    code = "import mxnet as mx\n" + setup + "\n" + MEASURE.format(steps=steps, after=after)
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
                          timeout=600)
     if out.returncode:
@@ -119,9 +126,13 @@ def main(argv=None) -> None:
     parser.add_argument("--markdown", action="store_true")
     args = parser.parse_args(argv)
     found = {name: [] for name in SETUPS}
+    found["same process, then ops.CenterLoss used"] = []
     for _ in range(args.rounds):
         for name, setup in SETUPS.items():
-            found[name].append(run(setup, args.steps))
+            before, after = run(setup, args.steps)
+            found[name].append(before)
+            if name == "without customop":  # the same models, measured again in-process
+                found["same process, then ops.CenterLoss used"].append(after)
     med = {name: {k: sorted(r[k] for r in runs)[len(runs) // 2] for k in runs[0]}
            for name, runs in found.items()}
     base = med["without customop"]
