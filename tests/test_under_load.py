@@ -8,11 +8,10 @@ import os
 import signal
 import subprocess
 import sys
-import textwrap
 
 import pytest
 
-from tests.customop.test_reliability import FORK_SOAK
+from tests.customop.test_reliability import FORK_SOAK, run_child
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HOGS = 4
@@ -29,25 +28,11 @@ def cpu_hogs(n=HOGS):
             p.wait()
 
 
-def _run(args, timeout):
-    proc = subprocess.Popen(args, cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
-        pytest.fail(f"hung (killed after {timeout} s); output:\n{out[-3000:]}")
-    return proc.returncode, out
-
-
 @pytest.mark.soak
 @pytest.mark.parametrize("run", range(3))
 def test_fork_soak_beside_cpu_hogs(run):
     with cpu_hogs():
-        rc, out = _run([sys.executable, "-c", textwrap.dedent(FORK_SOAK.replace("NFORKS", "200"))],
-                       timeout=540)
+        rc, out = run_child(FORK_SOAK.replace("NFORKS", "200"), timeout=540)
     assert rc == 0 and "forks ok 200" in out, out[-3000:]
 
 
@@ -60,8 +45,10 @@ def test_thread_and_error_tests_pass_20_times_beside_cpu_hogs():
     failures = []
     with cpu_hogs():
         for run in range(20):
-            rc, out = _run([sys.executable, "-m", "pytest", "-q", "-x", "-m", "not soak",
-                            "-p", "no:cacheprovider", *THREAD_AND_ERROR_TESTS], timeout=900)
+            args = ["-q", "-x", "-m", "not soak", "-p", "no:cacheprovider",
+                    *THREAD_AND_ERROR_TESTS]
+            rc, out = run_child(f"import sys, pytest\nsys.exit(pytest.main({args!r}))",
+                                timeout=900)
             if rc != 0:
                 failures.append((run, out[-2000:]))
     assert failures == []
