@@ -13,7 +13,6 @@ import pytest
 
 from tests.customop.test_reliability import FORK_SOAK, run_child
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HOGS = 4
 
 
