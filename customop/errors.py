@@ -23,7 +23,7 @@ import itertools
 import re
 import threading
 from collections import deque
-from typing import Any
+from typing import Any, NoReturn
 
 FOREIGN = object()  # a failure of a callback that is not ours: MXNet's error stands
 _pending: deque[tuple[int | None, BaseException | object]] = deque(maxlen=32)
@@ -107,6 +107,18 @@ def ours(exc: BaseException, op_type: str, where: str) -> BaseException:
     if isinstance(exc, mx.base.MXNetError):
         return from_mxnet(exc, op_type, where)
     return attach(exc, op_type, where)
+
+
+def raise_as(new: BaseException, exc: BaseException) -> NoReturn:
+    """Raise what :func:`ours` made of ``exc``: ``exc`` itself, or ``new`` chained to it."""
+    if new is exc:
+        raise exc
+    raise new from exc
+
+
+def reraise(exc: BaseException, op_type: str, where: str) -> NoReturn:
+    """Raise ``exc`` (raised while running ``op_type``) as :func:`ours` says."""
+    raise_as(ours(exc, op_type, where), exc)
 
 
 class Call:

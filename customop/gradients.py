@@ -101,10 +101,7 @@ def _from_closure(op, i, ans, args, g, params, saved):
         maker = op.grads[i]
         grad = maker(ans, *args, **closure_kwargs(op, maker, len(args), params, saved))(g)
     except Exception as exc:
-        new = errors.ours(exc, op.op_type, f"gradient for input {name!r}")
-        if new is exc:
-            raise
-        raise new from exc
+        errors.reraise(exc, op.op_type, f"gradient for input {name!r}")
     if grad is None:  # a forgotten `return`, not a zero gradient
         raise TypeError(
             f"customop {op.op_type!r} (gradient for input {name!r}): the gradient closure "
@@ -205,10 +202,7 @@ def _mxnet_vjp(op, argnums, ans, args, g, params):
         raise _untraceable(op, _narrowed(attempt, argnums), how,
                            errors.mxnet_text(exc)) from exc
     except Exception as exc:
-        new = errors.ours(exc, op.op_type, "automatic gradient")
-        if new is exc:
-            raise
-        raise new from exc
+        errors.reraise(exc, op.op_type, "automatic gradient")
 
 
 def _outputs(result):

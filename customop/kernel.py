@@ -7,7 +7,7 @@ MXNet's arrays or the mode's arrays in hand; nothing in this module decides
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any
 
 import mxnet as mx
 import numpy as np
@@ -17,14 +17,6 @@ from .saved import residuals
 
 if TYPE_CHECKING:
     from .operator import CustomOperator
-
-
-def reraise(exc: BaseException, op_type: str, where: str) -> NoReturn:
-    """Raise ``exc`` (raised while running ``op_type``) as :func:`errors.ours` says."""
-    new = errors.ours(exc, op_type, where)
-    if new is exc:
-        raise exc
-    raise new from exc
 
 
 def run_forward(op: CustomOperator, args: list[Any], params: dict[str, Any],
@@ -39,7 +31,7 @@ def run_forward_saving(op: CustomOperator, args: list[Any], params: dict[str, An
     try:
         result = op.fn(*args, **params)
     except Exception as exc:
-        reraise(exc, op.op_type, where)
+        errors.reraise(exc, op.op_type, where)
     saved: dict[str, Any] = {}
     if isinstance(result, residuals):
         result, saved = result.outputs, result.saved
@@ -140,7 +132,7 @@ def aux_shapes(op: CustomOperator, input_shapes: list[tuple[int, ...]],
             shape = (int(shape),) if isinstance(shape, (int, np.integer)) else tuple(
                 int(d) for d in shape)
         except Exception as exc:
-            reraise(exc, op.op_type, f"shape of auxiliary state {name!r}")
+            errors.reraise(exc, op.op_type, f"shape of auxiliary state {name!r}")
         out.append(shape)
     return out
 

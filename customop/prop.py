@@ -128,9 +128,7 @@ def register(op_type: str, lookup: Callable[[str], CustomOperator]) -> None:
             except Exception as exc:
                 new = errors.ours(exc, self.op.op_type, "shape/type inference")
                 errors.report(new)
-                if new is exc:
-                    raise
-                raise new from exc
+                errors.raise_as(new, exc)
 
     mx.operator.register(op_type)(Prop)
 
@@ -164,9 +162,7 @@ class _Op(mx.operator.CustomOp):
             errors.record(self.call, new)  # raised by that call itself, never by another
         else:
             errors.report(new, self.reader)
-        if new is exc:
-            raise exc
-        raise new from exc
+        errors.raise_as(new, exc)
 
     def forward(self, is_train, req, in_data, out_data, aux):
         op, mode = self.op, self.op.mode_impl
