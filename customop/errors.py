@@ -100,6 +100,18 @@ def from_mxnet(exc: BaseException, op_type: str, where: str) -> BaseException:
     return new
 
 
+def empty_batch(exc: BaseException, op_type: str, name: str) -> BaseException:
+    """An MXNet operator in a forward refused the 0-size input ``name``: a ValueError saying so.
+
+    Under MXNet's legacy shapes almost every operator, native ones too (``mx.nd.relu``,
+    ``x * 2``), fails shape inference on a 0-size array.  Raised ``from exc``.
+    """
+    return ValueError(f"customop {op_type!r} (input {name!r}): an empty (0-size) batch: MXNet's "
+                      "own operators refuse 0-size arrays under its legacy shapes (native ones "
+                      "too); skip empty batches, or use the op's 'numpy' mode, which runs them. "
+                      f"MXNet said: {mxnet_text(exc)}")
+
+
 def ours(exc: BaseException, op_type: str, where: str) -> BaseException:
     """The exception to raise for ``exc`` raised while running ``op_type`` (see module doc)."""
     import mxnet as mx  # only this conversion needs MXNet's error type

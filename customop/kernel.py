@@ -31,12 +31,23 @@ def run_forward_saving(op: CustomOperator, args: list[Any], params: dict[str, An
     try:
         result = op.fn(*args, **params)
     except Exception as exc:
+        empty = _empty_input(op, args)
+        if empty is not None and isinstance(exc, mx.base.MXNetError):
+            errors.raise_as(errors.empty_batch(exc, op.op_type, empty), exc)
         errors.reraise(exc, op.op_type, where)
     saved: dict[str, Any] = {}
     if isinstance(result, residuals):
         result, saved = result.outputs, result.saved
         _check_residual_names(op, saved)
     return check_outputs(op, result), saved
+
+
+def _empty_input(op: CustomOperator, args: list[Any]) -> str | None:
+    # The first input with a 0-size array, if any (MXNet's operators refuse those).
+    for name, a in zip(op.signature.inputs, args):
+        if getattr(a, "size", None) == 0:
+            return name
+    return None
 
 
 def forward_nd(op: CustomOperator, arrays: list[mx.nd.NDArray], params: dict[str, Any],

@@ -80,12 +80,21 @@ def register(op_type: str, lookup: Callable[[str], CustomOperator]) -> None:
             shapes = tuple(tuple(int(d) for d in s) for s in in_shape)
             n_aux = len(self.op.signature.aux)
             if not all(known(s) for s in shapes):
-                return in_shape, [()] * self.op.num_outputs, [()] * n_aux
+                return in_shape, [()] * self.op.num_outputs, self._aux_if_known(shapes)
             self.shapes = shapes
             metas = self._guarded(self.op.inference.outputs, self.pkey, self.params, shapes, None)
             aux = self._guarded(kernel.aux_shapes, self.op, list(shapes), self.params) \
                 if n_aux else []
             return in_shape, [m.shape for m in metas], aux
+
+        def _aux_if_known(self, shapes):
+            # An aux state's shape often needs only the known dims (centers: num_class x D);
+            # an unknown one would contradict the aux array an mx.nd.Custom caller holds.
+            try:
+                aux = kernel.aux_shapes(self.op, list(shapes), self.params)
+            except Exception:
+                return [()] * len(self.op.signature.aux)
+            return [a if known(a) else () for a in aux]
 
         def infer_type(self, in_type):
             dtypes = tuple(np.dtype(t if t is not None else np.float32) for t in in_type)
@@ -119,8 +128,8 @@ def register(op_type: str, lookup: Callable[[str], CustomOperator]) -> None:
                         f"customop {self.op.op_type!r} (input {name!r}): MXNet passed shape "
                         f"{shown} with an unknown ('?') or zero dimension; an empty (0-size) "
                         "batch cannot go through mx.nd.Custom, symbols or hybridized blocks "
-                        "under MXNet's legacy shapes: skip empty batches there, or call the op "
-                        "on NDArrays outside a graph, where 0-size inputs work")
+                        "under MXNet's legacy shapes: skip empty batches there, or call a "
+                        "'numpy'-mode op on NDArrays outside a graph, where 0-size inputs work")
 
         def _guarded(self, fn, *args):
             try:

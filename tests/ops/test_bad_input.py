@@ -187,27 +187,3 @@ def test_bound_symbol_raises_naming_the_op_and_the_argument(case, mode):
         exe = sym.simple_bind(mx.cpu(), type_dict={"l": np.float32, **types}, **shapes)
         exe.forward()[0].asnumpy()
     assert mx.nd.ones((2,)).sum().asscalar() == 2
-
-
-def test_an_empty_batch_fails_in_mxnet_itself_as_for_native_ops():
-    # README: under legacy shapes a 0-size batch fails in MXNet, native ops included; ours
-    # fails no worse, and the process goes on.
-    class Net(mx.gluon.HybridBlock):
-        def __init__(self, fn):
-            super().__init__()
-            self.fn = fn
-
-        def hybrid_forward(self, F, a, b):
-            return self.fn(F, a, b)
-
-    empty = mx.nd.array(np.zeros((0, 3), np.float32))
-    for fn in (lambda F, a, b: F.smooth_l1(a - b, scalar=1.0),
-               lambda F, a, b: ops.smooth_l1(a - b, F.ones((1,)))):
-        with pytest.raises((mx.base.MXNetError, ValueError)):
-            fn(mx.nd, empty, empty).asnumpy()  # imperative
-        net = Net(fn)
-        net.hybridize()
-        net(mx.nd.ones((2, 3)), mx.nd.zeros((2, 3))).asnumpy()
-        with pytest.raises((mx.base.MXNetError, ValueError)):
-            net(empty, empty).asnumpy()
-        np.testing.assert_allclose(net(mx.nd.ones((2, 3)), mx.nd.zeros((2, 3))).asnumpy(), 0.5)
