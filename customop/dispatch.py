@@ -150,8 +150,11 @@ def call_direct(op: CustomOperator, nd_inputs: list[mx.nd.NDArray],
 
 def call_native(op: CustomOperator, nd_inputs: list[mx.nd.NDArray],
                 params: dict[str, Any]) -> list[mx.nd.NDArray]:
-    outs = kernel.run_forward(op, list(nd_inputs), params)
-    return [_fresh(o, nd_inputs) for o in outs]
+    # Recorded as MXNet's own ops: a no_grad input is cut off from the tape instead.
+    args = [a.detach() if name in op.no_grad else a
+            for name, a in zip(op.signature.arrays, nd_inputs)]
+    outs = kernel.run_forward(op, args, params)
+    return [_fresh(o, [*nd_inputs, *args]) for o in outs]
 
 
 _REQ = ("null", "write", "inplace", "add")

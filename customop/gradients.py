@@ -1,9 +1,9 @@
 """The one place that decides where each input's gradient comes from.
 
-Order, per input: integer inputs get zero; a ``def_grad`` closure wins (called
-with the inputs, every parameter it names or takes through ``**params``,
-defaults filled in, and the forward's residuals it names); else,
-when the operator allows it (``auto_grad=True``), an automatic gradient: HIPS
+Order, per input: integer inputs and inputs declared ``no_grad`` get zero; a
+``def_grad`` closure wins (called with the inputs, every parameter it names or
+takes through ``**params``, defaults filled in, and the forward's residuals it
+names); else, when the operator allows it (``auto_grad=True``), an automatic gradient: HIPS
 ``autograd`` (``make_vjp``) over the forward in ``'numpy'`` mode, ``mx.autograd``
 recording the forward again in ``'mxnet'`` mode; else zero (``None``).
 """
@@ -35,8 +35,10 @@ def compute_all(op: CustomOperator, ans: Any, args: list[Any], g: Any,
     """
     grads: list[Any | None] = [None] * len(args)
     auto = []
+    names = op.signature.inputs
     for i, (arg, want) in enumerate(zip(args, wanted)):
-        if not want or not np.issubdtype(op.mode_impl.dtype(arg), np.floating):
+        if (not want or (i < len(names) and names[i] in op.no_grad)
+                or not np.issubdtype(op.mode_impl.dtype(arg), np.floating)):
             continue
         if i in op.grads:
             grads[i] = _from_closure(op, i, ans, args, g, params, saved)
@@ -113,24 +115,15 @@ def _untraceable(op, argnums, how: str, cause: BaseException | str) -> BaseExcep
     names = [op.signature.inputs[i] for i in argnums]
     one = len(names) == 1
     listed = ", ".join(map(repr, names))
-    arrays = ", ".join(op.signature.arrays)
-    zeros = "np.zeros_like" if op.mode == "numpy" else "mx.nd.zeros_like"
-    fixes = " ".join(f"{_reached_as(op)}.def_grad(lambda ans, {arrays}, **params: lambda g: "
-                     f"{zeros}({n}), argnum={i})" for i, n in zip(argnums, names))
+    declared = ", ".join(repr(n) for n in (*sorted(op.no_grad), *names))
     return errors.op_error(op.op_type, TypeError, (
         f"cannot compute an automatic gradient for input{'' if one else 's'} {listed}: "
         f"{str(cause).rstrip('.')}. If {'it is' if one else 'they are'} not meant to be "
-        "differentiated (a label, an index, a mask), stop the gradient: pass "
-        f"{' / '.join(f'mx.nd.stop_gradient({n})' for n in names)} to the op (or do not "
-        f"attach_grad() {'it' if one else 'them'}), or register a def_grad returning zeros: "
-        f"{fixes}. Otherwise {how[0].lower()}{how[1:]}, or register the gradient with "
-        "def_grad."))
-
-
-def _reached_as(op) -> str:
-    # How the user names this op: a twin is `<first op>.<mode>`.
-    first = next(iter(op.twins.values()))
-    return op.__name__ if first is op else f"{first.__name__}.{op.mode}"
+        "differentiated (a label, an index, a mask), declare it: "
+        f"@customop({op.mode!r}, ..., no_grad=({declared},)), or stop the gradient for one "
+        f"call: pass {' / '.join(f'mx.nd.stop_gradient({n})' for n in names)} to the op (or "
+        f"do not attach_grad() {'it' if one else 'them'}). Otherwise {how[0].lower()}"
+        f"{how[1:]}, or register the gradient with def_grad."))
 
 
 def _narrowed(attempt, argnums):

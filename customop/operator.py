@@ -33,7 +33,8 @@ class CustomOperator:
                  need_top_grad: bool = True, infer_shape: Callable | None = None,
                  infer_type: Callable | None = None, num_outputs: int | None = None,
                  auto_grad: bool = True, aux: dict[str, Callable] | None = None,
-                 optional: tuple[str, ...] | list[str] = ()):
+                 optional: tuple[str, ...] | list[str] = (),
+                 no_grad: tuple[str, ...] | list[str] = ()):
         if mode not in MODES:
             raise ValueError(f"customop mode must be 'numpy' or 'mxnet', got {mode!r}")
         functools.update_wrapper(self, fn)
@@ -55,6 +56,14 @@ class CustomOperator:
         self.user_infer_type = infer_type
         self.num_outputs: int = num_outputs if num_outputs is not None else _count_returns(fn)
         self.auto_grad = bool(auto_grad)
+        if isinstance(no_grad, str):
+            no_grad = (no_grad,)
+        unknown = [n for n in no_grad if n not in self.signature.inputs]
+        if unknown:
+            raise TypeError(f"customop {self.op_type!r}: no_grad names {', '.join(unknown)}, "
+                            f"which is not an input; the inputs are "
+                            f"{', '.join(self.signature.inputs) or 'none'}")
+        self.no_grad: frozenset[str] = frozenset(no_grad)
         self.grads: dict[int, GradMaker] = {}
         self.output_names: list[str] = ["output"] if self.num_outputs == 1 else [
             f"output{i}" for i in range(self.num_outputs)]
@@ -86,6 +95,9 @@ class CustomOperator:
                 f"{', '.join(f'{i}={n}' for i, n in enumerate(names))}"))
         if not callable(fn):
             raise self.error(TypeError, f"def_grad needs a callable, got {type(fn).__name__}")
+        if names[argnum] in self.no_grad:
+            raise self.error(ValueError, f"input {names[argnum]!r} is declared no_grad (it "
+                             "gets no gradient); drop it from no_grad to give it one")
         self.grads[argnum] = fn
         self._update_native()
         for variant in self.variants.values():
@@ -128,7 +140,8 @@ class CustomOperator:
         settings = dict(name=f"{self.op_type}.{mode}", need_top_grad=self.need_top_grad,
                         infer_shape=self.user_infer_shape, infer_type=self.user_infer_type,
                         num_outputs=self.num_outputs, auto_grad=self.auto_grad,
-                        aux=self.aux_shape_fns, optional=tuple(self.signature.optional))
+                        aux=self.aux_shape_fns, optional=tuple(self.signature.optional),
+                        no_grad=tuple(self.no_grad))
         settings.update(options)
 
         def wrap(fn: Callable) -> CustomOperator:
@@ -184,6 +197,8 @@ class CustomOperator:
                         for i, n in enumerate(self.signature.inputs))
         grads = ", ".join(self.signature.inputs[i] for i in sorted(self.grads)) or "none"
         extra = "" if self.need_top_grad else ", need_top_grad=False"
+        if self.no_grad:
+            extra += f", no_grad=[{', '.join(sorted(self.no_grad))}]"
         return (f"<customop {self.op_type!r} mode={self.mode!r} inputs=({ins}) "
                 f"outputs={self.num_outputs} def_grad=[{grads}]"
                 f"{', auto_grad' if self.auto_grad else ''}{extra}>")
@@ -245,7 +260,8 @@ class _Variant(CustomOperator):
                          need_top_grad=full.need_top_grad, infer_shape=_dropping(
                              full.user_infer_shape, self), infer_type=_dropping(
                              full.user_infer_type, self), num_outputs=full.num_outputs,
-                         auto_grad=full.auto_grad)
+                         auto_grad=full.auto_grad,
+                         no_grad=tuple(n for n in full.no_grad if n not in absent))
         self.adopt_grads()
 
     def _full_args(self, arrays):
@@ -333,7 +349,8 @@ def customop(mode: Mode, *, name: str | None = None, need_top_grad: bool = True,
              infer_shape: Callable | None = None, infer_type: Callable | None = None,
              num_outputs: int | None = None, auto_grad: bool = True,
              aux: dict[str, Callable] | None = None,
-             optional: tuple[str, ...] | list[str] = ()) -> Callable[[Callable], CustomOperator]:
+             optional: tuple[str, ...] | list[str] = (),
+             no_grad: tuple[str, ...] | list[str] = ()) -> Callable[[Callable], CustomOperator]:
     """Turn a forward function into a registered MXNet custom operator.
 
     Args:
@@ -348,6 +365,10 @@ def customop(mode: Mode, *, name: str | None = None, need_top_grad: bool = True,
         num_outputs: how many outputs the forward returns; default read from
             its ``return a, b`` statements.
         auto_grad: give inputs without ``def_grad`` an automatic gradient.
+        no_grad: names of inputs that get no gradient (zero), such as labels,
+            class ids or a loss's weights: declared here once, for both twins,
+            instead of closures that return zeros.  Integer inputs never get
+            one anyway.
         aux: ``{name: shape_fn}`` declares the forward's last positional array
             parameters as auxiliary states (MXNet's ``list_auxiliary_states``):
             state the op owns and updates in place, never differentiated.
@@ -380,5 +401,5 @@ def customop(mode: Mode, *, name: str | None = None, need_top_grad: bool = True,
         return CustomOperator(fn, mode, name=name, need_top_grad=need_top_grad,
                               infer_shape=infer_shape, infer_type=infer_type,
                               num_outputs=num_outputs, auto_grad=auto_grad, aux=aux,
-                              optional=optional)
+                              optional=optional, no_grad=no_grad)
     return wrap

@@ -31,7 +31,9 @@ def _infer_shape(samples, matches, anchors, refs, means, stds, **_):
     return [anchors, anchors]
 
 
-@customop("mxnet", name="ops.box_encode", infer_shape=_infer_shape, num_outputs=2)
+# samples and matches select; they get no gradient.
+@customop("mxnet", name="ops.box_encode", infer_shape=_infer_shape, num_outputs=2,
+          no_grad=("samples", "matches"))
 def box_encode(samples, matches, anchors, refs, means, stds, *, legacy_box=False):
     r"""Regression targets of matched reference boxes w.r.t. anchors (R-CNN coding).
 
@@ -115,8 +117,6 @@ def _encode_grad(argnum):
 
 for _i in (2, 3, 4, 5):  # anchors, refs, means, stds
     box_encode.def_grad(_encode_grad(_i), _i)
-for _i in (0, 1):  # samples and matches select; they get no gradient
-    box_encode.def_grad(lambda ans, *arrays, _i=_i, **_: lambda g: arrays[_i].zeros_like(), _i)
 
 
 @box_encode.twin("numpy")
@@ -140,7 +140,3 @@ def _box_encode_numpy(samples, matches, anchors, refs, means, stds, *, legacy_bo
     masks = np.broadcast_to(valid[..., None], t.shape).astype(getval(anchors).dtype)
     return anp.where(masks > 0, t, 0.0), masks
 
-
-for _i in (0, 1):
-    _box_encode_numpy.def_grad(lambda ans, *arrays, _i=_i, **_: lambda g: np.zeros_like(
-        arrays[_i]), _i)

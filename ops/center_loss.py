@@ -36,7 +36,7 @@ def _centers_shape(data, label, num_class, **_):
 
 
 @customop("mxnet", name="ops.center_loss", aux={"centers": _centers_shape},
-          infer_shape=lambda data, *_, **__: (data[0],))
+          infer_shape=lambda data, *_, **__: (data[0],), no_grad=("label",))
 def center_loss(data, label, centers, *, num_class, alpha=0.5, scale=1.0):
     r"""Center loss: pull each feature towards the running center of its class.
 
@@ -116,10 +116,7 @@ def _grad_data_np(ans, data, label, centers, *, num_class, alpha=0.5, scale=1.0)
 
 
 center_loss.def_grad(_grad_data_nd)
-center_loss.def_grad(lambda ans, data, label, centers, **_: lambda g: mx.nd.zeros_like(label), 1)
 center_loss.numpy.def_grad(_grad_data_np)
-center_loss.numpy.def_grad(lambda ans, data, label, centers, **_: lambda g: np.zeros_like(label),
-                           1)
 
 
 class CenterLoss(mx.gluon.loss.Loss):

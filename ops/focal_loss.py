@@ -40,7 +40,7 @@ def _label_error(num_class, ignore_label):
                         f"1..C={num_class}")
 
 
-@customop("mxnet", name="ops.focal_loss", optional=("normalizer",),
+@customop("mxnet", name="ops.focal_loss", optional=("normalizer",), no_grad=("label",),
           infer_shape=lambda pred, *_, **__: pred)
 def focal_loss(pred, label, normalizer=None, *, alpha=0.25, gamma=2.0,
                normalization="positive", ignore_label=-1):
@@ -186,12 +186,8 @@ def _grad_pred_np(ans, pred, label, normalizer=None, *, alpha=0.25, gamma=2.0,
 # The output is L_unnormalized / Z, so dZ = -sum(g * output) / Z.
 focal_loss.def_grad(_grad_pred_nd)
 focal_loss.def_grad(lambda ans, pred, label, normalizer=None, **_:
-                    lambda g: mx.nd.zeros_like(label), 1)
-focal_loss.def_grad(lambda ans, pred, label, normalizer=None, **_:
                     lambda g: -(g * ans).sum().reshape(normalizer.shape) / normalizer, 2)
 focal_loss.numpy.def_grad(_grad_pred_np)
-focal_loss.numpy.def_grad(lambda ans, pred, label, normalizer=None, **_:
-                          lambda g: np.zeros_like(label), 1)
 focal_loss.numpy.def_grad(lambda ans, pred, label, normalizer=None, **_:
                           lambda g: -(g * ans).sum().reshape(normalizer.shape) / normalizer, 2)
 

@@ -21,7 +21,7 @@ def _sigma_error():
                         "values <= 0, inf or NaN)")
 
 
-@customop("mxnet", name="ops.smooth_l1", optional=("weight",))
+@customop("mxnet", name="ops.smooth_l1", optional=("weight",), no_grad=("sigma", "weight"))
 def smooth_l1(data, sigma, weight=None):
     r"""Smooth L1 loss with a run-time ``sigma`` (an input array, not a fixed scalar).
 
@@ -90,12 +90,7 @@ def _grad_numpy(ans, data, sigma, weight=None):
 
 
 smooth_l1.def_grad(_grad_mxnet)
-smooth_l1.def_grad(lambda ans, data, sigma, weight=None: lambda g: mx.nd.zeros_like(sigma), 1)
-smooth_l1.def_grad(lambda ans, data, sigma, weight=None: lambda g: mx.nd.zeros_like(weight), 2)
 smooth_l1.numpy.def_grad(_grad_numpy)
-smooth_l1.numpy.def_grad(lambda ans, data, sigma, weight=None: lambda g: np.zeros_like(sigma), 1)
-smooth_l1.numpy.def_grad(lambda ans, data, sigma, weight=None: lambda g: np.zeros_like(weight),
-                         2)
 
 
 class SmoothL1Loss(mx.gluon.loss.Loss):

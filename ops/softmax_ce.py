@@ -23,7 +23,8 @@ def _label_error(num_class):
                         f"[0, {num_class - 1}] (data has {num_class} classes)")
 
 
-@customop("mxnet", name="ops.softmax_ce", need_top_grad=False, infer_shape=lambda data, label: data)
+@customop("mxnet", name="ops.softmax_ce", need_top_grad=False, infer_shape=lambda data, label: data,
+          no_grad=("label",))
 def softmax_ce(data, label):
     r"""Softmax output layer trained with cross-entropy, like ``mx.nd.SoftmaxOutput``.
 
@@ -85,9 +86,7 @@ def _grad_numpy(ans, data, label, index):
 
 
 softmax_ce.def_grad(_grad_mxnet)
-softmax_ce.def_grad(lambda ans, data, label: lambda _: mx.nd.zeros_like(label), 1)
 softmax_ce.numpy.def_grad(_grad_numpy)
-softmax_ce.numpy.def_grad(lambda ans, data, label: lambda _: np.zeros_like(label), 1)
 
 
 class SoftmaxCE(mx.gluon.HybridBlock):

@@ -8,6 +8,7 @@ from .report import (
     ARGNUM_SKIP,
     COMPARISONS,
     INTEGER_SKIP,
+    NO_GRAD_SKIP,
     TOLERANCES,
     GradReport,
     GradRow,
@@ -15,7 +16,7 @@ from .report import (
 )
 
 __all__ = ["check_grad", "GradReport", "GradRow", "Tolerance", "TOLERANCES", "COMPARISONS",
-           "INTEGER_SKIP", "ARGNUM_SKIP", "main"]
+           "INTEGER_SKIP", "ARGNUM_SKIP", "NO_GRAD_SKIP", "main"]
 
 
 def main(argv=None) -> int:

@@ -45,6 +45,7 @@ from .report import (
     ARGNUM_SKIP,
     COMPARISONS,
     INTEGER_SKIP,
+    NO_GRAD_SKIP,
     TOLERANCES,
     GradReport,
     GradRow,
@@ -75,14 +76,14 @@ def check_grad(op: Any, *inputs: Any, argnums: Sequence[int | str] | None = None
     auxiliary states may follow its inputs (default: zeros); every evaluation
     starts from them, so an update made by one does not move the next.
 
-    For each input in ``argnums`` (default: every floating input; indices or
-    names) the imperative gradient (``mx.autograd``), the symbolic one (a bound
-    executor; ``mx.nd.CachedOp`` gives native symbols their imperative side) and
-    central finite differences of ``sum_i sum(head_i * output_i)`` (forward in
-    float64) must agree.  Heads are ``num_heads`` seeded normal draws; with
-    ``output_layer=True`` (default for ``need_top_grad=False`` ops) they are
-    ones, and ``loss(outputs, inputs) -> float`` replaces the objective when the
-    layer's output is not its loss.
+    For each input in ``argnums`` (default: every floating input the operator does
+    not declare ``no_grad``; indices or names) the imperative gradient
+    (``mx.autograd``), the symbolic one (a bound executor; ``mx.nd.CachedOp`` gives
+    native symbols their imperative side) and central finite differences of ``sum_i
+    sum(head_i * output_i)`` (forward in float64) must agree. Heads are
+    ``num_heads`` seeded normal draws; with ``output_layer=True`` (default for
+    ``need_top_grad=False`` ops) they are ones, and ``loss(outputs, inputs) ->
+    float`` replaces the objective when the layer's output is not its loss.
 
     Defaults by the input's dtype; an error is allowed up to
     ``atol + rtol * |reference|``:
@@ -118,14 +119,18 @@ def check_grad(op: Any, *inputs: Any, argnums: Sequence[int | str] | None = None
     ctx = ctx or next((a.context for a in inputs if isinstance(a, mx.nd.NDArray)), mx.cpu())
     target = make_target(op, arrays, params, ctx)
     arrays = arrays[:len(target.names)]  # auxiliary states, if given, are the target's
-    wrt = [i for i in _resolve_argnums(argnums, target.names) if floating(arrays[i])]
+    # By default an input the operator declares no_grad is not checked; asked for, it is.
+    skip = target.no_grad if argnums is None else frozenset()
+    wrt = [i for i in _resolve_argnums(argnums, target.names)
+           if floating(arrays[i]) and target.names[i] not in skip]
     output_layer = _resolve_output_layer(op, output_layer, loss)
     tols = {i: _tolerance(arrays[i].dtype, eps, rtol, atol) for i in wrt}
     heads_list, heads_text = _heads(target.run64(with_float64(arrays)), arrays, output_layer,
                                     loss, num_heads, seed)
 
     results = _run_comparisons(target, arrays, wrt, tols, heads_list, loss, ctx) if wrt else {}
-    report = GradReport(target.label, heads_text, _rows(target.names, arrays, wrt, results))
+    report = GradReport(target.label, heads_text,
+                        _rows(target.names, arrays, wrt, results, skip))
     if target.run_nd is None and wrt:
         report.notes.append("no imperative check: the symbol has auxiliary states")
     if not report.passed and output_layer and loss is None:
@@ -159,13 +164,14 @@ def _run_comparisons(target, arrays, wrt, tols, heads_list, loss, ctx):
     return results
 
 
-def _rows(names, arrays, wrt, results) -> list[GradRow]:
+def _rows(names, arrays, wrt, results, no_grad=frozenset()) -> list[GradRow]:
     rows = []
     for i, (name, a) in enumerate(zip(names, arrays)):
         if i in wrt:
             rows += [results[i, c] for c in COMPARISONS if (i, c) in results]
         else:
-            status = INTEGER_SKIP if not floating(a) else ARGNUM_SKIP
+            status = (INTEGER_SKIP if not floating(a) else NO_GRAD_SKIP if name in no_grad
+                      else ARGNUM_SKIP)
             rows.append(GradRow(name, a.shape, str(a.dtype), status=status))
     return rows
 

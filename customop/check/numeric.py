@@ -24,6 +24,7 @@ class _Target:
     run_nd: Callable[[list[mx.nd.NDArray]], Any] | None  # imperative call, None: not available
     run64: Callable[[list[np.ndarray]], list[np.ndarray]]  # float64 forward on NumPy arrays
     aux: dict[str, np.ndarray] = field(default_factory=dict)  # symbol aux name -> start value
+    no_grad: frozenset = frozenset()  # inputs the operator declares gradient-free
 
 
 def make_target(obj: Any, arrays: list[np.ndarray], params: dict[str, Any], ctx) -> _Target:
@@ -65,7 +66,7 @@ def _custom_target(op: CustomOperator, arrays, params) -> _Target:
                   **params)
 
     return _Target(repr(op.op_type), names, out, run_nd, _float64_errors(op.op_type, run64),
-                   dict(zip(out.list_auxiliary_states(), aux)))
+                   dict(zip(out.list_auxiliary_states(), aux)), op.no_grad)
 
 
 def _aux_start(op: CustomOperator, names, arrays, params) -> list[np.ndarray]:

@@ -28,6 +28,7 @@ TOLERANCES: dict[np.dtype, Tolerance] = {
 COMPARISONS = ("imperative vs numeric", "symbolic vs numeric", "imperative vs symbolic")
 INTEGER_SKIP = "skipped: integer input, not differentiable"
 ARGNUM_SKIP = "skipped: not in argnums"
+NO_GRAD_SKIP = "skipped: declared no_grad (gets no gradient)"
 
 
 @dataclass

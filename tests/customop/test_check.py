@@ -16,6 +16,7 @@ from customop.check import (
     ARGNUM_SKIP,
     COMPARISONS,
     INTEGER_SKIP,
+    NO_GRAD_SKIP,
     TOLERANCES,
     GradReport,
     check_grad,
@@ -122,6 +123,20 @@ def test_inputs_may_be_ndarrays_and_argnums_names():
     assert report.row("b", "symbolic vs numeric").passed
     with pytest.raises(ValueError, match="0=a, 1=b"):
         check_grad(scaled_mul, a, b, argnums=[2])
+
+
+def test_no_grad_inputs_are_skipped_unless_asked_for():
+    @customop("numpy", name="tests.check_no_grad", no_grad=("w",))
+    def weighted(x, w):
+        return x * w
+    weighted.def_grad(lambda ans, x, w: lambda g: g * w)
+    x, w = normal(2, 3), normal(2, 3)
+    report = check_grad(weighted, x, w)
+    assert report.passed and report.row("w").status == NO_GRAD_SKIP
+    assert "declared no_grad" in str(report)
+    # Asked for by name, it is checked, and its true gradient (x) is not the zero declared.
+    with pytest.raises(AssertionError, match="FAILED"):
+        check_grad(weighted, x, w, argnums=["w"])
 
 
 def test_integer_inputs_are_skipped_and_reported():

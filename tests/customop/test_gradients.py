@@ -161,3 +161,57 @@ def test_untraceable_mxnet_forward_says_what_to_do():
     with pytest.raises(TypeError, match=r"through_numpy': cannot compute an automatic gradient "
                                         r"for input 'x'.*no asnumpy.*def_grad"):
         paths.run(through_numpy, [np.ones(3, np.float32)])
+
+
+# ---- no_grad: "this input gets no gradient", declared once (issue 19) -------------------------
+def _scaled(mode, name, **options):
+    # out = x * w: without no_grad, w's gradient is g * x (automatic or hand-written)
+    return customop(mode, name=name, **options)(lambda x, w: x * w)
+
+
+# 'native': an 'mxnet'-mode op without def_grad records MXNet's own ops.
+@pytest.mark.parametrize("mode, how", [("mxnet", "native")] + [
+    (mode, how) for mode in ("numpy", "mxnet") for how in paths.ALL])
+def test_a_no_grad_input_gets_zero_on_every_path(mode, how):
+    x, w = np.random.rand(2, 3).astype(np.float32) + 1, np.random.rand(2, 3).astype(np.float32)
+    heads = [np.random.rand(2, 3).astype(np.float32)]
+    free = _scaled(mode, f"tests.no_grad_free_{mode}")
+    _, (gx_free, gw_free) = paths.run(free, [x, w], how=how, heads=heads)
+    declared = _scaled(mode, f"tests.no_grad_{mode}", no_grad=("w",))
+    out, (gx, gw) = paths.run(declared, [x, w], how=how, heads=heads)
+    np.testing.assert_allclose(gw_free, heads[0] * x, rtol=1e-6)  # w has a gradient...
+    np.testing.assert_array_equal(gw, np.zeros_like(w))  # ...that no_grad takes away
+    np.testing.assert_allclose(gx, heads[0] * w, rtol=1e-6)
+    np.testing.assert_allclose(gx, gx_free, rtol=1e-6)
+    np.testing.assert_allclose(out[0], x * w, rtol=1e-6)
+
+
+def test_no_grad_holds_for_the_twin_and_the_variants():
+    @customop("mxnet", name="tests.no_grad_twin", optional=("weight",), no_grad=("label",))
+    def op(pred, label, weight=None):
+        d = pred - label
+        return d * d if weight is None else d * d * weight
+
+    @op.twin("numpy")
+    def _op_numpy(pred, label, weight=None):
+        d = pred - label
+        return d * d if weight is None else d * d * weight
+
+    assert op.numpy.no_grad == frozenset({"label"})
+    assert op.variant(["pred", "label"]).no_grad == frozenset({"label"})
+    assert "no_grad=[label]" in repr(op)
+    p, t = np.random.rand(3).astype(np.float32), np.random.rand(3).astype(np.float32)
+    for each in (op, op.numpy):
+        _, (gp, gt) = paths.run(each, [p, t])  # the variant without weight
+        np.testing.assert_allclose(gp, 2 * (p - t), rtol=1e-5)
+        np.testing.assert_array_equal(gt, np.zeros(3))
+
+
+def test_no_grad_mistakes_are_refused_at_definition():
+    with pytest.raises(TypeError, match=r"no_grad names lable, which is not an input; the "
+                                        r"inputs are x, label"):
+        customop("numpy", name="tests.no_grad_typo", no_grad=("lable",))(lambda x, label: x)
+    op = customop("numpy", name="tests.no_grad_conflict", no_grad="label")(lambda x, label: x)
+    with pytest.raises(ValueError, match=r"tests.no_grad_conflict.*input 'label' is declared "
+                                         r"no_grad"):
+        op.def_grad(lambda ans, x, label: lambda g: g, 1)
