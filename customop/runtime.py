@@ -22,23 +22,24 @@ that holds one)
     ``MXNetError`` whose text names no operator.
 
 ``fork`` (installed by the first call of a decorated op)
-    ``os.register_at_fork(before=...)`` lets MXNet's queues drain with the GIL
-    released before a fork, and ``atexit`` drains them before exit.  MXNet's
-    own fork handler joins its CustomOp worker thread while the forking thread
-    holds the GIL; a Python callback still queued there (a forward, or the
-    deleter of a finished op) waits for the GIL forever (measured: DataLoader
-    workers and ``os.fork`` hung after training calls; under load a bounded
-    wait for the deleters lost the race).  So the step waits for the engine,
-    then sends a no-op CustomOp (``customop.runtime.barrier``, registered here)
-    through that thread's queue and waits for it: the queue runs in order, each
-    item's deleters before the next, so once the barrier has run nothing is
-    left there.  That alone still hung once in three 200-fork soaks beside 4 CPU
-    hogs (a deleter still pending on that thread), so a bounded wait for the
-    count of live ops to settle follows it: see issue notes; not yet airtight.
-    On Python < 3.10, ``subprocess``
-    forks without running those handlers, so ``subprocess.Popen._execute_child``
-    runs the same step first (measured: ``subprocess.run`` hung after a forward
-    of a Python CustomOp).
+    ``os.register_at_fork(before=...)`` and ``atexit`` run MXNet's own fork
+    "prepare" and "parent" steps (``mxnet::pthread_atfork_prepare`` /
+    ``pthread_atfork_parent``, exported by ``libmxnet.so``) once more, through
+    ctypes, so with the GIL released.  MXNet's prepare step, which also runs
+    inside every ``fork()``, joins its engine and CustomOp worker threads while
+    the forking thread holds the GIL; a Python callback still pending there (a
+    forward, or the deleter of a finished op, which MXNet's engine runs *after*
+    ``waitall()`` returns) waits for the GIL forever (measured: DataLoader
+    workers, ``os.fork`` and ``subprocess`` hung after training calls; bounded
+    waits for the deleters lost the race under load: 3 of 3 soaks beside 4 CPU
+    hogs hung).  Run first with the GIL released, the same step drains the
+    queues and *joins* those threads, so every pending callback has finished
+    when it returns, by construction rather than by timing; the parent step
+    starts fresh, idle threads, and the prepare step inside ``fork()`` then has
+    nothing left that needs Python.  Costs one engine stop/start per fork (and
+    at exit) in processes that ran a decorated op.  On Python < 3.10,
+    ``subprocess`` forks without running ``os.register_at_fork`` handlers, so
+    ``subprocess.Popen._execute_child`` runs the same step first.
 
 ``aux`` (installed by the first use of an operator with auxiliary states)
     A Python CustomOp updates its aux arrays through copies whose engine
@@ -73,7 +74,6 @@ import os
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -146,77 +146,37 @@ def _install_errors() -> None:
     ffi_function.get_last_ffi_error = _get_last_ffi_error
 
 
-# ---- fork -----------------------------------------------------------------------------------
-_BARRIER = "customop.runtime.barrier"
-_barrier_output = None  # the last barrier's output: its node holds the op, freed on our thread
+# ---- fork ----------------------------------------------------------------------------------
+# MXNet's own pthread_atfork handlers (src/initialize.cc); internal, C++-mangled names:
+# tests/customop/test_runtime.py fails loudly if a build of MXNet lacks them.
+MXNET_FORK_STEPS = ("_ZN5mxnet22pthread_atfork_prepareEv", "_ZN5mxnet21pthread_atfork_parentEv")
 
 
-class _Barrier(mx.operator.CustomOp):
-    """Does nothing; its forward runs on MXNet's CustomOp thread after everything queued there."""
-
-    def forward(self, is_train, req, in_data, out_data, aux):
-        pass
-
-    def backward(self, req, out_grad, in_data, out_data, in_grad, aux):
-        pass
-
-
-class _BarrierProp(mx.operator.CustomOpProp):
-    def __init__(self, **kwargs):
-        super().__init__(need_top_grad=False)
-
-    def infer_shape(self, in_shape):
-        return in_shape, in_shape, []
-
-    def create_operator(self, ctx, shapes, dtypes):
-        return _Barrier()
-
-
-def _through_the_custom_thread() -> None:
-    # MXNet's CustomOp thread runs its queue in order, and each item's Python deleters run
-    # before the next item starts.  Once the barrier's forward has run (its output is ready),
-    # nothing queued before it is left, and the barrier's own op is not deleted there: it is
-    # recorded, so its autograd node keeps it until we drop the output on this thread.
-    global _barrier_output
-    x = mx.nd.zeros((1,))
-    x.attach_grad()
-    with mx.autograd.record():
-        out = mx.nd.Custom(x, op_type=_BARRIER)
-    out.wait_to_read()  # the GIL is released while we wait
-    _barrier_output = out
-
-
-_SETTLE_S = 0.002  # a deleter waiting for the GIL runs within this once we let go of it
-_MAX_WAIT_S = 0.5
-
-
-def _live_ops() -> int:
-    return len(mx.operator._registry.ref_holder)
+def _fork_steps():
+    try:
+        steps = [getattr(_LIB, name) for name in MXNET_FORK_STEPS]  # ctypes caches these
+    except AttributeError:  # pragma: no cover - another build of MXNet
+        return None
+    for step in steps:
+        step.restype = None
+    return steps
 
 
 def settle() -> None:
-    """Let MXNet's queues, and the Python callbacks they run, finish: GIL released, in order."""
+    """Finish every pending MXNet callback and join MXNet's worker threads, GIL released."""
     try:
-        mx.nd.waitall()  # releases the GIL until the engine is idle
-        _through_the_custom_thread()
-        mx.nd.waitall()
+        mx.nd.waitall()  # nothing may reach the CustomOp queue once its thread has stopped
     except Exception:  # noqa: BLE001 - the failure stays with MXNet's arrays; fork must go on
         pass
-    # Measured: a Python deleter could still be pending after the barrier (1 hang in 3 runs of
-    # 200 forks beside 4 CPU hogs, the CustomOp thread releasing a shared_ptr whose deleter is
-    # Python): also give such a deleter the GIL until the count of live ops stops moving.
-    deadline = time.monotonic() + _MAX_WAIT_S
-    seen = _live_ops()
-    while time.monotonic() < deadline:
-        time.sleep(_SETTLE_S)
-        now = _live_ops()
-        if now == seen:
-            break
-        seen = now
+    steps = _fork_steps()
+    if steps is None:  # pragma: no cover
+        return
+    prepare, parent = steps
+    prepare()  # a ctypes call: the GIL is released while MXNet joins its threads
+    parent()
 
 
 def _install_fork() -> None:
-    mx.operator.register(_BARRIER)(_BarrierProp)
     os.register_at_fork(before=settle)
     atexit.register(settle)
     if sys.version_info < (3, 10):  # noqa: UP036 - Python 3.8 and 3.9 are supported

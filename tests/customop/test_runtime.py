@@ -181,3 +181,14 @@ l.backward()
 def test_a_native_training_loop_gives_the_same_numbers(setup):
     plain = _run(NATIVE_LOOP)
     assert _run(setup + textwrap.dedent(NATIVE_LOOP)) == plain
+
+
+def test_mxnets_fork_steps_that_the_fork_patch_runs_are_exported():
+    # The fork patch calls two internal, C++-mangled functions of libmxnet.so (see
+    # customop/runtime.py): a build of MXNet without them must fail here, loudly.
+    from mxnet.base import _LIB
+
+    from customop import runtime
+
+    missing = [name for name in runtime.MXNET_FORK_STEPS if not hasattr(_LIB, name)]
+    assert missing == [], f"libmxnet.so no longer exports {missing}: the fork patch cannot run"
