@@ -197,8 +197,12 @@ def _run_backward(state, num_ograds, num_igrads, ptrs, reqs):
         kernel.backward_nd(op, args, state.aux, outs, g, state.params, reqs, igrads,
                            state.saved)
     except Exception as exc:
-        errors.report(errors.ours(exc, op.op_type, "backward"), state.reader)
-        return False
+        try:  # the gradients it should have written carry the failure to their readers
+            poisoned = errors.poison([g for g, r in zip(igrads, reqs) if r != "null"])
+        except Exception:  # noqa: BLE001 - NaiveEngine runs it at once, or no gradients yet
+            poisoned = False
+        errors.report(errors.ours(exc, op.op_type, "backward"), state.reader, poisoned)
+        return poisoned
     return True
 
 

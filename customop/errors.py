@@ -9,13 +9,19 @@ Three kinds of failure, one rule each:
 * An ``MXNetError`` from an MXNet operator that a forward called is reported as
   a ``ValueError`` naming the operator, keeping MXNet's whole message (minus its
   C++ stack) and chaining the original (:func:`from_mxnet`).
-* A failure on one of MXNet's worker threads (graph forward/backward) becomes a
-  bare ``MXNetError`` at the next synchronisation point.  The failure record
-  travels with the call: an ``mx.nd.Custom`` call hands its :class:`Call` to
-  the operator it creates (by a key in its attributes); a bound or recorded op
-  carries the thread that bound or recorded it and queues its failure for that
-  thread (:func:`report`).  :func:`swap_in` hands it back in place of MXNet's
-  error; :mod:`customop.runtime` installs that hook, lazily.
+* A failure on one of MXNet's worker threads (graph forward/backward) never goes
+  through MXNet's CustomOp error slot: that slot is one per process, and the
+  next CustomOp to finish takes whatever it holds, so a failure there can reach
+  another op's caller, or vanish (measured).  Instead the callback succeeds and
+  :func:`poison` makes the arrays it should have written fail (a ``take`` with
+  ``mode='raise'`` into them), so MXNet's engine carries the failure along
+  those arrays' own dependencies to whoever reads them, and to nobody else.
+  The failure record travels with the call: an ``mx.nd.Custom`` call hands its
+  :class:`Call` to the operator it creates (by a key in its attributes); a
+  bound or recorded op carries the thread that bound or recorded it and queues
+  its failure for that thread (:func:`report`).  :func:`swap_in` hands it back
+  in place of MXNet's error for the poisoned arrays; :mod:`customop.runtime`
+  installs that hook, lazily.
 """
 from __future__ import annotations
 
@@ -25,11 +31,16 @@ import threading
 from collections import deque
 from typing import Any, NoReturn
 
+import numpy as np
+
 FOREIGN = object()  # a failure of a callback that is not ours: MXNet's error stands
-_pending: deque[tuple[int | None, BaseException | object]] = deque(maxlen=32)
+# (reader thread, failure, whether it poisoned arrays); FOREIGN entries have no reader
+_pending: deque[tuple[int | None, BaseException | object, bool]] = deque(maxlen=32)
 _lock = threading.Lock()
 _raised: deque[BaseException] = deque(maxlen=64)  # what our callbacks raised, newest last
 _CALLBACK_FAILURES = ("params.info->callbacks[", "callbacks[kCustom", "CustomFunctionBwdFunc")
+# What MXNet says when a poisoned array (see poison) is read.
+POISON_TEXT = "take operator contains indices out of bound"
 
 
 def op_error(op_type: str, cls: type, msg: str) -> BaseException:
@@ -163,10 +174,11 @@ def close_call(key: str) -> None:
     _calls.pop(key, None)
 
 
-def report(exc: BaseException, reader: int | None = None) -> None:
-    """Queue a worker-thread failure for the thread that will read it (default: this one)."""
+def report(exc: BaseException, reader: int | None = None, poisoned: bool = False) -> None:
+    """Queue a worker-thread failure for the thread that will read it (default: this one);
+    ``poisoned``: it reaches that thread through arrays :func:`poison` made fail."""
     with _lock:
-        _pending.append((threading.get_ident() if reader is None else reader, exc))
+        _pending.append((threading.get_ident() if reader is None else reader, exc, poisoned))
         _raised.append(exc)
 
 
@@ -180,7 +192,7 @@ def record(call: Call, exc: BaseException) -> None:
 def report_foreign() -> None:
     """Someone else's callback failed: the next reader of a callback failure gets MXNet's."""
     with _lock:
-        _pending.append((None, FOREIGN))
+        _pending.append((None, FOREIGN, False))
 
 
 def pending() -> int:
@@ -193,23 +205,59 @@ def clear() -> None:
         _pending.clear()
 
 
-def _take() -> BaseException | None:
-    # This thread's newest entry (an older one is an error nobody read); another thread's
-    # exceptions are never handed out here, and a foreign marker leaves MXNet's error.
+def _take(poisoned: bool) -> BaseException | None:
+    # This thread's newest entry of the kind read (an older one is an error nobody read):
+    # a poisoned array's message is ours by construction, a bare callback failure is ours
+    # only if a callback of ours raised (could poison nothing) and no foreign marker came
+    # after it.  Another thread's exceptions are never handed out here.
     me = threading.get_ident()
     with _lock:
         for i in range(len(_pending) - 1, -1, -1):
-            reader, entry = _pending[i]
+            reader, entry, kind = _pending[i]
+            if kind != poisoned:
+                continue
             if entry is FOREIGN or reader == me:
                 del _pending[i]
                 return None if entry is FOREIGN else entry  # type: ignore[return-value]
     return None
 
 
+def poison(arrays: list[Any]) -> bool:
+    """Make the first non-empty array of ``arrays`` fail when read (asynchronously, in
+    MXNet's engine, like any failed operator); False where there was nothing to poison.
+
+    Called on MXNet's worker thread by a callback that failed, which then returns
+    success: the failure travels with the arrays, never through MXNet's one
+    CustomOp error slot (see the module doc).  One array is enough: MXNet's
+    CustomOp wrapper throws the first failure among the arrays the callback got,
+    and fails the whole node (every output) with it; a second poisoned array's
+    failure would stay unread and surface at the next ``waitall()``.
+    """
+    import mxnet as mx
+
+    for a in arrays:
+        size = int(np.prod(a.shape)) if a is not None else 0
+        if size:
+            # indices all out of range for a 1-element source: the kernel's own check fails
+            mx.nd.take(mx.nd.zeros((1,), ctx=a.context, dtype=a.dtype),
+                       mx.nd.ones((size,), ctx=a.context, dtype="int32"), mode="raise",
+                       out=a.reshape((size,)))
+            return True
+    return False
+
+
 def swap_in(err: Any) -> Any:
-    """Our queued failure in place of MXNet's bare callback error ``err`` (else ``err``)."""
-    if any(s in str(err) for s in _CALLBACK_FAILURES):
-        real = _take()
+    """Our queued failure in place of MXNet's error ``err`` for a poisoned array or a bare
+    callback failure (else ``err``)."""
+    text = str(err)
+    if POISON_TEXT in text:
+        real = _take(poisoned=True)
+        if real is not None:
+            real.__context__ = err
+            return real
+        return err
+    if any(s in text for s in _CALLBACK_FAILURES):
+        real = _take(poisoned=False)
         if real is not None:
             real.__context__ = err
             return real

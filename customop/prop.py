@@ -148,6 +148,13 @@ def _data_ptr(arr: mx.nd.NDArray) -> int:
     return ptr.value or 0
 
 
+def _poisoned(arrays: list[Any]) -> bool:
+    try:
+        return errors.poison(arrays)
+    except Exception:  # noqa: BLE001 - e.g. NaiveEngine runs the poison at once: raise instead
+        return False
+
+
 class _Op(mx.operator.CustomOp):
     """One operator instance MXNet created: runs the kernel, and owns where its failures go.
 
@@ -165,13 +172,15 @@ class _Op(mx.operator.CustomOp):
         # separate callbacks of this one object (one per bound node, or per mx.nd.Custom call).
         self.residuals: dict[str, Any] | None = None
 
-    def _fail(self, exc: BaseException, where: str) -> None:
+    def _fail(self, exc: BaseException, where: str, written: list[Any]) -> None:
         new = errors.ours(exc, self.op.op_type, where)
+        poisoned = _poisoned(written)  # then these arrays carry the failure to their readers
         if self.call is not None and where == "forward":
             errors.record(self.call, new)  # raised by that call itself, never by another
         else:
-            errors.report(new, self.reader)
-        errors.raise_as(new, exc)
+            errors.report(new, self.reader, poisoned)
+        if not poisoned:
+            errors.raise_as(new, exc)
 
     def forward(self, is_train, req, in_data, out_data, aux):
         op, mode = self.op, self.op.mode_impl
@@ -188,7 +197,7 @@ class _Op(mx.operator.CustomOp):
                 # copying every input and output a second time
                 self.saved = ([_data_ptr(a) for a in (*in_data, *out_data)], args, outs)
         except Exception as exc:
-            self._fail(exc, "forward")
+            self._fail(exc, "forward", out_data)
 
     def backward(self, req, out_grad, in_data, out_data, in_grad, aux):
         op, mode = self.op, self.op.mode_impl
@@ -208,4 +217,4 @@ class _Op(mx.operator.CustomOp):
             kernel.backward_nd(op, args, aux, outs, grads_in, self.params, req, in_grad,
                                residuals)
         except Exception as exc:
-            self._fail(exc, "backward")
+            self._fail(exc, "backward", [g for g, r in zip(in_grad, req) if r != "null"])

@@ -10,16 +10,22 @@ Set ``CUSTOMOP_RUNTIME_OFF`` to a comma-separated list of patch names (or
 ``errors`` (installed by the first call of a decorated op or the first graph
 that holds one)
     Wraps ``mxnet.base.get_last_ffi_error`` (and its copy in the ctypes FFI
-    module), the one function through which MXNet's C errors reach Python, so
-    that a failure raised in one of our callbacks on MXNet's worker thread is
-    raised with its own type and message instead of a bare ``MXNetError:
-    Check failed: ...callbacks[kCustomOpForward]``; only those callback texts
-    are matched, and only failures queued for the reading thread are handed
-    out.  Replaces ``print`` inside ``mxnet.operator`` and ``mxnet.autograd``
-    so that MXNet does not also dump the traceback of *our* failures to stdout
-    (everyone else's callback failures still print, and keep MXNet's error).
-    Measured: without it every forward error in a graph reads as one
-    ``MXNetError`` whose text names no operator.
+    module), the one function through which MXNet's C errors reach Python.  A
+    callback of ours that fails on MXNet's worker thread makes the arrays it
+    should have written fail (``errors.poison``) and returns success, so the
+    failure reaches whoever reads those arrays and nobody else (MXNet's own
+    CustomOp error slot is one per process: measured, it handed our failure to a
+    hand-written op's caller, or lost it, in interleaved runs).  The wrapper
+    raises our exception, with its own type and message, for that read in place
+    of MXNet's text for the poisoned array; only failures queued for the reading
+    thread are handed out.  When nothing could be poisoned (0-size outputs,
+    NaiveEngine), the callback raises as before and the wrapper replaces MXNet's
+    bare ``MXNetError: Check failed: ...callbacks[kCustomOpForward]``; for that
+    case it also replaces ``print`` inside ``mxnet.operator`` and
+    ``mxnet.autograd`` so that MXNet does not also dump the traceback of *our*
+    failures to stdout (everyone else's callback failures still print, and keep
+    MXNet's error).  Measured: without it every forward error in a graph reads
+    as one ``MXNetError`` whose text names no operator.
 
 ``fork`` (installed by the first call of a decorated op)
     ``os.register_at_fork(before=...)`` and ``atexit`` run MXNet's own fork
