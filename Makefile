@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: venv demo test soak lint bench bench-detection bench-losses bench-dist bench-isolation bench-residuals dist-demo notebooks clean
+.PHONY: venv demo test soak lint bench bench-detection bench-losses bench-dist bench-isolation bench-residuals bench-fork dist-demo notebooks clean
 
 venv: $(STAMP)
 
@@ -46,6 +46,9 @@ bench-isolation: $(STAMP)
 
 bench-residuals: $(STAMP)
 	$(PY) benchmarks/residuals.py
+
+bench-fork: $(STAMP)
+	$(PY) benchmarks/fork_cost.py
 
 # Two dist_sync workers + one server on 127.0.0.1, a decorated loss, Gluon's Trainer.
 dist-demo: $(STAMP)
