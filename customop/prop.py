@@ -172,6 +172,22 @@ class _Op(mx.operator.CustomOp):
         # separate callbacks of this one object (one per bound node, or per mx.nd.Custom call).
         self.residuals: dict[str, Any] | None = None
 
+    @property
+    def _ref_holder(self) -> Any:
+        return self._mxnet_refs
+
+    @_ref_holder.setter
+    def _ref_holder(self, refs: Any) -> None:
+        # MXNet keeps its callbacks for this instance alive here, right after creating it:
+        # the moment to have what it holds freed when MXNet deletes it (see ``release`` in
+        # customop.runtime); MXNet's callbacks and this object otherwise wait for gc.
+        self._mxnet_refs = refs
+        runtime.release_with_mxnet(self, refs)
+
+    def release(self) -> None:
+        """MXNet deleted this operator: drop the residuals and host copies it kept."""
+        self.residuals = self.saved = None
+
     def _fail(self, exc: BaseException, where: str, written: list[Any]) -> None:
         new = errors.ours(exc, self.op.op_type, where)
         poisoned = _poisoned(written)  # then these arrays carry the failure to their readers

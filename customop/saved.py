@@ -17,9 +17,10 @@ class residuals:  # noqa: N801 - used like a function: ``return residuals(out, p
     names it (``def grad(ans, x, label, probs): ...``); callers still get only
     ``out``.  A recorded call keeps them as long as its autograd node lives (the
     ``function`` path) or until its backward (graph nodes: ``mx.nd.Custom``,
-    executors, hybridized blocks); a call that is not recorded, shape inference
-    and ``is_train=False`` graph runs drop them.  Where none were kept (a second
-    backward after one forward), the backward runs the forward again to get them.
+    executors, hybridized blocks), and never past MXNet's deletion of that node;
+    a call that is not recorded, shape inference and ``is_train=False`` graph
+    runs drop them.  Where none were kept (a second backward after one forward),
+    the backward runs the forward again to get them.
 
     Example:
         >>> import numpy as np

@@ -3,7 +3,7 @@ normalizer input (focal loss v2 of the research operators)."""
 import mxnet as mx
 import numpy as np
 
-from customop import customop
+from customop import customop, residuals
 
 from . import _checks
 
@@ -94,10 +94,11 @@ def focal_loss(pred, label, normalizer=None, *, alpha=0.25, gamma=2.0,
     t, valid = _targets_nd(label, num_class, ignore_label)
     sp_pos = mx.nd.Activation(pred, act_type="softrelu")  # -log(1 - p)
     sp_neg = mx.nd.Activation(-pred, act_type="softrelu")  # -log p
-    loss = t * alpha * mx.nd.exp(-gamma * sp_pos) * sp_neg \
-        + (1 - t) * (1 - alpha) * mx.nd.exp(-gamma * sp_neg) * sp_pos
-    return mx.nd.broadcast_div(mx.nd.broadcast_mul(loss, valid),
-                               _normalizer_nd(label, valid, normalizer, normalization, pred))
+    pos = t * alpha * mx.nd.exp(-gamma * sp_pos)  # alpha t (1 - p)^gamma
+    neg = (1 - t) * (1 - alpha) * mx.nd.exp(-gamma * sp_neg)  # (1 - alpha)(1 - t) p^gamma
+    z = _normalizer_nd(label, valid, normalizer, normalization, pred)
+    loss = mx.nd.broadcast_div(mx.nd.broadcast_mul(pos * sp_neg + neg * sp_pos, valid), z)
+    return residuals(loss, pos=pos, neg=neg, sp_pos=sp_pos, sp_neg=sp_neg, valid=valid, z=z)
 
 
 @focal_loss.twin("numpy")
@@ -111,10 +112,11 @@ def _focal_loss_numpy(pred, label, normalizer=None, *, alpha=0.25, gamma=2.0,
     t, valid = _targets_np(label, num_class, ignore_label, pred.dtype)
     sp_pos = np.logaddexp(0, pred)  # -log(1 - p)
     sp_neg = np.logaddexp(0, -pred)  # -log p
-    loss = t * alpha * np.exp(-gamma * sp_pos) * sp_neg \
-        + (1 - t) * (1 - alpha) * np.exp(-gamma * sp_neg) * sp_pos
-    return (loss * valid / _normalizer_np(label, valid, normalizer, normalization)).astype(
-        pred.dtype, copy=False)
+    pos = t * alpha * np.exp(-gamma * sp_pos)  # alpha t (1 - p)^gamma
+    neg = (1 - t) * (1 - alpha) * np.exp(-gamma * sp_neg)  # (1 - alpha)(1 - t) p^gamma
+    z = _normalizer_np(label, valid, normalizer, normalization)
+    loss = ((pos * sp_neg + neg * sp_pos) * valid / z).astype(pred.dtype, copy=False)
+    return residuals(loss, pos=pos, neg=neg, sp_pos=sp_pos, sp_neg=sp_neg, valid=valid, z=z)
 
 
 def _targets_nd(label, num_class, ignore_label):
@@ -148,39 +150,25 @@ def _normalizer_np(label, valid, normalizer, normalization):
 
 
 # d/dx of the bracket: positives -alpha (1-p)^gamma (1 - p - gamma p log p), negatives
-# -(1-alpha) p^gamma (gamma (1-p) log(1-p) - p); below with q = 1 - p and the stable logs
-# log p = -softplus(-x), log q = -softplus(x).
-def _dloss_nd(pred, label, normalizer, alpha, gamma, normalization, ignore_label):
-    label = label.astype(pred.dtype, copy=False)
-    t, valid = _targets_nd(label, pred.shape[-1], ignore_label)
-    p, q = mx.nd.sigmoid(pred), mx.nd.sigmoid(-pred)
-    sp_pos = mx.nd.Activation(pred, act_type="softrelu")
-    sp_neg = mx.nd.Activation(-pred, act_type="softrelu")
-    d = -t * alpha * mx.nd.exp(-gamma * sp_pos) * (q + gamma * p * sp_neg) \
-        + (1 - t) * (1 - alpha) * mx.nd.exp(-gamma * sp_neg) * (p + gamma * q * sp_pos)
-    z = _normalizer_nd(label, valid, normalizer, normalization, pred)
-    return mx.nd.broadcast_div(mx.nd.broadcast_mul(d, valid), z)
+# -(1-alpha) p^gamma (gamma (1-p) log(1-p) - p); below with q = 1 - p, the stable logs
+# log p = -softplus(-x), log q = -softplus(x), and the forward's weights, softplus terms,
+# valid mask and normalizer (its residuals) instead of computing them again.
+def _grad_pred_nd(ans, pred, label, normalizer=None, *, gamma, pos, neg, sp_pos, sp_neg, valid,
+                  z, **_):
+    def grad(g):
+        p, q = mx.nd.sigmoid(pred), mx.nd.sigmoid(-pred)
+        d = -pos * (q + gamma * p * sp_neg) + neg * (p + gamma * q * sp_pos)
+        return g * mx.nd.broadcast_div(mx.nd.broadcast_mul(d, valid), z)
+    return grad
 
 
-def _dloss_np(pred, label, normalizer, alpha, gamma, normalization, ignore_label):
-    t, valid = _targets_np(label, pred.shape[-1], ignore_label, pred.dtype)
-    sp_pos, sp_neg = np.logaddexp(0, pred), np.logaddexp(0, -pred)
-    p, q = np.exp(-sp_neg), np.exp(-sp_pos)
-    d = -t * alpha * np.exp(-gamma * sp_pos) * (q + gamma * p * sp_neg) \
-        + (1 - t) * (1 - alpha) * np.exp(-gamma * sp_neg) * (p + gamma * q * sp_pos)
-    return d * valid / _normalizer_np(label, valid, normalizer, normalization)
-
-
-def _grad_pred_nd(ans, pred, label, normalizer=None, *, alpha=0.25, gamma=2.0,
-                  normalization="positive", ignore_label=-1):
-    return lambda g: g * _dloss_nd(pred, label, normalizer, alpha, gamma, normalization,
-                                   ignore_label)
-
-
-def _grad_pred_np(ans, pred, label, normalizer=None, *, alpha=0.25, gamma=2.0,
-                  normalization="positive", ignore_label=-1):
-    return lambda g: g * _dloss_np(pred, label, normalizer, alpha, gamma, normalization,
-                                   ignore_label)
+def _grad_pred_np(ans, pred, label, normalizer=None, *, gamma, pos, neg, sp_pos, sp_neg, valid,
+                  z, **_):
+    def grad(g):
+        p, q = np.exp(-sp_neg), np.exp(-sp_pos)
+        d = -pos * (q + gamma * p * sp_neg) + neg * (p + gamma * q * sp_pos)
+        return g * (d * valid / z)
+    return grad
 
 
 # The output is L_unnormalized / Z, so dZ = -sum(g * output) / Z.

@@ -144,9 +144,66 @@ def test_after_an_aux_op_is_used_only_its_own_graphs_wait():
             "unrelated cachedop": type(net._cached_op).__name__,
         }))
     '''))
-    assert result == {"installed": ["aux", "errors", "fork"],
+    assert result == {"installed": ["aux", "errors", "fork", "release"],
                       "aux executor": "_AuxExecutor", "aux cachedop": "_AuxCachedOp",
                       "unrelated executor": "Executor", "unrelated cachedop": "CachedOp"}
+
+
+RELEASE = '''
+    import gc, time, weakref
+    import customop
+    from customop import runtime
+    from customop.dispatch import forced_path
+
+    made = []  # MXNet's own kind of operator, written by hand
+
+    class Plain(mx.operator.CustomOp):
+        def forward(self, is_train, req, in_data, out_data, aux):
+            self.assign(out_data[0], req[0], 2 * in_data[0])
+
+        def backward(self, req, out_grad, in_data, out_data, in_grad, aux):
+            self.assign(in_grad[0], req[0], 2 * out_grad[0])
+
+    @mx.operator.register("test_runtime_plain")
+    class PlainProp(mx.operator.CustomOpProp):
+        def create_operator(self, ctx, shapes, dtypes):
+            op = Plain()
+            made.append(weakref.ref(op))
+            return op
+
+    @customop.customop("numpy", name="test_runtime.double")
+    def double(x):
+        return customop.residuals(2 * x, kept=x)
+
+    double.def_grad(lambda ans, x, kept: lambda g: 2 * g)
+    kept = []
+    registry = mx.operator._registry.ref_holder
+    gc.collect(); gc.disable()
+    before = len(registry)
+    x = mx.nd.ones(3); x.attach_grad()
+    with mx.autograd.record():
+        plain = [mx.nd.Custom(x, op_type="test_runtime_plain") for _ in range(5)]
+    with forced_path("custom"), mx.autograd.record():
+        ours = [double(x) for _ in range(5)]
+    mx.nd.waitall()
+    del plain, ours
+    mx.nd.waitall()
+    deadline = time.monotonic() + 5  # MXNet deletes operators on its own threads
+    while len(registry) > before and time.monotonic() < deadline:
+        time.sleep(0.01)
+    print(json.dumps({"installed": runtime.installed(), "left in registry": len(registry) - before,
+                      "watched": len(runtime._watched),
+                      "hand-written alive": sum(r() is not None for r in made)}))
+'''
+
+
+@pytest.mark.parametrize("off", ["", "release"])
+def test_release_frees_only_our_operators_and_mxnet_still_deletes_them(off):
+    result = _run(RELEASE, env={"CUSTOMOP_RUNTIME_OFF": off})
+    # MXNet's own deleter ran for every operator (ours through the release hook), and a
+    # hand-written CustomOp is left to the cycle collector, as MXNet leaves it
+    assert result == {"installed": ["errors", "fork"] + (["release"] if not off else []),
+                      "left in registry": 0, "watched": 0, "hand-written alive": 5}
 
 
 NATIVE_LOOP = '''

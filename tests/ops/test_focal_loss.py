@@ -1,4 +1,6 @@
 """ops.focal_loss (Lin et al. 2017) against a float64 reference of the paper's formula."""
+import sys
+
 import mxnet as mx
 import numpy as np
 import pytest
@@ -132,6 +134,29 @@ def test_stable_for_large_logits(op):
                                atol=1e-300)
     check_grad(op, x[:, :2], label[:, :2].astype(np.int32))  # float64 at logits of +-30
     check_grad(op, x[:, :2], label[:, :2].astype(np.int32), gamma=0.0)
+
+
+@pytest.mark.parametrize("op", OPS, ids=ids)
+@pytest.mark.parametrize("how", common.PATHS)
+def test_the_backward_reuses_the_forwards_work(op, how, monkeypatch):
+    # targets, valid mask, normalizer and softplus terms reach the gradient as the forward's
+    # residuals: built once per forward+backward, on every path
+    module = sys.modules[op.fn.__module__]
+    calls = []
+
+    def counted(name, real):
+        def call(*args):
+            calls.append(name)
+            return real(*args)
+        return call
+
+    for name in ("_targets_nd", "_targets_np", "_normalizer_nd", "_normalizer_np"):
+        monkeypatch.setattr(module, name, counted(name, getattr(module, name)))
+    x, label = sample()
+    (out,), (dx, _) = common.run(op, [x, label.astype(np.int32)], how=how)
+    np.testing.assert_allclose(dx, reference_grad(x, label), rtol=1e-10)
+    kind = "nd" if op.mode == "mxnet" else "np"
+    assert sorted(calls) == [f"_normalizer_{kind}", f"_targets_{kind}"]
 
 
 @pytest.mark.parametrize("hybridize", [False, True])
