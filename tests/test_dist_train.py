@@ -99,7 +99,7 @@ def test_optimizer_on_the_servers_is_named_and_the_workers_drift(tmp_path):
     warned = [line for line in proc.stderr.splitlines() if "AuxStateWarning" in line]
     assert len(warned) == 2, proc.stderr[-3000:]  # once per worker
     for line in warned:
-        assert "customop 'ops.center_loss.center_loss' (aux state 'centers')" in line
+        assert "customop 'ops.center_loss' (aux state 'centers')" in line
         assert "update_on_kvstore=True" in line and "update_on_kvstore=False" in line
     w0, w1 = _load(tmp_path, "gluon", 0), _load(tmp_path, "gluon", 1)
     assert np.abs(w0["net_center_centers@0"] - w1["net_center_centers@0"]).max() > 1e-3

@@ -134,7 +134,7 @@ def test_centers_outside_the_trainers_parameters_are_named_at_the_next_step():
         lambda net: net.embed.collect_params(), 3))
     assert len(got) == 1
     text = str(got[0].message)
-    assert "customop 'ops.center_loss.center_loss' (aux state 'centers')" in text
+    assert "customop 'ops.center_loss' (aux state 'centers')" in text
     assert "cpu(0), cpu(1)" in text and "not among that Trainer's parameters" in text
     assert "Fix:" in text and "AuxSync" in text
     copies = [c.asnumpy() for c in net.center.centers.list_data()]
