@@ -65,8 +65,11 @@ that holds one)
     ``mod.Module.update`` (so ``fit``): a Trainer whose parameters, or a Module
     whose graph, hold aux states of our ops ends each step with every copy
     equal to the sum of the devices' (and ``dist_sync`` workers') deltas
-    (:mod:`customop.distributed.agree`); any other Trainer or Module runs
-    MXNet's method unchanged.  The training passes of our ops (the ``aux``
+    (:mod:`customop.distributed.agree`); under ``dist_*`` with
+    ``update_on_kvstore=False`` such a Trainer's first step also finishes its
+    broadcast of initial values before any push (MXNet's does not order the two:
+    measured, a worker then starts from the summed gradient).  Any other Trainer or
+    Module runs MXNet's method unchanged.  The training passes of our ops (the ``aux``
     classes above, recorded ``mx.nd.Custom`` calls) note the value of each aux
     array the first time a step uses it.  No public hook exists: Gluon's
     Trainer has no step callback, Module has one only in ``fit``.

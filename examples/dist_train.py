@@ -98,8 +98,10 @@ def train_gluon(args, kv, ctxs, x, y):
     if args.hybridize:
         net.hybridize()
     dist = kv is not None and "dist" in kv.type
-    # dist_*: the servers only sum (the center deltas must not go through the optimizer)
-    on_kv = None if args.update_on_kvstore else False if dist else None
+    # dist_* with aux states: the servers only sum (the center deltas must not go through
+    # the optimizer). Without, MXNet's default: its first step with update_on_kvstore=False
+    # can start a worker from the summed gradient (see customop.distributed.agree).
+    on_kv = False if dist and args.center_loss and not args.update_on_kvstore else None
     trainer = mx.gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": args.lr},
                                kvstore=kv if kv is not None else "device",
                                update_on_kvstore=on_kv)
@@ -126,7 +128,7 @@ def train_module(args, kv, ctxs, x, y):
         # Aux state center_centers, created by MXNet (zeros) and saved with the aux params.
         loss = loss + ops.center_loss(feat, label, num_class=NUM_CLASS, scale=args.center_loss,
                                       name="center")
-    if kv is not None and "dist" in kv.type and not args.update_on_kvstore:
+    if kv is not None and "dist" in kv.type and args.center_loss and not args.update_on_kvstore:
         os.environ["MXNET_UPDATE_ON_KVSTORE"] = "0"  # servers only sum (see Gluon above)
     mod = mx.mod.Module(mx.sym.MakeLoss(loss), data_names=["data"], label_names=["label"],
                         context=ctxs)

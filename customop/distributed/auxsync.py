@@ -115,10 +115,7 @@ def _gluon_aux(source: Any) -> tuple[list[str], list[list[mx.nd.NDArray]]]:
 def _gluon_kvstore(kvstore: Any) -> tuple[Any, bool]:
     if isinstance(kvstore, mx.gluon.Trainer):
         trainer = kvstore
-        if not trainer._kv_initialized:
-            trainer._init_kvstore()
-        if trainer._params_to_init:
-            trainer._init_params()  # the broadcast of initial values, before any update
+        agree.initial_broadcast(trainer)  # initial values everywhere, before any update
         return trainer._kvstore, bool(trainer._update_on_kvstore)
     if kvstore is None or isinstance(kvstore, mx.kv.KVStore):
         return kvstore, False

@@ -6,6 +6,7 @@ import warnings
 
 import mxnet as mx
 import numpy as np
+import pytest
 
 from customop.distributed import agree
 from customop.distributed.auxsync import AuxStateWarning
@@ -47,17 +48,48 @@ def test_the_mxnet_internals_we_read_are_there():
     np.testing.assert_array_equal(p.list_data()[1].asnumpy(), p.list_data()[0].asnumpy())
     assert p.list_data()[0].asnumpy().tolist() != [5, 5]
     assert isinstance(trainer._kvstore, mx.kv.KVStore) and trainer._update_on_kvstore
+    assert trainer._kvstore_params == {"kvstore": "device", "update_on_kvstore": None}
     group = mod._exec_group
     assert group.aux_names == [] and group.aux_arrays == [] and len(group.execs) == 2
     assert isinstance(mod._kvstore, mx.kv.KVStore) and mod._update_on_kvstore
 
 
-def _two_device_loop(trainer_params, steps, ctxs=TWO, call=None, **trainer_args):
+@pytest.mark.parametrize("update_on_kvstore", [None, False, True])
+@pytest.mark.parametrize("variable", [None, "0", "1"])
+def test_where_the_trainer_will_update_is_read_as_mxnet_decides_it(update_on_kvstore, variable,
+                                                                   monkeypatch):
+    # agree._updates_on_workers answers before the Trainer's kvstore exists (the hook finishes
+    # the first-step broadcast early only where no optimizer goes to the servers).
+    if variable is None:
+        monkeypatch.delenv("MXNET_UPDATE_ON_KVSTORE", raising=False)
+    else:
+        monkeypatch.setenv("MXNET_UPDATE_ON_KVSTORE", variable)
+    p = mx.gluon.Parameter("w", shape=(2,))
+    p.initialize(ctx=TWO)
+    trainer = mx.gluon.Trainer([p], "sgd", kvstore="local", update_on_kvstore=update_on_kvstore)
+    predicted = agree._updates_on_workers(trainer)
+    trainer._init_kvstore()
+    assert predicted == (not trainer._update_on_kvstore)
+
+
+def test_the_first_step_broadcast_run_early_is_mxnets_own():
+    p = mx.gluon.Parameter("w", shape=(2,), init=mx.init.One())
+    p.initialize(ctx=TWO)
+    trainer = mx.gluon.Trainer([p], "sgd", kvstore="local", update_on_kvstore=False)
+    p.list_data()[1][:] = 5
+    agree.initial_broadcast(trainer)
+    assert trainer._kv_initialized and trainer._params_to_init == []
+    for copy in p.list_data():
+        assert copy.asnumpy().tolist() == [1, 1]  # device 0's value everywhere
+
+
+def _two_device_loop(trainer_params, steps, ctxs=TWO, call=None, kvstore="device",
+                     **trainer_args):
     mx.random.seed(0)
     net = CenterNet(prefix="cn_")
     net.initialize(mx.init.Xavier(), ctx=ctxs)
     params = trainer_params(net)
-    trainer = mx.gluon.Trainer(params, "sgd", {"learning_rate": 0.05}, kvstore="device",
+    trainer = mx.gluon.Trainer(params, "sgd", {"learning_rate": 0.05}, kvstore=kvstore,
                                **trainer_args) if params is not None else None
     x, y = _data()
     want = np.zeros((NUM_CLASS, DIM))
@@ -152,6 +184,29 @@ def test_a_custom_loop_without_any_trainer_is_named():
     assert len(got) == 1
     assert "(aux state 'centers')" in str(got[0].message)
     assert "no gluon.Trainer.step/update, Module.update or AuxSync" in str(got[0].message)
+
+
+class _TwoWorkerStore(mx.kv.base.TestStore):
+    """A kvstore that is not MXNet's KVStore and says it has 2 workers (it sums this
+    process's devices only)."""
+
+    @property
+    def num_workers(self):
+        return 2
+
+
+def test_a_kvstore_that_is_not_mxnets_is_named():
+    # The devices of this process still agree; the other workers' deltas cannot be summed.
+    (net, want), got = _caught(lambda: _two_device_loop(lambda net: net.collect_params(), 3,
+                                                        kvstore=_TwoWorkerStore()))
+    assert len(got) == 1
+    text = str(got[0].message)
+    assert "customop 'ops.center_loss' (aux state 'centers')" in text
+    assert "_TwoWorkerStore is not MXNet's KVStore" in text and "not across workers" in text
+    assert "Fix: use kvstore='dist_sync'" in text
+    copies = [c.asnumpy() for c in net.center.centers.list_data()]
+    np.testing.assert_array_equal(copies[1], copies[0])
+    np.testing.assert_allclose(copies[0], want, rtol=1e-5, atol=1e-5)
 
 
 def test_standard_loops_and_one_device_do_not_warn():
