@@ -4,7 +4,8 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: venv demo test soak lint bench bench-detection bench-losses bench-dist bench-isolation bench-residuals bench-fork dist-demo notebooks clean
+.PHONY: venv demo test soak lint bench bench-detection bench-losses bench-dist bench-aux bench-isolation \
+	bench-residuals bench-fork dist-demo notebooks clean
 
 venv: $(STAMP)
 
@@ -40,6 +41,9 @@ bench-losses: $(STAMP)
 
 bench-dist: $(STAMP)
 	$(PY) benchmarks/dist_aux.py
+
+bench-aux: $(STAMP)
+	$(PY) benchmarks/aux_agreement.py
 
 bench-isolation: $(STAMP)
 	$(PY) benchmarks/isolation.py

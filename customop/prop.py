@@ -52,7 +52,7 @@ def register(op_type: str, lookup: Callable[[str], CustomOperator]) -> None:
             self.call = errors.take_call(kwargs.pop(errors.CALL_KEY, None))
             self.params, self.pkey = _decode_cached(kwargs)
             if op.signature.aux:
-                runtime.use_aux(op.op_type, len(op.signature.aux))
+                runtime.use_aux(op.op_type, op.signature.aux)
             else:
                 runtime.use()
             # MXNet does not guard the prop's constructor (an exception there crashes the

@@ -4,8 +4,10 @@ A two-layer net on synthetic data (fixed seed) learns 3 classes with a
 decorated softmax cross-entropy (``'numpy'`` mode) and, with
 ``--center-loss W``, the library's center loss on the hidden features
 (:class:`ops.CenterLoss` in Gluon, :func:`ops.center_loss` on symbols, with
-``scale=W``), whose class centers are an auxiliary state kept identical on every
-device and worker by :class:`customop.distributed.auxsync.AuxSync`.  Each step uses a global
+``scale=W``), whose class centers are an auxiliary state: ``Trainer.step`` and
+``Module.update`` (so ``fit``) keep them identical on every device and worker, with
+no call of ours (``--aux-sync`` adds the explicit
+:class:`customop.distributed.auxsync.AuxSync` call for comparison).  Each step uses a global
 batch of ``--batch`` rows, cut into one shard per device of the job: every worker
 takes its devices' shards, so the summed gradients are those of the whole batch,
 and 2 workers with 1 device each see exactly what 1 process with 2 devices sees.
@@ -96,10 +98,14 @@ def train_gluon(args, kv, ctxs, x, y):
     if args.hybridize:
         net.hybridize()
     dist = kv is not None and "dist" in kv.type
+    # dist_* with aux states: the servers only sum (the center deltas must not go through
+    # the optimizer). Without, MXNet's default: its first step with update_on_kvstore=False
+    # can start a worker from the summed gradient (see customop.distributed.agree).
+    on_kv = False if dist and args.center_loss and not args.update_on_kvstore else None
     trainer = mx.gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": args.lr},
                                kvstore=kv if kv is not None else "device",
-                               update_on_kvstore=False if (dist and args.center_loss) else None)
-    sync = AuxSync([net.center.centers], trainer) if args.center_loss else None
+                               update_on_kvstore=on_kv)
+    sync = AuxSync([net.center.centers], trainer) if args.center_loss and args.aux_sync else None
     for rows in _batches(args, kv, x):
         xs = mx.gluon.utils.split_and_load(mx.nd.array(x[rows]), ctxs)
         ys = mx.gluon.utils.split_and_load(mx.nd.array(y[rows]), ctxs)
@@ -122,22 +128,29 @@ def train_module(args, kv, ctxs, x, y):
         # Aux state center_centers, created by MXNet (zeros) and saved with the aux params.
         loss = loss + ops.center_loss(feat, label, num_class=NUM_CLASS, scale=args.center_loss,
                                       name="center")
-    if kv is not None and "dist" in kv.type and args.center_loss:
-        os.environ["MXNET_UPDATE_ON_KVSTORE"] = "0"  # servers only sum (see AuxSync)
+    if kv is not None and "dist" in kv.type and args.center_loss and not args.update_on_kvstore:
+        os.environ["MXNET_UPDATE_ON_KVSTORE"] = "0"  # servers only sum (see Gluon above)
     mod = mx.mod.Module(mx.sym.MakeLoss(loss), data_names=["data"], label_names=["label"],
                         context=ctxs)
     local = args.batch // (kv.num_workers if kv is not None else 1)
     mod.bind(data_shapes=[("data", (local, DIM))], label_shapes=[("label", (local,))])
     mod.init_params(mx.init.Xavier())
     # Module divides by batch * num_workers itself (rescale_grad).
-    mod.init_optimizer(kvstore=kv if kv is not None else "device",
-                       optimizer_params={"learning_rate": args.lr})
-    sync = AuxSync(mod) if args.center_loss else None
-    for rows in _batches(args, kv, x):
-        mod.forward_backward(mx.io.DataBatch([mx.nd.array(x[rows])], [mx.nd.array(y[rows])]))
-        mod.update()
-        if sync:
-            sync()
+    opt = dict(kvstore=kv if kv is not None else "device",
+               optimizer_params={"learning_rate": args.lr})
+    if args.fit:  # the same batches, in order, through fit()
+        rows = np.concatenate(list(_batches(args, kv, x)))
+        mod.fit(mx.io.NDArrayIter(x[rows], y[rows], batch_size=local), num_epoch=1,
+                eval_metric="loss", **opt)
+    else:
+        mod.init_optimizer(**opt)
+        sync = AuxSync(mod) if args.center_loss and args.aux_sync else None
+        for rows in _batches(args, kv, x):
+            mod.forward_backward(mx.io.DataBatch([mx.nd.array(x[rows])],
+                                                 [mx.nd.array(y[rows])]))
+            mod.update()
+            if sync:
+                sync()
     group = mod._exec_group
     out = {n: arrs for n, arrs in zip(group.param_names, group.param_arrays)}
     out.update({n: arrs for n, arrs in zip(group.aux_names, group.aux_arrays)})
@@ -171,6 +184,11 @@ def main(argv=None):
     parser.add_argument("--lr", type=float, default=0.1)
     parser.add_argument("--center-loss", type=float, default=0.0, help="its weight (0: off)")
     parser.add_argument("--hybridize", action="store_true")
+    parser.add_argument("--fit", action="store_true", help="Module: train with fit()")
+    parser.add_argument("--aux-sync", action="store_true",
+                        help="also call AuxSync after every step (not needed with these loops)")
+    parser.add_argument("--update-on-kvstore", action="store_true",
+                        help="dist_*: run the optimizer on the servers (aux states then warn)")
     parser.add_argument("--fail-rank", type=int, default=-1,
                         help="this worker feeds a bad label at step 1 (tests fail-fast)")
     parser.add_argument("--out", default=None, help="directory for <api>-rank<r>.npz")

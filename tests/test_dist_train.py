@@ -64,9 +64,12 @@ def test_dist_sync_workers_end_equal_to_one_process(api, tmp_path):
 
 
 @pytest.mark.parametrize("api, contexts, extra", [("gluon", 2, ["--hybridize"]),
-                                                  ("module", 1, [])])
+                                                  ("module", 1, []),
+                                                  ("module", 1, ["--fit"])],
+                         ids=["gluon-trainer", "module-update", "module-fit"])
 def test_ops_center_loss_keeps_one_set_of_centers_on_dist_sync_workers(api, contexts, extra,
                                                                        tmp_path):
+    # The standard loops, no AuxSync call: Trainer.step / Module.update / fit keep them equal.
     args = ["--api", api, "--center-loss", "0.1", "--contexts", str(contexts), *extra]
     proc, _ = _launch(tmp_path, *args)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -86,6 +89,20 @@ def test_ops_center_loss_keeps_one_set_of_centers_on_dist_sync_workers(api, cont
         np.testing.assert_allclose(w0[key], one[f"{name}@{device}"], rtol=1e-5, atol=1e-5,
                                    err_msg=key)
     assert np.abs(w0[centers[0]]).max() > 0.5  # the centers moved
+    assert "AuxStateWarning" not in proc.stderr
+
+
+def test_optimizer_on_the_servers_is_named_and_the_workers_drift(tmp_path):
+    proc, _ = _launch(tmp_path, "--api", "gluon", "--center-loss", "0.1",
+                      "--update-on-kvstore")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    warned = [line for line in proc.stderr.splitlines() if "AuxStateWarning" in line]
+    assert len(warned) == 2, proc.stderr[-3000:]  # once per worker
+    for line in warned:
+        assert "customop 'ops.center_loss' (aux state 'centers')" in line
+        assert "update_on_kvstore=True" in line and "update_on_kvstore=False" in line
+    w0, w1 = _load(tmp_path, "gluon", 0), _load(tmp_path, "gluon", 1)
+    assert np.abs(w0["net_center_centers@0"] - w1["net_center_centers@0"]).max() > 1e-3
 
 
 def test_a_worker_whose_op_rejects_its_input_stops_the_job(tmp_path):

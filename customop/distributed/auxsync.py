@@ -1,29 +1,15 @@
-"""The one place that keeps an operator's auxiliary states identical on every device and worker.
+"""Keeping auxiliary states equal by hand: :class:`AuxSync`, for loops MXNet's trainers do not run.
 
-MXNet keeps one copy of an aux state per device and never reconciles them:
-Gluon's ``Trainer`` broadcasts it once, Module's kvstore skips it, and
-``Module.get_params()`` averages diverged copies.  :class:`AuxSync` treats each
-training step's change of an aux state as a *delta*: after every step it adds
-up the deltas of every device (``copy - value at the last sync``), sums them
-over the workers through the kvstore (push, then pull, so MXNet's engine orders
-them with the reads and writes of the arrays), and writes ``last value + sum``
-into every copy.  All copies then hold the same value, and for an additive
-update (a running count or sum) it is exactly what one device computes on the
-whole batch.  Updates that normalise per batch (a center loss divides each
-class's step by ``1 + n_j``, with ``n_j`` counted per device) agree up to that
-normalisation.
-
-Use (``from customop.distributed.auxsync import AuxSync``)::
+``gluon.Trainer`` and ``Module`` keep our ops' aux states equal on every device and
+worker by themselves (see :mod:`customop.distributed.agree`).  :class:`AuxSync` runs
+the same sum after a step that neither runs: a hand-written kvstore loop, another
+trainer, Parameters outside the Trainer's, or ``CUSTOMOP_RUNTIME_OFF=auxsync``::
 
     sync = AuxSync([net.centers], trainer)   # Gluon: the aux Parameters
-    ...; trainer.step(batch_size); sync()
+    ...; my_update(); sync()
 
     sync = AuxSync(mod)                      # Module: found in its symbol
-    ...; mod.update(); sync()                # or fit(..., batch_end_callback=sync)
-
-On a ``dist_*`` kvstore the servers must only add what workers push, so create the
-``Trainer`` with ``update_on_kvstore=False`` (Module: ``MXNET_UPDATE_ON_KVSTORE=0``);
-parameters are then updated on every worker from the same summed gradients.
+    ...; my_module_step(); sync()
 """
 from __future__ import annotations
 
@@ -34,12 +20,21 @@ from typing import Any
 import mxnet as mx
 
 from .. import registry
+from . import agree
+from .agree import AuxStateWarning
+
+__all__ = ["AuxSync", "AuxStateWarning"]
 
 _int_keys = itertools.count(1 << 24)  # Gluon's Trainer uses keys 0..n-1
 
 
 class AuxSync:
     """Sum per-device (and per-worker) deltas of auxiliary states after every training step.
+
+    Needed only where no ``gluon.Trainer.step``/``update`` or ``Module.update`` runs the
+    step (those keep their aux states equal by themselves, see the module doc): a
+    hand-written kvstore loop, another trainer, Parameters outside the Trainer's, or
+    ``CUSTOMOP_RUNTIME_OFF=auxsync``.  Calling it after such a step as well is harmless.
 
     Args:
         source: a ``mx.mod.Module`` after ``init_optimizer`` (its customop aux
@@ -78,33 +73,22 @@ class AuxSync:
         mx.nd.waitall()
         # Start from one value everywhere: the first device's (worker 0's, through the
         # Trainer's or Module's own broadcast of initial values).
-        self.base = [c[0].copy() for c in copies]
-        for base, devs in zip(self.base, copies):
+        self._plan = agree.Plan(names, copies, keys)
+        for devs in copies:
             for d in devs[1:]:
-                base.copyto(d)
+                devs[0].copyto(d)
+            for d in devs:
+                agree.own(d)
         if self.kvstore is not None:
-            for key, base in zip(keys, self.base):
-                self.kvstore.init(key, mx.nd.zeros(base.shape, base.context, base.dtype))
+            for key, devs in zip(keys, copies):
+                self.kvstore.init(key, mx.nd.zeros(devs[0].shape, devs[0].context,
+                                                   devs[0].dtype))
+            self._plan.inited = set(keys)  # every worker starts from worker 0's value
 
     def __call__(self, *_: Any) -> None:
-        """Add every device's and worker's change since the last call to every copy."""
-        for i, (key, base, devs) in enumerate(zip(self.keys, self.base, self.copies)):
-            if len(devs) == 1 and self.kvstore is None:
-                continue
-            total = devs[0].copy() if devs[0].context == base.context else \
-                devs[0].as_in_context(base.context)
-            for d in devs[1:]:
-                total += d.as_in_context(base.context)
-            total -= base * len(devs)
-            if self.kvstore is not None:
-                self.kvstore.push(key, total, priority=-i)
-                self.kvstore.pull(key, out=total, priority=-i)
-            base += total
-            for d in devs:
-                base.copyto(d)
-        for devs in self.copies:
-            for d in devs:
-                d.wait_to_read()  # reads right after see the new values
+        """Add every device's and worker's change since the last step to every copy."""
+        agree.begin(self._plan)
+        agree.finish(self._plan, self.kvstore)
 
     def __repr__(self) -> str:
         where = "devices" if self.kvstore is None else f"devices and {self.kvstore.type}"
@@ -131,10 +115,7 @@ def _gluon_aux(source: Any) -> tuple[list[str], list[list[mx.nd.NDArray]]]:
 def _gluon_kvstore(kvstore: Any) -> tuple[Any, bool]:
     if isinstance(kvstore, mx.gluon.Trainer):
         trainer = kvstore
-        if not trainer._kv_initialized:
-            trainer._init_kvstore()
-        if trainer._params_to_init:
-            trainer._init_params()  # the broadcast of initial values, before any update
+        agree.initial_broadcast(trainer)  # initial values everywhere, before any update
         return trainer._kvstore, bool(trainer._update_on_kvstore)
     if kvstore is None or isinstance(kvstore, mx.kv.KVStore):
         return kvstore, False

@@ -1,4 +1,11 @@
-"""AuxSync: one set of auxiliary states on every device, equal to one device on the whole batch."""
+"""One set of auxiliary states on every device, equal to one device on the whole batch: by
+Trainer/Module alone (the auxsync patch) and by AuxSync."""
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
 import mxnet as mx
 import numpy as np
 import pytest
@@ -7,6 +14,7 @@ import ops
 from customop import customop
 from customop.distributed.auxsync import AuxSync
 
+ROOT = Path(__file__).resolve().parents[2]
 NUM_CLASS, DIM, BATCH, STEPS = 3, 4, 8, 4
 TWO = [mx.cpu(0), mx.cpu(1)]
 
@@ -84,12 +92,17 @@ def test_gluon_two_devices_hold_the_one_device_value(kvstore, hybridize):
                                one.dense.weight.data().asnumpy(), rtol=1e-6, atol=1e-7)
 
 
-def test_without_sync_the_devices_diverge():  # what AuxSync fixes (the test above can fail)
-    with pytest.raises(AssertionError):
-        _gluon(TWO, "device", False, sync=False)
+@pytest.mark.parametrize("kvstore", ["device", "local"])
+@pytest.mark.parametrize("hybridize", [False, True], ids=["plain", "hybridized"])
+def test_gluon_trainer_alone_keeps_the_one_device_value(kvstore, hybridize):
+    # no AuxSync: Trainer.step keeps the copies equal (the assertions inside _gluon)
+    two = _gluon(TWO, kvstore, hybridize, sync=False)
+    one = _gluon([mx.cpu(0)], kvstore, hybridize, sync=False)
+    np.testing.assert_allclose(two.dense.weight.data(TWO[1]).asnumpy(),
+                               one.dense.weight.data().asnumpy(), rtol=1e-6, atol=1e-7)
 
 
-def _module(ctxs, kvstore, fit):
+def _module(ctxs, kvstore, fit, by_hand=True):
     mx.random.seed(0)
     data, label = mx.sym.var("data"), mx.sym.var("label")
     out = mx.sym.FullyConnected(class_totals(data, label, num_class=NUM_CLASS, name="ct"),
@@ -99,8 +112,8 @@ def _module(ctxs, kvstore, fit):
     mod.bind(data_shapes=[("data", (BATCH, DIM))], label_shapes=[("label", (BATCH,))])
     mod.init_params(mx.init.Xavier())
     mod.init_optimizer(kvstore=kvstore, optimizer_params={"learning_rate": 0.05})
-    sync = AuxSync(mod)
-    assert sync.names == ["ct_totals"]
+    sync = AuxSync(mod) if by_hand else (lambda *_: None)
+    assert not by_hand or sync.names == ["ct_totals"]
     x, y = _data()
     if fit:
         mod.fit(mx.io.NDArrayIter(x, y, batch_size=BATCH), num_epoch=2, kvstore=kvstore,
@@ -121,9 +134,10 @@ def _module(ctxs, kvstore, fit):
 
 @pytest.mark.parametrize("kvstore", ["device", "local"])
 @pytest.mark.parametrize("fit", [False, True], ids=["manual", "fit"])
-def test_module_two_devices_hold_the_one_device_value(kvstore, fit):
-    two = _module(TWO, kvstore, fit).get_params()[0]["fc_weight"].asnumpy()
-    one = _module([mx.cpu(0)], kvstore, fit).get_params()[0]["fc_weight"].asnumpy()
+@pytest.mark.parametrize("by_hand", [True, False], ids=["AuxSync", "alone"])
+def test_module_two_devices_hold_the_one_device_value(kvstore, fit, by_hand):
+    two = _module(TWO, kvstore, fit, by_hand).get_params()[0]["fc_weight"].asnumpy()
+    one = _module([mx.cpu(0)], kvstore, fit, by_hand).get_params()[0]["fc_weight"].asnumpy()
     np.testing.assert_allclose(two, one, rtol=1e-5, atol=1e-6)
 
 
@@ -199,8 +213,9 @@ def _center_steps(kvstore, hybridize, sync=True):
 
 @pytest.mark.parametrize("kvstore", ["device", "local"])
 @pytest.mark.parametrize("hybridize", [False, True], ids=["plain", "hybridized"])
-def test_ops_center_loss_on_two_devices_holds_one_set_of_centers(kvstore, hybridize):
-    steps = list(_center_steps(kvstore, hybridize))
+@pytest.mark.parametrize("by_hand", [True, False], ids=["AuxSync", "standard-loop"])
+def test_ops_center_loss_on_two_devices_holds_one_set_of_centers(kvstore, hybridize, by_hand):
+    steps = list(_center_steps(kvstore, hybridize, sync=by_hand))
     for _, copies, want, _ in steps:
         np.testing.assert_array_equal(copies[1], copies[0])  # after every step
         np.testing.assert_allclose(copies[0], want, rtol=1e-5, atol=1e-5)
@@ -212,14 +227,24 @@ def test_ops_center_loss_on_two_devices_holds_one_set_of_centers(kvstore, hybrid
     np.testing.assert_array_equal(weights[1].asnumpy(), weights[0].asnumpy())
 
 
-def test_ops_center_loss_without_sync_the_centers_go_wrong():  # what AuxSync fixes
-    steps = _center_steps("device", False, sync=False)
-    _, copies, want, _ = next(steps)
-    # The Trainer's first-step broadcast copies device 0's centers over device 1's update.
-    np.testing.assert_array_equal(copies[1], copies[0])
-    assert np.abs(copies[0] - want).max() > 1e-2
-    _, copies, _, _ = next(steps)  # then every device goes its own way
-    assert np.abs(copies[1] - copies[0]).max() > 1e-2
+def test_ops_center_loss_with_the_auxsync_patch_off_the_centers_go_wrong():
+    # MXNet's own behaviour, what the auxsync patch and AuxSync fix: in a fresh process
+    out = subprocess.run([sys.executable, "-c", textwrap.dedent("""
+        import numpy as np
+        from tests.customop.test_auxsync import _center_steps
+        steps = _center_steps("device", False, sync=False)
+        _, copies, want, _ = next(steps)
+        # The Trainer's first-step broadcast copies device 0's centers over device 1's update.
+        np.testing.assert_array_equal(copies[1], copies[0])
+        assert np.abs(copies[0] - want).max() > 1e-2
+        _, copies, _, _ = next(steps)  # then every device goes its own way
+        assert np.abs(copies[1] - copies[0]).max() > 1e-2
+        from customop import runtime
+        print(runtime.installed())
+    """)], cwd=ROOT, capture_output=True, text=True, timeout=120,
+        env={**os.environ, "CUSTOMOP_RUNTIME_OFF": "auxsync"})
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip().splitlines()[-1] == "['aux', 'errors', 'fork']"
 
 
 def test_ops_center_loss_two_devices_bare_ndarrays_move_by_the_summed_shard_updates():

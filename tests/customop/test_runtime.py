@@ -32,6 +32,10 @@ SNAPSHOT = textwrap.dedent('''
             "Executor.backward": mx.executor.Executor.backward,
             "CachedOp.__init__": mx.nd.CachedOp.__init__,
             "CachedOp.__call__": mx.nd.CachedOp.__call__,
+            "Trainer.step": mx.gluon.Trainer.step,
+            "Trainer.allreduce_grads": mx.gluon.Trainer.allreduce_grads,
+            "Trainer.update": mx.gluon.Trainer.update,
+            "Module.update": mx.mod.Module.update,
             "Popen._execute_child": subprocess.Popen._execute_child,
             "sys.excepthook": sys.excepthook,
             "Thread.isAlive": getattr(threading.Thread, "isAlive", None),
@@ -89,6 +93,7 @@ def test_the_first_recorded_call_installs_only_what_it_needs():
                                       "Popen._execute_child"}
     assert "Executor.__init__" not in result["changed"]
     assert "autograd.backward" not in result["changed"]
+    assert "Trainer.step" not in result["changed"] and "Module.update" not in result["changed"]
 
 
 def test_switched_off_patches_stay_out():
@@ -144,7 +149,7 @@ def test_after_an_aux_op_is_used_only_its_own_graphs_wait():
             "unrelated cachedop": type(net._cached_op).__name__,
         }))
     '''))
-    assert result == {"installed": ["aux", "errors", "fork", "release"],
+    assert result == {"installed": ["aux", "auxsync", "errors", "fork", "release"],
                       "aux executor": "_AuxExecutor", "aux cachedop": "_AuxCachedOp",
                       "unrelated executor": "Executor", "unrelated cachedop": "CachedOp"}
 
