@@ -136,10 +136,11 @@ class Inference:
                     first_error = first_error or exc
             if k >= 2:
                 break
-        hint = (f"customop {self.op.op_type!r} runs its forward on placeholder inputs (ones; "
-                "integer zeros) to infer output shapes; if it cannot, pass infer_shape= (and "
-                "infer_type=) to @customop")
-        errors.add_context(first_error, hint)
+        if not errors.is_own_check(first_error, self.op.op_type):
+            # (the message names the op already: once is enough)
+            errors.add_context(first_error, (
+                "Its forward ran on placeholder inputs (ones; integer zeros) to infer output "
+                "shapes; if it cannot, pass infer_shape= (and infer_type=) to @customop"))
         raise first_error
 
     def _from_user(self, params, shapes, dtypes) -> tuple[OutputMeta, ...]:

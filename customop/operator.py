@@ -49,7 +49,7 @@ class CustomOperator:
                                 "state's name to a function of the input shapes returning its "
                                 f"shape, got {type(shape_fn).__name__}")
         self.aux_shape_fns: dict[str, Callable] = aux
-        self.signature = Signature(fn, self.op_type, tuple(aux), tuple(optional))
+        self.signature = Signature(fn, errors.shown(self.op_type), tuple(aux), tuple(optional))
         self.twins: dict[str, CustomOperator] = {mode: self}
         self.need_top_grad = bool(need_top_grad)
         self.user_infer_shape = infer_shape

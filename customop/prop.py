@@ -123,13 +123,14 @@ def register(op_type: str, lookup: Callable[[str], CustomOperator]) -> None:
             # (4294967295). Never allocate placeholders from that.
             for name, shape in zip(self.op.signature.inputs, shapes):
                 if not all(0 < d < _UNKNOWN for d in shape):
-                    shown = tuple("?" if d >= _UNKNOWN else d for d in shape)
+                    dims = tuple("?" if d >= _UNKNOWN else d for d in shape)
                     raise ValueError(
-                        f"customop {self.op.op_type!r} (input {name!r}): MXNet passed shape "
-                        f"{shown} with an unknown ('?') or zero dimension; an empty (0-size) "
-                        "batch cannot go through mx.nd.Custom, symbols or hybridized blocks "
-                        "under MXNet's legacy shapes: skip empty batches there, or call a "
-                        "'numpy'-mode op on NDArrays outside a graph, where 0-size inputs work")
+                        f"customop {errors.shown(self.op.op_type)!r} (input {name!r}): MXNet "
+                        f"passed shape {dims} with an unknown ('?') or zero dimension; an "
+                        "empty (0-size) batch cannot go through mx.nd.Custom, symbols or "
+                        "hybridized blocks under MXNet's legacy shapes: skip empty batches "
+                        "there, or call a 'numpy'-mode op on NDArrays outside a graph, where "
+                        "0-size inputs work")
 
         def _guarded(self, fn, *args):
             try:

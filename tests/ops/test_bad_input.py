@@ -2,6 +2,7 @@
 float math raise an exception naming the operator and the argument, in both modes, on every
 call style, and the process stays usable."""
 import contextlib
+import re
 
 import mxnet as mx
 import numpy as np
@@ -88,6 +89,11 @@ def _pattern(op, arg):
     return rf"customop 'ops\.{name}'.*: {arg} "
 
 
+def _named_once(exc):
+    # One prefix: an op's own check already names it, so nothing may name it again.
+    assert str(exc.value).count("customop '") == 1, str(exc.value)
+
+
 # The value each refused parameter takes in the call that shows the process still works.
 GOOD = {"legacy_box": False, "clip": -1.0, "std2": 1.0, "force_suppress": False,
         "overlap_thresh": 0.5, "topk": -1, "alpha": 0.25, "gamma": 2.0, "w": 10.0,
@@ -111,11 +117,12 @@ def test_nd_call_raises_naming_the_op_and_the_argument(case, mode, how):
     op = op.numpy if mode == "numpy" else op
     xs = [mx.nd.array(a, dtype=a.dtype) for a in inputs]
     with forced_path(how):
-        with pytest.raises(error, match=_pattern(op, arg)):
+        with pytest.raises(error, match=_pattern(op, arg)) as exc:
             with contextlib.nullcontext() if how == "direct" else mx.autograd.record():
                 outs = op(*xs, **params)
             for o in outs if isinstance(outs, (tuple, list)) else [outs]:
                 o.wait_to_read()
+    _named_once(exc)
     for out in _good_call(op, inputs, params):  # the same call without the mistake works
         assert np.isfinite(out).all()
 
@@ -139,10 +146,11 @@ def test_hybridized_block_raises_naming_the_op_and_the_argument(case, mode):
     net = _Block(op, params)
     net.hybridize()
     xs = [mx.nd.array(a, dtype=a.dtype) for a in inputs]
-    with pytest.raises(error, match=rf": {arg} "):
+    with pytest.raises(error, match=rf": {arg} ") as exc:
         out = net(*xs)
         for o in out if isinstance(out, (tuple, list)) else [out]:
             o.wait_to_read()
+    _named_once(exc)
     assert mx.nd.ones((2,)).sum().asscalar() == 2  # MXNet still answers
 
 
@@ -187,3 +195,31 @@ def test_bound_symbol_raises_naming_the_op_and_the_argument(case, mode):
         exe = sym.simple_bind(mx.cpu(), type_dict={"l": np.float32, **types}, **shapes)
         exe.forward()[0].asnumpy()
     assert mx.nd.ones((2,)).sum().asscalar() == 2
+
+
+@pytest.mark.parametrize("mode", ["mxnet", "numpy"])
+@pytest.mark.parametrize("how", ["direct", "function", "custom", "symbol"])
+def test_a_wrong_input_names_the_op_the_user_called_not_its_variant(mode, how):
+    # smooth_l1(data, sigma) without weight runs the registered variant
+    # 'ops.smooth_l1~without_weight'; the user called ops.smooth_l1 (or its .numpy twin).
+    op = ops.smooth_l1.numpy if mode == "numpy" else ops.smooth_l1
+    called = "ops.smooth_l1" + (".numpy" if mode == "numpy" else "")
+    if how == "symbol":
+        data, sigma, bad, kind = mx.sym.var("data"), mx.sym.var("sigma"), 3, "int"
+        calls = [lambda: op(data, bad), lambda: op(data, sigma, mx.nd.ones((2, 3)))]
+    else:
+        data, sigma, bad, kind = mx.nd.ones((2, 3)), mx.nd.ones((1,)), "3", "str"
+        calls = [lambda: op(data, bad), lambda: op(data, sigma, bad)]
+    for call in calls:
+        with forced_path(None if how in ("direct", "symbol") else how):
+            with pytest.raises(TypeError, match=rf"^customop '{re.escape(called)}': input") \
+                    as exc:
+                with contextlib.nullcontext() if how in ("direct", "symbol") else \
+                        mx.autograd.record():
+                    call()
+        assert "~" not in str(exc.value) and str(exc.value).count("customop '") == 1
+    assert f"is a {kind}" in str(pytest.raises(TypeError, calls[0]).value)
+    # the op's own checks (a bad sigma) name the operator, for either twin
+    with pytest.raises(ValueError, match=r"^customop 'ops\.smooth_l1': sigma ") as exc:
+        op(mx.nd.ones((2, 3)), mx.nd.array([float("nan")])).wait_to_read()
+    assert "~" not in str(exc.value)
