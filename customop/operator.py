@@ -5,6 +5,7 @@ import ast
 import functools
 import inspect
 import itertools
+import numbers
 import textwrap
 import typing
 from collections.abc import Callable
@@ -19,6 +20,7 @@ from .signature import Signature
 
 Mode = str  # 'numpy' or 'mxnet'
 GradMaker = typing.Callable[..., typing.Callable[[Any], Any]]  # run-time alias (Python 3.8)
+OutputCount = typing.Union[int, typing.Callable[..., int]]  # run-time alias (Python 3.8)
 
 
 class CustomOperator:
@@ -31,7 +33,7 @@ class CustomOperator:
 
     def __init__(self, fn: Callable, mode: Mode, *, name: str | None = None,
                  need_top_grad: bool = True, infer_shape: Callable | None = None,
-                 infer_type: Callable | None = None, num_outputs: int | None = None,
+                 infer_type: Callable | None = None, num_outputs: OutputCount | None = None,
                  auto_grad: bool = True, aux: dict[str, Callable] | None = None,
                  optional: tuple[str, ...] | list[str] = (),
                  no_grad: tuple[str, ...] | list[str] = ()):
@@ -54,7 +56,9 @@ class CustomOperator:
         self.need_top_grad = bool(need_top_grad)
         self.user_infer_shape = infer_shape
         self.user_infer_type = infer_type
-        self.num_outputs: int = num_outputs if num_outputs is not None else _count_returns(fn)
+        # An int, or a function of the parameters (see num_outputs_for).
+        self.num_outputs: OutputCount = self._checked_count(
+            num_outputs if num_outputs is not None else _count_returns(fn))
         self.auto_grad = bool(auto_grad)
         if isinstance(no_grad, str):
             no_grad = (no_grad,)
@@ -65,8 +69,6 @@ class CustomOperator:
                             f"{', '.join(self.signature.inputs) or 'none'}")
         self.no_grad: frozenset[str] = frozenset(no_grad)
         self.grads: dict[int, GradMaker] = {}
-        self.output_names: list[str] = ["output"] if self.num_outputs == 1 else [
-            f"output{i}" for i in range(self.num_outputs)]
         self._update_native()
         self.inference = Inference(self)
         self._pkeys: dict[tuple, str] = {}
@@ -80,6 +82,28 @@ class CustomOperator:
                 self.variants[frozenset(absent)] = _Variant(self, absent)
 
     # ---- public API -----------------------------------------------------------------
+    def num_outputs_for(self, params: dict[str, Any]) -> int:
+        """How many outputs a call (or graph node) with these parameters has.
+
+        ``num_outputs`` itself when it is an int; else what the function given as
+        ``num_outputs=`` returns for the parameters (defaults filled in).
+        """
+        count = self.num_outputs
+        if not callable(count):
+            return count
+        found, var_kw = gradients.keywords(count, 0)
+        wanted = {p.name for p in found}
+        every = {**self.signature.defaults, **params}
+        try:
+            n = count(**{k: v for k, v in every.items() if var_kw or k in wanted})
+        except Exception as exc:
+            errors.reraise(exc, self.op_type, "num_outputs")
+        if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 1:
+            shown = ", ".join(f"{k}={v!r}" for k, v in every.items()) or "none"
+            raise self.error(TypeError, f"num_outputs= returned {n!r} for the parameters "
+                             f"{shown}; it must return an int >= 1")
+        return int(n)
+
     def def_grad(self, fn: GradMaker, argnum: int = 0) -> CustomOperator:
         """Register ``fn(ans, *inputs, **params) -> grad(g)`` for input ``argnum``.
 
@@ -192,6 +216,22 @@ class CustomOperator:
                              f"out (optional inputs: {', '.join(self.signature.optional)})")
         return self.variants[absent]
 
+    def _checked_count(self, count: Any) -> OutputCount:
+        if callable(count):
+            found, var_kw = gradients.keywords(count, 0)
+            unknown = [p.name for p in found if p.name not in self.signature.param_names]
+            if unknown:
+                raise self.error(TypeError, (
+                    f"num_outputs= takes {', '.join(map(repr, unknown))}, which "
+                    f"{'is' if len(unknown) == 1 else 'are'} not a parameter of the op "
+                    f"(parameters: {', '.join(self.signature.param_names) or 'none'}); it is "
+                    "called with the op's parameters by keyword"))
+            return count
+        if isinstance(count, bool) or not isinstance(count, numbers.Integral) or count < 1:
+            raise self.error(TypeError, f"num_outputs= must be an int >= 1 or a function of "
+                             f"the op's parameters returning one, got {count!r}")
+        return int(count)
+
     def __repr__(self) -> str:
         ins = ", ".join(f"{n}{'*' if i in self.grads else ''}"
                         for i, n in enumerate(self.signature.inputs))
@@ -200,7 +240,8 @@ class CustomOperator:
         if self.no_grad:
             extra += f", no_grad=[{', '.join(sorted(self.no_grad))}]"
         return (f"<customop {self.op_type!r} mode={self.mode!r} inputs=({ins}) "
-                f"outputs={self.num_outputs} def_grad=[{grads}]"
+                f"outputs={'by parameters' if callable(self.num_outputs) else self.num_outputs} "
+                f"def_grad=[{grads}]"
                 f"{', auto_grad' if self.auto_grad else ''}{extra}>")
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -347,7 +388,7 @@ def _called_name(call: ast.Call) -> str | None:
 
 def customop(mode: Mode, *, name: str | None = None, need_top_grad: bool = True,
              infer_shape: Callable | None = None, infer_type: Callable | None = None,
-             num_outputs: int | None = None, auto_grad: bool = True,
+             num_outputs: OutputCount | None = None, auto_grad: bool = True,
              aux: dict[str, Callable] | None = None,
              optional: tuple[str, ...] | list[str] = (),
              no_grad: tuple[str, ...] | list[str] = ()) -> Callable[[Callable], CustomOperator]:
@@ -363,7 +404,12 @@ def customop(mode: Mode, *, name: str | None = None, need_top_grad: bool = True,
             forward that cannot run on placeholder inputs.
         infer_type: ``f(*input_dtypes, **params) -> dtype or [dtypes]``.
         num_outputs: how many outputs the forward returns; default read from
-            its ``return a, b`` statements.
+            its ``return a, b`` statements.  When the count depends on a
+            parameter (``ret_typ='both'``), a function of the op's parameters:
+            it is called with the parameters it names (or all, through
+            ``**params``), defaults filled in, and returns an int.  Every call
+            and every graph node then has the count of its own parameters
+            (example below).
         auto_grad: give inputs without ``def_grad`` an automatic gradient.
         no_grad: names of inputs that get no gradient (zero), such as labels,
             class ids or a loss's weights: declared here once, for both twins,
@@ -396,6 +442,20 @@ def customop(mode: Mode, *, name: str | None = None, need_top_grad: bool = True,
         <customop ...>
         >>> scale(mx.nd.ones((2,)), factor=3.0).asnumpy()
         array([3., 3.], dtype=float32)
+
+        An output count that follows a parameter: ``split=True`` returns two arrays.
+
+        >>> @customop('numpy', num_outputs=lambda split: 2 if split else 1)
+        ... def halves(x, split=False):
+        ...     h = x.shape[0] // 2
+        ...     return (x[:h], x[h:]) if split else x
+        >>> a, b = halves(mx.nd.arange(4), split=True)
+        >>> a.asnumpy(), b.asnumpy()
+        (array([0., 1.], dtype=float32), array([2., 3.], dtype=float32))
+        >>> halves(mx.nd.arange(4)).shape
+        (4,)
+        >>> len(halves(mx.sym.var('x'), split=True))  # a Symbol per output
+        2
     """
     def wrap(fn: Callable) -> CustomOperator:
         return CustomOperator(fn, mode, name=name, need_top_grad=need_top_grad,

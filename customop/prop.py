@@ -58,8 +58,10 @@ def register(op_type: str, lookup: Callable[[str], CustomOperator]) -> None:
             # MXNet does not guard the prop's constructor (an exception there crashes the
             # process), so a bad parameter is reported from list_arguments, which it guards.
             self.bad_params: BaseException | None = None
+            self.n_out = 1  # this node's output count (num_outputs= may depend on parameters)
             try:
                 op.signature.check_params(self.params)
+                self.n_out = op.num_outputs_for(self.params)
             except Exception as exc:
                 self.bad_params = exc
             self.shapes: tuple | None = None
@@ -71,7 +73,7 @@ def register(op_type: str, lookup: Callable[[str], CustomOperator]) -> None:
             return list(self.op.signature.inputs)
 
         def list_outputs(self) -> list[str]:
-            return self.op.output_names
+            return ["output"] if self.n_out == 1 else [f"output{i}" for i in range(self.n_out)]
 
         def list_auxiliary_states(self) -> list[str]:
             return list(self.op.signature.aux)
@@ -80,7 +82,7 @@ def register(op_type: str, lookup: Callable[[str], CustomOperator]) -> None:
             shapes = tuple(tuple(int(d) for d in s) for s in in_shape)
             n_aux = len(self.op.signature.aux)
             if not all(known(s) for s in shapes):
-                return in_shape, [()] * self.op.num_outputs, self._aux_if_known(shapes)
+                return in_shape, [()] * self.n_out, self._aux_if_known(shapes)
             self.shapes = shapes
             metas = self._guarded(self.op.inference.outputs, self.pkey, self.params, shapes, None)
             aux = self._guarded(kernel.aux_shapes, self.op, list(shapes), self.params) \
