@@ -74,6 +74,7 @@ CASES = [
      "is_ascend"),
     ("topk-str-do_sort", ops.topk, [f32(2, 5)], dict(do_sort="False"), TypeError, "do_sort"),
     ("topk-str-k", ops.topk, [f32(2, 5)], dict(k="3"), TypeError, "k"),
+    ("topk-str-k-both", ops.topk, [f32(2, 5)], dict(k="3", ret_typ="both"), TypeError, "k"),
     ("arr_pick-str-num", ops.arr_pick, [f32(1, 2, 5), np.ones((1, 1, 5), np.float32)],
      dict(num="2"), TypeError, "num"),
     ("ohem-str-from_logits", ops.ohem_sampler, OHEM, dict(from_logits="False"), TypeError,
@@ -85,7 +86,7 @@ IDS = [c[0] for c in CASES]
 
 def _pattern(op, arg):
     """The message names the op (as ``customop 'ops.<name>'``) and the argument."""
-    name = (op.op_type if hasattr(op, "op_type") else "ops.topk").split("~")[0].split(".")[1]
+    name = op.op_type.split("~")[0].split(".")[1]
     return rf"customop 'ops\.{name}'.*: {arg} "
 
 
@@ -138,7 +139,8 @@ class _Block(mx.gluon.HybridBlock):
 
 @pytest.mark.parametrize("case", [c for c in CASES if c[0] in (
     "box_iou-str-legacy_box", "box_nms-nan-overlap", "focal-str-alpha", "topk-str-do_sort",
-    "ohem-str-from_logits", "smooth_l1-nan-sigma", "wing-int-pred")], ids=lambda c: c[0])
+    "topk-str-k-both", "ohem-str-from_logits", "smooth_l1-nan-sigma", "wing-int-pred")],
+    ids=lambda c: c[0])
 @pytest.mark.parametrize("mode", ["mxnet", "numpy"])
 def test_hybridized_block_raises_naming_the_op_and_the_argument(case, mode):
     _, op, inputs, params, error, arg = case
