@@ -260,7 +260,7 @@ def call_custom(op: CustomOperator, nd_inputs: list[mx.nd.NDArray],
     finally:
         errors.close_call(key)
     outs = [outs] if isinstance(outs, mx.nd.NDArray) else list(outs)
-    outs = outs[:op.num_outputs_for(params)]
+    outs = outs[:op.outputs.of(params)]
     if op.signature.aux:
         runtime.note_recorded_aux(nd_inputs[len(op.signature.inputs):])
     try:
@@ -295,7 +295,7 @@ def call_symbol(op: CustomOperator, arrays: list[Any], params: dict[str, Any],
         if node_name is not None:
             attrs["name"] = node_name
         sym = mx.sym.Custom(*arrays, op_type=op.op_type, **attrs)
-    n = op.num_outputs_for(params)
+    n = op.outputs.of(params)
     return sym if n == 1 else tuple(sym[i] for i in range(n))
 
 

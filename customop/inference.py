@@ -145,7 +145,7 @@ class Inference:
 
     def _from_user(self, params, shapes, dtypes) -> tuple[OutputMeta, ...]:
         op = self.op
-        n = op.num_outputs_for(params)
+        n = op.outputs.of(params)
         out_shapes = op.user_infer_shape(*[tuple(s) for s in shapes], **params)
         if n == 1 or isinstance(out_shapes, tuple) and all(
                 isinstance(d, (int, np.integer)) for d in out_shapes):
@@ -165,4 +165,4 @@ class Inference:
             out = list(out) if isinstance(out, (list, tuple)) else [out]
             return [np.dtype(d) for d in out]
         floats = [d for d in dtypes if np.issubdtype(d, np.floating)]
-        return [floats[0] if floats else np.dtype(np.float32)] * op.num_outputs_for(params)
+        return [floats[0] if floats else np.dtype(np.float32)] * op.outputs.of(params)

@@ -96,7 +96,7 @@ def run_backward(op: CustomOperator, args: list[Any], outs: list[Any],
     residuals; ``None``: none were kept, so a closure asking for one gets them from
     the forward run again (on copies of the aux states, which it must not move).
     """
-    single = op.num_outputs_for(params) == 1
+    single = op.outputs.of(params) == 1
     ans = outs[0] if single else tuple(outs)
     g = None
     if op.need_top_grad and out_grads is not None:
@@ -191,33 +191,20 @@ def detached(saved: dict[str, Any]) -> dict[str, Any]:
 def check_outputs(op: CustomOperator, result: Any, params: dict[str, Any]) -> list[Any]:
     """The forward's result as a list of as many arrays of the op's mode as the op declares
     for these parameters."""
-    n = op.num_outputs_for(params)
+    n = op.outputs.of(params)
     if isinstance(result, (tuple, list)):
         if n == 1:
             raise errors.op_error(op.op_type, TypeError, (
-                f"forward returned a {type(result).__name__} of {len(result)} values but the op "
-                f"declares 1 output{_for_these(op, params)}; {_count_fix(op, len(result))}"))
+                f"forward returned a {type(result).__name__} of {len(result)} values but "
+                f"{op.outputs.mismatch(len(result), params)}"))
         outs = list(result)
     else:
         outs = [result]
     if len(outs) != n:
         raise errors.op_error(op.op_type, TypeError, (
-            f"forward returned {len(outs)} output(s) but the op declares {n}"
-            f"{_for_these(op, params)}; {_count_fix(op, len(outs))}"))
+            f"forward returned {len(outs)} output(s) but "
+            f"{op.outputs.mismatch(len(outs), params)}"))
     return [_checked_array(op, o, f"output {i}") for i, o in enumerate(outs)]
-
-
-def _for_these(op: CustomOperator, params: dict[str, Any]) -> str:
-    if not callable(op.num_outputs):
-        return ""
-    shown = ", ".join(f"{k}={v!r}" for k, v in {**op.signature.defaults, **params}.items())
-    return f" for the parameters {shown or 'none'} (num_outputs=)"
-
-
-def _count_fix(op: CustomOperator, got: int) -> str:
-    if callable(op.num_outputs):
-        return f"make num_outputs= return {got} for them, or return that many outputs"
-    return f"pass num_outputs={got} to @customop"
 
 
 def _checked_array(op: CustomOperator, value: Any, what: str) -> Any:

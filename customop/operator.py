@@ -5,7 +5,6 @@ import ast
 import functools
 import inspect
 import itertools
-import numbers
 import textwrap
 import typing
 from collections.abc import Callable
@@ -16,11 +15,12 @@ import mxnet as mx
 from . import dispatch, errors, gradients, registry
 from .inference import Inference
 from .modes import MODES
+from .outputs import OutputCount
 from .signature import Signature
 
 Mode = str  # 'numpy' or 'mxnet'
 GradMaker = typing.Callable[..., typing.Callable[[Any], Any]]  # run-time alias (Python 3.8)
-OutputCount = typing.Union[int, typing.Callable[..., int]]  # run-time alias (Python 3.8)
+CountSpec = typing.Union[int, typing.Callable[..., int]]  # run-time alias (Python 3.8)
 
 
 class CustomOperator:
@@ -33,7 +33,7 @@ class CustomOperator:
 
     def __init__(self, fn: Callable, mode: Mode, *, name: str | None = None,
                  need_top_grad: bool = True, infer_shape: Callable | None = None,
-                 infer_type: Callable | None = None, num_outputs: OutputCount | None = None,
+                 infer_type: Callable | None = None, num_outputs: CountSpec | None = None,
                  auto_grad: bool = True, aux: dict[str, Callable] | None = None,
                  optional: tuple[str, ...] | list[str] = (),
                  no_grad: tuple[str, ...] | list[str] = ()):
@@ -56,9 +56,10 @@ class CustomOperator:
         self.need_top_grad = bool(need_top_grad)
         self.user_infer_shape = infer_shape
         self.user_infer_type = infer_type
-        # An int, or a function of the parameters (see num_outputs_for).
-        self.num_outputs: OutputCount = self._checked_count(
-            num_outputs if num_outputs is not None else _count_returns(fn))
+        # As declared (an int, or a function of the parameters); op.outputs.of(params) counts.
+        self.outputs = OutputCount(num_outputs if num_outputs is not None else
+                                   _count_returns(fn), self.signature, self.op_type)
+        self.num_outputs: CountSpec = self.outputs.declared
         self.auto_grad = bool(auto_grad)
         if isinstance(no_grad, str):
             no_grad = (no_grad,)
@@ -82,28 +83,6 @@ class CustomOperator:
                 self.variants[frozenset(absent)] = _Variant(self, absent)
 
     # ---- public API -----------------------------------------------------------------
-    def num_outputs_for(self, params: dict[str, Any]) -> int:
-        """How many outputs a call (or graph node) with these parameters has.
-
-        ``num_outputs`` itself when it is an int; else what the function given as
-        ``num_outputs=`` returns for the parameters (defaults filled in).
-        """
-        count = self.num_outputs
-        if not callable(count):
-            return count
-        found, var_kw = gradients.keywords(count, 0)
-        wanted = {p.name for p in found}
-        every = {**self.signature.defaults, **params}
-        try:
-            n = count(**{k: v for k, v in every.items() if var_kw or k in wanted})
-        except Exception as exc:
-            errors.reraise(exc, self.op_type, "num_outputs")
-        if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 1:
-            shown = ", ".join(f"{k}={v!r}" for k, v in every.items()) or "none"
-            raise self.error(TypeError, f"num_outputs= returned {n!r} for the parameters "
-                             f"{shown}; it must return an int >= 1")
-        return int(n)
-
     def def_grad(self, fn: GradMaker, argnum: int = 0) -> CustomOperator:
         """Register ``fn(ans, *inputs, **params) -> grad(g)`` for input ``argnum``.
 
@@ -216,22 +195,6 @@ class CustomOperator:
                              f"out (optional inputs: {', '.join(self.signature.optional)})")
         return self.variants[absent]
 
-    def _checked_count(self, count: Any) -> OutputCount:
-        if callable(count):
-            found, var_kw = gradients.keywords(count, 0)
-            unknown = [p.name for p in found if p.name not in self.signature.param_names]
-            if unknown:
-                raise self.error(TypeError, (
-                    f"num_outputs= takes {', '.join(map(repr, unknown))}, which "
-                    f"{'is' if len(unknown) == 1 else 'are'} not a parameter of the op "
-                    f"(parameters: {', '.join(self.signature.param_names) or 'none'}); it is "
-                    "called with the op's parameters by keyword"))
-            return count
-        if isinstance(count, bool) or not isinstance(count, numbers.Integral) or count < 1:
-            raise self.error(TypeError, f"num_outputs= must be an int >= 1 or a function of "
-                             f"the op's parameters returning one, got {count!r}")
-        return int(count)
-
     def __repr__(self) -> str:
         ins = ", ".join(f"{n}{'*' if i in self.grads else ''}"
                         for i, n in enumerate(self.signature.inputs))
@@ -240,8 +203,7 @@ class CustomOperator:
         if self.no_grad:
             extra += f", no_grad=[{', '.join(sorted(self.no_grad))}]"
         return (f"<customop {self.op_type!r} mode={self.mode!r} inputs=({ins}) "
-                f"outputs={'by parameters' if callable(self.num_outputs) else self.num_outputs} "
-                f"def_grad=[{grads}]"
+                f"outputs={self.outputs!r} def_grad=[{grads}]"
                 f"{', auto_grad' if self.auto_grad else ''}{extra}>")
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -388,7 +350,7 @@ def _called_name(call: ast.Call) -> str | None:
 
 def customop(mode: Mode, *, name: str | None = None, need_top_grad: bool = True,
              infer_shape: Callable | None = None, infer_type: Callable | None = None,
-             num_outputs: OutputCount | None = None, auto_grad: bool = True,
+             num_outputs: CountSpec | None = None, auto_grad: bool = True,
              aux: dict[str, Callable] | None = None,
              optional: tuple[str, ...] | list[str] = (),
              no_grad: tuple[str, ...] | list[str] = ()) -> Callable[[Callable], CustomOperator]:

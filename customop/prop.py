@@ -61,7 +61,7 @@ def register(op_type: str, lookup: Callable[[str], CustomOperator]) -> None:
             self.n_out = 1  # this node's output count (num_outputs= may depend on parameters)
             try:
                 op.signature.check_params(self.params)
-                self.n_out = op.num_outputs_for(self.params)
+                self.n_out = op.outputs.of(self.params)
             except Exception as exc:
                 self.bad_params = exc
             self.shapes: tuple | None = None
