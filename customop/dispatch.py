@@ -121,7 +121,7 @@ def call_ndarray(op: CustomOperator, inputs: list[Any], params: dict[str, Any]) 
         outs = call_native(op, nd_inputs, params)
     else:
         outs = call_custom(op, nd_inputs, params)
-    return outs[0] if op.num_outputs == 1 else tuple(outs)
+    return _returned(outs)
 
 
 def call_without_inputs(op: CustomOperator, params: dict[str, Any], ctx: mx.Context) -> Any:
@@ -136,7 +136,7 @@ def call_without_inputs(op: CustomOperator, params: dict[str, Any], ctx: mx.Cont
         mode = op.mode_impl
         with ctx, mx.autograd.pause(train_mode=mx.autograd.is_training()):
             outs = [mode.to_nd(o, ctx) for o in kernel.run_forward(op, [], params)]
-    return outs[0] if op.num_outputs == 1 else tuple(outs)
+    return _returned(outs)
 
 
 def call_direct(op: CustomOperator, nd_inputs: list[mx.nd.NDArray],
@@ -268,7 +268,7 @@ def call_custom(op: CustomOperator, nd_inputs: list[mx.nd.NDArray],
     finally:
         errors.close_call(key)
     outs = [outs] if isinstance(outs, mx.nd.NDArray) else list(outs)
-    outs = outs[:op.num_outputs]
+    outs = outs[:op.outputs.of(params)]
     if op.signature.aux:
         runtime.note_recorded_aux(nd_inputs[len(op.signature.inputs):])
     try:
@@ -303,7 +303,8 @@ def call_symbol(op: CustomOperator, arrays: list[Any], params: dict[str, Any],
         if node_name is not None:
             attrs["name"] = node_name
         sym = mx.sym.Custom(*arrays, op_type=op.op_type, **attrs)
-    return sym if op.num_outputs == 1 else tuple(sym[i] for i in range(op.num_outputs))
+    n = op.outputs.of(params)
+    return sym if n == 1 else tuple(sym[i] for i in range(n))
 
 
 def call_numpy(op: CustomOperator, inputs: list[Any], params: dict[str, Any]) -> Any:
@@ -321,7 +322,13 @@ def call_numpy(op: CustomOperator, inputs: list[Any], params: dict[str, Any]) ->
     for a, new in zip(inputs[n:], args[n:]):
         if isinstance(a, np.ndarray):
             a[...] = mode.to_numpy(new).reshape(a.shape)
-    return outs[0] if op.num_outputs == 1 else tuple(outs)
+    return _returned(outs)
+
+
+def _returned(outs: list[Any]) -> Any:
+    # As many outputs as the op declares for the call's parameters (kernel.check_outputs):
+    # one is returned as itself, several as a tuple.
+    return outs[0] if len(outs) == 1 else tuple(outs)
 
 
 def _detached(values: list[Any]) -> list[Any]:

@@ -43,18 +43,41 @@ _CALLBACK_FAILURES = ("params.info->callbacks[", "callbacks[kCustom", "CustomFun
 POISON_TEXT = "take operator contains indices out of bound"
 
 
+def shown(op_type: str) -> str:
+    """The operator as its user knows it: ``op_type`` without a ``~variant`` suffix.
+
+    A call that leaves optional inputs out runs the variant registered as
+    ``'<op_type>~without_<input>'``; the user called ``'<op_type>'``, so every
+    message names that.  (``.numpy`` stays: the user called the twin.)
+    """
+    return op_type.split("~", 1)[0]
+
+
 def op_error(op_type: str, cls: type, msg: str) -> BaseException:
     """A new exception of ``cls`` whose message starts by naming the operator."""
-    return cls(f"customop {op_type!r}: {msg}")
+    return cls(f"customop {shown(op_type)!r}: {msg}")
 
 
-def names_op(text: str, op_type: str) -> bool:
+def _base(op_type: str) -> str:
     # An op's own checks name it by its base op_type (without ~variant or .numpy/.mxnet).
-    base = op_type.split("~")[0]
+    base = shown(op_type)
     for suffix in (".numpy", ".mxnet"):
         if base.endswith(suffix):
             base = base[: -len(suffix)]
-    return base in text
+    return base
+
+
+def names_op(text: str, op_type: str) -> bool:
+    return _base(op_type) in text
+
+
+def is_own_check(exc: BaseException, op_type: str) -> bool:
+    """Whether ``exc`` is a check the operator (or this package) failed on purpose, which
+    says what is wrong (``customop '<op>': ...``), rather than a failure named by its place
+    (``customop '<op>' (<where>): ...``)."""
+    text = str(exc)
+    return any(text.startswith(f"customop {name!r}: ") for name in (_base(op_type),
+                                                                       shown(op_type)))
 
 
 def attach(exc: BaseException, op_type: str, where: str) -> BaseException:
@@ -67,7 +90,7 @@ def attach(exc: BaseException, op_type: str, where: str) -> BaseException:
     """
     if names_op(str(exc), op_type):
         return exc
-    prefix = f"customop {op_type!r} ({where})"
+    prefix = f"customop {shown(op_type)!r} ({where})"
     args = exc.args
     if isinstance(exc, KeyError) and hasattr(exc, "add_note"):
         exc.add_note(f"raised in {prefix}")  # a KeyError's argument is the key: keep it
@@ -105,7 +128,7 @@ def from_mxnet(exc: BaseException, op_type: str, where: str) -> BaseException:
 
     The caller raises it ``from exc``, so MXNet's own error stays attached.
     """
-    new = ValueError(f"customop {op_type!r} ({where}): an MXNet operator failed: "
+    new = ValueError(f"customop {shown(op_type)!r} ({where}): an MXNet operator failed: "
                      f"{mxnet_text(exc)}")
     new.__cause__ = exc
     return new
@@ -117,9 +140,10 @@ def empty_batch(exc: BaseException, op_type: str, name: str) -> BaseException:
     Under MXNet's legacy shapes almost every operator, native ones too (``mx.nd.relu``,
     ``x * 2``), fails shape inference on a 0-size array.  Raised ``from exc``.
     """
-    return ValueError(f"customop {op_type!r} (input {name!r}): an empty (0-size) batch: MXNet's "
-                      "own operators refuse 0-size arrays under its legacy shapes (native ones "
-                      "too); skip empty batches, or use the op's 'numpy' mode, which runs them. "
+    return ValueError(f"customop {shown(op_type)!r} (input {name!r}): an empty (0-size) batch: "
+                      "MXNet's own operators refuse 0-size arrays under its legacy shapes "
+                      "(native ones too); skip empty batches, or use the op's 'numpy' mode, "
+                      "which runs them. "
                       f"MXNet said: {mxnet_text(exc)}")
 
 

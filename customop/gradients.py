@@ -106,8 +106,8 @@ def _from_closure(op, i, ans, args, g, params, saved):
         errors.reraise(exc, op.op_type, f"gradient for input {name!r}")
     if grad is None:  # a forgotten `return`, not a zero gradient
         raise TypeError(
-            f"customop {op.op_type!r} (gradient for input {name!r}): the gradient closure "
-            "returned None; return the gradient (zeros for none)")
+            f"customop {errors.shown(op.op_type)!r} (gradient for input {name!r}): the gradient "
+            "closure returned None; return the gradient (zeros for none)")
     return grad
 
 

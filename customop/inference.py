@@ -136,23 +136,25 @@ class Inference:
                     first_error = first_error or exc
             if k >= 2:
                 break
-        hint = (f"customop {self.op.op_type!r} runs its forward on placeholder inputs (ones; "
-                "integer zeros) to infer output shapes; if it cannot, pass infer_shape= (and "
-                "infer_type=) to @customop")
-        errors.add_context(first_error, hint)
+        if not errors.is_own_check(first_error, self.op.op_type):
+            # (the message names the op already: once is enough)
+            errors.add_context(first_error, (
+                "Its forward ran on placeholder inputs (ones; integer zeros) to infer output "
+                "shapes; if it cannot, pass infer_shape= (and infer_type=) to @customop"))
         raise first_error
 
     def _from_user(self, params, shapes, dtypes) -> tuple[OutputMeta, ...]:
         op = self.op
+        n = op.outputs.of(params)
         out_shapes = op.user_infer_shape(*[tuple(s) for s in shapes], **params)
-        if op.num_outputs == 1 or isinstance(out_shapes, tuple) and all(
+        if n == 1 or isinstance(out_shapes, tuple) and all(
                 isinstance(d, (int, np.integer)) for d in out_shapes):
             out_shapes = [out_shapes]
         out_shapes = list(out_shapes)
         out_dtypes = self.dtypes_only(params, dtypes or tuple(np.dtype(np.float32) for _ in shapes))
-        if len(out_shapes) != op.num_outputs:
+        if len(out_shapes) != n:
             raise op.error(ValueError, f"infer_shape returned {len(out_shapes)} shapes for "
-                           f"{op.num_outputs} output(s)")
+                           f"{n} output(s)")
         return tuple(OutputMeta.of(s, d) for s, d in zip(out_shapes, out_dtypes))
 
     def dtypes_only(self, params, dtypes: tuple[np.dtype, ...]) -> list[np.dtype]:
@@ -163,4 +165,4 @@ class Inference:
             out = list(out) if isinstance(out, (list, tuple)) else [out]
             return [np.dtype(d) for d in out]
         floats = [d for d in dtypes if np.issubdtype(d, np.floating)]
-        return [floats[0] if floats else np.dtype(np.float32)] * op.num_outputs
+        return [floats[0] if floats else np.dtype(np.float32)] * op.outputs.of(params)

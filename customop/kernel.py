@@ -39,7 +39,7 @@ def run_forward_saving(op: CustomOperator, args: list[Any], params: dict[str, An
     if isinstance(result, residuals):
         result, saved = result.outputs, result.saved
         _check_residual_names(op, saved)
-    return check_outputs(op, result), saved
+    return check_outputs(op, result, params), saved
 
 
 def _empty_input(op: CustomOperator, args: list[Any]) -> str | None:
@@ -96,10 +96,11 @@ def run_backward(op: CustomOperator, args: list[Any], outs: list[Any],
     residuals; ``None``: none were kept, so a closure asking for one gets them from
     the forward run again (on copies of the aux states, which it must not move).
     """
-    ans = outs[0] if op.num_outputs == 1 else tuple(outs)
+    single = op.outputs.of(params) == 1
+    ans = outs[0] if single else tuple(outs)
     g = None
     if op.need_top_grad and out_grads is not None:
-        g = out_grads[0] if op.num_outputs == 1 else tuple(out_grads)
+        g = out_grads[0] if single else tuple(out_grads)
     n = len(op.signature.inputs)
     wanted = [*wanted[:n], *[False] * (len(args) - n)]
     if saved is None:
@@ -187,21 +188,22 @@ def detached(saved: dict[str, Any]) -> dict[str, Any]:
     return {k: one(v) for k, v in saved.items()}
 
 
-def check_outputs(op: CustomOperator, result: Any) -> list[Any]:
-    """The forward's result as a list of ``op.num_outputs`` arrays of the op's mode."""
-    n = op.num_outputs
+def check_outputs(op: CustomOperator, result: Any, params: dict[str, Any]) -> list[Any]:
+    """The forward's result as a list of as many arrays of the op's mode as the op declares
+    for these parameters."""
+    n = op.outputs.of(params)
     if isinstance(result, (tuple, list)):
         if n == 1:
             raise errors.op_error(op.op_type, TypeError, (
-                f"forward returned a {type(result).__name__} of {len(result)} values but the op "
-                f"declares 1 output; pass num_outputs={len(result)} to @customop"))
+                f"forward returned a {type(result).__name__} of {len(result)} values but "
+                f"{op.outputs.mismatch(len(result), params)}"))
         outs = list(result)
     else:
         outs = [result]
     if len(outs) != n:
         raise errors.op_error(op.op_type, TypeError, (
-            f"forward returned {len(outs)} output(s) but the op declares {n}; pass "
-            f"num_outputs={len(outs)} to @customop"))
+            f"forward returned {len(outs)} output(s) but "
+            f"{op.outputs.mismatch(len(outs), params)}"))
     return [_checked_array(op, o, f"output {i}") for i, o in enumerate(outs)]
 
 

@@ -35,15 +35,27 @@ def ensure_registered(op_types: list[str], source: str) -> None:
 
     An ``op_type`` without a module part (``"myop"``, as ops registered by hand
     with ``mx.operator.register`` are often named), or whose module imports
-    cleanly, is left for MXNet to find.
+    cleanly, is left for MXNet to find; except in the operator library (``ops.``),
+    which registers every op type it has when imported: one it lacks is named.
     """
-    missing = []
+    missing, unknown = [], []
     for op_type in op_types:
         if registry.lookup(op_type) is not None or "." not in op_type:
             continue
         tried = _import_defining_module(op_type)
-        if registry.lookup(op_type) is None and not any(ok for _, ok in tried):
+        if registry.lookup(op_type) is not None:
+            continue
+        if not any(ok for _, ok in tried):
             missing.append((op_type, [m for m, _ in tried]))
+        elif op_type.split(".")[0] in _HOMES:
+            unknown.append(op_type)
+    if unknown:
+        home = _HOMES[unknown[0].split(".")[0]]
+        raise RuntimeError(
+            f"customop: {source} uses op type(s) {', '.join(map(repr, unknown))}, which the "
+            f"operator library ({home}) does not define: its op types are pinned (README, "
+            "'Operators'). A renamed one is listed there with its new op type; replace it in "
+            "the symbol file.")
     if missing:
         lines = [f"  {t!r}: no importable module among {', '.join(map(repr, m)) or '-'}"
                  for t, m in missing]

@@ -15,10 +15,12 @@ import mxnet as mx
 from . import dispatch, errors, gradients, registry
 from .inference import Inference
 from .modes import MODES
+from .outputs import OutputCount
 from .signature import Signature
 
 Mode = str  # 'numpy' or 'mxnet'
 GradMaker = typing.Callable[..., typing.Callable[[Any], Any]]  # run-time alias (Python 3.8)
+CountSpec = typing.Union[int, typing.Callable[..., int]]  # run-time alias (Python 3.8)
 
 
 class CustomOperator:
@@ -31,7 +33,7 @@ class CustomOperator:
 
     def __init__(self, fn: Callable, mode: Mode, *, name: str | None = None,
                  need_top_grad: bool = True, infer_shape: Callable | None = None,
-                 infer_type: Callable | None = None, num_outputs: int | None = None,
+                 infer_type: Callable | None = None, num_outputs: CountSpec | None = None,
                  auto_grad: bool = True, aux: dict[str, Callable] | None = None,
                  optional: tuple[str, ...] | list[str] = (),
                  no_grad: tuple[str, ...] | list[str] = ()):
@@ -49,12 +51,15 @@ class CustomOperator:
                                 "state's name to a function of the input shapes returning its "
                                 f"shape, got {type(shape_fn).__name__}")
         self.aux_shape_fns: dict[str, Callable] = aux
-        self.signature = Signature(fn, self.op_type, tuple(aux), tuple(optional))
+        self.signature = Signature(fn, errors.shown(self.op_type), tuple(aux), tuple(optional))
         self.twins: dict[str, CustomOperator] = {mode: self}
         self.need_top_grad = bool(need_top_grad)
         self.user_infer_shape = infer_shape
         self.user_infer_type = infer_type
-        self.num_outputs: int = num_outputs if num_outputs is not None else _count_returns(fn)
+        # As declared (an int, or a function of the parameters); op.outputs.of(params) counts.
+        self.outputs = OutputCount(num_outputs if num_outputs is not None else
+                                   _count_returns(fn), self.signature, self.op_type)
+        self.num_outputs: CountSpec = self.outputs.declared
         self.auto_grad = bool(auto_grad)
         if isinstance(no_grad, str):
             no_grad = (no_grad,)
@@ -65,8 +70,6 @@ class CustomOperator:
                             f"{', '.join(self.signature.inputs) or 'none'}")
         self.no_grad: frozenset[str] = frozenset(no_grad)
         self.grads: dict[int, GradMaker] = {}
-        self.output_names: list[str] = ["output"] if self.num_outputs == 1 else [
-            f"output{i}" for i in range(self.num_outputs)]
         self._update_native()
         self.inference = Inference(self)
         self._pkeys: dict[tuple, str] = {}
@@ -200,7 +203,7 @@ class CustomOperator:
         if self.no_grad:
             extra += f", no_grad=[{', '.join(sorted(self.no_grad))}]"
         return (f"<customop {self.op_type!r} mode={self.mode!r} inputs=({ins}) "
-                f"outputs={self.num_outputs} def_grad=[{grads}]"
+                f"outputs={self.outputs!r} def_grad=[{grads}]"
                 f"{', auto_grad' if self.auto_grad else ''}{extra}>")
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -347,7 +350,7 @@ def _called_name(call: ast.Call) -> str | None:
 
 def customop(mode: Mode, *, name: str | None = None, need_top_grad: bool = True,
              infer_shape: Callable | None = None, infer_type: Callable | None = None,
-             num_outputs: int | None = None, auto_grad: bool = True,
+             num_outputs: CountSpec | None = None, auto_grad: bool = True,
              aux: dict[str, Callable] | None = None,
              optional: tuple[str, ...] | list[str] = (),
              no_grad: tuple[str, ...] | list[str] = ()) -> Callable[[Callable], CustomOperator]:
@@ -363,7 +366,12 @@ def customop(mode: Mode, *, name: str | None = None, need_top_grad: bool = True,
             forward that cannot run on placeholder inputs.
         infer_type: ``f(*input_dtypes, **params) -> dtype or [dtypes]``.
         num_outputs: how many outputs the forward returns; default read from
-            its ``return a, b`` statements.
+            its ``return a, b`` statements.  When the count depends on a
+            parameter (``ret_typ='both'``), a function of the op's parameters:
+            it is called with the parameters it names (or all, through
+            ``**params``), defaults filled in, and returns an int.  Every call
+            and every graph node then has the count of its own parameters
+            (example below).
         auto_grad: give inputs without ``def_grad`` an automatic gradient.
         no_grad: names of inputs that get no gradient (zero), such as labels,
             class ids or a loss's weights: declared here once, for both twins,
@@ -396,6 +404,20 @@ def customop(mode: Mode, *, name: str | None = None, need_top_grad: bool = True,
         <customop ...>
         >>> scale(mx.nd.ones((2,)), factor=3.0).asnumpy()
         array([3., 3.], dtype=float32)
+
+        An output count that follows a parameter: ``split=True`` returns two arrays.
+
+        >>> @customop('numpy', num_outputs=lambda split: 2 if split else 1)
+        ... def halves(x, split=False):
+        ...     h = x.shape[0] // 2
+        ...     return (x[:h], x[h:]) if split else x
+        >>> a, b = halves(mx.nd.arange(4), split=True)
+        >>> a.asnumpy(), b.asnumpy()
+        (array([0., 1.], dtype=float32), array([2., 3.], dtype=float32))
+        >>> halves(mx.nd.arange(4)).shape
+        (4,)
+        >>> len(halves(mx.sym.var('x'), split=True))  # a Symbol per output
+        2
     """
     def wrap(fn: Callable) -> CustomOperator:
         return CustomOperator(fn, mode, name=name, need_top_grad=need_top_grad,

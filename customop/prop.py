@@ -58,8 +58,10 @@ def register(op_type: str, lookup: Callable[[str], CustomOperator]) -> None:
             # MXNet does not guard the prop's constructor (an exception there crashes the
             # process), so a bad parameter is reported from list_arguments, which it guards.
             self.bad_params: BaseException | None = None
+            self.n_out = 1  # this node's output count (num_outputs= may depend on parameters)
             try:
                 op.signature.check_params(self.params)
+                self.n_out = op.outputs.of(self.params)
             except Exception as exc:
                 self.bad_params = exc
             self.shapes: tuple | None = None
@@ -71,7 +73,7 @@ def register(op_type: str, lookup: Callable[[str], CustomOperator]) -> None:
             return list(self.op.signature.inputs)
 
         def list_outputs(self) -> list[str]:
-            return self.op.output_names
+            return ["output"] if self.n_out == 1 else [f"output{i}" for i in range(self.n_out)]
 
         def list_auxiliary_states(self) -> list[str]:
             return list(self.op.signature.aux)
@@ -80,7 +82,7 @@ def register(op_type: str, lookup: Callable[[str], CustomOperator]) -> None:
             shapes = tuple(tuple(int(d) for d in s) for s in in_shape)
             n_aux = len(self.op.signature.aux)
             if not all(known(s) for s in shapes):
-                return in_shape, [()] * self.op.num_outputs, self._aux_if_known(shapes)
+                return in_shape, [()] * self.n_out, self._aux_if_known(shapes)
             self.shapes = shapes
             metas = self._guarded(self.op.inference.outputs, self.pkey, self.params, shapes, None)
             aux = self._guarded(kernel.aux_shapes, self.op, list(shapes), self.params) \
@@ -123,13 +125,14 @@ def register(op_type: str, lookup: Callable[[str], CustomOperator]) -> None:
             # (4294967295). Never allocate placeholders from that.
             for name, shape in zip(self.op.signature.inputs, shapes):
                 if not all(0 < d < _UNKNOWN for d in shape):
-                    shown = tuple("?" if d >= _UNKNOWN else d for d in shape)
+                    dims = tuple("?" if d >= _UNKNOWN else d for d in shape)
                     raise ValueError(
-                        f"customop {self.op.op_type!r} (input {name!r}): MXNet passed shape "
-                        f"{shown} with an unknown ('?') or zero dimension; an empty (0-size) "
-                        "batch cannot go through mx.nd.Custom, symbols or hybridized blocks "
-                        "under MXNet's legacy shapes: skip empty batches there, or call a "
-                        "'numpy'-mode op on NDArrays outside a graph, where 0-size inputs work")
+                        f"customop {errors.shown(self.op.op_type)!r} (input {name!r}): MXNet "
+                        f"passed shape {dims} with an unknown ('?') or zero dimension; an "
+                        "empty (0-size) batch cannot go through mx.nd.Custom, symbols or "
+                        "hybridized blocks under MXNet's legacy shapes: skip empty batches "
+                        "there, or call a 'numpy'-mode op on NDArrays outside a graph, where "
+                        "0-size inputs work")
 
         def _guarded(self, fn, *args):
             try:

@@ -130,76 +130,13 @@ def _topk_np(data, k, axis, ret_typ, is_ascend, dtype, do_sort):
     return {"value": value, "indices": indices, "both": (value, indices)}[ret_typ]
 
 
-def _topk_grad_np(ans, data, k=1, axis=-1, ret_typ="value", is_ascend=False, dtype="float32",
-                  do_sort=True):
-    # d value / d data scatters the head gradient back to the selected positions.
-    def grad(g):
-        if ret_typ not in ("value", "both"):
-            return np.zeros_like(data)
-        g = g[0] if ret_typ == "both" else g
-        both = _topk_np(data, k, axis, "indices", is_ascend, "int64", do_sort)
-        x = data.reshape(-1) if axis is None else np.moveaxis(data, axis, -1)
-        pos = both if axis is None else np.moveaxis(both, axis, -1)
-        gl = g.reshape(-1) if axis is None else np.moveaxis(g, axis, -1)
-        out = np.zeros_like(x)
-        np.put_along_axis(out, pos, gl, axis=-1)
-        return out.reshape(data.shape) if axis is None else np.moveaxis(out, -1, axis)
-    return grad
+def _num_outputs(ret_typ):
+    return 2 if ret_typ == "both" else 1  # (value, indices); a bad ret_typ fails in _check
 
 
-def _params(k, axis, ret_typ, is_ascend, dtype, do_sort):
-    return dict(k=k, axis=axis, ret_typ=ret_typ, is_ascend=is_ascend, dtype=dtype,
-                do_sort=do_sort)
-
-
-# One registered op per output count: 'value'/'indices'/'mask' have one output, 'both' two.
-@customop("mxnet", name="ops.topk")
-def _topk_single(data, *, k=1, axis=-1, ret_typ="value", is_ascend=False, dtype="float32",
-                 do_sort=True):
-    return _topk_nd(data, k, axis, ret_typ, is_ascend, dtype, do_sort)
-
-
-@_topk_single.twin("numpy")
-def _topk_single_numpy(data, *, k=1, axis=-1, ret_typ="value", is_ascend=False,
-                       dtype="float32", do_sort=True):
-    return _topk_np(data, k, axis, ret_typ, is_ascend, dtype, do_sort)
-
-
-@customop("mxnet", name="ops.topk.both", num_outputs=2)
-def _topk_both(data, *, k=1, axis=-1, ret_typ="both", is_ascend=False, dtype="float32",
-               do_sort=True):
-    return _topk_nd(data, k, axis, "both", is_ascend, dtype, do_sort)
-
-
-@_topk_both.twin("numpy")
-def _topk_both_numpy(data, *, k=1, axis=-1, ret_typ="both", is_ascend=False, dtype="float32",
-                     do_sort=True):
-    return _topk_np(data, k, axis, "both", is_ascend, dtype, do_sort)
-
-
-def _topk_grad_nd(ans, data, k=1, axis=-1, ret_typ="value", is_ascend=False,
-                  dtype="float32", do_sort=True):
-    # Only 'value' carries a gradient; 'indices' (computed unrecorded) must not be backpropagated.
-    def grad(g):
-        if ret_typ not in ("value", "both"):
-            return data.zeros_like()
-        g = g[0] if ret_typ == "both" else g
-        x = data.copy()
-        x.attach_grad()
-        with mx.autograd.record():
-            value = _topk_nd(x, k, axis, "value", is_ascend, dtype, do_sort)
-        value.backward(g)
-        return x.grad
-    return grad
-
-
-_topk_single.numpy.def_grad(_topk_grad_np)
-_topk_both.numpy.def_grad(_topk_grad_np)
-_topk_single.def_grad(_topk_grad_nd)
-_topk_both.def_grad(_topk_grad_nd)
-
-
-class TopK:
+@customop("mxnet", name="ops.topk", num_outputs=_num_outputs)
+def topk(data, *, k=1, axis=-1, ret_typ="value", is_ascend=False, dtype="float32",
+         do_sort=True):
     r"""Top k elements along an axis; ``mx.nd.topk`` with an extra ``do_sort``.
 
     With ``do_sort=True`` this is ``mx.nd.topk`` (same outputs, dtypes and
@@ -217,9 +154,9 @@ class TopK:
 
     ``ops.topk`` runs in ``'mxnet'`` mode (``mx.nd.topk``, ``sort``, ``take``:
     MXNet's CUDA kernels on a GPU, no host copy); ``ops.topk.numpy`` is the
-    ``'numpy'``-mode twin. ``ret_typ='both'`` is served by a second registered
-    op with two outputs, op type ``'ops.topk.both'`` (``'ops.topk'`` serves the
-    others), because an operator's output count cannot depend on a parameter.
+    ``'numpy'``-mode twin. One registered op (op type ``'ops.topk'``) serves every
+    ``ret_typ``: its output count follows the parameter (``num_outputs=``), two
+    outputs for ``'both'``, one otherwise, on every call style and in saved graphs.
 
     Parameters
     ----------
@@ -261,28 +198,47 @@ class TopK:
         >>> v, i = ops.topk(a, k=3, ret_typ='both', do_sort=False); i.asnumpy().tolist()
         [[1.0, 3.0, 4.0]]
     """
-
-    def __init__(self, single, both):
-        self.single, self.both = single, both
-
-    def __call__(self, data, k=1, axis=-1, ret_typ="value", is_ascend=False, dtype="float32",
-                 do_sort=True, **kwargs):
-        op = self.both if ret_typ == "both" else self.single
-        return op(data, **_params(k, axis, ret_typ, is_ascend, dtype, do_sort), **kwargs)
-
-    @property
-    def numpy(self) -> TopK:
-        """The ``'numpy'``-mode twin (lower index first on ties)."""
-        return TopK(self.single.numpy, self.both.numpy)
-
-    @property
-    def mxnet(self) -> TopK:
-        """The ``'mxnet'``-mode operator."""
-        return TopK(self.single.mxnet, self.both.mxnet)
-
-    def __repr__(self) -> str:
-        return f"<ops.topk: {self.single!r} / {self.both!r}>"
+    return _topk_nd(data, k, axis, ret_typ, is_ascend, dtype, do_sort)
 
 
-topk = TopK(_topk_single, _topk_both)
-_topk_single.__doc__ = _topk_both.__doc__ = TopK.__doc__
+@topk.twin("numpy")
+def _topk_numpy(data, *, k=1, axis=-1, ret_typ="value", is_ascend=False, dtype="float32",
+                do_sort=True):
+    return _topk_np(data, k, axis, ret_typ, is_ascend, dtype, do_sort)
+
+
+def _topk_grad_nd(ans, data, k=1, axis=-1, ret_typ="value", is_ascend=False,
+                  dtype="float32", do_sort=True):
+    # Only 'value' carries a gradient; 'indices' (computed unrecorded) must not be backpropagated.
+    def grad(g):
+        if ret_typ not in ("value", "both"):
+            return data.zeros_like()
+        g = g[0] if ret_typ == "both" else g
+        x = data.copy()
+        x.attach_grad()
+        with mx.autograd.record():
+            value = _topk_nd(x, k, axis, "value", is_ascend, dtype, do_sort)
+        value.backward(g)
+        return x.grad
+    return grad
+
+
+def _topk_grad_np(ans, data, k=1, axis=-1, ret_typ="value", is_ascend=False, dtype="float32",
+                  do_sort=True):
+    # d value / d data scatters the head gradient back to the selected positions.
+    def grad(g):
+        if ret_typ not in ("value", "both"):
+            return np.zeros_like(data)
+        g = g[0] if ret_typ == "both" else g
+        both = _topk_np(data, k, axis, "indices", is_ascend, "int64", do_sort)
+        x = data.reshape(-1) if axis is None else np.moveaxis(data, axis, -1)
+        pos = both if axis is None else np.moveaxis(both, axis, -1)
+        gl = g.reshape(-1) if axis is None else np.moveaxis(g, axis, -1)
+        out = np.zeros_like(x)
+        np.put_along_axis(out, pos, gl, axis=-1)
+        return out.reshape(data.shape) if axis is None else np.moveaxis(out, -1, axis)
+    return grad
+
+
+topk.def_grad(_topk_grad_nd)
+topk.numpy.def_grad(_topk_grad_np)

@@ -51,8 +51,8 @@ def _custom_target(op: CustomOperator, arrays, params) -> _Target:
     names = list(op.signature.inputs)
     aux = _aux_start(op, names, arrays, params)
     if len(arrays) != len(names) + (len(aux) if len(arrays) > len(names) else 0):
-        raise TypeError(f"check_grad: customop {op.op_type!r} takes {len(names)} input(s) "
-                        f"({', '.join(names)}), got {len(arrays)}")
+        raise TypeError(f"check_grad: customop {errors.shown(op.op_type)!r} takes {len(names)} "
+                        f"input(s) ({', '.join(names)}), got {len(arrays)}")
     out = _group(op(*[mx.sym.var(n) for n in names], **params))
 
     # Every evaluation starts from the same auxiliary states (an update in one must not

@@ -111,3 +111,43 @@ class TwoOpNet(mx.gluon.HybridBlock):
         u, v = affine_pair(self.dense(x), b, alpha=0.5, mode="valid", axes=(1, 2), flag=True,
                            extra=None)
         return square_nd(u) + v
+
+
+# An output count that follows a parameter: ``parts`` row blocks of ``scale * x``.
+@customop("numpy", num_outputs=lambda parts=1, **_: parts)
+def split_rows(x, parts=1, scale=1.0):
+    out = numpy.split(x * scale, parts, axis=0)
+    return tuple(out) if parts > 1 else out[0]
+
+
+def _split_rows_grad(ans, x, parts=1, scale=1.0):
+    # One output: ans and g are arrays; several: tuples of them, one per output.
+    assert isinstance(ans, tuple) == (parts > 1), (type(ans), parts)
+
+    def grad(g):
+        assert isinstance(g, tuple) == (parts > 1) and (parts == 1 or len(g) == parts)
+        return scale * (numpy.concatenate(g, axis=0) if parts > 1 else g)
+    return grad
+
+
+split_rows.def_grad(_split_rows_grad)
+
+
+@split_rows.twin("mxnet")
+def _split_rows_nd(x, parts=1, scale=1.0):
+    # No def_grad: recorded natively; its graph nodes differentiate with mx.autograd.
+    out = mx.nd.split(x * scale, num_outputs=parts, axis=0)
+    return tuple(out) if parts > 1 else out
+
+
+class SplitNet(mx.gluon.HybridBlock):
+    """Two nodes of one op type with different output counts (3 and 1) in one graph."""
+
+    def __init__(self, op, **kwargs):
+        super().__init__(**kwargs)
+        self.op = op
+
+    def hybrid_forward(self, F, x):
+        a, b, c = self.op(x, parts=3, scale=2.0)
+        whole = self.op(x, scale=0.5)
+        return F.concat(c, a, b, dim=0) * whole

@@ -190,6 +190,34 @@ def test_wrong_arity_and_unknown_keywords(args, kwargs, match):
     assert_usable()
 
 
+@customop("numpy", name="tests.weighted", optional=("weight",))
+def weighted(x, weight=None, *, limit=10.0):
+    if float(np.max(x)) > limit:
+        raise LabelError(f"x exceeds {limit}")
+    return x if weight is None else x * weight
+
+
+@pytest.mark.parametrize("how", HOWS)
+def test_errors_name_the_op_the_user_called_not_its_variant(how):
+    # weighted(x) runs the variant registered as 'tests.weighted~without_weight'.
+    assert weighted.variant(["x"]).op_type == "tests.weighted~without_weight"
+    x = np.full((3,), 20.0, np.float32)
+    with pytest.raises(LabelError) as info:
+        if how == "symbol":
+            weighted(mx.sym.var("x")).bind(mx.cpu(), {"x": mx.nd.array(x)}).forward()[0].asnumpy()
+        else:
+            run_forward(weighted, how, x)
+    assert str(info.value).startswith("customop 'tests.weighted' ("), str(info.value)
+    wrong = [lambda: weighted("x"), lambda: weighted(mx.sym.var("x"), mx.nd.ones(3)),
+             lambda: weighted(mx.nd.ones(3), limit=mx.nd.ones(1)),
+             lambda: weighted(mx.nd.ones(3), scale=1.0)]
+    for call in wrong:
+        with pytest.raises(TypeError, match=r"^customop 'tests\.weighted'[: ]") as info:
+            call()
+        assert "~" not in str(info.value), str(info.value)
+    assert_usable()
+
+
 def test_positional_parameter_is_pointed_to_its_keyword():
     with pytest.raises(TypeError, match=r"pass parameter\(s\) 'alpha' by keyword"):
         opdefs.affine_pair(mx.nd.ones(2), mx.nd.ones(2), 0.5)

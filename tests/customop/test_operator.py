@@ -326,6 +326,139 @@ def test_mixed_reqs_write_and_add_in_one_backward():
     np.testing.assert_allclose(b.grad.asnumpy(), [1.0, 1.0])
 
 
+# ---- 6b. an output count that follows a parameter (num_outputs= as a function) ---------------
+SPLIT = [opdefs.split_rows, opdefs.split_rows.mxnet]  # def_grad closure / recorded natively
+
+
+def _split_reference(x, parts, scale, heads):
+    """float64: the outputs are ``parts`` row blocks of ``scale * x``; d/dx stacks the heads."""
+    x = x.astype(np.float64)
+    return np.split(scale * x, parts, axis=0), scale * np.concatenate(heads, axis=0)
+
+
+@pytest.mark.parametrize("how", ["direct", "native", *paths.ALL])
+@pytest.mark.parametrize("op", SPLIT, ids=["numpy", "mxnet"])
+def test_the_output_count_follows_the_parameters_on_every_path(op, how):
+    x = np.random.rand(6, 2).astype(np.float32)
+    for parts in (1, 2, 3):
+        heads = [np.random.rand(6 // parts, 2).astype(np.float32) for _ in range(parts)]
+        want, want_grad = _split_reference(x, parts, 2.0, heads)
+        params = dict(parts=parts, scale=2.0)
+        if how == "direct":
+            out = op(mx.nd.array(x), **params)
+            assert isinstance(out, tuple) == (parts > 1)  # one output is not a 1-tuple
+            outs = [o.asnumpy() for o in (out if parts > 1 else (out,))]
+        else:
+            outs, (grad,) = paths.run(op, [x], params, how=how, heads=heads)
+            np.testing.assert_allclose(grad, want_grad, rtol=1e-6)
+        assert len(outs) == parts, (how, parts)
+        for got, w in zip(outs, want):
+            np.testing.assert_allclose(got, w, rtol=1e-6)
+
+
+@pytest.mark.parametrize("op", SPLIT, ids=["numpy", "mxnet"])
+def test_an_output_count_by_parameters_in_symbols_custom_and_check_grad(op):
+    x = np.random.rand(6, 2).astype(np.float32)
+    three = op(mx.sym.var("x"), parts=3, name="s")
+    assert isinstance(three, tuple) and len(three) == 3
+    assert three[2].list_outputs() == ["s_output2"]
+    one = op(mx.sym.var("x"), name="w")
+    assert isinstance(one, mx.sym.Symbol) and one.list_outputs() == ["w_output"]
+    # shape inference per node: the same input shape, different parameters
+    assert mx.sym.Group(list(three)).infer_shape(x=(6, 2))[1] == [(2, 2)] * 3
+    assert one.infer_shape(x=(6, 2))[1] == [(6, 2)]
+    outs = mx.nd.Custom(mx.nd.array(x), op_type=op.op_type, parts=2)  # MXNet's own front door
+    assert len(outs) == 2
+    np.testing.assert_allclose(outs[1].asnumpy(), x[3:], rtol=1e-6)
+    from customop.check import check_grad
+    for parts in (1, 2):
+        assert check_grad(op, x.astype(np.float64), parts=parts, scale=3.0).passed
+
+
+@pytest.mark.parametrize("op", SPLIT, ids=["numpy", "mxnet"])
+def test_an_output_count_by_parameters_in_a_hybridized_block(op):
+    x = np.random.rand(6, 2).astype(np.float32)
+    blocks = np.split(2.0 * x, 3)
+    want = np.concatenate([blocks[2], blocks[0], blocks[1]]) * (0.5 * x)
+    net = opdefs.SplitNet(op)
+    for hybrid in (False, True):
+        if hybrid:
+            net.hybridize()
+        xs = mx.nd.array(x)
+        xs.attach_grad()
+        with mx.autograd.record():
+            out = net(xs)
+        out.backward()
+        np.testing.assert_allclose(out.asnumpy(), want, rtol=1e-6)
+        # out[i] = x[(i + 4) % 6] * x[i] (rows): d sum(out) / dx[j] = x[j + 4] + x[j + 2]
+        np.testing.assert_allclose(xs.grad.asnumpy(), np.roll(x, -4, 0) + np.roll(x, -2, 0),
+                                   rtol=1e-6)
+
+
+def test_an_output_count_by_parameters_survives_export_and_reload(tmp_path):
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+    x = np.random.rand(6, 2).astype(np.float32)
+    net = opdefs.SplitNet(opdefs.split_rows)
+    net.hybridize()
+    want = net(mx.nd.array(x)).asnumpy()
+    prefix = str(tmp_path / "split")
+    net.export(prefix)
+    nodes = [n for n in json.loads(Path(prefix + "-symbol.json").read_text())["nodes"]
+             if n["op"] == "Custom"]
+    assert [n["attrs"]["op_type"] for n in nodes] == [opdefs.split_rows.op_type] * 2
+    np.save(tmp_path / "x.npy", x)
+    script = f"""
+import sys
+import mxnet as mx, numpy as np
+import customop
+assert "tests.customop.opdefs" not in sys.modules
+x = mx.nd.array(np.load({str(tmp_path / 'x.npy')!r}))
+a = customop.imports({prefix + '-symbol.json'!r}, ['data'])  # imports the defining module
+b = mx.gluon.SymbolBlock.imports({prefix + '-symbol.json'!r}, ['data'])
+np.save({str(tmp_path / 'out.npy')!r}, np.stack([a(x).asnumpy(), b(x).asnumpy()]))
+"""
+    root = Path(__file__).resolve().parents[2]
+    subprocess.run([sys.executable, "-c", script], cwd=root, check=True, timeout=120)
+    for got in np.load(tmp_path / "out.npy"):
+        np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+def test_num_outputs_by_parameters_is_documented_and_checked():
+    import doctest
+
+    from customop import operator as operator_module
+    runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS)
+    for test in doctest.DocTestFinder().find(operator_module.customop, "customop", globs={}):
+        runner.run(test)
+    assert runner.summarize(verbose=False) == (0, runner.tries) and runner.tries > 0
+    assert "outputs=by parameters" in repr(opdefs.split_rows)
+    assert opdefs.split_rows.mxnet.num_outputs is opdefs.split_rows.num_outputs  # twins share it
+    x = mx.nd.ones((4, 2))
+    with pytest.raises(TypeError, match=r"num_outputs= takes 'part', which is not a parameter"):
+        customop("numpy", name="tests.count_unknown", num_outputs=lambda part: part)(
+            lambda x, parts=1: x)
+    with pytest.raises(TypeError, match=r"num_outputs= must be an int >= 1"):
+        customop("numpy", name="tests.count_zero", num_outputs=0)(lambda x: x)
+    bad = customop("numpy", name="tests.count_bad", num_outputs=lambda parts: "two")(
+        lambda x, parts=1: x)
+    with pytest.raises(TypeError, match=r"customop 'tests.count_bad': num_outputs= returned "
+                       r"'two' for the parameters parts=1; it must return an int >= 1"):
+        bad(x)
+    liar = customop("numpy", name="tests.count_liar", num_outputs=lambda parts: 2)(
+        lambda x, parts=1: x)
+    for how in ("direct", "symbol"):
+        with pytest.raises(TypeError, match=r"forward returned 1 output\(s\) but the op declares "
+                           r"2 for the parameters parts=1 \(num_outputs=\); make num_outputs= "
+                           r"return 1 for them"):
+            if how == "direct":
+                liar(x)
+            else:
+                mx.sym.Group(list(liar(mx.sym.var("x")))).infer_shape(x=(4, 2))
+
+
 # ---- 7. loss layers --------------------------------------------------------------------------
 @pytest.mark.parametrize("how", paths.ALL)
 def test_need_top_grad_false_ignores_the_head_gradient(how):

@@ -71,6 +71,7 @@ def every_path(op, inputs, params, float_inputs=None):
     floats = float_inputs if float_inputs is not None else [
         i for i, a in enumerate(inputs) if np.issubdtype(np.asarray(a).dtype, np.floating)]
     for how, (outs, grads) in results.items():
+        assert len(outs) == len(direct), f"{op.op_type}: {len(outs)} output(s) via {how}"
         for want, got in zip(direct, outs):
             np.testing.assert_array_equal(got, want, err_msg=f"{op.op_type} output via {how}")
         ref_grads = results["function"][1]

@@ -2,6 +2,7 @@
 float math raise an exception naming the operator and the argument, in both modes, on every
 call style, and the process stays usable."""
 import contextlib
+import re
 
 import mxnet as mx
 import numpy as np
@@ -73,6 +74,7 @@ CASES = [
      "is_ascend"),
     ("topk-str-do_sort", ops.topk, [f32(2, 5)], dict(do_sort="False"), TypeError, "do_sort"),
     ("topk-str-k", ops.topk, [f32(2, 5)], dict(k="3"), TypeError, "k"),
+    ("topk-str-k-both", ops.topk, [f32(2, 5)], dict(k="3", ret_typ="both"), TypeError, "k"),
     ("arr_pick-str-num", ops.arr_pick, [f32(1, 2, 5), np.ones((1, 1, 5), np.float32)],
      dict(num="2"), TypeError, "num"),
     ("ohem-str-from_logits", ops.ohem_sampler, OHEM, dict(from_logits="False"), TypeError,
@@ -84,8 +86,13 @@ IDS = [c[0] for c in CASES]
 
 def _pattern(op, arg):
     """The message names the op (as ``customop 'ops.<name>'``) and the argument."""
-    name = (op.op_type if hasattr(op, "op_type") else "ops.topk").split("~")[0].split(".")[1]
+    name = op.op_type.split("~")[0].split(".")[1]
     return rf"customop 'ops\.{name}'.*: {arg} "
+
+
+def _named_once(exc):
+    # One prefix: an op's own check already names it, so nothing may name it again.
+    assert str(exc.value).count("customop '") == 1, str(exc.value)
 
 
 # The value each refused parameter takes in the call that shows the process still works.
@@ -111,11 +118,12 @@ def test_nd_call_raises_naming_the_op_and_the_argument(case, mode, how):
     op = op.numpy if mode == "numpy" else op
     xs = [mx.nd.array(a, dtype=a.dtype) for a in inputs]
     with forced_path(how):
-        with pytest.raises(error, match=_pattern(op, arg)):
+        with pytest.raises(error, match=_pattern(op, arg)) as exc:
             with contextlib.nullcontext() if how == "direct" else mx.autograd.record():
                 outs = op(*xs, **params)
             for o in outs if isinstance(outs, (tuple, list)) else [outs]:
                 o.wait_to_read()
+    _named_once(exc)
     for out in _good_call(op, inputs, params):  # the same call without the mistake works
         assert np.isfinite(out).all()
 
@@ -131,7 +139,8 @@ class _Block(mx.gluon.HybridBlock):
 
 @pytest.mark.parametrize("case", [c for c in CASES if c[0] in (
     "box_iou-str-legacy_box", "box_nms-nan-overlap", "focal-str-alpha", "topk-str-do_sort",
-    "ohem-str-from_logits", "smooth_l1-nan-sigma", "wing-int-pred")], ids=lambda c: c[0])
+    "topk-str-k-both", "ohem-str-from_logits", "smooth_l1-nan-sigma", "wing-int-pred")],
+    ids=lambda c: c[0])
 @pytest.mark.parametrize("mode", ["mxnet", "numpy"])
 def test_hybridized_block_raises_naming_the_op_and_the_argument(case, mode):
     _, op, inputs, params, error, arg = case
@@ -139,10 +148,11 @@ def test_hybridized_block_raises_naming_the_op_and_the_argument(case, mode):
     net = _Block(op, params)
     net.hybridize()
     xs = [mx.nd.array(a, dtype=a.dtype) for a in inputs]
-    with pytest.raises(error, match=rf": {arg} "):
+    with pytest.raises(error, match=rf": {arg} ") as exc:
         out = net(*xs)
         for o in out if isinstance(out, (tuple, list)) else [out]:
             o.wait_to_read()
+    _named_once(exc)
     assert mx.nd.ones((2,)).sum().asscalar() == 2  # MXNet still answers
 
 
@@ -187,3 +197,31 @@ def test_bound_symbol_raises_naming_the_op_and_the_argument(case, mode):
         exe = sym.simple_bind(mx.cpu(), type_dict={"l": np.float32, **types}, **shapes)
         exe.forward()[0].asnumpy()
     assert mx.nd.ones((2,)).sum().asscalar() == 2
+
+
+@pytest.mark.parametrize("mode", ["mxnet", "numpy"])
+@pytest.mark.parametrize("how", ["direct", "function", "custom", "symbol"])
+def test_a_wrong_input_names_the_op_the_user_called_not_its_variant(mode, how):
+    # smooth_l1(data, sigma) without weight runs the registered variant
+    # 'ops.smooth_l1~without_weight'; the user called ops.smooth_l1 (or its .numpy twin).
+    op = ops.smooth_l1.numpy if mode == "numpy" else ops.smooth_l1
+    called = "ops.smooth_l1" + (".numpy" if mode == "numpy" else "")
+    if how == "symbol":
+        data, sigma, bad, kind = mx.sym.var("data"), mx.sym.var("sigma"), 3, "int"
+        calls = [lambda: op(data, bad), lambda: op(data, sigma, mx.nd.ones((2, 3)))]
+    else:
+        data, sigma, bad, kind = mx.nd.ones((2, 3)), mx.nd.ones((1,)), "3", "str"
+        calls = [lambda: op(data, bad), lambda: op(data, sigma, bad)]
+    for call in calls:
+        with forced_path(None if how in ("direct", "symbol") else how):
+            with pytest.raises(TypeError, match=rf"^customop '{re.escape(called)}': input") \
+                    as exc:
+                with contextlib.nullcontext() if how in ("direct", "symbol") else \
+                        mx.autograd.record():
+                    call()
+        assert "~" not in str(exc.value) and str(exc.value).count("customop '") == 1
+    assert f"is a {kind}" in str(pytest.raises(TypeError, calls[0]).value)
+    # the op's own checks (a bad sigma) name the operator, for either twin
+    with pytest.raises(ValueError, match=r"^customop 'ops\.smooth_l1': sigma ") as exc:
+        op(mx.nd.ones((2, 3)), mx.nd.array([float("nan")])).wait_to_read()
+    assert "~" not in str(exc.value)

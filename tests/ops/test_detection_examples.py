@@ -4,9 +4,8 @@ import doctest
 import pytest
 
 import ops
-from ops.topk import TopK
 
-DOCUMENTED = [TopK, ops.arr_pick, ops.box_iou, ops.box_nms, ops.box_encode, ops.box_decode,
+DOCUMENTED = [ops.topk, ops.arr_pick, ops.box_iou, ops.box_nms, ops.box_encode, ops.box_decode,
               ops.ohem_sampler]
 
 
