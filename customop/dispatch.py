@@ -255,12 +255,12 @@ def call_function(op: CustomOperator, nd_inputs: list[mx.nd.NDArray],
 def call_custom(op: CustomOperator, nd_inputs: list[mx.nd.NDArray],
                 params: dict[str, Any]) -> list[mx.nd.NDArray]:
     attrs = {k: _params.encode(v) for k, v in params.items()}
-    # The operator MXNet creates for this call finds its failure record by this key, so a
-    # failure is ours to raise even when MXNet loses or mixes it up.
     if op.signature.aux:
         # installs the aux patches before the first call, which touch_aux depends on
         runtime.use_aux(op.op_type, op.signature.aux)
         runtime.touch_aux(nd_inputs[len(op.signature.inputs):], op.op_type)
+    # The operator MXNet creates for this call finds its failure record by this key, so a
+    # failure is ours to raise even when MXNet loses or mixes it up.
     key, call = errors.open_call()
     attrs[errors.CALL_KEY] = key
     try:
