@@ -196,9 +196,10 @@ def _install_errors() -> None:
 MXNET_FORK_STEPS = ("_ZN5mxnet22pthread_atfork_prepareEv", "_ZN5mxnet21pthread_atfork_parentEv")
 
 
+@functools.lru_cache(maxsize=None)
 def _fork_steps():
     try:
-        steps = [getattr(_LIB, name) for name in MXNET_FORK_STEPS]  # ctypes caches these
+        steps = [getattr(_LIB, name) for name in MXNET_FORK_STEPS]
     except AttributeError:  # pragma: no cover - another build of MXNet
         return None
     for step in steps:
