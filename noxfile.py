@@ -1,5 +1,8 @@
 """The test matrix: the full suite on Python 3.8-3.11, one venv per Python from the same pins.
 
+``deploy-3.11`` exports the two deployed models of issue 28 and checks them in two fresh
+venvs: plain MXNet without customop, and ONNX Runtime with a current NumPy (no MXNet).
+
 ``bash .ci/run`` (CI) runs every session; ``.venv/bin/nox -s tests-3.9`` one of them; words
 after ``--`` replace the pytest arguments (``nox -s tests-3.10 -- -q tests/ops``).  Each
 interpreter is the newest ``$PYENV_ROOT/versions/3.X.*/bin/python3.X`` (``~/.pyenv`` when
@@ -23,7 +26,7 @@ ROOT = Path(__file__).resolve().parent
 # CI's 90 minutes even when two of them hang.
 SUITE_TIMEOUT_S = 15 * 60
 
-nox.options.sessions = ["tests", "install"]
+nox.options.sessions = ["tests", "install", "deploy"]
 nox.options.default_venv_backend = "venv"
 nox.options.download_python = "never"
 nox.options.error_on_missing_interpreters = True
@@ -81,3 +84,25 @@ def install(session: nox.Session) -> None:
         with session.chdir(work):
             session.run("python", "install_check.py", str(ROOT / "README.md"),
                         env={"PYTHONPATH": ""})
+
+
+@nox.session(python=["3.11"])
+def deploy(session: nox.Session) -> None:
+    """Exported models run without customop: plain MXNet, and ONNX Runtime (no MXNet)."""
+    session.install("-r", "requirements-dev.txt")
+    session.install("--no-deps", "-e", ".")
+    here = ROOT / "tests" / "deploy"
+    with tempfile.TemporaryDirectory(prefix="customop-deploy-") as work:
+        out = os.path.join(work, "models")
+        session.run("python", str(here / "models.py"), out)
+        for name, pins, check in (("plain-mxnet", "requirements-mxnet.txt", "run_plain_mxnet.py"),
+                                  ("onnxruntime", "requirements-onnxruntime.txt",
+                                   "run_onnxruntime.py")):
+            venv = os.path.join(work, name)
+            session.run("python", "-m", "venv", venv)
+            python = os.path.join(venv, "bin", "python")
+            session.run(python, "-m", "pip", "install", "--quiet", "-r", str(here / pins),
+                        external=True)
+            with session.chdir(work):  # nothing of the checkout on sys.path
+                session.run(python, str(here / check), out, external=True,
+                            env={"PYTHONPATH": ""})

@@ -5,6 +5,8 @@ MXNet CustomOp; ``op.def_grad(fn, argnum)`` attaches gradients (``return residua
 hands the forward's intermediate values to them);
 ``check_grad(op, *inputs)`` checks them against finite differences;
 ``imports``/``load_checkpoint`` reload saved graphs, importing their ops first.
+``'mxnet'``-mode ops run as MXNet's own operators in hybridized and bound graphs
+when their forward traces to one (``explain(op, ...)`` says whether, and why not).
 
 Importing this package changes nothing in MXNet or Python; what an operator
 needs from MXNet is installed when it is first used (see :mod:`customop.runtime`).
@@ -21,12 +23,17 @@ except ModuleNotFoundError as _exc:
 
 from typing import Any
 
+from . import inlining  # noqa: F401 (hands the inline patch its hooks; patches nothing)
+from .explain import explain
+from .export import NotInlinedError, export, to_onnx
 from .loading import imports, load_checkpoint
 from .operator import CustomOperator, customop
 from .saved import residuals
+from .trace import is_tracing
 
 __all__ = ["customop", "CustomOperator", "residuals", "check_grad", "imports",
-           "load_checkpoint"]
+           "load_checkpoint", "explain", "is_tracing", "export", "to_onnx",
+           "NotInlinedError"]
 __version__ = "0.1.0"
 
 

@@ -111,6 +111,11 @@ def call_ndarray(op: CustomOperator, inputs: list[Any], params: dict[str, Any]) 
             "graph; use 'function' or 'custom' there"))
     if op.signature.aux and path != "direct":
         path = "custom"  # the aux arrays must be inputs of MXNet's node (see the module doc)
+    tracing = runtime.tracing_now()
+    if tracing is not None:  # called by a forward being traced (customop.native)
+        tracing.inner.append(op)
+        if op.mode == "mxnet" and not op.signature.aux:
+            path = "native"  # its forward's own operators join the graph
     if path != "direct":
         runtime.use()
     if path == "direct":
@@ -291,6 +296,7 @@ def call_symbol(op: CustomOperator, arrays: list[Any], params: dict[str, Any],
                 f"input {name!r} is a {type(a).__name__}, but other inputs are mx.sym.Symbol; "
                 "make every input a Symbol (e.g. mx.sym.Variable)"))
     attrs = {k: _params.encode(v) for k, v in params.items()}
+    runtime.note_graph_op(op)
     if len(arrays) < len(op.signature.arrays):
         # MXNet takes Symbols passed after the arguments as the auxiliary states; ours
         # carry a zero initializer so that Module.init_params accepts their names.

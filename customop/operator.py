@@ -36,7 +36,7 @@ class CustomOperator:
                  infer_type: Callable | None = None, num_outputs: CountSpec | None = None,
                  auto_grad: bool = True, aux: dict[str, Callable] | None = None,
                  optional: tuple[str, ...] | list[str] = (),
-                 no_grad: tuple[str, ...] | list[str] = ()):
+                 no_grad: tuple[str, ...] | list[str] = (), inline: bool = True):
         if mode not in MODES:
             raise ValueError(f"customop mode must be 'numpy' or 'mxnet', got {mode!r}")
         functools.update_wrapper(self, fn)
@@ -69,6 +69,7 @@ class CustomOperator:
                             f"which is not an input; the inputs are "
                             f"{', '.join(self.signature.inputs) or 'none'}")
         self.no_grad: frozenset[str] = frozenset(no_grad)
+        self.inline = bool(inline)
         self.grads: dict[int, GradMaker] = {}
         self._update_native()
         self.inference = Inference(self)
@@ -144,7 +145,7 @@ class CustomOperator:
                         infer_shape=self.user_infer_shape, infer_type=self.user_infer_type,
                         num_outputs=self.num_outputs, auto_grad=self.auto_grad,
                         aux=self.aux_shape_fns, optional=tuple(self.signature.optional),
-                        no_grad=tuple(self.no_grad))
+                        no_grad=tuple(self.no_grad), inline=self.inline)
         settings.update(options)
 
         def wrap(fn: Callable) -> CustomOperator:
@@ -263,7 +264,7 @@ class _Variant(CustomOperator):
                          need_top_grad=full.need_top_grad, infer_shape=_dropping(
                              full.user_infer_shape, self), infer_type=_dropping(
                              full.user_infer_type, self), num_outputs=full.num_outputs,
-                         auto_grad=full.auto_grad,
+                         auto_grad=full.auto_grad, inline=full.inline,
                          no_grad=tuple(n for n in full.no_grad if n not in absent))
         self.adopt_grads()
 
@@ -353,7 +354,8 @@ def customop(mode: Mode, *, name: str | None = None, need_top_grad: bool = True,
              num_outputs: CountSpec | None = None, auto_grad: bool = True,
              aux: dict[str, Callable] | None = None,
              optional: tuple[str, ...] | list[str] = (),
-             no_grad: tuple[str, ...] | list[str] = ()) -> Callable[[Callable], CustomOperator]:
+             no_grad: tuple[str, ...] | list[str] = (),
+             inline: bool = True) -> Callable[[Callable], CustomOperator]:
     """Turn a forward function into a registered MXNet custom operator.
 
     Args:
@@ -388,6 +390,10 @@ def customop(mode: Mode, *, name: str | None = None, need_top_grad: bool = True,
             optional array inputs (``def f(pred, label, weight=None)``): a call
             may leave them out, on every call style, and the forward and the
             gradient closures then see ``None``.
+        inline: let an ``'mxnet'``-mode forward stand in graphs as the MXNet
+            operators it calls (hybridized blocks, bound graphs, deploy
+            exports: see :func:`customop.explain`); ``False`` keeps its
+            ``Custom`` node everywhere.
 
     Positional parameters without defaults are array inputs; parameters with
     defaults are operator parameters (Python literals, kept exactly).  A
@@ -423,5 +429,5 @@ def customop(mode: Mode, *, name: str | None = None, need_top_grad: bool = True,
         return CustomOperator(fn, mode, name=name, need_top_grad=need_top_grad,
                               infer_shape=infer_shape, infer_type=infer_type,
                               num_outputs=num_outputs, auto_grad=auto_grad, aux=aux,
-                              optional=optional, no_grad=no_grad)
+                              optional=optional, no_grad=no_grad, inline=inline)
     return wrap

@@ -55,6 +55,7 @@ def register(op_type: str, lookup: Callable[[str], CustomOperator]) -> None:
                 runtime.use_aux(op.op_type, op.signature.aux)
             else:
                 runtime.use()
+                runtime.note_graph_op(op)  # a loaded graph: bound or hybridized next
             # MXNet does not guard the prop's constructor (an exception there crashes the
             # process), so a bad parameter is reported from list_arguments, which it guards.
             self.bad_params: BaseException | None = None

@@ -96,6 +96,37 @@ node, a hybridized call or an ``mx.nd.Custom`` call)
     array the first time a step uses it.  No public hook exists: Gluon's
     Trainer has no step callback, Module has one only in ``fit``.
 
+``trace`` (in place only while a forward is traced into a native graph, for that thread)
+    Recording an op's forward as MXNet operators (:mod:`customop.native`) needs what
+    MXNet has no hook for: the arrays each operator reads (``mx.autograd.get_symbol``
+    names the forward's free variables ``nullN`` but gives no way to read their
+    values: the constants it built), every read of a value back to Python
+    (``asnumpy``; ``asscalar`` and ``bool()`` go through it), and what the forward
+    computes inside ``mx.autograd.pause()`` (recorded anyway and marked, so the graph
+    is whole and its training form stops gradients where the pause did).  For the
+    length of one trace, under a lock, ``mxnet.ndarray.register._imperative_invoke``
+    (every generated ``mx.nd`` operator runs through it), ``NDArray.asnumpy`` and
+    ``autograd._RecordingStateScope.__enter__``/``__exit__`` are wrappers that report
+    to the tracing thread's log and pass every other thread through; the originals
+    are back when the trace ends.  Switched off, nothing is traced: every op keeps
+    its ``Custom`` node.
+
+``inline`` (installed by the first Symbol call, or graph load, of an ``'mxnet'``-mode op
+that may inline in training: no ``def_grad``, ``need_top_grad=True``, no aux, ``inline=True``)
+    Wraps ``Symbol.simple_bind``, ``Symbol.bind`` and ``CachedOp.__init__``.  A graph
+    without a ``Custom`` node of such an op (one ``tojson`` per bind or CachedOp,
+    never per call) is bound or cached as before.  In a graph with one, each such node
+    whose forward traces faithfully is replaced by its operators
+    (:mod:`customop.inlining`): an executor binds the inlined graph and is shown with
+    the original argument order, names and ``reshape``; a CachedOp settles at its
+    first call (when the input shapes are known) and from then on is MXNet's
+    CachedOp of the inlined graph (its handle moved into the one Gluon holds), or,
+    when that graph lists its inputs in another order or depends on the input
+    dtype, reorders its inputs per call.  Measured: hybridized forward+backward of
+    one decorated ``x * x`` cost 9.2x / 9.6x / 2.65x the native ``x * x`` at 10 / 1e3 /
+    1e6 elements as a ``Custom`` node, and 0.99-1.01x inlined
+    (``benchmarks/native_graphs.py``).  Switched off, every op keeps its ``Custom`` node.
+
 ``excepthook`` (installed at start-up in the workers of ``python -m
 customop.distributed.launch`` only, by ``customop/distributed/worker_site``)
     ``sys.excepthook`` prints the traceback and exits 1: a ``dist_*`` worker
@@ -109,6 +140,7 @@ customop.distributed.launch`` only, by ``customop/distributed/worker_site``)
 from __future__ import annotations
 
 import atexit
+import contextlib
 import ctypes
 import functools
 import itertools
@@ -117,7 +149,7 @@ import os
 import subprocess
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import mxnet as mx
@@ -134,6 +166,10 @@ def disabled(name: str) -> bool:
     """Whether ``CUSTOMOP_RUNTIME_OFF`` keeps patch ``name`` out."""
     off = {p.strip() for p in os.environ.get("CUSTOMOP_RUNTIME_OFF", "").split(",")}
     return name in off or "all" in off
+
+
+def is_installed(name: str) -> bool:
+    return name in _installed
 
 
 def installed() -> list[str]:
@@ -483,3 +519,169 @@ def _install_auxsync() -> None:
     trainer.step, trainer.allreduce_grads, trainer.update = step_, allreduce_grads_, update_
     module.update = module_update_
     agree.start_tracking()
+
+
+# ---- trace ----------------------------------------------------------------------------------
+_trace_lock = threading.RLock()  # one trace at a time: the swap below is process-wide
+_trace_logs: dict[int, Any] = {}  # thread id -> the log of the forward that thread traces
+_trace_saved: dict[str, Any] = {}
+
+
+def _traced_invoke(handle, ndargs, *args):
+    result = _trace_saved["invoke"](handle, ndargs, *args)
+    log = _trace_logs.get(threading.get_ident())
+    if log is not None:
+        log.invoked(handle, ndargs, result)
+    return result
+
+
+def _traced_asnumpy(self):
+    log = _trace_logs.get(threading.get_ident())
+    if log is not None:
+        log.read(self)
+    return _trace_saved["asnumpy"](self)
+
+
+def _traced_scope_enter(self):
+    log = _trace_logs.get(threading.get_ident())
+    if log is not None and self._enter_is_record is False:
+        self._enter_is_record = None  # keep recording: the paused values join the graph
+        self._customop_paused = True
+        log.pause_enter()
+    return _trace_saved["enter"](self)
+
+
+def _traced_scope_exit(self, *exc):
+    if getattr(self, "_customop_paused", False):
+        log = _trace_logs.get(threading.get_ident())
+        if log is not None:
+            log.pause_exit()
+    return _trace_saved["exit"](self, *exc)
+
+
+@contextlib.contextmanager
+def tracing(log: Any) -> Iterator[None]:
+    """Within the block, this thread's forward is being traced into ``log`` (see ``trace``).
+
+    ``log.invoked(handle, inputs, result)`` sees every MXNet operator call,
+    ``log.read(array)`` every ``asnumpy`` (so also ``asscalar``, ``bool()``);
+    ``mx.autograd.pause()`` keeps recording, between ``log.pause_enter()`` and
+    ``log.pause_exit()``.  Other threads run through unchanged.
+    """
+    from mxnet.ndarray import register
+
+    with _trace_lock:
+        me = threading.get_ident()
+        if me in _trace_logs:
+            raise RuntimeError("customop: a forward traced inside a traced forward")
+        outermost = not _trace_logs
+        if outermost:
+            scope = mx.autograd._RecordingStateScope
+            _trace_saved.update(invoke=register._imperative_invoke,
+                                asnumpy=mx.nd.NDArray.asnumpy, enter=scope.__enter__,
+                                exit=scope.__exit__)
+            register._imperative_invoke = _traced_invoke
+            mx.nd.NDArray.asnumpy = _traced_asnumpy
+            scope.__enter__, scope.__exit__ = _traced_scope_enter, _traced_scope_exit
+        _trace_logs[me] = log
+        try:
+            yield
+        finally:
+            del _trace_logs[me]
+            if not _trace_logs:
+                register._imperative_invoke = _trace_saved["invoke"]
+                mx.nd.NDArray.asnumpy = _trace_saved["asnumpy"]
+                scope = mx.autograd._RecordingStateScope
+                scope.__enter__, scope.__exit__ = _trace_saved["enter"], _trace_saved["exit"]
+
+
+def tracing_now() -> Any:
+    """The trace log of this thread's forward, or None when it is not being traced."""
+    return _trace_logs.get(threading.get_ident()) if _trace_logs else None
+
+
+# ---- inline ---------------------------------------------------------------------------------
+_plans: dict[int, Any] = {}  # id(CachedOp) -> its inlining.CachedPlan, until the first call
+_inner = threading.local()  # .building: a CachedOp made for a plan (never planned itself)
+
+
+_inline_hooks: Any = None  # customop.inlining, which hands itself over when imported
+
+
+def set_inline_hooks(hooks: Any) -> None:
+    """Where the ``inline`` patch sends graphs (``customop.inlining``; set at its import)."""
+    global _inline_hooks
+    _inline_hooks = hooks
+
+
+def note_graph_op(op: Any) -> None:
+    """``op`` is going into a graph: install ``inline`` if it may inline in training."""
+    if "inline" in _installed or _inline_hooks is None or not _inline_hooks.may_inline(op):
+        return
+    use()
+    _once("inline", _install_inline)
+
+
+class _PlannedCachedOp(mx.nd.CachedOp):
+    """A CachedOp whose graph holds ops that inline: settled at its first call."""
+
+    __slots__ = ()
+
+    def __call__(self, *args, **kwargs):
+        return _plans[id(self)].call(self, args, kwargs)
+
+    def __del__(self):
+        _plans.pop(id(self), None)
+        super().__del__()
+
+
+def inner_cached_op(sym, flags) -> mx.nd.CachedOp:
+    """The CachedOp a plan runs (the ``aux`` patch applies to it; ``inline`` does not)."""
+    _inner.building = True
+    try:
+        return mx.nd.CachedOp(sym, flags)
+    finally:
+        _inner.building = False
+
+
+def adopt(outer: mx.nd.CachedOp, inner: mx.nd.CachedOp) -> None:
+    """``outer`` runs ``inner``'s graph from now on, as a CachedOp of MXNet's own class."""
+    outer.handle, inner.handle = inner.handle, outer.handle  # each frees the one it holds
+    outer.is_np_sym = inner.is_np_sym
+    _plans.pop(id(outer), None)
+    if id(inner) in _cached_aux:
+        _cached_aux[id(outer)] = _cached_aux.pop(id(inner))
+    outer.__class__ = type(inner)
+
+
+def _install_inline() -> None:
+    inlining = _inline_hooks
+    simple_bind, bind = mx.sym.Symbol.simple_bind, mx.sym.Symbol.bind
+    cached_init = mx.nd.CachedOp.__init__
+
+    def simple_bind_(self, ctx, grad_req="write", type_dict=None, stype_dict=None,
+                     group2ctx=None, shared_arg_names=None, shared_exec=None,
+                     shared_buffer=None, **kwargs):
+        return inlining.simple_bind(simple_bind, self, ctx, grad_req, type_dict, stype_dict,
+                                    group2ctx, shared_arg_names, shared_exec, shared_buffer,
+                                    **kwargs)
+
+    def bind_(self, ctx, args, args_grad=None, grad_req="write", aux_states=None,
+              group2ctx=None, shared_exec=None):
+        return inlining.bind(bind, self, ctx, args, args_grad, grad_req, aux_states,
+                             group2ctx, shared_exec)
+
+    def cached_init_(self, sym, flags=()):
+        cached_init(self, sym, flags)
+        if getattr(_inner, "building", False):
+            return
+        plan = inlining.cached_plan(sym, flags)
+        if plan is not None:
+            _cached_aux.pop(id(self), None)  # the graph it runs is the plan's
+            _plans[id(self)] = plan
+            self.__class__ = _PlannedCachedOp
+
+    functools.update_wrapper(simple_bind_, simple_bind)
+    functools.update_wrapper(bind_, bind)
+    mx.sym.Symbol.simple_bind, mx.sym.Symbol.bind = simple_bind_, bind_
+    mx.nd.CachedOp.__init__ = cached_init_

@@ -9,7 +9,9 @@ Shapes and parameters are checked for free.  A check of *values* in ``'mxnet'``
 mode (labels in range, ``sigma > 0``) costs one device synchronisation: all of an
 operator's value conditions are reduced on the device to a single flag and only
 that one element is read back (:func:`any_nd`); the data itself never leaves the
-device.
+device.  While customop records a forward into a native graph
+(``customop.is_tracing()``), value checks are skipped: a graph of MXNet operators
+cannot raise on values, and a read-back would keep the op out of it.
 """
 from __future__ import annotations
 
@@ -19,6 +21,8 @@ import numbers
 import mxnet as mx
 import numpy as np
 
+from customop import is_tracing
+
 
 def fail(op: str, arg: str, msg: str, cls: type = ValueError) -> Exception:
     return cls(f"customop 'ops.{op}': {arg} {msg}")
@@ -26,6 +30,8 @@ def fail(op: str, arg: str, msg: str, cls: type = ValueError) -> Exception:
 
 def any_nd(*conditions: mx.nd.NDArray) -> bool:
     """Whether any element of any 0/1 condition array is set: one 1-element read-back."""
+    if is_tracing():
+        return False
     flags = [c.reshape((-1,)).max() for c in conditions]
     flag = flags[0] if len(flags) == 1 else mx.nd.maximum(*flags) if len(flags) == 2 \
         else mx.nd.max(mx.nd.concat(*flags, dim=0))

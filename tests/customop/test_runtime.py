@@ -32,6 +32,12 @@ SNAPSHOT = textwrap.dedent('''
             "Executor.backward": mx.executor.Executor.backward,
             "CachedOp.__init__": mx.nd.CachedOp.__init__,
             "CachedOp.__call__": mx.nd.CachedOp.__call__,
+            "Symbol.bind": mx.sym.Symbol.bind,
+            "Symbol.simple_bind": mx.sym.Symbol.simple_bind,
+            "NDArray.asnumpy": mx.nd.NDArray.asnumpy,
+            "register._imperative_invoke": mx.ndarray.register._imperative_invoke,
+            "RecordingStateScope.__enter__": mx.autograd._RecordingStateScope.__enter__,
+            "RecordingStateScope.__exit__": mx.autograd._RecordingStateScope.__exit__,
             "Trainer.step": mx.gluon.Trainer.step,
             "Trainer.allreduce_grads": mx.gluon.Trainer.allreduce_grads,
             "Trainer.update": mx.gluon.Trainer.update,
@@ -152,6 +158,47 @@ def test_after_an_aux_op_is_used_only_its_own_graphs_wait():
     assert result == {"installed": ["aux", "auxsync", "errors", "fork", "release"],
                       "aux executor": "_AuxExecutor", "aux cachedop": "_AuxCachedOp",
                       "unrelated executor": "Executor", "unrelated cachedop": "CachedOp"}
+
+
+def test_the_inline_patch_comes_with_the_first_graph_of_an_op_that_inlines():
+    result = _run(textwrap.dedent(UNRELATED_NETS) + textwrap.dedent('''
+        before = snapshot()
+        d = mx.nd.ones((1, 4, 4)); d.attach_grad()
+        with mx.autograd.record():  # recorded as its own operators: no graph, no patch
+            ops.box_decode(d, mx.nd.ones((1, 4, 4))).backward()
+        steps = [runtime.installed()]
+        ops.topk(mx.sym.var("x"), k=2)  # def_grad: it never inlines in training
+        steps.append(runtime.installed())
+        out = ops.box_decode(mx.sym.var("d"), mx.sym.var("a"))
+        steps.append(runtime.installed())
+        changed = sorted(k for k in before if before[k] != snapshot()[k])
+        exe = out.simple_bind(mx.cpu(), d=(2, 4, 4), a=(1, 4, 4))
+        net, plain = hybrid_net(), executor()
+        print(json.dumps({"steps": steps, "changed": changed,
+                          "inlined": hasattr(exe, "customop_inlined"),
+                          "unrelated executor": hasattr(plain, "customop_inlined"),
+                          "unrelated cachedop": type(net._cached_op).__name__,
+                          "trace hooks back": snapshot()["NDArray.asnumpy"] == before[
+                              "NDArray.asnumpy"]}))
+    '''))
+    assert result["steps"] == [["errors", "fork"], ["errors", "fork"],
+                               ["errors", "fork", "inline"]]
+    assert {"Symbol.bind", "Symbol.simple_bind", "CachedOp.__init__"} <= set(result["changed"])
+    assert "Executor.__init__" not in result["changed"]
+    assert result["inlined"] and result["trace hooks back"]
+    assert not result["unrelated executor"] and result["unrelated cachedop"] == "CachedOp"
+
+
+def test_switched_off_inlining_keeps_custom_nodes():
+    result = _run('''
+        import customop, ops
+        from customop import runtime
+        out = ops.box_decode(mx.sym.var("d"), mx.sym.var("a"))
+        exe = out.simple_bind(mx.cpu(), d=(2, 4, 4), a=(1, 4, 4))
+        print(json.dumps({"installed": runtime.installed(),
+                          "inlined": hasattr(exe, "customop_inlined")}))
+    ''', env={"CUSTOMOP_RUNTIME_OFF": "inline"})
+    assert result == {"installed": ["errors", "fork", "release"], "inlined": False}
 
 
 RELEASE = '''

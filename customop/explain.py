@@ -1,0 +1,170 @@
+"""``customop.explain``: whether an op, or each op of a graph, runs as MXNet's own operators."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import mxnet as mx
+import numpy as np
+
+from . import errors, native, splice
+from .operator import CustomOperator
+
+_WHERE = {native.TRAIN: "training (hybridized blocks, bound graphs)",
+          native.EXPORT: "deploy export (customop.export)"}
+
+
+@dataclass
+class OpReport:
+    """One operator at one input signature: its verdict for training and for export."""
+
+    op_type: str
+    shapes: tuple
+    dtypes: tuple
+    train: native.Verdict
+    export: native.Verdict
+
+    @property
+    def inlines(self) -> bool:
+        """Whether hybridized blocks and bound graphs run it as MXNet operators."""
+        return self.train.inlines
+
+    @property
+    def exports(self) -> bool:
+        """Whether :func:`customop.export` writes it as MXNet operators."""
+        return self.export.inlines
+
+    def __repr__(self) -> str:
+        sig = ", ".join(f"{s} {np.dtype(d).name}" for s, d in zip(self.shapes, self.dtypes))
+        lines = [f"customop {self.op_type!r} at {sig or 'no inputs'}"]
+        for verdict in (self.train, self.export):
+            lines.append(f"  {_WHERE[verdict.purpose]}: {_said(verdict)}")
+        return "\n".join(lines)
+
+
+@dataclass
+class GraphReport:
+    """Every ``Custom`` node of ours in a graph: inlined or kept, for training and for export."""
+
+    nodes: list[tuple[str, str, str, str]] = field(default_factory=list)  # node, op, train, export
+
+    @property
+    def kept(self) -> dict[str, list[str]]:
+        """Nodes that stay ``Custom`` nodes, per purpose."""
+        return {p: [n for n, _, t, e in self.nodes if (t if p == native.TRAIN else e) != "inlines"]
+                for p in native.PURPOSES}
+
+    def __repr__(self) -> str:
+        if not self.nodes:
+            return "no Custom node of a customop operator in this graph"
+        lines = []
+        for node, op_type, train, export in self.nodes:
+            lines += [f"node {node!r} (customop {op_type!r})",
+                      f"  {_WHERE[native.TRAIN]}: {train}",
+                      f"  {_WHERE[native.EXPORT]}: {export}"]
+        return "\n".join(lines)
+
+
+def _said(verdict: native.Verdict) -> str:
+    if verdict.graph is None:
+        return f"stays a Custom node: {verdict.reason}"
+    ops = verdict.graph.operators()
+    names = sorted(set(ops))
+    shown = ", ".join(names[:6]) + (", ..." if len(names) > 6 else "")
+    return f"inlines as {len(ops)} MXNet operator{'s' if len(ops) != 1 else ''} ({shown})"
+
+
+def explain(target: Any, *inputs: Any, **params: Any) -> OpReport | GraphReport:
+    """Whether ``target`` runs as MXNet's own operators in graphs, and why not.
+
+    ``target`` is a decorated operator (then ``inputs`` are its arrays, NDArrays
+    or NumPy arrays, or shapes for float32 inputs, and ``params`` its
+    parameters), or a ``HybridBlock`` (``inputs``: example inputs for its
+    ``forward``), or a Symbol (``params``: input shapes by name).  The answer
+    says, for training (hybridized blocks and bound graphs) and for a deploy
+    export (:func:`customop.export`), whether each op inlines as the MXNet
+    operators its forward calls, or stays a ``Custom`` node, and the reason.
+
+    Example:
+        >>> import mxnet as mx
+        >>> import customop
+        >>> from customop import ops
+        >>> customop.explain(ops.box_decode, (2, 10, 4), (1, 10, 4)).inlines
+        True
+        >>> print(customop.explain(ops.topk, (2, 10), k=3))  # doctest: +ELLIPSIS
+        customop 'ops.topk' at (2, 10) float32
+          training (hybridized blocks, bound graphs): stays a Custom node: its gradient is ...
+          deploy export (customop.export): inlines as ... MXNet operators (...)
+    """
+    if isinstance(target, CustomOperator):
+        return _explain_op(target, inputs, params)
+    if isinstance(target, mx.gluon.HybridBlock):
+        sym, shapes, dtypes = _block_graph(target, inputs)
+        return _explain_graph(sym, shapes, dtypes)
+    if isinstance(target, mx.sym.Symbol):
+        return _explain_graph(target, {k: tuple(v) for k, v in params.items()}, {})
+    raise TypeError(f"customop.explain: expected a decorated operator, a HybridBlock or a "
+                    f"Symbol, got {type(target).__name__}")
+
+
+def _explain_op(op: CustomOperator, inputs, params) -> OpReport:
+    arrays, params = op.signature.bind(inputs, params)
+    if op.variants and any(a is None for a in arrays):
+        absent = frozenset(n for n, a in zip(op.signature.inputs, arrays) if a is None)
+        op, arrays = op.variants[absent], [a for a in arrays if a is not None]
+    values = []
+    for name, a in zip(op.signature.arrays, arrays):
+        if isinstance(a, (tuple, list)) and all(isinstance(d, int) for d in a):
+            values.append(None)
+            continue
+        if isinstance(a, mx.nd.NDArray):
+            a = a.asnumpy()
+        if not isinstance(a, np.ndarray):
+            raise errors.op_error(op.op_type, TypeError, (
+                f"explain: input {name!r} must be an array or a shape tuple, got "
+                f"{type(a).__name__}"))
+        values.append(a)
+    shapes = tuple(tuple(a) if v is None else v.shape for a, v in zip(arrays, values))
+    dtypes = tuple(np.dtype(np.float32) if v is None else v.dtype for v in values)
+    given = None if any(v is None for v in values) else values
+    verdicts = [native.native_graph(op, params, shapes, dtypes, p, given)
+                for p in native.PURPOSES]
+    return OpReport(errors.shown(op.op_type), shapes, dtypes, *verdicts)
+
+
+def _block_graph(block: mx.gluon.HybridBlock, inputs) -> tuple:
+    if not inputs:
+        raise TypeError("customop.explain(block, *inputs): pass example inputs for the "
+                        "block's forward (their shapes and dtypes are what is traced)")
+    if not block._cached_graph:
+        block.hybridize()
+        with mx.autograd.pause():
+            block(*inputs)
+    data, out = block._cached_graph
+    shapes = {d.name: a.shape for d, a in zip(data, inputs)}
+    dtypes = {d.name: a.dtype for d, a in zip(data, inputs)}
+    for name, param in block.collect_params().items():
+        if param._data is not None:
+            shapes[name], dtypes[name] = param.shape, param.dtype
+    return out, shapes, dtypes
+
+
+def _explain_graph(sym: mx.sym.Symbol, shapes, dtypes) -> GraphReport:
+    report = GraphReport()
+    found = {p: splice.inline(sym, shapes, dtypes, p) for p in native.PURPOSES}
+    if found[native.TRAIN] is None:
+        return report
+    said = {}
+    for purpose, result in found.items():
+        for name in result.inlined:
+            said[(name, purpose)] = "inlines"
+        for kept in result.kept:
+            said[(kept.node, purpose)] = f"stays a Custom node: {kept.reason}"
+    graph = splice.graph_of(sym)
+    for node in graph["nodes"] if graph else []:
+        if (node["name"], native.TRAIN) in said:
+            op_type = (node.get("attrs") or {}).get("op_type", "?")
+            report.nodes.append((node["name"], errors.shown(op_type),
+                                 said[(node["name"], native.TRAIN)],
+                                 said.get((node["name"], native.EXPORT), "?")))
+    return report

@@ -1,0 +1,203 @@
+"""Training graphs run our inlinable ops as MXNet's own operators: bound executors and CachedOps.
+
+MXNet builds a graph's executor at ``Symbol.bind``/``simple_bind`` (shapes
+known) and a hybridized block's ``CachedOp`` before its first call (shapes known
+at that call).  At those moments the ``inline`` patch of :mod:`customop.runtime`
+hands the graph here: each ``Custom`` node of an operator that inlines for
+training (:mod:`customop.native`) is replaced by its native graph
+(:mod:`customop.splice`), and the executor or CachedOp runs that graph.  What
+users see stays the same: the executor's ``arg_dict``, ``arg_arrays`` (in the
+original order, which Module relies on), ``output_dict`` and ``reshape``; the
+CachedOp's inputs.  Graphs without such a node are left alone.
+"""
+from __future__ import annotations
+
+import copy
+import sys
+import threading
+import warnings
+import weakref
+from typing import Any
+
+import mxnet as mx
+import numpy as np
+
+from . import native, runtime, splice
+
+
+def may_inline(op: Any) -> bool:
+    """Whether ``op`` may inline in training graphs (then the ``inline`` patch is needed)."""
+    return not native.static_reason(op, native.TRAIN)
+
+
+def _spliced(sym: mx.sym.Symbol, shapes: dict[str, tuple], dtypes: dict[str, Any]
+             ) -> splice.Spliced | None:
+    """``sym`` inlined for training, or None when nothing in it inlines."""
+    if runtime.disabled("inline"):
+        return None
+    graph = splice.graph_of(sym)
+    if graph is None or not splice.candidates(graph, native.TRAIN):
+        return None
+    try:
+        found = splice.inline(sym, shapes, dtypes, native.TRAIN, graph=graph)
+    except Exception as exc:  # noqa: BLE001 - the graph still runs, as Custom nodes
+        warnings.warn(f"customop: the graph keeps its Custom nodes; inlining failed with "
+                      f"{type(exc).__name__}: {exc}", RuntimeWarning, stacklevel=4)
+        return None
+    if found is None or not found.inlined:
+        return None
+    if set(found.symbol.list_inputs()) != set(sym.list_inputs()):
+        return None  # an input no inlined graph reads: the executor would lose it
+    return found
+
+
+def _default_dtypes(sym: mx.sym.Symbol, type_dict: dict | None) -> dict[str, Any]:
+    # What simple_bind assumes: float32 for every argument without a __dtype__ attribute.
+    attrs = sym.attr_dict()
+    dtypes: dict[str, Any] = {n: np.float32 for n in sym.list_arguments()
+                              if "__dtype__" not in attrs.get(n, {})}
+    dtypes.update(type_dict or {})
+    return dtypes
+
+
+def simple_bind(original, sym, ctx, grad_req="write", type_dict=None, stype_dict=None,
+                group2ctx=None, shared_arg_names=None, shared_exec=None, shared_buffer=None,
+                **shapes):
+    """``Symbol.simple_bind`` of ``sym`` with its inlinable ops inlined."""
+    found = _spliced(sym, shapes, _default_dtypes(sym, type_dict))
+    if found is None:
+        return original(sym, ctx, grad_req, type_dict, stype_dict, group2ctx, shared_arg_names,
+                        shared_exec, shared_buffer, **shapes)
+    if isinstance(grad_req, (list, tuple)):
+        grad_req = dict(zip(sym.list_arguments(), grad_req))
+    exe = original(found.symbol, ctx, grad_req, type_dict, stype_dict, group2ctx,
+                   shared_arg_names, shared_exec, shared_buffer, **shapes)
+    return present(exe, sym, found.symbol)
+
+
+def bind(original, sym, ctx, args, args_grad=None, grad_req="write", aux_states=None,
+         group2ctx=None, shared_exec=None):
+    """``Symbol.bind`` of ``sym`` with its inlinable ops inlined."""
+    names, aux_names = sym.list_arguments(), sym.list_auxiliary_states()
+    arg_map = dict(zip(names, args)) if isinstance(args, (list, tuple)) else dict(args)
+    aux_map = (dict(zip(aux_names, aux_states)) if isinstance(aux_states, (list, tuple))
+               else dict(aux_states or {}))
+    arrays = {**arg_map, **aux_map}
+    found = None
+    if all(isinstance(a, mx.nd.NDArray) for a in arrays.values()):
+        found = _spliced(sym, {n: a.shape for n, a in arrays.items()},
+                         {n: a.dtype for n, a in arrays.items()})
+    if found is None:
+        return original(sym, ctx, args, args_grad, grad_req, aux_states, group2ctx, shared_exec)
+    if isinstance(args_grad, (list, tuple)):
+        args_grad = {n: g for n, g in zip(names, args_grad) if g is not None}
+    if isinstance(grad_req, (list, tuple)):
+        grad_req = dict(zip(names, grad_req))
+    exe = original(found.symbol, ctx, arg_map, args_grad, grad_req, aux_map, group2ctx,
+                   shared_exec)
+    return present(exe, sym, found.symbol)
+
+
+def present(exe: mx.executor.Executor, original: mx.sym.Symbol,
+            inlined: mx.sym.Symbol) -> mx.executor.Executor:
+    """Make an executor of ``inlined`` look like one of ``original`` (names, order, reshape)."""
+    args, aux = inlined.list_arguments(), inlined.list_auxiliary_states()
+    order = [args.index(n) for n in original.list_arguments()]
+    aux_order = [aux.index(n) for n in original.list_auxiliary_states()]
+    exe.arg_arrays = [exe.arg_arrays[i] for i in order]
+    if exe.grad_arrays:
+        exe.grad_arrays = [exe.grad_arrays[i] for i in order]
+    exe.aux_arrays = [exe.aux_arrays[i] for i in aux_order]
+    exe._symbol = copy.deepcopy(original)
+    exe._arg_dict = exe._grad_dict = exe._aux_dict = exe._output_dict = None
+    exe.customop_inlined = inlined  # the graph the executor runs
+    exe.reshape = _Reshape(weakref.ref(exe), original, inlined)
+    return exe
+
+
+class _Reshape:
+    """``Executor.reshape`` of an executor shown by :func:`present`: the result is shown alike."""
+
+    def __init__(self, exe, original, inlined):
+        self.exe, self.original, self.inlined = exe, original, inlined
+
+    def __call__(self, partial_shaping=False, allow_up_sizing=False, **kwargs):
+        new = mx.executor.Executor.reshape(self.exe(), partial_shaping, allow_up_sizing,
+                                           **kwargs)
+        return present(new, self.original, self.inlined)
+
+
+# ---- hybridized blocks ----------------------------------------------------------------------
+class CachedPlan:
+    """What a CachedOp of a graph with inlinable ops runs, settled at its first call.
+
+    At the first call the input shapes are known: the graph is inlined and a
+    CachedOp of the inlined graph is made.  When its inputs come in the same
+    order and its graph holds for every input dtype, that CachedOp's handle is
+    moved into the one Gluon holds (``runtime.adopt``), so later calls cost what
+    MXNet's own cost; else each call reorders its inputs (and picks the graph of
+    its input dtypes).
+    """
+
+    def __init__(self, sym: mx.sym.Symbol, flags, graph: dict[str, Any]):
+        self.sym, self.flags, self.graph = sym, list(flags), graph
+        self.names = sym.list_inputs()
+        self.built: dict[Any, tuple[Any, list[int] | None]] = {}  # dtypes -> (CachedOp, order)
+        self.keyed = False
+        self.lock = threading.Lock()
+
+    def call(self, outer, args, kwargs):
+        key = tuple(a.dtype for a in args) if self.keyed else None
+        found = self.built.get(key)
+        if found is None:
+            with self.lock:
+                found = self.built.get(key) or self._build(outer, args)
+            if found is None:  # moved into ``outer``, which is a plain CachedOp again
+                return outer(*args, **kwargs)
+        inner, order = found
+        if order is not None:
+            args = [args[i] for i in order]
+        return inner(*args, **kwargs)
+
+    def _build(self, outer, args):
+        shapes = {n: a.shape for n, a in zip(self.names, args)}
+        dtypes = {n: a.dtype for n, a in zip(self.names, args)}
+        found = _spliced(self.sym, shapes, dtypes)
+        sym, order = self.sym, None
+        if found is not None:
+            sym = found.symbol.as_np_ndarray() if outer.is_np_sym else found.symbol
+            new = sym.list_inputs()
+            order = [self.names.index(n) for n in new]
+            if order == list(range(len(order))):
+                order = None
+            self.keyed = not found.dtype_generic
+        inner = runtime.inner_cached_op(sym, self._flags(sym.list_inputs()))
+        if not self.keyed and order is None:
+            runtime.adopt(outer, inner)
+            return None
+        key = tuple(a.dtype for a in args) if self.keyed else None
+        self.built[key] = (inner, order)
+        return inner, order
+
+    def _flags(self, names: list[str]) -> list:
+        # Gluon passes which inputs are data and which parameters, by position.
+        out = []
+        for key, value in self.flags:
+            if key in ("data_indices", "param_indices"):
+                chosen = {self.names[i] for i in value}
+                value = [i for i, n in enumerate(names) if n in chosen]
+            out.append((key, value))
+        return out
+
+
+def cached_plan(sym: mx.sym.Symbol, flags) -> CachedPlan | None:
+    """A plan for a new CachedOp of ``sym``, or None when nothing in it may inline."""
+    if runtime.disabled("inline"):
+        return None
+    graph = splice.graph_of(sym)
+    if graph is None or not splice.candidates(graph, native.TRAIN):
+        return None
+    return CachedPlan(sym, flags, graph)
+
+
+runtime.set_inline_hooks(sys.modules[__name__])

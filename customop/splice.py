@@ -1,0 +1,212 @@
+"""Replacing the ``Custom`` nodes of a graph by the native graphs of their operators.
+
+:func:`inline` takes a Symbol and the shapes and dtypes of its inputs, finds each
+``Custom`` node of one of our ``'mxnet'``-mode operators, asks
+:mod:`customop.native` for that operator's graph at the node's own input
+signature, and writes the graph in the node's place (a new Symbol; the input
+Symbol is unchanged).  Nodes it cannot inline stay, each with its reason.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import mxnet as mx
+import numpy as np
+
+from . import errors, native, registry
+from . import params as _params
+
+
+@dataclass
+class Kept:
+    """A ``Custom`` node left in the graph, and why."""
+
+    node: str
+    op_type: str
+    reason: str
+
+    def __str__(self) -> str:
+        return f"node {self.node!r} (customop {self.op_type!r}): {self.reason}"
+
+
+@dataclass
+class Spliced:
+    """The graph with native graphs in place of ``Custom`` nodes."""
+
+    symbol: mx.sym.Symbol
+    inlined: list[str] = field(default_factory=list)  # the nodes replaced
+    kept: list[Kept] = field(default_factory=list)
+    constants: dict[str, np.ndarray] = field(default_factory=dict)  # new variables (export)
+    dtype_generic: bool = True
+
+
+def graph_of(sym: mx.sym.Symbol) -> dict[str, Any] | None:
+    """The symbol's JSON graph, or None when it holds no ``Custom`` node (cheap then)."""
+    text = sym.tojson()
+    if '"Custom"' not in text:
+        return None
+    return json.loads(text)
+
+
+def _attrs(node: dict[str, Any]) -> dict[str, str]:
+    return node.get("attrs") or node.get("attr") or node.get("param") or {}
+
+
+def candidates(graph: dict[str, Any], purpose: str) -> list[int]:
+    """Nodes of ``graph`` that are ``Custom`` nodes of ours that may inline for ``purpose``."""
+    found = []
+    for i, node in enumerate(graph["nodes"]):
+        if node.get("op") != "Custom":
+            continue
+        op = registry.lookup(_attrs(node).get("op_type", ""))
+        if op is not None and not native.static_reason(op, purpose):
+            found.append(i)
+    return found
+
+
+def inline(sym: mx.sym.Symbol, shapes: dict[str, tuple], dtypes: dict[str, Any],
+           purpose: str, graph: dict[str, Any] | None = None) -> Spliced | None:
+    """``sym`` with native graphs in place of its inlinable ``Custom`` nodes.
+
+    ``shapes``/``dtypes``: by input (argument and aux state) name.  None when
+    the graph holds no ``Custom`` node of ours.  ``purpose``: ``'train'`` or
+    ``'export'`` (see :mod:`customop.native`).
+    """
+    graph = graph if graph is not None else graph_of(sym)
+    if graph is None:
+        return None
+    nodes = graph["nodes"]
+    ours = [i for i, n in enumerate(nodes) if n.get("op") == "Custom"
+            and registry.lookup(_attrs(n).get("op_type", "")) is not None]
+    if not ours:
+        return None
+    result = Spliced(sym)
+    wanted = candidates(graph, purpose)
+    for i in ours:
+        if i not in wanted:
+            op = registry.lookup(_attrs(nodes[i])["op_type"])
+            result.kept.append(Kept(nodes[i]["name"], errors.shown(op.op_type),
+                                    native.static_reason(op, purpose)))
+    if not wanted:
+        return result
+    signatures = _input_signatures(sym, graph, wanted, shapes, dtypes)
+    graphs: dict[int, native.NativeGraph] = {}
+    for i in wanted:
+        node = nodes[i]
+        op = registry.lookup(_attrs(node)["op_type"])
+        found = signatures.get(i)
+        if isinstance(found, str):
+            result.kept.append(Kept(node["name"], errors.shown(op.op_type), found))
+            continue
+        params = _params.decode_attrs({k: v for k, v in _attrs(node).items() if k != "op_type"})
+        verdict = native.native_graph(op, params, found[0], found[1], purpose)
+        if verdict.graph is None:
+            result.kept.append(Kept(node["name"], verdict.op_type, verdict.reason))
+        else:
+            graphs[i] = verdict.graph
+            result.dtype_generic &= verdict.graph.dtype_generic
+    if graphs:
+        new, result.constants = _spliced(graph, graphs)
+        result.symbol = native.load(new)
+        result.inlined = [nodes[i]["name"] for i in graphs]
+    return result
+
+
+def _input_signatures(sym, graph, wanted, shapes, dtypes) -> dict[int, Any]:
+    """(shapes, dtypes) of each wanted node's inputs, or the reason they are unknown."""
+    nodes = graph["nodes"]
+    rows = graph.get("node_row_ptr")
+    if rows is None:  # pragma: no cover - MXNet 1.9 always writes it
+        return {i: "the graph does not say where each node's outputs are" for i in wanted}
+    internals = sym.get_internals()
+    entries: list[tuple[int, int]] = []
+    for i in wanted:
+        entries += [(e[0], e[1]) for e in nodes[i]["inputs"]]
+    entries = list(dict.fromkeys(entries))
+    if not entries:  # operators without inputs
+        return {i: ([], []) for i in wanted}
+    group = mx.sym.Group([internals[rows[j] + k] for j, k in entries])
+    names = set(group.list_arguments()) | set(group.list_auxiliary_states())
+    try:
+        _, out_shapes, _ = group.infer_shape_partial(
+            **{k: tuple(v) for k, v in shapes.items() if k in names})
+        _, out_types, _ = group.infer_type_partial(
+            **{k: np.dtype(v) for k, v in dtypes.items() if k in names})
+    except mx.base.MXNetError as exc:
+        text = f"its input shapes or dtypes could not be inferred: {errors.mxnet_text(exc)}"
+        return {i: text for i in wanted}
+    known = {e: (tuple(s) if s else None, t) for e, s, t in zip(entries, out_shapes, out_types)}
+    found: dict[int, Any] = {}
+    for i in wanted:
+        sig = [known[(e[0], e[1])] for e in nodes[i]["inputs"]]
+        if any(s is None or not all(d > 0 for d in s) or t is None for s, t in sig):
+            found[i] = "its input shapes are not known when the graph is built"
+        else:
+            found[i] = ([s for s, _ in sig], [np.dtype(t) for _, t in sig])
+    return found
+
+
+def _spliced(graph: dict[str, Any], graphs: dict[int, native.NativeGraph]
+             ) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    old = graph["nodes"]
+    nodes: list[dict[str, Any]] = []
+    where: dict[tuple[int, int], list[int]] = {}  # old entry -> new [node, output]
+    constants: dict[str, np.ndarray] = {}
+
+    moved: dict[int, int] = {}  # old node -> new node, for nodes copied as they are
+
+    def entry(e) -> list[int]:
+        found = where.get((e[0], e[1]))
+        return list(found) if found is not None else [moved[e[0]], e[1]]
+
+    for i, node in enumerate(old):
+        if i not in graphs:
+            copy = {k: v for k, v in node.items() if k != "inputs"}
+            copy["inputs"] = [[*entry(e), 0] for e in node["inputs"]]
+            nodes.append(copy)
+            moved[i] = len(nodes) - 1
+            continue
+        inputs = [entry(e) for e in node["inputs"]]
+        heads = _place(nodes, node["name"], inputs, graphs[i], constants,
+                       _attrs(node).get("__ctx_group__"))
+        for k, h in enumerate(heads):
+            where[(i, k)] = h
+    out = {"nodes": nodes, "heads": [[*entry(h), 0] for h in graph["heads"]]}
+    return out, constants
+
+
+def _place(nodes: list[dict[str, Any]], host: str, inputs: list[list[int]],
+           frag: native.NativeGraph, constants: dict[str, np.ndarray],
+           group: str | None) -> list[list[int]]:
+    """Append ``frag``'s nodes in place of node ``host``; return its outputs' entries."""
+    placed: list[int] = []
+    named: dict[str, int] = {}
+
+    def ref(r) -> list[int]:
+        if r[0] == "in":
+            return inputs[r[1]]
+        if r[0] == "const":
+            name = f"{host}_{r[1]}"
+            if name not in named:
+                nodes.append({"op": "null", "name": name, "inputs": []})
+                named[name] = len(nodes) - 1
+                constants[name] = frag.constants[r[1]]
+            return [named[name], 0]
+        return [placed[r[1]], r[2]]
+
+    for n in frag.nodes:
+        attrs = {k: str(v) for k, v in n["attrs"].items()}
+        if group is not None:
+            attrs["__ctx_group__"] = group
+        new = {"op": n["op"], "name": f"{host}_{n['name']}",
+               "inputs": [[*ref(r), 0] for r in n["inputs"]]}
+        if attrs:
+            new["attrs"] = attrs
+        nodes.append(new)
+        placed.append(len(nodes) - 1)
+    heads = [ref(r) for r in frag.heads]
+    if len(heads) == 1:  # the output keeps its name (exe.output_dict, list_outputs)
+        nodes[heads[0][0]]["name"] = host
+    return heads

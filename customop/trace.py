@@ -1,0 +1,243 @@
+"""Recording an ``'mxnet'``-mode forward as a graph of MXNet's own operators.
+
+The forward runs under ``mx.autograd.record()`` on concrete arrays, and
+``mx.autograd.get_symbol`` reads back the operators it recorded (measured:
+``ops.box_decode`` gives 25 nodes).  This module only records what happened:
+the graph, the values of the free variables (arrays the forward used without
+receiving them: constants it built, cached arrays, or values it computed while
+recording was paused), what it read back to Python, which random operators it
+called.  Whether the graph may stand in for the operator is decided in
+:mod:`customop.native`.
+"""
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import re
+import traceback
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import mxnet as mx
+import numpy as np
+from mxnet.base import _LIB, check_call, py_str
+
+from . import kernel, runtime
+
+if TYPE_CHECKING:
+    from .operator import CustomOperator
+
+# Operators whose outputs are not a function of their inputs.
+RANDOM = re.compile(r"^(_random_|_sample_|random_|sample_|_npi_(random|uniform|normal|gamma|"
+                    r"exponential|weibull|pareto|power|rayleigh|logistic|gumbel|laplace|"
+                    r"multinomial|choice|bernoulli))|^(Dropout|_shuffle|_np_shuffle)$")
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_MXNET = os.path.dirname(os.path.abspath(mx.__file__))
+_op_names: dict[int, list[str]] = {}
+
+
+def is_tracing() -> bool:
+    """Whether customop is recording this thread's forward into a native graph right now.
+
+    A forward may skip checks that read values back to Python (labels in
+    range, a positive scale) while traced: a graph of MXNet operators cannot
+    raise on values, and a read-back keeps the op a ``Custom`` node (see
+    :func:`customop.explain`).
+
+    Example:
+        >>> import customop
+        >>> customop.is_tracing()
+        False
+    """
+    return runtime.tracing_now() is not None
+
+
+def op_names(handle: int) -> list[str]:
+    """The names (with aliases) of the MXNet operator behind an ``_imperative_invoke`` handle."""
+    if not _op_names:
+        size = ctypes.c_uint()
+        names = ctypes.POINTER(ctypes.c_char_p)()
+        check_call(_LIB.MXListAllOpNames(ctypes.byref(size), ctypes.byref(names)))
+        for i in range(size.value):
+            name = py_str(names[i])
+            h = ctypes.c_void_p()
+            check_call(_LIB.NNGetOpHandle(ctypes.c_char_p(name.encode()), ctypes.byref(h)))
+            _op_names.setdefault(h.value, []).append(name)
+    return _op_names.get(handle, [])
+
+
+@dataclass
+class Recording:
+    """One run of a forward under ``record()``, read back as a graph.
+
+    ``nodes`` are symbol-JSON nodes in topological order (``op``, ``name``,
+    ``attrs``, ``inputs`` as ``[node, output]`` pairs); ``inputs[i]`` is the
+    node of array input ``i`` (None when the forward does not use it);
+    ``free`` maps the other variable nodes to their values; ``heads`` are the
+    outputs' entries; ``outputs`` their values.
+    """
+
+    nodes: list[dict[str, Any]]
+    inputs: list[int | None]
+    free: dict[int, np.ndarray]
+    heads: list[tuple[int, int]]
+    outputs: list[np.ndarray]
+    reads: list[str] = field(default_factory=list)
+    randoms: list[str] = field(default_factory=list)
+    paused: set[int] = field(default_factory=set)  # nodes computed inside mx.autograd.pause()
+    inner: list[Any] = field(default_factory=list)  # decorated ops the forward called
+    unknown_free: list[str] = field(default_factory=list)  # free variables without a value
+
+
+class _Log:
+    """What the runtime's trace hooks report while one forward runs (see ``trace`` there)."""
+
+    def __init__(self):
+        self.inputs: set[str] = set()  # the graph's names of the forward's inputs
+        self.arrays: list[mx.nd.NDArray] = []  # every array an operator read or wrote
+        self.copies: list[mx.nd.NDArray] = []  # outputs of _copyto: astype() or a device copy
+        self.randoms: list[str] = []
+        self.reads: list[str] = []
+        self.regions: list[tuple[int, int]] = []  # node numbers recorded inside pause()
+        self.inner: list[Any] = []  # decorated ops the forward called (dispatch reports them)
+        self._depth = 0
+        self._start = 0
+        self._probe = mx.nd.zeros((1,))
+        self._probe.attach_grad()
+
+    def pause_enter(self) -> None:
+        if not self._depth:
+            self._start = self._counter()
+        self._depth += 1
+
+    def pause_exit(self) -> None:
+        self._depth -= 1
+        if not self._depth:
+            self.regions.append((self._start, self._counter()))
+
+    def _counter(self) -> int:
+        # MXNet names each recorded operator "node_<n>" from one counter: a probe
+        # recorded now tells where the counter stands.
+        probe = self._probe * 1
+        return _number(mx.autograd.get_symbol(probe).name)
+
+    def invoked(self, handle: int, ndargs: Any, result: Any) -> None:
+        outs = result if isinstance(result, (list, tuple)) else [result]
+        self.arrays.extend(ndargs)
+        self.arrays.extend(o for o in outs if isinstance(o, mx.nd.NDArray))
+        names = op_names(handle)
+        if "_copyto" in names and outs:
+            self.copies.append(outs[0])
+        elif any(RANDOM.search(n) for n in names):
+            self.randoms.append(names[0])
+
+    def read(self, array: mx.nd.NDArray) -> None:
+        if self.inputs & set(_graph_inputs(array)):
+            self.reads.append(_caller())
+
+
+def _graph_inputs(array: mx.nd.NDArray) -> list[str]:
+    try:
+        return mx.autograd.get_symbol(array).list_inputs()
+    except mx.base.MXNetError:  # not recorded: built without the inputs
+        return []
+
+
+def _caller() -> str:
+    # The innermost frame outside MXNet and customop: the line of the forward that read.
+    for frame in reversed(traceback.extract_stack()):
+        path = os.path.abspath(frame.filename)
+        if not (path.startswith(_HERE) or path.startswith(_MXNET)):
+            return f"{frame.filename}:{frame.lineno} ({frame.line})"
+    return "?"
+
+
+def record(op: CustomOperator, values: list[np.ndarray], params: dict[str, Any],
+           ctx: mx.Context | None = None) -> Recording:
+    """Run ``op``'s forward on ``values`` under ``record()`` and read its graph back.
+
+    What the forward computes inside ``mx.autograd.pause()`` is recorded too
+    (those nodes are listed in ``paused``): the graph is the whole computation.
+    """
+    ctx = ctx or mx.cpu()
+    xs = [mx.nd.array(v, ctx=ctx, dtype=v.dtype) for v in values]
+    for x in xs:
+        x.attach_grad()
+    log = _Log()
+    log.inputs = {mx.autograd.get_symbol(x).name for x in xs}
+    with runtime.tracing(log), mx.autograd.record(train_mode=False):
+        outs = kernel.run_forward(op, list(xs), dict(params), where="trace")
+    names = [mx.autograd.get_symbol(x).name for x in xs]
+    symbols: list[Any] = []
+    for o in outs:
+        try:
+            symbols.append(mx.autograd.get_symbol(o))
+        except mx.base.MXNetError:
+            symbols.append(None)  # not recorded: a constant output
+    recorded = [s for s in symbols if s is not None]
+    graph = json.loads(mx.sym.Group(recorded).tojson()) if recorded else {"nodes": [],
+                                                                          "heads": []}
+    nodes = [{"op": n["op"], "name": n["name"], "attrs": dict(n.get("attrs") or {}),
+              "inputs": [[int(e[0]), int(e[1])] for e in n["inputs"]]} for n in graph["nodes"]]
+    by_name = {n["name"]: i for i, n in enumerate(nodes)}
+    heads_iter = iter([(int(h[0]), int(h[1])) for h in graph["heads"]])
+    free_values = _free_values(log.arrays, {n["name"] for n in nodes if n["op"] == "null"})
+    heads: list[tuple[int, int]] = []
+    free: dict[int, np.ndarray] = {}
+    for sym, out in zip(symbols, outs):
+        if sym is None:
+            nodes.append({"op": "null", "name": f"output{len(heads)}", "attrs": {},
+                          "inputs": []})
+            free[len(nodes) - 1] = out.asnumpy()
+            heads.append((len(nodes) - 1, 0))
+        else:
+            heads.append(next(heads_iter))
+    unknown = []
+    for i, n in enumerate(nodes):
+        if n["op"] == "null" and i not in free and n["name"] not in names:
+            if n["name"] in free_values:
+                free[i] = free_values[n["name"]]
+            else:
+                unknown.append(n["name"])
+    for copy in log.copies:  # astype() records _copyto, whose output dtype the graph lacks
+        found = _graph_name(copy)
+        if found in by_name:
+            nodes[by_name[found]]["attrs"]["__dtype__"] = np.dtype(copy.dtype).name
+    inputs = [by_name.get(name) for name in names]
+    return Recording(nodes=nodes, inputs=inputs, free=free, heads=heads,
+                     outputs=[o.asnumpy() for o in outs], reads=log.reads,
+                     randoms=sorted(set(log.randoms)), unknown_free=unknown,
+                     inner=list(dict.fromkeys(log.inner)),
+                     paused={i for i, n in enumerate(nodes) if any(
+                         lo < _number(n["name"]) < hi for lo, hi in log.regions)})
+
+
+def _number(name: str) -> int:
+    head, _, tail = name.rpartition("_")
+    return int(tail) if head == "node" and tail.isdigit() else -1
+
+
+def _graph_name(array: mx.nd.NDArray) -> str | None:
+    try:
+        return mx.autograd.get_symbol(array).name
+    except mx.base.MXNetError:
+        return None
+
+
+def _free_values(arrays: list[mx.nd.NDArray], wanted: set[str]) -> dict[str, np.ndarray]:
+    # A free array that a recorded operator read is given a variable node of its own
+    # ('nullN') as its graph entry, so get_symbol on it names that node.
+    found: dict[str, np.ndarray] = {}
+    seen: set[int] = set()
+    for a in arrays:
+        key = a.handle.value
+        if key in seen:
+            continue
+        seen.add(key)
+        name = _graph_name(a)
+        if name in wanted and name not in found:
+            sym = mx.autograd.get_symbol(a)
+            if sym.get_children() is None:
+                found[name] = a.asnumpy()
+    return found
