@@ -181,8 +181,7 @@ def test_the_inline_patch_comes_with_the_first_graph_of_an_op_that_inlines():
                           "trace hooks back": snapshot()["NDArray.asnumpy"] == before[
                               "NDArray.asnumpy"]}))
     '''))
-    assert result["steps"] == [["errors", "fork"], ["errors", "fork"],
-                               ["errors", "fork", "inline"]]
+    assert ["inline" in step for step in result["steps"]] == [False, False, True]
     assert {"Symbol.bind", "Symbol.simple_bind", "CachedOp.__init__"} <= set(result["changed"])
     assert "Executor.__init__" not in result["changed"]
     assert result["inlined"] and result["trace hooks back"]
@@ -198,7 +197,7 @@ def test_switched_off_inlining_keeps_custom_nodes():
         print(json.dumps({"installed": runtime.installed(),
                           "inlined": hasattr(exe, "customop_inlined")}))
     ''', env={"CUSTOMOP_RUNTIME_OFF": "inline"})
-    assert result == {"installed": ["errors", "fork", "release"], "inlined": False}
+    assert "inline" not in result["installed"] and not result["inlined"]
 
 
 RELEASE = '''
