@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
 .PHONY: venv demo test soak lint bench bench-detection bench-losses bench-dist bench-aux bench-isolation \
-	bench-residuals bench-fork dist-demo notebooks clean
+	bench-residuals bench-fork bench-native dist-demo notebooks clean
 
 venv: $(STAMP)
 
@@ -54,10 +54,21 @@ bench-residuals: $(STAMP)
 bench-fork: $(STAMP)
 	$(PY) benchmarks/fork_cost.py
 
+# ONNX Runtime needs numpy>=1.24.2, which MXNet 1.9.1 cannot import: its own venv, for the
+# table's information row (tests/deploy/requirements-onnxruntime.txt pins it).
+ORT_VENV := .venv-ort
+$(ORT_VENV)/.installed: tests/deploy/requirements-onnxruntime.txt
+	test -x $(ORT_VENV)/bin/python || $(PYTHON) -m venv $(ORT_VENV)
+	$(ORT_VENV)/bin/python -m pip install --quiet -r tests/deploy/requirements-onnxruntime.txt
+	touch $@
+
+bench-native: $(STAMP) $(ORT_VENV)/.installed
+	$(PY) benchmarks/native_graphs.py --onnxruntime $(ORT_VENV)/bin/python
+
 # Two dist_sync workers + one server on 127.0.0.1, a decorated loss, Gluon's Trainer.
 dist-demo: $(STAMP)
 	$(PY) -m customop.distributed.launch -n 2 -s 1 --launcher local --timeout 300 \
 		$(PY) examples/dist_train.py --api gluon --kvstore dist_sync --center-loss 0.1
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) $(ORT_VENV) build *.egg-info

@@ -1,15 +1,18 @@
 """What importing and using customop costs code that does not use its ops: nothing, measured.
 
-Runs the same unrelated models in three fresh processes: without customop;
-with ``customop`` and ``ops`` imported; and after ``ops.CenterLoss`` (an op with
+Runs the same unrelated models in fresh processes: without customop; with
+``customop`` and ``ops`` imported; after ``ops.CenterLoss`` (an op with
 auxiliary states, the case that once made every model synchronous) trained
-a step elsewhere in the process.  For each it prints the step time of a
-hybridized Gluon MLP and of a Module-style bound executor (forward+backward,
-then a wait), and how long ``block(x)`` / ``exe.forward()`` take to *return*
-(MXNet runs asynchronously: a call that returns before its work is done is
-what lets the host run ahead of a GPU).  Ratios are against the first process.
-A last row measures the first process's models again after ``ops.CenterLoss``
-trained a step in that same process (no process-to-process variation).
+a step elsewhere in the process; and after a hybridized block whose op was
+inlined (the ``inline`` patch wraps ``bind``/``simple_bind`` and
+``CachedOp.__init__``; the unrelated models are built after it).  For each it
+prints the step time of a hybridized Gluon MLP and of a Module-style bound
+executor (forward+backward, then a wait), and how long ``block(x)`` /
+``exe.forward()`` take to *return* (MXNet runs asynchronously: a call that
+returns before its work is done is what lets the host run ahead of a GPU).
+Ratios are against the first process.  A last row measures the first
+process's models again after ``ops.CenterLoss`` trained a step in that same
+process (no process-to-process variation).
 
 ``python benchmarks/isolation.py [--steps 200] [--markdown]``
 """
@@ -38,6 +41,21 @@ with mx.autograd.record():
     l = center(f, mx.nd.array([0, 1, 2, 3] * 4))
 l.backward()
 center.centers.data().wait_to_read()
+""",
+    "an op inlined in a block elsewhere": """
+import customop, ops
+from customop import runtime
+class Decode(mx.gluon.HybridBlock):
+    def hybrid_forward(self, F, d, a):
+        return ops.box_decode(d, a)
+decode = Decode()
+decode.hybridize()
+d = mx.nd.random.normal(shape=(2, 8, 4)); d.attach_grad()
+with mx.autograd.record():
+    y = decode(d, mx.nd.ones((1, 8, 4)))
+y.backward()
+d.grad.wait_to_read()
+assert "inline" in runtime.installed()
 """,
 }
 

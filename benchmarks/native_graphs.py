@@ -1,0 +1,257 @@
+"""Native graphs (issue 28): an op inlined as MXNet operators vs its Custom node vs native.
+
+Run: ``python benchmarks/native_graphs.py [--markdown] [--repeat N] [--onnxruntime PYTHON]``
+(``make bench-native``).  Two tables, each timed round-robin in one process (one
+untimed warm-up call per variant first, every call synchronised):
+
+1. Hybridized forward+backward of a decorated ``x * x`` with an automatic
+   gradient: inlined (the default), the same block with its ``Custom`` node
+   (``CUSTOMOP_RUNTIME_OFF=inline`` while the block is built), and ``x * x``
+   written natively; at 10, 1e3 and 1e6 elements.  A ``def_grad`` twin (always a
+   ``Custom`` node in training) is shown for reference.
+2. Inference latency of a detection post-processing block (``ops.box_decode`` ->
+   ``ops.box_nms`` -> ``ops.topk``): with ``Custom`` nodes; hybridized with
+   training inlining (``box_decode`` and ``box_nms`` inlined, ``topk`` keeps its
+   node: its gradient is its own); exported with ``customop.export`` and loaded by
+   ``SymbolBlock.imports`` (every op inlined); and the same composition written
+   with MXNet's own operators.  With ``--onnxruntime PYTHON`` (an interpreter with
+   onnxruntime, e.g. ``.venv-ort/bin/python`` made by ``make bench-native``), the
+   exported model converted by ``customop.to_onnx`` is timed there too, for
+   information (another runtime, another process).
+
+Outputs are compared with the native variant's before timing.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+import mxnet as mx  # noqa: E402
+import numpy as np  # noqa: E402
+from tables import print_table  # noqa: E402  (benchmarks/ is sys.path[0] when run as a script)
+
+import customop  # noqa: E402
+from customop import customop as decorate  # noqa: E402
+from customop import ops  # noqa: E402
+
+
+@decorate("mxnet", name="bench.square")
+def square(x):
+    return x * x
+
+
+@decorate("mxnet", name="bench.square_def_grad")
+def square_def_grad(x):
+    return x * x
+
+
+square_def_grad.def_grad(lambda ans, x: lambda g: 2 * x * g)
+
+
+class Fn(mx.gluon.HybridBlock):
+    def __init__(self, fn, **kwargs):
+        super().__init__(**kwargs)
+        self.fn = fn
+
+    def hybrid_forward(self, F, *xs):
+        return self.fn(F, *xs)
+
+
+def built(fn, inputs, inline=True, record=False):
+    """A hybridized block of ``fn``, called once (its graph settles at the first call)."""
+    old = os.environ.get("CUSTOMOP_RUNTIME_OFF")
+    if not inline:
+        os.environ["CUSTOMOP_RUNTIME_OFF"] = "inline"
+    try:
+        net = Fn(fn)
+        net.hybridize(static_alloc=True, static_shape=True)
+        if record:
+            with mx.autograd.record():
+                net(*inputs).backward()
+        else:
+            net(*inputs)
+        mx.nd.waitall()
+    finally:
+        if old is None:
+            os.environ.pop("CUSTOMOP_RUNTIME_OFF", None)
+        else:
+            os.environ["CUSTOMOP_RUNTIME_OFF"] = old
+    return net
+
+
+def timed(fn):
+    start = time.perf_counter()
+    fn()
+    return (time.perf_counter() - start) * 1e3
+
+
+def round_robin(variants, repeat):
+    for _, fn in variants:
+        fn()
+    times = {label: [] for label, _ in variants}
+    for r in range(repeat):
+        for label, fn in variants[r % len(variants):] + variants[:r % len(variants)]:
+            times[label].append(timed(fn))
+    return {label: statistics.median(t) for label, t in times.items()}
+
+
+def training_table(repeat):
+    rows = []
+    for size in (10, 1000, 1000000):
+        x = mx.nd.array(np.random.RandomState(0).rand(size).astype(np.float32))
+        x.attach_grad()
+        nets = {"native x*x": built(lambda F, v: v * v, [x], record=True),
+                "inlined": built(lambda F, v: square(v), [x], record=True),
+                "Custom node": built(lambda F, v: square(v), [x], inline=False, record=True),
+                "def_grad (Custom node)": built(lambda F, v: square_def_grad(v), [x],
+                                                record=True)}
+        want = None
+        for label, net in nets.items():
+            with mx.autograd.record():
+                y = net(x)
+            y.backward()
+            got = (y.asnumpy(), x.grad.asnumpy())
+            if want is None:
+                want = got
+            assert all(np.allclose(a, b, rtol=1e-6) for a, b in zip(got, want)), label
+
+        def step(net, x=x):
+            def run():
+                with mx.autograd.record():
+                    y = net(x)
+                y.backward()
+                x.grad.wait_to_read()
+            return run
+
+        reps = repeat if size < 1e6 else max(repeat // 10, 20)
+        med = round_robin([(label, step(net)) for label, net in nets.items()], reps)
+        base = med["native x*x"]
+        for label, m in med.items():
+            rows.append([f"{size:g}", label, f"{m:.3f}", f"{m / base:.2f}x"])
+    return rows
+
+
+class PostProcess(mx.gluon.HybridBlock):
+    def __init__(self, native=False, **kwargs):
+        super().__init__(**kwargs)
+        self.native = native
+
+    def hybrid_forward(self, F, offsets, scores, anchors):
+        std = dict(std0=0.1, std1=0.1, std2=0.2, std3=0.2)
+        if self.native:
+            boxes = F.contrib.box_decode(offsets, anchors, format="corner", **std)
+        else:
+            boxes = ops.box_decode(offsets, anchors, format="corner", **std)
+        dets = F.concat(F.zeros_like(scores), scores, boxes, dim=-1)
+        nms = dict(overlap_thresh=0.5, valid_thresh=0.05, force_suppress=True)
+        kept = F.contrib.box_nms(dets, **nms) if self.native else ops.box_nms(dets, **nms)
+        best = kept.slice_axis(axis=-1, begin=1, end=2).reshape((0, -1))
+        return F.topk(best, k=100, ret_typ="value") if self.native else ops.topk(best, k=100)
+
+
+def postprocess_table(repeat, images, anchors, onnxruntime):
+    rng = np.random.RandomState(0)
+    xy = rng.rand(1, anchors, 2) * 600
+    inputs = [mx.nd.array(rng.randn(images, anchors, 4) * 0.3, dtype="float32"),
+              mx.nd.array(rng.rand(images, anchors, 1), dtype="float32"),
+              mx.nd.array(np.concatenate([xy, xy + 16 + rng.rand(1, anchors, 2) * 100], -1),
+                          dtype="float32")]
+
+    def hybrid(net, inline=True):
+        old = os.environ.get("CUSTOMOP_RUNTIME_OFF")
+        if not inline:
+            os.environ["CUSTOMOP_RUNTIME_OFF"] = "inline"
+        net.hybridize(static_alloc=True, static_shape=True)
+        net(*inputs)
+        mx.nd.waitall()
+        if old is None:
+            os.environ.pop("CUSTOMOP_RUNTIME_OFF", None)
+        else:
+            os.environ["CUSTOMOP_RUNTIME_OFF"] = old
+        return net
+
+    work = tempfile.mkdtemp(prefix="customop-bench-")
+    done = customop.export(PostProcess(), os.path.join(work, "post"), *inputs)
+    imported = mx.gluon.SymbolBlock.imports(done.symbol_file, list(done.inputs),
+                                            done.params_file)
+    imported.hybridize(static_alloc=True, static_shape=True)
+    nets = {"native composition": hybrid(PostProcess(native=True)),
+            "Custom nodes": hybrid(PostProcess(), inline=False),
+            "hybridized (box_decode, box_nms inlined)": hybrid(PostProcess()),
+            "exported (all inlined), SymbolBlock.imports": imported}
+    want = nets["native composition"](*inputs).asnumpy()
+    for label, net in nets.items():
+        got = net(*inputs).asnumpy()
+        assert np.allclose(got, want, rtol=1e-5, atol=1e-5), label
+    med = round_robin([(label, lambda n=net: n(*inputs).wait_to_read())
+                       for label, net in nets.items()], repeat)
+    base = med["native composition"]
+    rows = [[label, f"{m:.3f}", f"{m / base:.2f}x"] for label, m in med.items()]
+    if onnxruntime:
+        onnx_file = os.path.join(work, "post.onnx")
+        converted = customop.to_onnx(done, onnx_file)
+        np.savez(os.path.join(work, "inputs.npz"),
+                 **{n: a.asnumpy() for n, a in zip(done.inputs, inputs)})
+        out = subprocess.run([onnxruntime, "-c", ORT_TIMING, onnx_file,
+                              os.path.join(work, "inputs.npz"), json.dumps(converted.inputs),
+                              str(repeat)], capture_output=True, text=True, timeout=600)
+        if out.returncode:
+            raise SystemExit(out.stderr)
+        m, ok = json.loads(out.stdout.strip().splitlines()[-1])
+        got = np.load(os.path.join(work, "ort_out.npy"))
+        same = np.allclose(got, want, rtol=1e-5, atol=1e-5)
+        rows.append([f"ONNX Runtime (onnxruntime {ok}, for information)", f"{m:.3f}",
+                     f"{m / base:.2f}x" + ("" if same else " (outputs differ!)")])
+    return rows
+
+
+ORT_TIMING = """
+import json, os, statistics, sys, time
+import numpy as np, onnxruntime as ort
+path, data, names = sys.argv[1], np.load(sys.argv[2]), json.loads(sys.argv[3])
+repeat = int(sys.argv[4])
+options = ort.SessionOptions(); options.log_severity_level = 3
+session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+feed = {n: data[n] for n in names}
+out = session.run(None, feed)
+np.save(os.path.join(os.path.dirname(path), "ort_out.npy"), out[0])
+times = []
+for _ in range(repeat):
+    t = time.perf_counter(); session.run(None, feed); times.append((time.perf_counter() - t) * 1e3)
+print(json.dumps([statistics.median(times), ort.__version__]))
+"""
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--markdown", action="store_true")
+    parser.add_argument("--repeat", type=int, default=200)
+    parser.add_argument("--images", type=int, default=2)
+    parser.add_argument("--anchors", type=int, default=1000)
+    parser.add_argument("--onnxruntime", default=None,
+                        help="a Python with onnxruntime (no MXNet needed) to time ONNX there")
+    args = parser.parse_args(argv)
+    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    print(f"python {platform.python_version()}, mxnet {mx.__version__}, {os.cpu_count()} "
+          f"CPUs, load {os.getloadavg()[0]:.1f}, {when}")
+    print("\nHybridized forward+backward of a decorated x*x (median ms per step)\n")
+    print_table(["elements", "variant", "median ms", "vs native"], training_table(args.repeat),
+                args.markdown)
+    print(f"\nPost-processing block inference, {args.images} images x {args.anchors} anchors "
+          f"(median ms per call)\n")
+    print_table(["variant", "median ms", "vs native"],
+                postprocess_table(max(args.repeat // 4, 20), args.images, args.anchors,
+                                  args.onnxruntime), args.markdown)
+
+
+if __name__ == "__main__":
+    main()
