@@ -72,12 +72,6 @@ class OutputMeta:
         return cls(shape or (1,), np.dtype(dtype), shape == ())
 
 
-def aux_dtype_for(dtypes) -> np.dtype:
-    """The dtype of an op's aux states: its first floating input's (float32 without one)."""
-    return next((np.dtype(d) for d in dtypes if np.issubdtype(d, np.floating)),
-                np.dtype(np.float32))
-
-
 def known(shape: Shape | None) -> bool:
     return bool(shape) and all(d > 0 for d in shape)
 
@@ -127,7 +121,7 @@ class Inference:
         mode = self.op.mode_impl
         args = [mode.placeholder(s, d) for s, d in zip(shapes, dtypes)]
         if self.op.signature.aux:  # scratch states: whatever the forward writes is dropped
-            aux_dtype = aux_dtype_for(dtypes)
+            aux_dtype = kernel.aux_dtype_for(dtypes)
             args += [mode.placeholder(s, aux_dtype)
                      for s in kernel.aux_shapes(self.op, list(shapes), params)]
         with np.errstate(all="ignore"), mx.autograd.pause(), _generators_kept():

@@ -19,7 +19,7 @@ from mxnet.ndarray.ndarray import _DTYPE_MX_TO_NP
 
 from . import errors, kernel, runtime
 from . import params as _params
-from .inference import aux_dtype_for, known
+from .inference import known
 
 if TYPE_CHECKING:
     from .operator import CustomOperator
@@ -118,7 +118,7 @@ def register(op_type: str, lookup: Callable[[str], CustomOperator]) -> None:
                 metas = self._guarded(self.op.inference.outputs, self.pkey, self.params,
                                       self.shapes, dtypes)
                 out = [m.dtype for m in metas]
-            aux = [aux_dtype_for(dtypes).type] * len(self.op.signature.aux)
+            aux = [kernel.aux_dtype_for(dtypes).type] * len(self.op.signature.aux)
             return [d.type for d in dtypes], [np.dtype(d).type for d in out], aux
 
         def create_operator(self, ctx, shapes, dtypes):
