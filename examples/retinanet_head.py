@@ -29,6 +29,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import four_paths  # noqa: E402
 
 NUM_CLASS, SIZES, STRIDE = 3, (3.0, 4.5, 6.0), 2.0   # SIZES: the anchors of one location
+NUM_SIZE = len(SIZES)
 BATCH, CHANNELS, HEIGHT, WIDTH, NUM_GT = 2, 8, 4, 4, 2
 INPUTS = ["feat", "gt_boxes", "gt_labels"]
 
@@ -44,7 +45,8 @@ def make_anchors(height=HEIGHT, width=WIDTH, sizes=SIZES, stride=STRIDE):
 class RetinaHead(mx.gluon.HybridBlock):
     """Class logits and box offsets per anchor; returns the training loss (one value)."""
 
-    def __init__(self, anchors, channels=CHANNELS, num_class=NUM_CLASS, num_size=3, **kwargs):
+    def __init__(self, anchors, channels=CHANNELS, num_class=NUM_CLASS, num_size=NUM_SIZE,
+                 **kwargs):
         super().__init__(**kwargs)
         self.num_class = num_class
         with self.name_scope():
