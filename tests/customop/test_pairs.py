@@ -69,3 +69,7 @@ def test_the_matrix_finds_mxnets_shared_dependencies_when_our_fix_is_off():
     want = {f"{a}>{b}" for a in layers for b in pairmatrix.CASES if b not in layers}
     assert {k for k, run in result.items() if "error" in run} == want
     assert all("unknown storage type" in result[k]["error"] for k in want)
+    # the one error names our op and says that customop's fix is off
+    assert all("customop '" in result[k]["error"] and "'deps') is switched off" in
+               result[k]["error"] and "hand-written" not in result[k]["error"] for k in want), \
+        [result[k]["error"] for k in sorted(want)][:2]
