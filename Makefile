@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
 .PHONY: venv demo test soak lint bench bench-detection bench-losses bench-dist bench-aux bench-isolation \
-	bench-residuals bench-fork bench-native dist-demo notebooks clean
+	bench-residuals bench-fork bench-composed bench-native dist-demo notebooks clean
 
 venv: $(STAMP)
 
@@ -53,6 +53,9 @@ bench-residuals: $(STAMP)
 
 bench-fork: $(STAMP)
 	$(PY) benchmarks/fork_cost.py
+
+bench-composed: $(STAMP)
+	$(PY) benchmarks/composed.py
 
 # ONNX Runtime needs numpy>=1.24.2, which MXNet 1.9.1 cannot import: its own venv, for the
 # table's information row (tests/deploy/requirements-onnxruntime.txt pins it).
