@@ -6,8 +6,10 @@ untimed warm-up call per variant first, every call synchronised):
 
 1. Hybridized forward+backward of a decorated ``x * x`` with an automatic
    gradient: inlined (the default), the same block with its ``Custom`` node
-   (``CUSTOMOP_RUNTIME_OFF=inline`` while the block is built), and ``x * x``
-   written natively; at 10, 1e3 and 1e6 elements.  A ``def_grad`` twin (always a
+   (``CUSTOMOP_RUNTIME_OFF=inline`` while the block is built), and the same
+   composition written natively (``x * x`` on NDArrays records ``broadcast_mul``;
+   ``F``'s ``x * x`` in a graph is ``elemwise_mul``, shown too); at 10, 1e3 and
+   1e6 elements.  A ``def_grad`` twin (always a
    ``Custom`` node in training) is shown for reference.
 2. Inference latency of a detection post-processing block (``ops.box_decode`` ->
    ``ops.box_nms`` -> ``ops.topk``): with ``Custom`` nodes; hybridized with
@@ -18,8 +20,14 @@ untimed warm-up call per variant first, every call synchronised):
    onnxruntime, e.g. ``.venv-ort/bin/python`` made by ``make bench-native``), the
    exported model converted by ``customop.to_onnx`` is timed there too, for
    information (another runtime, another process).
+3. A training step (forward, backward, ``Trainer.step``, a wait) of the
+   RetinaNet-style head of ``examples/retinanet_head.py`` (``ops.box_iou``,
+   ``ops.box_encode``, ``ops.focal_loss``, ``ops.smooth_l1``), before (every op a
+   ``Custom`` node) and after (the default: ``box_iou`` inlined; the other three
+   keep their nodes, their gradients being their own), beside
+   ``benchmarks/composed.py``'s head written with MXNet's operators.
 
-Outputs are compared with the native variant's before timing.
+Outputs (and, for the head, the loss) are compared with the native variant's before timing.
 """
 from __future__ import annotations
 
@@ -33,7 +41,9 @@ import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "examples"))
 
 import mxnet as mx  # noqa: E402
 import numpy as np  # noqa: E402
@@ -109,7 +119,9 @@ def training_table(repeat):
     for size in (10, 1000, 1000000):
         x = mx.nd.array(np.random.RandomState(0).rand(size).astype(np.float32))
         x.attach_grad()
-        nets = {"native x*x": built(lambda F, v: v * v, [x], record=True),
+        nets = {"native broadcast_mul": built(lambda F, v: F.broadcast_mul(v, v), [x],
+                                              record=True),
+                "native x*x (elemwise_mul)": built(lambda F, v: v * v, [x], record=True),
                 "inlined": built(lambda F, v: square(v), [x], record=True),
                 "Custom node": built(lambda F, v: square(v), [x], inline=False, record=True),
                 "def_grad (Custom node)": built(lambda F, v: square_def_grad(v), [x],
@@ -134,7 +146,7 @@ def training_table(repeat):
 
         reps = repeat if size < 1e6 else max(repeat // 10, 20)
         med = round_robin([(label, step(net)) for label, net in nets.items()], reps)
-        base = med["native x*x"]
+        base = med["native broadcast_mul"]
         for label, m in med.items():
             rows.append([f"{size:g}", label, f"{m:.3f}", f"{m / base:.2f}x"])
     return rows
@@ -214,6 +226,38 @@ def postprocess_table(repeat, images, anchors, onnxruntime):
     return rows
 
 
+def head_table(turns, batch=2, channels=8, size=4, num_gt=2):
+    import composed  # benchmarks/composed.py: the head written with MXNet's operators
+    import retinanet_head
+
+    data = composed.make_batch(batch, channels, size, num_gt)
+    heads = composed.make_heads(channels, size)
+    before = retinanet_head.RetinaHead(retinanet_head.make_anchors(size, size),
+                                       channels=channels, prefix="head_")
+    before.initialize()
+    for name, p in before.collect_params().items():
+        p.set_data(heads["ours"].collect_params()[name].data().copy())
+    os.environ["CUSTOMOP_RUNTIME_OFF"] = "inline"
+    try:
+        before.hybridize()
+        composed.loss_and_grads(before, data)  # its CachedOp settles now, without inlining
+    finally:
+        os.environ.pop("CUSTOMOP_RUNTIME_OFF")
+    heads = {"native": heads["native"], "before: Custom nodes": before,
+             "after: box_iou inlined": heads["ours"]}
+    want = composed.loss_and_grads(heads["native"], data)[0]
+    for label, head in heads.items():
+        assert np.allclose(composed.loss_and_grads(head, data)[0], want, rtol=1e-5), label
+    trainers = {k: mx.gluon.Trainer(h.collect_params(), "sgd", {"learning_rate": 1e-4})
+                for k, h in heads.items()}
+    med = round_robin([(k, lambda k=k: composed._step(heads[k], trainers[k], data))
+                       for k in heads], turns)
+    base = med["native"]
+    anchors = size * size * len(retinanet_head.SIZES)
+    return [[f"{batch}x{channels}x{size}x{size}, {anchors} anchors", k, f"{m:.3f}",
+             f"{m / base:.2f}x"] for k, m in med.items()]
+
+
 ORT_TIMING = """
 import json, os, statistics, sys, time
 import numpy as np, onnxruntime as ort
@@ -251,6 +295,10 @@ def main(argv=None):
     print_table(["variant", "median ms", "vs native"],
                 postprocess_table(max(args.repeat // 4, 20), args.images, args.anchors,
                                   args.onnxruntime), args.markdown)
+    print("\nRetinaNet-style head (examples/retinanet_head.py), one training step "
+          "(median ms)\n")
+    print_table(["head", "variant", "median ms", "vs native"], head_table(args.repeat),
+                args.markdown)
 
 
 if __name__ == "__main__":

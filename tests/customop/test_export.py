@@ -44,7 +44,7 @@ def exported(tmp_path_factory):
 
 def test_the_exported_graphs_hold_only_mxnet_operators(exported):
     out, listed = exported
-    assert [e["name"] for e in listed] == ["postprocess", "classifier"]
+    assert [e["name"] for e in listed][:2] == ["postprocess", "classifier"]  # then one per op
     for entry in listed:
         graph = json.loads((out / entry["symbol"]).read_text())
         ops_used = {n["op"] for n in graph["nodes"]}
@@ -60,7 +60,7 @@ def test_plain_mxnet_loads_them_without_customop(exported):
     run = subprocess.run([sys.executable, "-c", BLOCKED, str(DEPLOY / "run_plain_mxnet.py"),
                           str(out)], cwd=str(out), capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stdout + run.stderr
-    assert run.stdout.count("equals the original block") == 2
+    assert run.stdout.count("equals the original block") == len(exported[1])
 
 
 def test_onnx_conversion_is_valid_and_the_classifier_runs_in_onnx_reference(exported):

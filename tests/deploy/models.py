@@ -45,6 +45,64 @@ class TiledClassifier(mx.gluon.HybridBlock):
         return F.softmax(self.head(h))
 
 
+class OneOp(mx.gluon.HybridBlock):
+    """A block of one operator call (the per-op rows of docs/deploying.md)."""
+
+    def __init__(self, op, params, **kwargs):
+        super().__init__(**kwargs)
+        self.op, self.op_params = op, params
+
+    def hybrid_forward(self, F, *xs):
+        return self.op(*xs, **self.op_params)
+
+
+def _corner_boxes(rng, b, n):
+    xy = rng.rand(b, n, 2) * 50
+    return np.concatenate([xy, xy + 5 + rng.rand(b, n, 2) * 20], -1)
+
+
+def op_cases():
+    """{row of docs/deploying.md's table: (op, inputs as NumPy float32, parameters)}."""
+    rng = np.random.RandomState(0)
+    dets = np.concatenate([rng.randint(0, 3, (2, 12, 1)), rng.rand(2, 12, 1),
+                           _corner_boxes(rng, 2, 12)], -1)
+    cases = {
+        "ops.arr_pick": (ops.arr_pick, [rng.rand(2, 3, 8), rng.rand(2, 1, 8) > 0.5],
+                         dict(num=3)),
+        "ops.box_decode": (ops.box_decode, [rng.randn(2, 6, 4) * 0.3,
+                                            _corner_boxes(rng, 1, 6)], {}),
+        "ops.box_decode(legacy_box=True)": (ops.box_decode, [
+            rng.randn(2, 6, 4) * 0.3, _corner_boxes(rng, 1, 6)],
+            dict(format="corner", legacy_box=True)),
+        "ops.box_encode": (ops.box_encode, [
+            np.ones((2, 6)), rng.randint(0, 3, (2, 6)), _corner_boxes(rng, 2, 6),
+            _corner_boxes(rng, 2, 3), np.zeros(4), np.full(4, 0.1)], {}),
+        "ops.box_iou": (ops.box_iou, [_corner_boxes(rng, 1, 5)[0],
+                                      _corner_boxes(rng, 1, 3)[0]], {}),
+        "ops.box_nms": (ops.box_nms, [dets], dict(overlap_thresh=0.5, force_suppress=True)),
+        "ops.box_nms(legacy_box=True)": (ops.box_nms, [dets], dict(legacy_box=True)),
+        "ops.center_loss": (ops.center_loss, [rng.randn(4, 3), rng.randint(0, 2, 4),
+                                              np.zeros((2, 3))], dict(num_class=2)),
+        "ops.focal_loss": (ops.focal_loss, [rng.randn(2, 5, 3), rng.randint(0, 4, (2, 5))],
+                           {}),
+        "ops.ohem_sampler": (ops.ohem_sampler, [rng.randn(2, 6, 3), rng.randint(0, 3, (2, 6)),
+                                                np.ones((2, 6))], {}),
+        "ops.smooth_l1": (ops.smooth_l1, [rng.randn(2, 5), np.ones(1)], {}),
+        "ops.softmax_ce": (ops.softmax_ce, [rng.randn(4, 3), rng.randint(0, 3, 4)], {}),
+        "ops.tile": (ops.tile, [rng.randn(2, 3)], dict(reps=(2, 2))),
+        "ops.topk": (ops.topk, [rng.rand(2, 8)], dict(k=3)),
+        "ops.topk(do_sort=False)": (ops.topk, [rng.rand(2, 8)], dict(k=3, do_sort=False)),
+        "ops.wing_loss": (ops.wing_loss, [rng.randn(2, 5), rng.randn(2, 5)], {}),
+    }
+    return {row: (op, [np.asarray(x, np.float32) for x in xs], params)
+            for row, (op, xs, params) in cases.items()}
+
+
+# The rows whose ONNX column says yes: the deploy session runs each in ONNX Runtime.
+ONNX_ROWS = ("ops.box_decode", "ops.box_decode(legacy_box=True)", "ops.box_nms",
+             "ops.softmax_ce", "ops.tile", "ops.topk")
+
+
 def models():
     """(name, block, inputs) of each deployed model, deterministic."""
     rng = np.random.RandomState(0)
@@ -57,6 +115,11 @@ def models():
     classifier.initialize(mx.init.Xavier())
     yield "postprocess", post[0], [mx.nd.array(a, dtype="float32") for a in post[1]]
     yield "classifier", classifier, [mx.nd.array(rng.randn(4, 10), dtype="float32")]
+    cases = op_cases()
+    for row in ONNX_ROWS:
+        op, xs, params = cases[row]
+        name = "op_" + row[4:].replace("(", "_").replace("=", "_").replace(")", "")
+        yield name, OneOp(op, params), [mx.nd.array(x) for x in xs]
 
 
 def write(outdir: str, onnx: bool = True) -> list[dict]:
