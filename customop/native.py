@@ -23,6 +23,8 @@ purpose.
 from __future__ import annotations
 
 import json
+import os
+import random
 import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -113,11 +115,39 @@ def native_graph(op: CustomOperator, params: dict[str, Any], shapes: Sequence[Se
     shapes = tuple(tuple(int(d) for d in s) for s in shapes)
     dtypes = tuple(np.dtype(d) for d in dtypes)
     key = (op, repr(sorted(params.items())), shapes, dtypes, purpose)
+    found = _cache.get(key)
+    if found is None or values is not None:
+        found = _cache[key] = _aside(_decide, op, dict(params), shapes, dtypes, purpose, values)
+    return found
+
+
+_worker: Any = None  # a ThreadPoolExecutor of one thread, made on first use (per process)
+_worker_pid = 0
+
+
+def _aside(fn, *args):
+    """``fn(*args)`` on customop's trace thread, the caller's random streams kept.
+
+    Traces run forwards that may draw random numbers: MXNet's generators are per
+    thread (so the caller's stream is untouched there) and NumPy's and Python's
+    global ones are put back.  The caller's autograd state is untouched too.
+    """
+    global _worker, _worker_pid
+    if threading.current_thread().name.startswith("customop-trace"):
+        return fn(*args)
     with _lock:
-        found = _cache.get(key)
-        if found is None or values is not None:
-            found = _cache[key] = _decide(op, dict(params), shapes, dtypes, purpose, values)
-        return found
+        if _worker is None or _worker_pid != os.getpid():  # threads do not survive fork()
+            # imported here: on Python 3.8 importing concurrent.futures registers an atexit hook
+            from concurrent.futures import ThreadPoolExecutor
+
+            _worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="customop-trace")
+            _worker_pid = os.getpid()
+    np_state, py_state = np.random.get_state(), random.getstate()
+    try:
+        return _worker.submit(fn, *args).result()
+    finally:
+        np.random.set_state(np_state)
+        random.setstate(py_state)
 
 
 def _decide(op, params, shapes, dtypes, purpose, values) -> Verdict:
