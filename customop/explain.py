@@ -8,6 +8,7 @@ import mxnet as mx
 import numpy as np
 
 from . import errors, native, splice
+from .export import block_graph
 from .operator import CustomOperator
 
 _WHERE = {native.TRAIN: "training (hybridized blocks, bound graphs)",
@@ -136,11 +137,7 @@ def _block_graph(block: mx.gluon.HybridBlock, inputs) -> tuple:
     if not inputs:
         raise TypeError("customop.explain(block, *inputs): pass example inputs for the "
                         "block's forward (their shapes and dtypes are what is traced)")
-    if not block._cached_graph:
-        block.hybridize()
-        with mx.autograd.pause():
-            block(*inputs)
-    data, out = block._cached_graph
+    data, out = block_graph(block, inputs)
     shapes = {d.name: a.shape for d, a in zip(data, inputs)}
     dtypes = {d.name: a.dtype for d, a in zip(data, inputs)}
     for name, param in block.collect_params().items():

@@ -88,11 +88,7 @@ def export(block: mx.gluon.HybridBlock, path: str, *inputs: Any, epoch: int = 0,
     if not inputs or not all(isinstance(a, mx.nd.NDArray) for a in inputs):
         raise TypeError("customop.export(block, path, *inputs): pass example inputs for the "
                         "block's forward as NDArrays (the ops are traced at their shapes)")
-    if not block._cached_graph:
-        block.hybridize()
-        with mx.autograd.pause():
-            block(*inputs)
-    data, sym = block._cached_graph
+    data, sym = block_graph(block, inputs)
     if len(data) != len(inputs):
         raise TypeError(f"customop.export: the block's forward takes {len(data)} input(s), "
                         f"got {len(inputs)} example input(s)")
@@ -131,6 +127,20 @@ def export(block: mx.gluon.HybridBlock, path: str, *inputs: Any, epoch: int = 0,
     inputs_at = {d.name: (tuple(a.shape), np.dtype(a.dtype)) for d, a in zip(data, inputs)}
     return Exported(symbol_file, params_file, inputs_at,
                     found.inlined if found is not None else [], kept)
+
+
+def block_graph(block: mx.gluon.HybridBlock, inputs) -> tuple:
+    """``(input symbols, output symbol)`` of ``block`` for these inputs, without hybridizing it.
+
+    A block not run yet runs once (imperatively unless hybridized, not recording), so that
+    its parameters finish their deferred initialization.
+    """
+    if not block._cached_graph:
+        with mx.autograd.pause():
+            block(*inputs)
+        if not block._cached_graph:
+            block._get_graph(*inputs)
+    return block._cached_graph
 
 
 ONNX_OPSET = 13  # the newest opset MXNet 1.9.1's converter has translations for
