@@ -1,8 +1,8 @@
 """Native graphs (issue 28): an op inlined as MXNet operators vs its Custom node vs native.
 
 Run: ``python benchmarks/native_graphs.py [--markdown] [--repeat N] [--onnxruntime PYTHON]``
-(``make bench-native``).  Two tables, each timed round-robin in one process (one
-untimed warm-up call per variant first, every call synchronised):
+(``make bench-native``).  Three tables, each timed round-robin in one process (each
+turn: one untimed lead-in call, then four timed ones; every call synchronised):
 
 1. Hybridized forward+backward of a decorated ``x * x`` with an automatic
    gradient: inlined (the default), the same block with its ``Custom`` node
@@ -104,13 +104,15 @@ def timed(fn):
     return (time.perf_counter() - start) * 1e3
 
 
-def round_robin(variants, repeat):
-    for _, fn in variants:
-        fn()
+def round_robin(variants, repeat, calls=4):
+    """Median ms per call: turns in a rotating order, each one untimed lead-in call (it
+    absorbs what the previous variant left behind: frees, engine threads waking) and
+    ``calls`` timed ones, until each variant has about ``repeat`` timed calls."""
     times = {label: [] for label, _ in variants}
-    for r in range(repeat):
+    for r in range(max(repeat // calls, 2)):
         for label, fn in variants[r % len(variants):] + variants[:r % len(variants)]:
-            times[label].append(timed(fn))
+            fn()
+            times[label] += [timed(fn) for _ in range(calls)]
     return {label: statistics.median(t) for label, t in times.items()}
 
 

@@ -30,14 +30,22 @@ def may_inline(op: Any) -> bool:
     return not native.static_reason(op, native.TRAIN)
 
 
-def _spliced(sym: mx.sym.Symbol, shapes: dict[str, tuple], dtypes: dict[str, Any]
+def _spliced(sym: mx.sym.Symbol, shapes: Any, dtypes: Any
              ) -> splice.Spliced | None:
-    """``sym`` inlined for training, or None when nothing in it inlines."""
+    """``sym`` inlined for training, or None when nothing in it inlines.
+
+    ``shapes``, ``dtypes``: by input name, or functions giving them (called only when the
+    graph holds an op that may inline: a graph without one costs one ``debug_str``).
+    """
     if runtime.disabled("inline"):
         return None
     graph = splice.graph_of(sym)
     if graph is None or not splice.candidates(graph, native.TRAIN):
         return None
+    if callable(shapes):
+        shapes = shapes()
+    if callable(dtypes):
+        dtypes = dtypes()
     try:
         found = splice.inline(sym, shapes, dtypes, native.TRAIN, graph=graph)
     except Exception as exc:  # noqa: BLE001 - the graph still runs, as Custom nodes
@@ -64,7 +72,7 @@ def simple_bind(original, sym, ctx, grad_req="write", type_dict=None, stype_dict
                 group2ctx=None, shared_arg_names=None, shared_exec=None, shared_buffer=None,
                 **shapes):
     """``Symbol.simple_bind`` of ``sym`` with its inlinable ops inlined."""
-    found = _spliced(sym, shapes, _default_dtypes(sym, type_dict))
+    found = _spliced(sym, shapes, lambda: _default_dtypes(sym, type_dict))
     if found is None:
         return original(sym, ctx, grad_req, type_dict, stype_dict, group2ctx, shared_arg_names,
                         shared_exec, shared_buffer, **shapes)
@@ -85,8 +93,8 @@ def bind(original, sym, ctx, args, args_grad=None, grad_req="write", aux_states=
     arrays = {**arg_map, **aux_map}
     found = None
     if all(isinstance(a, mx.nd.NDArray) for a in arrays.values()):
-        found = _spliced(sym, {n: a.shape for n, a in arrays.items()},
-                         {n: a.dtype for n, a in arrays.items()})
+        found = _spliced(sym, lambda: {n: a.shape for n, a in arrays.items()},
+                         lambda: {n: a.dtype for n, a in arrays.items()})
     if found is None:
         return original(sym, ctx, args, args_grad, grad_req, aux_states, group2ctx, shared_exec)
     if isinstance(args_grad, (list, tuple)):
