@@ -123,7 +123,7 @@ def test_readme_state_and_twin_examples_run_as_written(tmp_path):
     ("detection.py", ["--repeat", "1", "--images", "1", "--anchors", "2000"], "ohem_sampler"),
     ("residuals.py", ["--quick"], "arc_margin"),
     ("fork_cost.py", ["--forks", "3", "--rounds", "1"], "fork patch"),
-    ("native_graphs.py", ["--repeat", "4", "--images", "1", "--anchors", "200"],
+    ("native_graphs.py", ["--repeat", "4", "--images", "1", "--anchors", "200", "--quick"],
      "exported (all inlined)"),
 ])
 def test_operator_benchmarks_run(script, args, expect):
