@@ -225,3 +225,73 @@ def test_gradients_equal_the_native_composition(n, monkeypatch):
     inlined, _ = trained(lambda F, h: affine(h, h), [[x]], monkeypatch)
     native, _ = trained(lambda F, h: F.broadcast_mul(h, h) + 0.5, [[x]], monkeypatch)
     assert_same(inlined, native)
+
+
+class Weighted(mx.gluon.HybridBlock):
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.w = self.params.get("w", shape=(1, 5), init=mx.init.Constant(0.5))
+
+    def hybrid_forward(self, F, x, w):
+        return flipped(x, w)  # the inlined graph lists w before the data
+
+
+def test_a_block_whose_inlined_graph_lists_its_inputs_in_another_order(monkeypatch):
+    def run():
+        net = Weighted()
+        net.initialize()
+        net.hybridize()
+        x = mx.nd.array(ROWS)
+        x.attach_grad()
+        outs = []
+        for _ in range(2):
+            with mx.autograd.record():
+                y = net(x)
+            y.backward()
+            outs.append((y.asnumpy(), x.grad.asnumpy(), net.w.grad().asnumpy()))
+        return net, outs
+
+    net, inlined = run()
+    assert type(net._cached_op).__name__ == "_PlannedCachedOp"  # reorders per call
+    monkeypatch.setenv("CUSTOMOP_RUNTIME_OFF", "inline")
+    _, custom = run()
+    for a, b in zip(inlined, custom):
+        for x, y in zip(a, b):
+            np.testing.assert_allclose(x, y, rtol=1e-6)
+    np.testing.assert_allclose(inlined[0][0], ROWS * 0.5 + 0.5, rtol=1e-6)
+
+
+def test_an_aux_op_beside_an_inlined_one_keeps_its_aux_waits(monkeypatch):
+    from customop import ops
+
+    class Both(mx.gluon.HybridBlock):
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            with self.name_scope():
+                self.center = ops.CenterLoss(num_class=2, feature_dim=5)
+
+        def hybrid_forward(self, F, x, label):
+            return self.center(affine(x, F.ones((1, 5))), label)
+
+    def run():
+        net = Both()
+        net.initialize()
+        net.hybridize()
+        x, label = mx.nd.array(ROWS), mx.nd.array([0, 1, 0, 1])
+        x.attach_grad()
+        for _ in range(3):
+            with mx.autograd.record():
+                loss = net(x, label)
+            loss.backward()
+        return net, net.center.centers.data().asnumpy(), x.grad.asnumpy()
+
+    net, centers, grad = run()
+    assert type(net._cached_op).__name__ == "_AuxCachedOp"  # inlined graph, aux waits kept
+    report = customop.explain(net, mx.nd.array(ROWS), mx.nd.array([0, 1, 0, 1]))
+    assert len(report.nodes) == 2 and len(report.kept["train"]) == 1  # affine inlines
+    monkeypatch.setenv("CUSTOMOP_RUNTIME_OFF", "inline")
+    _, want_centers, want_grad = run()
+    np.testing.assert_allclose(centers, want_centers, rtol=1e-6)
+    np.testing.assert_allclose(grad, want_grad, rtol=1e-6)
+    assert np.abs(centers).sum() > 0
