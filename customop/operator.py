@@ -155,6 +155,13 @@ class CustomOperator:
             variant.adopt_grads()
         return self
 
+    def _output_spec(self) -> dict[str, Any]:
+        # What another operator of the same outputs (a twin, a variant) is declared with: the
+        # count as resolved here (its own forward may be a wrapper), or the names given.
+        if self.user_outputs is None:
+            return dict(num_outputs=self.num_outputs)
+        return dict(num_outputs=self.user_num_outputs, outputs=self.user_outputs)
+
     def _update_native(self) -> None:
         # An 'mxnet'-mode op with only automatic gradients records its own mx.nd ops.
         self.records_natively = (self.mode == "mxnet" and not self.grads and self.auto_grad
@@ -190,11 +197,11 @@ class CustomOperator:
                              f"({self.twins[mode].op_type!r}); a twin is in the other mode")
         settings = dict(name=f"{self.op_type}.{mode}", need_top_grad=self.need_top_grad,
                         infer_shape=self.user_infer_shape, infer_type=self.user_infer_type,
-                        num_outputs=self.user_num_outputs, auto_grad=self.auto_grad,
+                        auto_grad=self.auto_grad,
                         aux={k: (f, self.aux_rules[k]) for k, f in self.aux_shape_fns.items()},
                         optional=tuple(self.signature.optional),
-                        no_grad=tuple(self.no_grad), outputs=self.user_outputs,
-                        infer_input_shape=dict(self.input_shapes.fns))
+                        no_grad=tuple(self.no_grad),
+                        infer_input_shape=dict(self.input_shapes.fns), **self._output_spec())
         settings.update(options)
 
         def wrap(fn: Callable) -> CustomOperator:
@@ -326,10 +333,9 @@ class _Variant(CustomOperator):
         super().__init__(forward, full.mode, name=f"{full.op_type}~without_{'_'.join(absent)}",
                          need_top_grad=full.need_top_grad, infer_shape=_dropping(
                              full.user_infer_shape, self), infer_type=_dropping(
-                             full.user_infer_type, self), num_outputs=full.user_num_outputs,
-                         auto_grad=full.auto_grad,
+                             full.user_infer_type, self), auto_grad=full.auto_grad,
                          no_grad=tuple(n for n in full.no_grad if n not in absent),
-                         outputs=full.user_outputs,
+                         **full._output_spec(),
                          infer_input_shape={n: _dropping(f, self) for n, f in
                                             full.input_shapes.fns.items() if n not in absent})
         self.adopt_grads()

@@ -173,3 +173,24 @@ def test_a_forward_returning_another_count_names_the_outputs():
     with pytest.raises(TypeError, match=r"returned 2 output\(s\) but the op declares 3 \('a', "
                        r"'b', 'c', outputs=\)"):
         op(np.ones(2))
+
+
+@customop("numpy", optional=("b",))
+def pair_maybe_shifted(x, b=None):
+    """Two outputs, counted from the return statement; the variant without ``b`` keeps both."""
+    return 2 * x, (x if b is None else x + b)
+
+
+@customop("mxnet", optional=("b",), outputs=("p", "q"))
+def named_pair(x, b=None):
+    return 2 * x, (x if b is None else x + b)
+
+
+def test_variants_and_twins_keep_the_count_and_the_names():
+    assert pair_maybe_shifted.variant(["x"]).num_outputs == pair_maybe_shifted.num_outputs == 2
+    assert len(pair_maybe_shifted(mx.sym.var("x"))) == 2
+    a, b = pair_maybe_shifted(np.ones(2))
+    np.testing.assert_array_equal(a, [2, 2])
+    assert named_pair(mx.sym.var("x"), name="n").list_outputs() == ["n_p", "n_q"]
+    assert named_pair(mx.sym.var("x"), mx.sym.var("b"), name="m").list_outputs() == ["m_p", "m_q"]
+    assert split_at.mxnet.outputs.names({}) == ("low", "high")
