@@ -215,3 +215,26 @@ def test_optional_input_variants_adopt_the_joint_closure():
     assert variant.grad_groups[0] is variant.grad_groups[1]
     assert "def_grad=[(x, w)]" in repr(variant)
     assert check_grad(shifted, x.astype(np.float64), w.astype(np.float64)).passed
+
+
+@pytest.mark.parametrize("op", TWINS, ids=["numpy", "mxnet"])
+def test_an_exported_and_reloaded_block_trains_with_the_joint_closure(op, tmp_path):
+    import customop as co
+
+    x, y, _ = [a.astype(np.float32) for a in _arrays()]
+    net = Head(op, prefix="head_")
+    net.initialize()
+    net.hybridize()
+    net(mx.nd.array(x), mx.nd.array(y))
+    net.export(str(tmp_path / "head"))
+    back = co.imports(str(tmp_path / "head-symbol.json"), ["data0", "data1"],
+                      str(tmp_path / "head-0000.params"))
+    del CALLS[:]
+    with mx.autograd.record():
+        out = back(mx.nd.array(x), mx.nd.array(y))
+    out.backward()
+    mx.nd.waitall()
+    assert CALLS == [op.mode]
+    (w,) = [p for p in back.collect_params().values() if p.name.endswith("w")]
+    np.testing.assert_allclose(w.grad().asnumpy(),
+                               _reference(x, y, np.full(3, 0.5), 2.0, np.ones(4))[2], rtol=1e-5)
