@@ -119,7 +119,7 @@ def register(op_type: str, lookup: Callable[[str], CustomOperator]) -> None:
             # An input the op infers the shape of (a weight) takes the data's dtype, as
             # FullyConnected's weight does; any other unknown one float32.
             inferred = self.op.input_shapes.fns
-            like = aux_dtype_for([t for t in in_type if t is not None])
+            like = kernel.aux_dtype_for([t for t in in_type if t is not None])
             dtypes = tuple(np.dtype(t if t is not None else like if name in inferred else
                                     np.float32)
                            for name, t in zip(self.op.signature.inputs, in_type))
