@@ -22,6 +22,8 @@ import warnings
 from collections.abc import Callable
 from typing import Any, Tuple  # noqa: UP035 - Tuple: evaluated at run time on Python 3.8
 
+import mxnet as mx
+
 from . import errors
 
 Shape = Tuple[int, ...]  # noqa: UP006
@@ -29,6 +31,12 @@ Shape = Tuple[int, ...]  # noqa: UP006
 
 class InputShapeWarning(UserWarning):
     """An operator's input has no known shape at shape inference, and the op does not infer it."""
+
+
+def unknown_ndim(shape: Any) -> bool:
+    """Whether MXNet passed ``shape`` for "nothing known": ``()`` under its legacy shapes (under
+    NumPy shape semantics, ``mx.npx.set_np()``, ``()`` is a 0-d array and stays one)."""
+    return len(shape) == 0 and not mx.util.is_np_shape()
 
 
 def known(shape: Any) -> bool:
@@ -126,7 +134,7 @@ class InputShapes:
         if not any(known(s) for s in shapes):
             return  # nothing given at all (infer_shape_partial()): nothing to say yet
         for name, shape in zip(self.inputs, shapes):
-            if len(shape) == 0:
+            if unknown_ndim(shape):
                 warnings.warn(self.unknown_message(name), InputShapeWarning, stacklevel=2)
 
     def __bool__(self) -> bool:

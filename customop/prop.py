@@ -20,6 +20,7 @@ from mxnet.ndarray.ndarray import _DTYPE_MX_TO_NP
 from . import errors, kernel, runtime
 from . import params as _params
 from .inference import known
+from .input_shapes import unknown_ndim
 
 if TYPE_CHECKING:
     from .operator import CustomOperator
@@ -147,7 +148,7 @@ def register(op_type: str, lookup: Callable[[str], CustomOperator]) -> None:
             # Legacy shapes read 0 as "unknown": a 0-size input reaches us as -1 seen unsigned
             # (4294967295). Never allocate placeholders from that.
             for name, shape in zip(self.op.signature.inputs, shapes):
-                if shape == ():  # MXNet bound it although nothing gave its shape
+                if unknown_ndim(shape):  # MXNet bound it although nothing gave its shape
                     raise ValueError(self.op.input_shapes.unknown_message(name))
                 if not all(0 < d < _UNKNOWN for d in shape):
                     dims = tuple("?" if d >= _UNKNOWN else d for d in shape)

@@ -193,3 +193,21 @@ def test_optional_inputs_keep_the_inference_of_the_present_ones():
     assert with_bias.infer_shape(x=(4, 3))[0] == [(4, 3), (2, 3), (2,)]
     without = affine(mx.sym.var("x"), mx.sym.var("w"), units=2)
     assert without.infer_shape(x=(4, 3)) == ([(4, 3), (2, 3)], [(4, 2)], [])
+
+
+@customop("numpy", name="tests.input_shapes.twice")
+def twice(x):
+    return 2 * x
+
+
+def test_a_0d_input_under_numpy_shapes_is_not_taken_for_an_unknown_one():
+    # Under mx.npx.set_np() semantics, () is a 0-d array, which binds as before.
+    class Twice(mx.gluon.HybridBlock):
+        def hybrid_forward(self, F, x):
+            return twice(x)
+
+    with mx.util.np_shape(True), mx.util.np_array(True), warnings.catch_warnings():
+        warnings.simplefilter("error", InputShapeWarning)
+        net = Twice()
+        net.hybridize()
+        assert float(net(mx.np.array(3.0))) == 6.0
