@@ -222,6 +222,7 @@ class Plan:
         self.pending: list | None = None  # per state: (rule, value before the step, delta)
         self.restore_local = False  # undo the coming step's overwrite of 'local' states
         self.inited: set = set()  # kvstore keys initialised
+        self.counts_inited: set = set()  # keys whose copy-count key ('mean') is initialised
         self.generation = _generation
         self.group: Any = None  # a Module's executor group, for Modules
 
@@ -297,9 +298,10 @@ def finish(plan: Plan, kv: Any, priority_base: int = 0) -> None:
                 # Module's centers 3.05 apart on 2 workers in 9 runs of 14; see
                 # initial_broadcast). Wait for it, once per key.
                 start.wait_to_read()
-                if count is not None:
-                    kv.init(_count_key(key), mx.nd.zeros_like(count))
                 plan.inited.add(key)
+            if count is not None and key not in plan.counts_inited:
+                kv.init(_count_key(key), mx.nd.zeros_like(count))
+                plan.counts_inited.add(key)
             if rule == "first" and kv.rank != 0:
                 total[:] = 0  # worker 0's first device wins
             kv.push(key, total, priority=priority_base - i)
@@ -375,7 +377,7 @@ def trainer_plan(trainer: mx.gluon.Trainer) -> Plan | None:
             keys.append(_AUTO_KEY + i)
     new = Plan(names, copies, keys)
     if plan is not None:
-        new.inited = plan.inited
+        new.inited, new.counts_inited = plan.inited, plan.counts_inited
     trainer._customop_aux = new
     return new if names else None
 

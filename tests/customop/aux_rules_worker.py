@@ -1,5 +1,5 @@
 """One dist_sync worker (or one process, --kvstore local) training ``auxops.merged`` through
-Gluon's Trainer and through Module; writes every copy of every aux state to
+Gluon's Trainer, a loop of its own with AuxSync, and Module; writes every copy of every aux state to
 ``<out>/rank<r>.npz`` as ``<api>/<state>@<copy>`` where ``copy`` is the global copy index
 (worker rank * devices + device).
 
@@ -14,6 +14,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import mxnet as mx  # noqa: E402
 import numpy as np  # noqa: E402
 
+from customop.distributed.auxsync import AuxSync  # noqa: E402
 from tests.customop.auxops import RULE_STATES, MergedBlock, merged  # noqa: E402
 
 DIM, ROWS, STEPS, DEVICES = 3, 2, 3, 2
@@ -46,6 +47,25 @@ def gluon(kv, rank, data, ctxs, hybridize=True):
     return {name: getattr(net, name).list_data() for name in RULE_STATES}
 
 
+def by_hand(kv, rank, data, ctxs, hybridize=True):
+    """No Trainer: a loop of one's own, with AuxSync merging the states after each step."""
+    net = MergedBlock(DIM, prefix="hand_")
+    net.initialize(mx.init.Xavier(), ctx=ctxs)
+    if hybridize:
+        net.hybridize()
+    sync = AuxSync([getattr(net, name) for name in RULE_STATES], kv)
+    for step in data:
+        mine = step[rank * DEVICES:(rank + 1) * DEVICES]
+        xs = [mx.nd.array(x, ctx=c) for x, c in zip(mine, ctxs)]
+        for x in xs:
+            x.attach_grad()
+        with mx.autograd.record():
+            losses = [net(x).sum() for x in xs]
+        mx.autograd.backward(losses)
+        sync()
+    return {name: getattr(net, name).list_data() for name in RULE_STATES}
+
+
 def module(kv, rank, data, ctxs, hybridize=None):
     out = mx.sym.FullyConnected(merged(mx.sym.var("data"), name="m"), num_hidden=DIM,
                                 name="fc")
@@ -73,12 +93,16 @@ def main(argv=None):
         os.environ["MXNET_UPDATE_ON_KVSTORE"] = "0"  # Module: the servers only sum (see agree)
     ctxs = [mx.cpu(i) for i in range(DEVICES)]
     saved = {}
-    for api, run in (("gluon", gluon), ("module", module)):
-        if args.api and api not in args.api:
+    # A kvstore per API: Gluon's and AuxSync's keys are ints, Module's names (one worker
+    # process cannot create a second dist kvstore, so Module is a job of its own).
+    kvstores = {}
+    for api, run in (("gluon", gluon), ("by_hand", by_hand), ("module", module)):
+        family = "module" if api == "module" else "gluon"
+        if args.api and family not in args.api:
             continue
-        # a kvstore per API: Gluon's keys are ints, Module's names (one worker process cannot
-        # create a second dist kvstore, so each API is its own job)
-        kv = mx.kv.create(args.kvstore)
+        if family not in kvstores:
+            kvstores[family] = mx.kv.create(args.kvstore)
+        kv = kvstores[family]
         rank, workers = kv.rank, kv.num_workers
         data = shards(workers)
         for name, copies in run(kv, rank, data, ctxs).items():
