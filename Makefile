@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
 .PHONY: venv demo test soak lint bench bench-detection bench-losses bench-dist bench-aux bench-isolation \
-	bench-residuals bench-fork dist-demo notebooks clean
+	bench-residuals bench-fork bench-composed dist-demo notebooks clean
 
 venv: $(STAMP)
 
@@ -53,6 +53,9 @@ bench-residuals: $(STAMP)
 
 bench-fork: $(STAMP)
 	$(PY) benchmarks/fork_cost.py
+
+bench-composed: $(STAMP)
+	$(PY) benchmarks/composed.py
 
 # Two dist_sync workers + one server on 127.0.0.1, a decorated loss, Gluon's Trainer.
 dist-demo: $(STAMP)
