@@ -79,8 +79,20 @@ def simple_bind(original, sym, ctx, grad_req="write", type_dict=None, stype_dict
     if isinstance(grad_req, (list, tuple)):
         grad_req = dict(zip(sym.list_arguments(), grad_req))
     exe = original(found.symbol, ctx, grad_req, type_dict, stype_dict, group2ctx,
-                   shared_arg_names, shared_exec, shared_buffer, **shapes)
+                   shared_arg_names, shared_exec, shared_buffer, **_all_shapes(sym, shapes))
     return present(exe, sym, found.symbol)
+
+
+def _all_shapes(sym: mx.sym.Symbol, shapes: dict[str, tuple]) -> dict[str, tuple]:
+    # The shapes the original graph infers for every input: an op's infer_input_shape= (a
+    # weight's shape from its parameters) leaves with its Custom node.
+    args, _, aux = sym.infer_shape_partial(**shapes)
+    found = {n: tuple(s) for n, s in zip(sym.list_arguments(), args or [])
+             if s and all(d > 0 for d in s)}
+    found.update((n, tuple(s)) for n, s in zip(sym.list_auxiliary_states(), aux or [])
+                 if s and all(d > 0 for d in s))
+    found.update(shapes)
+    return found
 
 
 def bind(original, sym, ctx, args, args_grad=None, grad_req="write", aux_states=None,

@@ -120,24 +120,28 @@ def _input_signatures(sym, graph, wanted, shapes, dtypes) -> dict[int, Any]:
     rows = graph.get("node_row_ptr")
     if rows is None:  # pragma: no cover - MXNet 1.9 always writes it
         return {i: "the graph does not say where each node's outputs are" for i in wanted}
-    internals = sym.get_internals()
     entries: list[tuple[int, int]] = []
     for i in wanted:
         entries += [(e[0], e[1]) for e in nodes[i]["inputs"]]
     entries = list(dict.fromkeys(entries))
     if not entries:  # operators without inputs
         return {i: ([], []) for i in wanted}
-    group = mx.sym.Group([internals[rows[j] + k] for j, k in entries])
-    names = set(group.list_arguments()) | set(group.list_auxiliary_states())
+    # Every node's outputs, inferred over the whole graph: a Custom node may tell its own
+    # inputs' shapes (infer_input_shape=), which a part of the graph would not know.
+    internals = sym.get_internals()
+    names = set(sym.list_arguments()) | set(sym.list_auxiliary_states())
     try:
-        _, out_shapes, _ = group.infer_shape_partial(
+        _, out_shapes, _ = internals.infer_shape_partial(
             **{k: tuple(v) for k, v in shapes.items() if k in names})
-        _, out_types, _ = group.infer_type_partial(
+        _, out_types, _ = internals.infer_type_partial(
             **{k: np.dtype(v) for k, v in dtypes.items() if k in names})
     except mx.base.MXNetError as exc:
         text = f"its input shapes or dtypes could not be inferred: {errors.mxnet_text(exc)}"
         return {i: text for i in wanted}
-    known = {e: (tuple(s) if s else None, t) for e, s, t in zip(entries, out_shapes, out_types)}
+    if len(out_shapes) != rows[-1]:  # pragma: no cover - MXNet lists every node's outputs
+        return {i: "the graph's outputs could not be matched to its nodes" for i in wanted}
+    known = {(j, k): (tuple(out_shapes[rows[j] + k]) if out_shapes[rows[j] + k] else None,
+                      out_types[rows[j] + k]) for j, k in entries}
     found: dict[int, Any] = {}
     for i in wanted:
         sig = [known[(e[0], e[1])] for e in nodes[i]["inputs"]]

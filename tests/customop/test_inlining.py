@@ -295,3 +295,20 @@ def test_an_aux_op_beside_an_inlined_one_keeps_its_aux_waits(monkeypatch):
     np.testing.assert_allclose(centers, want_centers, rtol=1e-6)
     np.testing.assert_allclose(grad, want_grad, rtol=1e-6)
     assert np.abs(centers).sum() > 0
+
+
+@decorate("mxnet", infer_input_shape={
+    "weight": lambda data, weight, *, num_hidden: (num_hidden, data[1])})
+def linear(data, weight, *, num_hidden):
+    return mx.nd.dot(data, weight, transpose_b=True)
+
+
+def test_an_input_shape_only_the_op_could_infer_still_binds():
+    out = linear(mx.sym.var("data"), mx.sym.var("weight"), num_hidden=3)
+    exe = out.simple_bind(mx.cpu(), data=(4, 5))  # weight's shape: from the Custom node
+    assert hasattr(exe, "customop_inlined")
+    assert "dot" in exe.customop_inlined.tojson()
+    exe.arg_dict["data"][:] = ROWS
+    exe.arg_dict["weight"][:] = 1
+    np.testing.assert_allclose(exe.forward()[0].asnumpy(),
+                               np.repeat(ROWS.sum(1, keepdims=True), 3, 1), rtol=1e-5)
