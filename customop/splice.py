@@ -135,7 +135,7 @@ def _input_signatures(sym, graph, wanted, shapes, dtypes) -> dict[int, Any]:
             **{k: tuple(v) for k, v in shapes.items() if k in names})
         _, out_types, _ = internals.infer_type_partial(
             **{k: np.dtype(v) for k, v in dtypes.items() if k in names})
-    except mx.base.MXNetError as exc:
+    except Exception as exc:  # noqa: BLE001 - binding the graph as it is raises it again
         text = f"its input shapes or dtypes could not be inferred: {errors.mxnet_text(exc)}"
         return {i: text for i in wanted}
     if len(out_shapes) != rows[-1]:  # pragma: no cover - MXNet lists every node's outputs
