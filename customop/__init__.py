@@ -6,7 +6,8 @@ hands the forward's intermediate values to them);
 ``check_grad(op, *inputs)`` checks them against finite differences;
 ``imports``/``load_checkpoint`` reload saved graphs, importing their ops first.
 ``'mxnet'``-mode ops run as MXNet's own operators in hybridized and bound graphs
-when their forward traces to one (``explain(op, ...)`` says whether, and why not).
+when their forward traces to one (``explain(op, ...)`` says whether, and why not);
+``export(block, path, *inputs)`` writes a model plain MXNet loads, ``to_onnx`` converts it.
 
 Importing this package changes nothing in MXNet or Python; what an operator
 needs from MXNet is installed when it is first used (see :mod:`customop.runtime`).

@@ -115,3 +115,14 @@ def test_bad_arguments_are_named(tmp_path):
         customop.export(net, str(tmp_path / "m"), mx.nd.ones((1, 1)), not_inlined="ignore")
     with pytest.raises(TypeError, match="example inputs"):
         customop.export(net, str(tmp_path / "m"))
+
+
+@pytest.mark.parametrize("module", ["customop.export", "customop.explain", "customop.trace"])
+def test_the_docstring_examples_run(module):
+    import doctest
+    import importlib
+
+    importlib.import_module(module)
+    result = doctest.testmod(sys.modules[module],
+                             optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
+    assert result.failed == 0 and result.attempted > 0
