@@ -40,6 +40,9 @@ if TYPE_CHECKING:
 
 TRAIN, EXPORT = "train", "export"
 PURPOSES = (TRAIN, EXPORT)
+# MXNet operators with auxiliary states (moving statistics): in a graph these must be fed
+# by variables, and they update them in place.
+STATEFUL = frozenset({"BatchNorm", "BatchNorm_v1", "SyncBatchNorm", "_contrib_SyncBatchNorm"})
 _SMALL = 64  # elements: a constant up to this size may be written out node by node
 _lock = threading.RLock()
 _cache: dict[tuple, Verdict] = {}
@@ -228,6 +231,10 @@ class _Tracer:
                              f"{rec.reads[0]}; a graph would keep what it read once")
         if rec.randoms:
             raise _NotNative(f"it calls random operators ({', '.join(rec.randoms)})")
+        stateful = sorted({n["op"] for n in rec.nodes if n["op"] in STATEFUL})
+        if stateful:
+            raise _NotNative(f"it calls operators that update auxiliary states "
+                             f"({', '.join(stateful)})")
         if rec.unknown_free:
             raise _NotNative("it uses arrays whose values the trace could not read")
         foreign = sorted({n["op"] for n in rec.nodes if n["op"] in ("_CustomFunction",

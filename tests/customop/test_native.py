@@ -72,6 +72,19 @@ def paused_mask(x):
     return x * mask
 
 
+@decorate("mxnet")
+def normalized(x):
+    c = x.shape[1]
+    return mx.nd.BatchNorm(x, mx.nd.ones(c), mx.nd.zeros(c), mx.nd.zeros(c), mx.nd.ones(c))
+
+
+@decorate("mxnet")
+def looped(x):
+    # imperatively, foreach is a Python loop over the rows: the recording unrolls it
+    out, _ = mx.nd.contrib.foreach(lambda row, state: (row * 2, state), x, [x[0]])
+    return out
+
+
 @decorate("mxnet", inline=False)
 def opted_out(x):
     return x * 3
@@ -149,6 +162,8 @@ def test_the_graph_computes_the_formula_at_other_values_and_shapes():
     (noisy, "random operators (_random_uniform)"),
     (flattened, "holds only at the traced input shapes (Reshape shape="),
     (huge_constant, "cannot write exactly"),
+    (normalized, "update auxiliary states (BatchNorm)"),
+    (looped, "holds only at the traced input shapes (10 operators, 13"),
     (calls_numpy_op, "calls customop 'tests.customop.test_native.numpy_square', which "
                      "cannot be inlined: a 'numpy'-mode operator"),
 ])
