@@ -47,7 +47,8 @@ def arr_pick(arr, indicate, *, num):
     output (B, M, num), ``arr``'s dtype.
 
     Example:
-        >>> import mxnet as mx, ops
+        >>> import mxnet as mx
+        >>> from customop import ops
         >>> a = mx.nd.arange(60).reshape((1, 6, 10))
         >>> b = mx.nd.array([[[0, 1, 0, 1, 0, 1, 0, 1, 0, 1]]])
         >>> ops.arr_pick(a, b, num=5)[0, :2].asnumpy().tolist()

@@ -69,7 +69,8 @@ def box_encode(samples, matches, anchors, refs, means, stds, *, legacy_box=False
     Outputs ``targets``, ``masks``: (B, N, 4).
 
     Example:
-        >>> import mxnet as mx, ops
+        >>> import mxnet as mx
+        >>> from customop import ops
         >>> f = lambda x: mx.nd.array(x, dtype='float64')
         >>> s, m, a, r = f([[1]]), f([[0]]), f([[[0, 0, 9, 9]]]), f([[[0, 0, 19, 9]]])
         >>> t, mask = ops.box_encode(s, m, a, r, f([0] * 4), f([1] * 4), legacy_box=True)

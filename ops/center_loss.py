@@ -67,7 +67,8 @@ def center_loss(data, label, centers, *, num_class, alpha=0.5, scale=1.0):
     Returns the per-sample loss ``(N,)``.
 
     Example:
-        >>> import mxnet as mx, ops
+        >>> import mxnet as mx
+        >>> from customop import ops
         >>> x, y = mx.nd.array([[1.0, 0.0], [3.0, 0.0]]), mx.nd.array([1, 1])
         >>> centers = mx.nd.zeros((2, 2)); x.attach_grad()
         >>> with mx.autograd.record():
@@ -137,7 +138,8 @@ class CenterLoss(mx.gluon.loss.Loss):
     ``(N, feature_dim)``, ``label`` ``(N,)``.  Output: loss of shape ``(N,)``.
 
     Example:
-        >>> import mxnet as mx, ops
+        >>> import mxnet as mx
+        >>> from customop import ops
         >>> loss = ops.CenterLoss(num_class=3, feature_dim=2)
         >>> loss.initialize()
         >>> loss(mx.nd.ones((4, 2)), mx.nd.array([0, 1, 1, 2])).asnumpy()

@@ -79,7 +79,8 @@ def focal_loss(pred, label, normalizer=None, *, alpha=0.25, gamma=2.0,
     loss).  Parameters go by keyword: ``focal_loss(pred, label, normalizer, alpha=0.5)``.
 
     Example:
-        >>> import mxnet as mx, ops
+        >>> import mxnet as mx
+        >>> from customop import ops
         >>> pred = mx.nd.array([[[0.0, 0.0], [2.0, -2.0]]])        # 1 image, 2 anchors, C=2
         >>> label = mx.nd.array([[2, 0]])                         # class 2, background
         >>> ops.focal_loss(pred, label, gamma=0.0).sum().asscalar()  # doctest: +ELLIPSIS
@@ -196,7 +197,8 @@ class FocalLoss(mx.gluon.loss.Loss):
     loss of the batch (the normalizer counts over the whole batch).
 
     Example:
-        >>> import mxnet as mx, ops
+        >>> import mxnet as mx
+        >>> from customop import ops
         >>> loss = ops.FocalLoss(gamma=0.0)
         >>> loss(mx.nd.array([[[0.0, 0.0], [2.0, -2.0]]]), mx.nd.array([[2, 0]])).shape
         (1,)

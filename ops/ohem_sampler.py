@@ -87,7 +87,8 @@ def ohem_sampler(conf_data, conf_target, conf_weight, *, ratio=3.0, min_neg=0, i
     output ``new_conf_weight`` of ``conf_weight``'s shape and dtype.
 
     Example:
-        >>> import mxnet as mx, ops
+        >>> import mxnet as mx
+        >>> from customop import ops
         >>> x = mx.nd.array([[[0, 0], [0, 3], [0, 1], [0, 2], [5, 0]]])   # losses rise with x1
         >>> t, w = mx.nd.array([[1, 0, 0, 0, 0]]), mx.nd.ones((1, 5))
         >>> ops.ohem_sampler(x, t, w, ratio=2).asnumpy().tolist()

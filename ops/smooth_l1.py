@@ -47,7 +47,8 @@ def smooth_l1(data, sigma, weight=None):
     from the device.
 
     Example:
-        >>> import mxnet as mx, ops
+        >>> import mxnet as mx
+        >>> from customop import ops
         >>> x = mx.nd.array([-2.0, 0.1, 0.5])
         >>> ops.smooth_l1(x, mx.nd.array([2.0])).asnumpy()
         array([1.875, 0.02 , 0.375], dtype=float32)
@@ -110,7 +111,8 @@ class SmoothL1Loss(mx.gluon.loss.Loss):
     Output: loss of shape ``(batch_size,)``.
 
     Example:
-        >>> import mxnet as mx, ops
+        >>> import mxnet as mx
+        >>> from customop import ops
         >>> ops.SmoothL1Loss(sigma=1.0)(mx.nd.array([[0.5, 3.0]]), mx.nd.zeros((1, 2)))
         <BLANKLINE>
         [1.3125]

@@ -50,7 +50,8 @@ def softmax_ce(data, label):
     Output: probabilities shaped like ``data``.
 
     Example:
-        >>> import mxnet as mx, ops
+        >>> import mxnet as mx
+        >>> from customop import ops
         >>> ops.softmax_ce(mx.nd.array([[0.0, 0.0]]), mx.nd.array([1])).asnumpy()
         array([[0.5, 0.5]], dtype=float32)
     """
@@ -99,7 +100,8 @@ class SoftmaxCE(mx.gluon.HybridBlock):
     probabilities ``(N, C)``; call ``backward()`` on them (the head gradient is ignored).
 
     Example:
-        >>> import mxnet as mx, ops
+        >>> import mxnet as mx
+        >>> from customop import ops
         >>> ops.SoftmaxCE()(mx.nd.zeros((1, 4)), mx.nd.array([2])).asnumpy()
         array([[0.25, 0.25, 0.25, 0.25]], dtype=float32)
     """

@@ -49,7 +49,8 @@ def tile(data, *, reps):
     Output shape: ``tuple(r * s for r, s in zip(reps, data.shape))`` after the padding.
 
     Example:
-        >>> import mxnet as mx, ops
+        >>> import mxnet as mx
+        >>> from customop import ops
         >>> ops.tile(mx.nd.array([[1, 2]]), reps=(2, 2)).asnumpy()
         array([[1., 2., 1., 2.],
                [1., 2., 1., 2.]], dtype=float32)

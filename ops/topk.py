@@ -189,7 +189,8 @@ def topk(data, *, k=1, axis=-1, ret_typ="value", is_ascend=False, dtype="float32
     ``k`` along ``axis`` (``(k,)`` for ``axis=None``); ``mask`` has ``data``'s shape.
 
     Example:
-        >>> import mxnet as mx, ops
+        >>> import mxnet as mx
+        >>> from customop import ops
         >>> a = mx.nd.array([[0.087, 0.648, 0.020, 0.368, 0.833]], dtype='float64')
         >>> ops.topk(a, k=3, do_sort=False).asnumpy().round(3).tolist()
         [[0.648, 0.368, 0.833]]

@@ -53,7 +53,8 @@ def wing_loss(pred, target, weight=None, *, w=10.0, epsilon=2.0):
     ``wing_loss(pred, target, weight, w=..., epsilon=...)`` (parameters by keyword).
 
     Example:
-        >>> import mxnet as mx, ops
+        >>> import mxnet as mx
+        >>> from customop import ops
         >>> ops.wing_loss(mx.nd.array([1.0, 12.0]), mx.nd.zeros(2), w=10.0, epsilon=2.0)
         <BLANKLINE>
         [ 4.054651 19.917595]
@@ -147,7 +148,8 @@ class WingLoss(mx.gluon.loss.Loss):
     Output: loss of shape ``(batch_size,)``.
 
     Example:
-        >>> import mxnet as mx, ops
+        >>> import mxnet as mx
+        >>> from customop import ops
         >>> ops.WingLoss(w=10.0, epsilon=2.0)(mx.nd.array([[1.0, 12.0]]), mx.nd.zeros((1, 2)))
         <BLANKLINE>
         [11.986123]

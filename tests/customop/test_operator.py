@@ -469,3 +469,33 @@ def test_need_top_grad_false_ignores_the_head_gradient(how):
     np.testing.assert_allclose(outs[0], 0.5 * ((pred - target) ** 2).sum(axis=1), rtol=1e-6)
     np.testing.assert_allclose(gp, pred - target, rtol=1e-6)
     assert opdefs.l2_loss.need_top_grad is False
+
+
+def test_help_shows_the_forwards_signature_and_docstring_not_a_repr():
+    import inspect
+    import pydoc
+
+    from customop import ops
+
+    text = pydoc.render_doc(ops.focal_loss, renderer=pydoc.plaintext)
+    sig = "focal_loss(pred, label, normalizer=None, *, alpha=0.25, gamma=2.0"
+    assert sig in text and "<customop" not in text
+    assert "Sigmoid focal loss" in text
+    assert inspect.isroutine(ops.focal_loss) and inspect.isroutine(ops.focal_loss.numpy)
+    assert str(inspect.signature(ops.tile)) == "(data, *, reps)"
+
+    class Holder:  # an op kept on a class stays the op, as a staticmethod would
+        op = ops.tile
+    assert Holder.op is ops.tile and Holder().op is ops.tile
+
+
+def test_every_public_method_has_its_own_docstring():
+    # pydoc falls back to the comment above a method without a docstring (it showed
+    # "# ---- pieces shared by every dispatch path ----" for CustomOperator.error).
+    import inspect
+
+    for name, member in inspect.getmembers(CustomOperator):
+        if name.startswith("_"):
+            continue
+        doc = member.__doc__ if not isinstance(member, property) else member.fget.__doc__
+        assert doc and doc.strip(), name
