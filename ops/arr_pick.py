@@ -43,6 +43,8 @@ def arr_pick(arr, indicate, *, num):
     num : int
         How many entries to pick per row, ``1 <= num <= L`` (keyword).
 
+    Notes
+    -----
     Shapes: ``arr`` (B, M, L); ``indicate`` (B, 1, L), nonzero = picked;
     output (B, M, num), ``arr``'s dtype.
 

@@ -61,6 +61,8 @@ def box_decode(data, anchors, *, std0=1.0, std1=1.0, std2=1.0, std3=1.0, clip=-1
     legacy_box : bool, default False
         Widths and heights are ``x2 - x1 + 1``, ``y2 - y1 + 1``.
 
+    Notes
+    -----
     Shapes: ``data`` (B, N, 4), float; ``anchors`` (1, N, 4) (or (B, N, 4): one set per
     image, where MXNet's op would read only the first); output (B, N, 4).
 

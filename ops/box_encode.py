@@ -63,6 +63,8 @@ def box_encode(samples, matches, anchors, refs, means, stds, *, legacy_box=False
     legacy_box : bool, default False
         Widths and heights are ``x2 - x1 + 1``, ``y2 - y1 + 1`` (Caffe/Detectron).
 
+    Notes
+    -----
     Shapes: ``samples`` (B, N): +1 positive, -1 negative, 0 ignore;
     ``matches`` (B, N): index into ``refs``; ``anchors`` (B, N, 4); ``refs`` (B, M, 4);
     ``means``, ``stds`` (4,); all four float (integer: ``TypeError``).

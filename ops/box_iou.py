@@ -47,6 +47,8 @@ def box_iou(lhs, rhs, *, format="corner", legacy_box=False):
     legacy_box : bool, default False
         Widths and heights are ``x2 - x1 + 1``, ``y2 - y1 + 1``.
 
+    Notes
+    -----
     Shapes: ``lhs`` (..., 4), ``rhs`` (..., 4), float (integer boxes: ``TypeError``); output
     ``lhs.shape[:-1] + rhs.shape[:-1]``.
 

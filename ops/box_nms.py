@@ -104,6 +104,8 @@ def box_nms(data, *, overlap_thresh=0.5, valid_thresh=0.0, topk=-1, coord_start=
     legacy_box : bool, default False
         Widths and heights are ``x2 - x1 + 1``, ``y2 - y1 + 1``.
 
+    Notes
+    -----
     Shapes: ``data`` (..., N, K) with K >= 5, float (integer: ``TypeError``); output the
     same shape.
 

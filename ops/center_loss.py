@@ -64,6 +64,8 @@ def center_loss(data, label, centers, *, num_class, alpha=0.5, scale=1.0):
     alpha : float in [0, 1], default 0.5, the center update rate.
     scale : finite float, default 1, the loss weight :math:`\lambda`.
 
+    Notes
+    -----
     Returns the per-sample loss ``(N,)``.
 
     Example:
@@ -133,6 +135,8 @@ class CenterLoss(mx.gluon.loss.Loss):
     weight : float or None, global scalar weight for the loss.
     batch_axis : int, default 0.
 
+    Notes
+    -----
     The centers are the Parameter ``centers`` (``grad_req='null'``, zeros), updated by
     every backward pass; they are saved with the block's parameters.  Inputs: ``pred``
     ``(N, feature_dim)``, ``label`` ``(N,)``.  Output: loss of shape ``(N,)``.

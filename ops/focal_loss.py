@@ -75,6 +75,8 @@ def focal_loss(pred, label, normalizer=None, *, alpha=0.25, gamma=2.0,
     normalization : ``'positive'`` (default), ``'valid'`` or ``'none'``.
     ignore_label : int, default -1.
 
+    Notes
+    -----
     Returns the normalized elementwise loss, shaped like ``pred`` (sum it for the paper's
     loss).  Parameters go by keyword: ``focal_loss(pred, label, normalizer, alpha=0.5)``.
 
@@ -192,6 +194,8 @@ class FocalLoss(mx.gluon.loss.Loss):
     weight : float or None, global scalar weight for the loss.
     batch_axis : int, default 0, the axis that represents the mini-batch.
 
+    Notes
+    -----
     Inputs: ``pred`` logits ``(N, ..., C)``, ``label`` ``(N, ...)``, optional
     ``normalizer`` (one value).  Output: loss of shape ``(N,)``; its sum is the focal
     loss of the batch (the normalizer counts over the whole batch).

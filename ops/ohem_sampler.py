@@ -82,6 +82,8 @@ def ohem_sampler(conf_data, conf_target, conf_weight, *, ratio=3.0, min_neg=0, i
     from_logits : bool, default True
         ``conf_data`` holds logits; ``False``: softmax probabilities (the seed's input).
 
+    Notes
+    -----
     Shapes: ``conf_data`` (B, N, C) float logits (or probabilities), class 0 = background;
     ``conf_target`` (B, N) class ids; ``conf_weight`` (B, N) or (B, N, 1);
     output ``new_conf_weight`` of ``conf_weight``'s shape and dtype.

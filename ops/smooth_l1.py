@@ -42,6 +42,8 @@ def smooth_l1(data, sigma, weight=None):
         per box coordinate); ``sigma <= 0``, ``inf`` or NaN raises ``ValueError``.
     weight : optional array broadcastable to ``data`` multiplying the loss elementwise.
 
+    Notes
+    -----
     Returns the elementwise loss, shaped like ``data``.  ``smooth_l1.numpy`` is the
     ``'numpy'``-mode twin.  Checking ``sigma > 0`` in ``'mxnet'`` mode reads one flag back
     from the device.
@@ -106,6 +108,8 @@ class SmoothL1Loss(mx.gluon.loss.Loss):
     weight : float or None, global scalar weight for the loss.
     batch_axis : int, default 0, the axis that represents the mini-batch.
 
+    Notes
+    -----
     Inputs: ``pred``, ``label`` of one shape; optional ``sigma`` (an array broadcastable
     to ``pred``, overriding the constructor's) and ``sample_weight`` (broadcastable).
     Output: loss of shape ``(batch_size,)``.

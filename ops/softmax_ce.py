@@ -47,6 +47,8 @@ def softmax_ce(data, label):
     label : array of shape ``(N,)``, class indices in ``[0, C)``, float or int.  Values
         outside raise ``ValueError`` (one flag read back from the device in ``'mxnet'`` mode).
 
+    Notes
+    -----
     Output: probabilities shaped like ``data``.
 
     Example:

@@ -46,6 +46,8 @@ def tile(data, *, reps):
     data : array of any shape.
     reps : int or tuple of ints >= 1 (keyword).
 
+    Notes
+    -----
     Output shape: ``tuple(r * s for r, s in zip(reps, data.shape))`` after the padding.
 
     Example:

@@ -173,6 +173,8 @@ def topk(data, *, k=1, axis=-1, ret_typ="value", is_ascend=False, dtype="float32
     do_sort : bool, default True
         Sort the selection by value (``mx.nd.topk``); ``False`` keeps the original order.
 
+    Notes
+    -----
     Ties: which of several equal elements is selected follows ``mx.nd.topk`` in
     ``'mxnet'`` mode (unspecified: MXNet's CPU sort is not stable, e.g. k=3 of
     ``[1,1,1,1,0.5,1]`` gives indices ``[0,1,2]`` but 5 of forty ones gives

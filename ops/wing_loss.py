@@ -49,6 +49,8 @@ def wing_loss(pred, target, weight=None, *, w=10.0, epsilon=2.0):
     w : finite float > 0, default 10, the width of the non-linear part.
     epsilon : finite float > 0, default 2, its curvature.
 
+    Notes
+    -----
     Returns the elementwise loss, shaped like ``pred``.  Call as
     ``wing_loss(pred, target, weight, w=..., epsilon=...)`` (parameters by keyword).
 
@@ -144,6 +146,8 @@ class WingLoss(mx.gluon.loss.Loss):
     weight : float or None, global scalar weight for the loss.
     batch_axis : int, default 0, the axis that represents the mini-batch.
 
+    Notes
+    -----
     Inputs: ``pred``, ``label`` of one shape, optional ``sample_weight`` (broadcastable).
     Output: loss of shape ``(batch_size,)``.
 
