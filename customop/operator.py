@@ -207,6 +207,8 @@ class CustomOperator:
                 f"{', auto_grad' if self.auto_grad else ''}{extra}>")
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Run the operator: NDArrays give NDArrays (recorded under ``mx.autograd.record()``),
+        Symbols a Symbol node (``name=`` names it), NumPy arrays the forward's result."""
         node_name = kwargs.pop("name", None)
         ctx = kwargs.pop("ctx", None)
         arrays, params = self.signature.bind(args, kwargs)

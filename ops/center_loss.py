@@ -161,5 +161,6 @@ class CenterLoss(mx.gluon.loss.Loss):
                                            init=mx.init.Zero(), grad_req="null")
 
     def hybrid_forward(self, F, pred, label, centers):
+        """The loss of each sample, ``(N,)``; Gluon passes the block's ``centers``."""
         loss = center_loss(pred, label, centers, **self._op_params)
         return loss if self._weight is None else loss * self._weight

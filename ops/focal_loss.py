@@ -216,6 +216,7 @@ class FocalLoss(mx.gluon.loss.Loss):
                             normalization=normalization, ignore_label=int(ignore_label))
 
     def hybrid_forward(self, F, pred, label, normalizer=None):
+        """The focal loss of each sample, summed over its anchors and classes."""
         loss = focal_loss(pred, label, normalizer, **self._op_params)
         if self._weight is not None:
             loss = loss * self._weight

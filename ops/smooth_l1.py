@@ -128,6 +128,7 @@ class SmoothL1Loss(mx.gluon.loss.Loss):
         self._sigma = _checks.positive("smooth_l1", "sigma", sigma)
 
     def hybrid_forward(self, F, pred, label, sigma=None, sample_weight=None):
+        """Smooth L1 averaged over the non-batch axes; a ``sigma`` array overrides the block's."""
         if sigma is None:
             sigma = F.full(shape=(1,), val=self._sigma)
         loss = smooth_l1(pred - label, sigma, sample_weight)

@@ -109,4 +109,5 @@ class SoftmaxCE(mx.gluon.HybridBlock):
     """
 
     def hybrid_forward(self, F, pred, label):
+        """The softmax probabilities (the layer's output; its gradient is the cross-entropy's)."""
         return softmax_ce(pred, label)

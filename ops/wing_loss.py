@@ -166,6 +166,7 @@ class WingLoss(mx.gluon.loss.Loss):
         self._w, self._epsilon = float(w), float(epsilon)
 
     def hybrid_forward(self, F, pred, label, sample_weight=None):
+        """The Wing loss averaged over the non-batch axes, one value per sample."""
         loss = wing_loss(pred, label, sample_weight, w=self._w, epsilon=self._epsilon)
         if self._weight is not None:
             loss = loss * self._weight
