@@ -147,10 +147,10 @@ def run_notebooks(checkout: Path) -> None:
 def check_docs_tools() -> None:
     from importlib.metadata import version
 
-    for module in ("sphinx", "myst_parser", "myst_nb", "furo"):
+    for module in ("sphinx", "myst_parser", "myst_nb", "furo", "sphinx-mathjax-offline"):
         importlib.import_module(module)
-    print("docs extra:", ", ".join(f"{d} {version(d)}" for d in
-                                   ("sphinx", "myst-parser", "myst-nb", "furo")), flush=True)
+    tools = ("sphinx", "myst-parser", "myst-nb", "furo", "sphinx-mathjax-offline")
+    print("docs extra:", ", ".join(f"{d} {version(d)}" for d in tools), flush=True)
 
 
 def main(argv: list[str]) -> int:

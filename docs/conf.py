@@ -25,6 +25,8 @@ extensions = [
     "sphinx.ext.napoleon",
     "sphinx.ext.doctest",
     "sphinx.ext.mathjax",
+    # MathJax from the site's own _static folder instead of a CDN: formulas render offline.
+    "sphinx-mathjax-offline",
 ]
 
 root_doc = "index"

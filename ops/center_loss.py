@@ -56,13 +56,19 @@ def center_loss(data, label, centers, *, num_class, alpha=0.5, scale=1.0):
 
     Parameters
     ----------
-    data : float features ``(N, feature_dim)`` (an integer ``data`` raises ``TypeError``).
-    label : ``(N,)`` class indices in ``[0, num_class)``, float or int (checked: one flag
-        read back in ``'mxnet'`` mode).
-    centers : ``(num_class, feature_dim)``, the state (omit with symbols).
-    num_class : int, keyword.
-    alpha : float in [0, 1], default 0.5, the center update rate.
-    scale : finite float, default 1, the loss weight :math:`\lambda`.
+    data : float array, shape ``(N, feature_dim)``
+        The features (an integer ``data`` raises ``TypeError``).
+    label : float or int array, shape ``(N,)``
+        Class indices in ``[0, num_class)`` (checked: one flag read back in ``'mxnet'``
+        mode).
+    centers : array, shape ``(num_class, feature_dim)``
+        The auxiliary state (omit it with symbols).
+    num_class : int
+        Keyword.
+    alpha : float in [0, 1], default 0.5
+        The center update rate.
+    scale : finite float, default 1
+        The loss weight :math:`\lambda`.
 
     Notes
     -----
@@ -129,11 +135,15 @@ class CenterLoss(mx.gluon.loss.Loss):
 
     Parameters
     ----------
-    num_class : int, the number of classes.
-    feature_dim : int, the length of a feature vector.
-    alpha, scale : as :func:`ops.center_loss`.
-    weight : float or None, global scalar weight for the loss.
-    batch_axis : int, default 0.
+    num_class : int
+        The number of classes.
+    feature_dim : int
+        The length of a feature vector.
+    alpha, scale
+        As :func:`ops.center_loss`.
+    weight : float or None
+        Global scalar weight for the loss.
+    batch_axis : int, default 0
 
     Notes
     -----

@@ -65,15 +65,20 @@ def focal_loss(pred, label, normalizer=None, *, alpha=0.25, gamma=2.0,
 
     Parameters
     ----------
-    pred : float logits of shape ``(N, ..., C)`` (e.g. ``(batch, anchors, classes)``); an
-        integer ``pred`` raises ``TypeError`` (the loss is float math).
-    label : shape ``(N, ...)``, values in ``{ignore_label, 0, 1, ..., C}``, float or int;
-        anything else raises ``ValueError`` (one flag read back in ``'mxnet'`` mode).
-    normalizer : optional float array of one value (shape ``(1,)``), the :math:`Z` above.
-    alpha : float in [0, 1], default 0.25, the weight of the positives.
-    gamma : finite float >= 0, default 2, the focusing exponent.
-    normalization : ``'positive'`` (default), ``'valid'`` or ``'none'``.
-    ignore_label : int, default -1.
+    pred : float array, shape ``(N, ..., C)``
+        Logits (e.g. ``(batch, anchors, classes)``); an integer ``pred`` raises
+        ``TypeError`` (the loss is float math).
+    label : float or int array, shape ``(N, ...)``
+        Values in ``{ignore_label, 0, 1, ..., C}``; anything else raises ``ValueError``
+        (one flag read back in ``'mxnet'`` mode).
+    normalizer : float array of one value (shape ``(1,)``), optional
+        The :math:`Z` above.
+    alpha : float in [0, 1], default 0.25
+        The weight of the positives.
+    gamma : finite float >= 0, default 2
+        The focusing exponent.
+    normalization : {'positive', 'valid', 'none'}, default 'positive'
+    ignore_label : int, default -1
 
     Notes
     -----
@@ -190,9 +195,12 @@ class FocalLoss(mx.gluon.loss.Loss):
 
     Parameters
     ----------
-    alpha, gamma, normalization, ignore_label : as :func:`ops.focal_loss`.
-    weight : float or None, global scalar weight for the loss.
-    batch_axis : int, default 0, the axis that represents the mini-batch.
+    alpha, gamma, normalization, ignore_label
+        As :func:`ops.focal_loss`.
+    weight : float or None
+        Global scalar weight for the loss.
+    batch_axis : int, default 0
+        The axis that represents the mini-batch.
 
     Notes
     -----

@@ -36,11 +36,14 @@ def smooth_l1(data, sigma, weight=None):
 
     Parameters
     ----------
-    data : float array of any shape, usually a regression residual ``pred - target`` (an
-        integer ``data`` raises ``TypeError``: the loss is float math).
-    sigma : finite positive array broadcastable to ``data`` (e.g. shape ``(1,)``, or one value
-        per box coordinate); ``sigma <= 0``, ``inf`` or NaN raises ``ValueError``.
-    weight : optional array broadcastable to ``data`` multiplying the loss elementwise.
+    data : float array, any shape
+        Usually a regression residual ``pred - target`` (an integer ``data`` raises
+        ``TypeError``: the loss is float math).
+    sigma : finite positive array broadcastable to ``data``
+        E.g. shape ``(1,)``, or one value per box coordinate; ``sigma <= 0``, ``inf`` or
+        NaN raises ``ValueError``.
+    weight : array broadcastable to ``data``, optional
+        Multiplies the loss elementwise.
 
     Notes
     -----
@@ -104,9 +107,12 @@ class SmoothL1Loss(mx.gluon.loss.Loss):
 
     Parameters
     ----------
-    sigma : float, the default ``sigma`` when the call passes none.
-    weight : float or None, global scalar weight for the loss.
-    batch_axis : int, default 0, the axis that represents the mini-batch.
+    sigma : float, default 1
+        The ``sigma`` used when the call passes none.
+    weight : float or None
+        Global scalar weight for the loss.
+    batch_axis : int, default 0
+        The axis that represents the mini-batch.
 
     Notes
     -----

@@ -43,9 +43,11 @@ def softmax_ce(data, label):
 
     Parameters
     ----------
-    data : float array of shape ``(N, C)`` (integer: ``TypeError``).
-    label : array of shape ``(N,)``, class indices in ``[0, C)``, float or int.  Values
-        outside raise ``ValueError`` (one flag read back from the device in ``'mxnet'`` mode).
+    data : float array, shape ``(N, C)``
+        Scores (integer: ``TypeError``).
+    label : float or int array, shape ``(N,)``
+        Class indices in ``[0, C)``.  Values outside raise ``ValueError`` (one flag read
+        back from the device in ``'mxnet'`` mode).
 
     Notes
     -----

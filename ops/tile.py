@@ -43,8 +43,9 @@ def tile(data, *, reps):
 
     Parameters
     ----------
-    data : array of any shape.
-    reps : int or tuple of ints >= 1 (keyword).
+    data : array, any shape
+    reps : int or tuple of ints >= 1
+        Keyword.
 
     Notes
     -----

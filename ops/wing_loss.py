@@ -42,12 +42,15 @@ def wing_loss(pred, target, weight=None, *, w=10.0, epsilon=2.0):
 
     Parameters
     ----------
-    pred : float array of any shape (e.g. ``(N, 2K)`` landmark coordinates); an integer
-        ``pred`` raises ``TypeError``.
-    target : array shaped like ``pred``.
-    weight : optional array broadcastable to ``pred``, multiplying the loss elementwise.
-    w : finite float > 0, default 10, the width of the non-linear part.
-    epsilon : finite float > 0, default 2, its curvature.
+    pred : float array, any shape
+        E.g. ``(N, 2K)`` landmark coordinates; an integer ``pred`` raises ``TypeError``.
+    target : array shaped like ``pred``
+    weight : array broadcastable to ``pred``, optional
+        Multiplies the loss elementwise.
+    w : finite float > 0, default 10
+        The width of the non-linear part.
+    epsilon : finite float > 0, default 2
+        Its curvature.
 
     Notes
     -----
@@ -141,10 +144,12 @@ class WingLoss(mx.gluon.loss.Loss):
 
     Parameters
     ----------
-    w : float > 0, default 10.
-    epsilon : float > 0, default 2.
-    weight : float or None, global scalar weight for the loss.
-    batch_axis : int, default 0, the axis that represents the mini-batch.
+    w : float > 0, default 10
+    epsilon : float > 0, default 2
+    weight : float or None
+        Global scalar weight for the loss.
+    batch_axis : int, default 0
+        The axis that represents the mini-batch.
 
     Notes
     -----

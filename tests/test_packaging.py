@@ -215,7 +215,7 @@ def _pins(lines):
 def test_notebooks_and_docs_extras_pin_what_the_project_runs(wheel):
     # The extras a user installs are the versions CI runs: the notebooks extra equals
     # requirements-dev.txt's pins for those packages (per Python), the docs extra equals
-    # docs/requirements.txt's pins of the four tools.  NumPy stays <1.24 through the core
+    # docs/requirements.txt's pins of the five tools.  NumPy stays <1.24 through the core
     # dependency; none of these pins pulls a newer one (pip check in nox's install session).
     with zipfile.ZipFile(wheel) as zf:
         (meta_name,) = [n for n in zf.namelist() if n.endswith(".dist-info/METADATA")]
@@ -229,7 +229,8 @@ def test_notebooks_and_docs_extras_pin_what_the_project_runs(wheel):
     assert {n for n, _, _ in notebooks} == {"matplotlib", "scikit-learn", "scipy", "nbclient",
                                            "nbformat", "ipykernel"}
     assert notebooks <= dev, notebooks - dev
-    assert {n for n, _, _ in docs} == {"sphinx", "myst-parser", "myst-nb", "furo"}
+    assert {n for n, _, _ in docs} == {"sphinx", "myst-parser", "myst-nb", "furo",
+                                      "sphinx-mathjax-offline"}
     assert docs <= docs_pins, docs - docs_pins
     shared = {n for n, _, _ in dev} & {n for n, _, _ in docs_pins}
     # make docs installs docs/requirements.txt into the .venv of requirements-dev.txt
