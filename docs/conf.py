@@ -6,7 +6,7 @@ import it as a user does (``from customop import customop``, ``from customop imp
 never a bare ``import ops``), and each page's blocks share one namespace, top to bottom.
 The ``>>>`` examples of the docstrings shown by autodoc run in the same pass.  A block that
 must not run (a shell command, a fragment) is a plain ```` ```python ```` or
-```` ```sh ```` fence instead.  See docs/README.md.
+```` ```sh ```` fence instead.  More: docs/development.md, *Writing documentation*.
 """
 from __future__ import annotations
 
@@ -30,8 +30,7 @@ extensions = [
 ]
 
 root_doc = "index"
-exclude_patterns = ["_build", "README.md", "requirements.txt", "Thumbs.db", ".DS_Store",
-                    "**.ipynb_checkpoints"]
+exclude_patterns = ["_build", "_generated", "requirements.txt", "**.ipynb_checkpoints"]
 # Pages that other work adds (the changelog, the porting and deployment guides) are listed
 # in index.md's toctrees; until a page exists its entry is dropped from the source read
 # (Sphinx 9.0 cannot silence an empty toctree glob).  How-to guides come in by `howto/*`.
