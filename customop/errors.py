@@ -34,6 +34,7 @@ from typing import Any, NoReturn
 import numpy as np
 
 FOREIGN = object()  # a failure of a callback that is not ours: MXNet's error stands
+# (or, for a hand-written CustomOp's forward/backward, a _Foreign: one error naming the op)
 # (reader thread, failure, whether it poisoned arrays); FOREIGN entries have no reader
 _pending: deque[tuple[int | None, BaseException | object, bool]] = deque(maxlen=32)
 _lock = threading.Lock()
@@ -213,10 +214,53 @@ def record(call: Call, exc: BaseException) -> None:
         _raised.append(exc)
 
 
-def report_foreign() -> None:
-    """Someone else's callback failed: the next reader of a callback failure gets MXNet's."""
+def report_foreign(named: BaseException | None = None) -> None:
+    """Someone else's callback failed: the next reader of a callback failure gets ``named``
+    (see :func:`foreign_failure`), or MXNet's own error when it is ``None``."""
     with _lock:
-        _pending.append((None, FOREIGN, False))
+        _pending.append((None, FOREIGN if named is None else _Foreign(named), False))
+
+
+class _Foreign:
+    __slots__ = ("exception",)
+
+    def __init__(self, exception: BaseException):
+        self.exception = exception
+
+
+# MXNet's text when a backward reads a dependency set that another custom node declared
+_OTHER_NODES_DEPS = "unknown storage type: -1"
+
+
+def foreign_failure(printed: str, exc: BaseException, where: dict[str, Any]
+                    ) -> BaseException | None:
+    """The one exception a hand-written op's failed CustomOp callback becomes, naming the op.
+
+    ``printed``: MXNet's ``"Error in <what>.<method>: <traceback>"``; ``exc``: the
+    exception the callback caught; ``where``: the callback's variables (MXNet's
+    ``forward_entry`` / ``backward_entry`` hold the ``op`` and ``op_prop``).  ``None``
+    for anything but a CustomOp's forward or backward (MXNet's error then stands).
+    """
+    import mxnet as mx
+
+    found = re.match(r"Error in CustomOp\.(forward|backward): ", printed)
+    if found is None:
+        return None
+    names = [type(where[k]).__name__ for k in ("op", "op_prop") if k in where]
+    who = f"{names[0]} ({', '.join(names[1:])})" if len(names) > 1 else (names or ["?"])[0]
+    text = f"{type(exc).__name__}: {exc}"
+    if _OTHER_NODES_DEPS in text:
+        text += (
+            ". MXNet reads every custom node's backward dependencies from one process-wide "
+            "set (mxnet.operator._registry.result_deps) that the custom node created last "
+            "overwrites; here it belongs to another hand-written op (ours never write it). "
+            "Create a Symbol of the output layer (need_top_grad=False) after every other "
+            "custom Symbol, right before backward (e.g. mx.sym.Custom(mx.sym.var('any'), "
+            "op_type=...)), or port the ops to @customop")
+    new = mx.base.MXNetError(f"hand-written custom operator {who} failed in its "
+                             f"{found.group(1)}: {text}")
+    new.__cause__ = exc
+    return new
 
 
 def pending() -> int:
@@ -240,8 +284,10 @@ def _take(poisoned: bool) -> BaseException | None:
             reader, entry, kind = _pending[i]
             if kind != poisoned:
                 continue
-            if entry is FOREIGN or reader == me:
+            if entry is FOREIGN or isinstance(entry, _Foreign) or reader == me:
                 del _pending[i]
+                if isinstance(entry, _Foreign):
+                    return entry.exception
                 return None if entry is FOREIGN else entry  # type: ignore[return-value]
     return None
 

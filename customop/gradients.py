@@ -45,6 +45,9 @@ def compute_all(op: CustomOperator, ans: Any, args: list[Any], g: Any,
         elif op.auto_grad:
             auto.append(i)
     if auto:
+        n = len(names)
+        if len(args) > n:  # the forward runs again: on copies of the aux states it may move
+            args = [*args[:n], *[op.mode_impl.copy(s) for s in args[n:]]]
         found = (_numpy_vjp if op.mode == "numpy" else _mxnet_vjp)(op, auto, ans, args, g, params)
         for i, grad in zip(auto, found):
             grads[i] = grad

@@ -8,8 +8,11 @@ this for forwards that cannot run on placeholders.
 """
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
+import random
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Tuple  # noqa: UP035 - Tuple: see Shape
 
@@ -39,6 +42,21 @@ def _infer_thread() -> Any:
     return _placeholder_thread
 
 
+@contextlib.contextmanager
+def _generators_kept() -> Iterator[None]:
+    # A forward run on placeholders must not move the process's random streams (measured: a
+    # simple_bind on a new shape moved a seeded NumPy stream, and a seeded sampler then gave
+    # other numbers than an imperative run).  NumPy's and Python's global generators are put
+    # back; MXNet's need nothing: its generators are per thread (measured: draws on another
+    # thread leave a seeded stream as it was), and 'mxnet'-mode placeholder runs have their own.
+    np_state, py_state = np.random.get_state(), random.getstate()
+    try:
+        yield
+    finally:
+        np.random.set_state(np_state)
+        random.setstate(py_state)
+
+
 @dataclass(frozen=True)
 class OutputMeta:
     """What MXNet must know about one output: legacy shape, dtype, and 0-d-ness."""
@@ -52,12 +70,6 @@ class OutputMeta:
         shape = tuple(int(d) for d in shape)
         # Legacy MXNet shapes: () means "unknown", so a 0-d result is declared (1,).
         return cls(shape or (1,), np.dtype(dtype), shape == ())
-
-
-def aux_dtype_for(dtypes) -> np.dtype:
-    """The dtype of an op's aux states: its first floating input's (float32 without one)."""
-    return next((np.dtype(d) for d in dtypes if np.issubdtype(d, np.floating)),
-                np.dtype(np.float32))
 
 
 def known(shape: Shape | None) -> bool:
@@ -109,10 +121,10 @@ class Inference:
         mode = self.op.mode_impl
         args = [mode.placeholder(s, d) for s, d in zip(shapes, dtypes)]
         if self.op.signature.aux:  # scratch states: whatever the forward writes is dropped
-            aux_dtype = aux_dtype_for(dtypes)
+            aux_dtype = kernel.aux_dtype_for(dtypes)
             args += [mode.placeholder(s, aux_dtype)
                      for s in kernel.aux_shapes(self.op, list(shapes), params)]
-        with np.errstate(all="ignore"), mx.autograd.pause():
+        with np.errstate(all="ignore"), mx.autograd.pause(), _generators_kept():
             outs = kernel.run_forward(self.op, args, params,
                                       where="shape inference on placeholder inputs")
         metas = [OutputMeta.of(mode.shape(o), mode.dtype(o)) for o in outs]

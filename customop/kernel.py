@@ -149,6 +149,12 @@ def aux_shapes(op: CustomOperator, input_shapes: list[tuple[int, ...]],
     return out
 
 
+def aux_dtype_for(dtypes) -> np.dtype:
+    """The dtype of an op's aux states: its first floating input's (float32 without one)."""
+    return next((np.dtype(d) for d in dtypes if np.issubdtype(d, np.floating)),
+                np.dtype(np.float32))
+
+
 def check_aux(op: CustomOperator, arrays: list[Any], params: dict[str, Any]) -> None:
     """Raise unless the auxiliary states given with the inputs have the declared shape."""
     n = len(op.signature.inputs)
@@ -160,12 +166,23 @@ def check_aux(op: CustomOperator, arrays: list[Any], params: dict[str, Any]) -> 
             "after the inputs (they are updated in place). Only Symbol calls may leave them "
             "out."))
     shapes = aux_shapes(op, [np.shape(a) for a in arrays[:n]], params)
+    dtype = aux_dtype_for([_dtype(a) for a in arrays[:n]])
     for name, a, want in zip(op.signature.aux, arrays[n:], shapes):
         got = np.shape(a)
         if got != tuple(want):
             raise errors.op_error(op.op_type, ValueError, (
                 f"auxiliary state {name!r} has shape {got}, but for these inputs it must be "
                 f"{tuple(want)}"))
+        if _dtype(a) != dtype:
+            # MXNet's type pass refuses it too, naming nothing ("Type inconsistent")
+            raise errors.op_error(op.op_type, TypeError, (
+                f"{name} (an auxiliary state) has dtype {_dtype(a).name}, but for these inputs "
+                f"it must be {dtype.name}: an op's aux states take the dtype of its first "
+                f"floating input (float32 without one); pass {name}.astype({dtype.name!r})"))
+
+
+def _dtype(a: Any) -> np.dtype:
+    return np.dtype(getattr(a, "dtype", None) or np.asarray(a).dtype)
 
 
 def _check_residual_names(op: CustomOperator, saved: dict[str, Any]) -> None:

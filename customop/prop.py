@@ -19,7 +19,7 @@ from mxnet.ndarray.ndarray import _DTYPE_MX_TO_NP
 
 from . import errors, kernel, runtime
 from . import params as _params
-from .inference import aux_dtype_for, known
+from .inference import known
 
 if TYPE_CHECKING:
     from .operator import CustomOperator
@@ -66,6 +66,18 @@ def register(op_type: str, lookup: Callable[[str], CustomOperator]) -> None:
                 self.bad_params = exc
             self.shapes: tuple | None = None
 
+        @property
+        def _ref_holder(self) -> Any:
+            return self._mxnet_refs
+
+        @_ref_holder.setter
+        def _ref_holder(self, refs: Any) -> None:
+            # MXNet keeps this prop's callback table here, right after creating it and before
+            # it asks for the node's backward dependencies (see ``deps`` in customop.runtime).
+            self._mxnet_refs = refs
+            runtime.adopt_prop(refs, self.n_out, len(self.op.signature.inputs),
+                               self.op.need_top_grad)
+
         def list_arguments(self) -> list[str]:
             if self.bad_params is not None:
                 errors.report(self.bad_params)
@@ -106,7 +118,7 @@ def register(op_type: str, lookup: Callable[[str], CustomOperator]) -> None:
                 metas = self._guarded(self.op.inference.outputs, self.pkey, self.params,
                                       self.shapes, dtypes)
                 out = [m.dtype for m in metas]
-            aux = [aux_dtype_for(dtypes).type] * len(self.op.signature.aux)
+            aux = [kernel.aux_dtype_for(dtypes).type] * len(self.op.signature.aux)
             return [d.type for d in dtypes], [np.dtype(d).type for d in out], aux
 
         def create_operator(self, ctx, shapes, dtypes):
@@ -118,7 +130,7 @@ def register(op_type: str, lookup: Callable[[str], CustomOperator]) -> None:
                                   shapes, dtypes)
             # The thread that binds (or calls) it reads its errors.
             return _Op(self.op, self.params, [m.scalar for m in metas], self.call,
-                       threading.get_ident())
+                       threading.get_ident(), ctx)
 
         def _check_known(self, shapes):
             # Legacy shapes read 0 as "unknown": a 0-size input reaches us as -1 seen unsigned
@@ -166,10 +178,15 @@ class _Op(mx.operator.CustomOp):
     """
 
     def __init__(self, op: CustomOperator, params: dict[str, Any], scalar: list[bool],
-                 call: errors.Call | None, reader: int):
+                 call: errors.Call | None, reader: int, ctx: mx.Context):
         super().__init__()
         self.op, self.params, self.scalar = op, params, scalar
-        self.call, self.reader = call, reader
+        self.call, self.reader, self.ctx = call, reader, ctx
+        n_out, n_in = len(scalar), len(op.signature.inputs)
+        # MXNet's numbers of the arrays its backward reads, and how many arrays are numbered
+        self.dependencies = (frozenset(runtime.backward_dependencies(n_out, n_in,
+                                                                      op.need_top_grad)),
+                             2 * n_out + n_in)
         self.saved: tuple | None = None
         # The last training forward's residuals, until its backward: MXNet runs the two as
         # separate callbacks of this one object (one per bound node, or per mx.nd.Custom call).
@@ -183,9 +200,10 @@ class _Op(mx.operator.CustomOp):
     def _ref_holder(self, refs: Any) -> None:
         # MXNet keeps its callbacks for this instance alive here, right after creating it:
         # the moment to have what it holds freed when MXNet deletes it (see ``release`` in
-        # customop.runtime); MXNet's callbacks and this object otherwise wait for gc.
+        # customop.runtime); MXNet's callbacks and this object otherwise wait for gc. The same
+        # table's backward slot then reads this node's own dependencies (``deps``).
         self._mxnet_refs = refs
-        runtime.release_with_mxnet(self, refs)
+        runtime.adopt_operator(self, refs)
 
     def release(self) -> None:
         """MXNet deleted this operator: drop the residuals and host copies it kept."""

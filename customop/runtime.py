@@ -75,7 +75,27 @@ node, a hybridized call or an ``mx.nd.Custom`` call)
     each operator instance of *ours* only, the delete slot of the callback table
     MXNet made for it is pointed at one deleter of ours, which drops what the
     instance holds and then calls MXNet's own deleter; nothing else of MXNet
-    changes.  Switched off, those values wait for the cycle collector.
+    changes (the same deleter serves ``deps`` below, which needs to know when an
+    operator is gone).  Switched off, those values wait for the cycle collector.
+
+``deps`` (installed by the first graph node or ``mx.nd.Custom`` call of one of our ops)
+    MXNet's Python CustomOp layer keeps the backward dependencies that custom
+    nodes declare in one process-wide set, ``mxnet.operator._registry.result_deps``:
+    every node created anywhere (a Symbol built, a graph loaded, an ``mx.nd.Custom``
+    call) overwrites it, and every custom node's backward reads it to decide
+    which of its arrays exist.  A node whose backward does not read its output
+    gradient (``need_top_grad=False``: an output layer) then meets another node's
+    set, asks for the storage type of a gradient array that does not exist, and
+    fails (measured: ``ops.softmax_ce`` + ``ops.smooth_l1`` in one hybridized block
+    or bound Group, ``softmax_ce`` created first: ``Exception: unknown storage
+    type: -1``, then ``MXNetError: Check failed: ...callbacks[kCustomOpBackward]``).
+    For each prop of *ours* only, the declare-dependencies slot of the callback
+    table MXNet made for it is pointed at a function that declares the same
+    dependencies without writing that set; for each operator of ours, the
+    backward slot is pointed at a copy of MXNet's backward entry that reads the
+    operator's own dependencies.  Hand-written ops keep MXNet's entries, and
+    the set stays what their own declarations made it.  Switched off, our
+    nodes share MXNet's set again.
 
 ``auxsync`` (installed with ``aux``, by the first use of an operator with aux states)
     MXNet keeps one copy of an aux state per device and never reconciles them:
@@ -117,11 +137,14 @@ import os
 import subprocess
 import sys
 import threading
+import traceback
 from collections.abc import Callable
 from typing import Any
 
 import mxnet as mx
-from mxnet.base import _LIB, MXCallbackList, check_call
+from mxnet.base import _LIB, MXCallbackList, NDArrayHandle, check_call
+from mxnet.ndarray import _ndarray_cls
+from mxnet.ndarray.ndarray import _STORAGE_TYPE_DEFAULT, _STORAGE_TYPE_UNDEFINED
 
 from . import errors
 from .distributed import agree
@@ -173,7 +196,10 @@ def _print(*args, **kwargs):
     if exc is not None and args and str(args[0]).startswith("Error in "):
         if errors.is_ours(exc):
             return  # ours: the caller gets it, named, once
-        errors.report_foreign()
+        named = errors.foreign_failure(str(args[0]), exc, sys._getframe(1).f_locals)
+        errors.report_foreign(named)
+        if named is not None:
+            return  # its reader gets one exception naming the op, this one as its cause
     print(*args, **kwargs)
 
 
@@ -394,52 +420,160 @@ def _install_aux() -> None:
     mx.nd.NDArray.backward = ndarray_backward_
 
 
-# ---- release --------------------------------------------------------------------------------
+# ---- release, deps: the callback tables of our operators --------------------------------------
+_fb_type = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int, ctypes.POINTER(ctypes.c_void_p),
+                            ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_int),
+                            ctypes.c_int, ctypes.c_void_p)  # MXNet's CustomOpFBFunc
 _delete_type = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)  # MXNet's CustomOpDelFunc
+_deps_type = ctypes.CFUNCTYPE(ctypes.c_int, *[ctypes.POINTER(ctypes.c_int)] * 4,
+                              ctypes.POINTER(ctypes.POINTER(ctypes.c_int)),
+                              ctypes.c_void_p)  # MXNet's CustomOpBwdDepFunc
+# MXNet's slots (include/mxnet/c_api.h): CustomOpCallbacks, CustomOpPropCallbacks
+_OP_DELETE, _OP_BACKWARD = 0, 2
+_PROP_DECLARE_DEPS = 5
 _watched: dict[int, tuple[Any, int, int | None]] = {}  # key -> (op, MXNet's deleter, context)
 _keys = itertools.count(1)
-_deleter: list[Any] = []  # our one deleter and its address, made once and kept for good
+_entries: dict[str, tuple[Any, int]] = {}  # name -> (our C callback, its address), kept for good
+_dep_kinds: list[tuple[int, int, bool]] = []  # context value - 1 -> (outputs, inputs, top grad)
+_dep_lists: dict[tuple[int, int, bool], Any] = {}  # those deps: (C int array, length), kept
 
 
-def _delete(key, watched=_watched, delete_type=_delete_type):
+def _delete(key, watched=_watched, delete_type=_delete_type, installed=_installed):
     # MXNet deletes one of our operators. The tables are bound as defaults: MXNet may delete
     # operators while the interpreter shuts down, after this module's globals are gone.
     entry = watched.pop(key, None)
     if entry is None:  # pragma: no cover - every key we hand out is watched
         return True
     op, mxnet_delete, context = entry
-    op.release()
+    if "release" in installed:
+        op.release()
     return delete_type(mxnet_delete)(context)
 
 
-def _install_release() -> None:
-    callback = _delete_type(_delete)
-    _deleter[:] = [callback, ctypes.cast(callback, ctypes.c_void_p).value]
+def backward_dependencies(n_out: int, n_in: int, need_top_grad: bool) -> list[int]:
+    """The arrays a backward reads, in MXNet's numbering: output gradients ``0..n_out-1``
+    (only with ``need_top_grad``), then inputs, then outputs (MXNet's default rule)."""
+    return [*(range(n_out) if need_top_grad else ()), *range(n_out, 2 * n_out + n_in)]
 
 
-def release_with_mxnet(op: Any, refs: Any) -> None:
-    """Call ``op.release()`` when MXNet deletes ``op`` (see ``release`` above).
+def _declare(out_grad, in_data, out_data, num_dep, deps, context):
+    # Our prop's dependencies, without writing MXNet's process-wide _registry.result_deps.
+    try:
+        kind = _dep_kinds[(context or 0) - 1]
+        found = _dep_lists.get(kind)
+        if found is None:
+            values = backward_dependencies(*kind)
+            found = _dep_lists.setdefault(kind, (
+                (ctypes.c_int * max(len(values), 1))(*values), len(values)))
+        num_dep[0] = found[1]
+        deps[0] = ctypes.cast(found[0], ctypes.POINTER(ctypes.c_int))
+    except Exception:  # noqa: BLE001 - a C callback must not raise
+        traceback.print_exc()
+        return False
+    return True
 
-    ``refs``: what MXNet's ``create_operator`` callback stores as ``op._ref_holder``,
-    ``[POINTER(MXCallbackList)]`` whose first callback is the operator's deleter.
-    Anything else (another MXNet) is left alone: the cycle collector frees ``op``.
-    """
-    _once("release", _install_release)
-    if "release" not in _installed:
-        return
+
+def _backward(num, arrays, tags, reqs, is_train, key, watched=_watched):
+    # MXNet's backward_entry, reading this operator's own dependencies (see ``deps``).
+    entry = watched.get(key)
+    if entry is None:  # pragma: no cover - every key we hand out is watched
+        return False
+    op = entry[0]
+    try:
+        deps, n_arrays = op.dependencies
+        tensors: list[list[Any]] = [[] for _ in range(5)]
+        for i in range(num):
+            stype = (_STORAGE_TYPE_UNDEFINED if i in deps or i >= n_arrays
+                     else _STORAGE_TYPE_DEFAULT)
+            tensors[tags[i]].append(_ndarray_cls(ctypes.cast(arrays[i], NDArrayHandle),
+                                                 writable=tags[i] in (2, 4), stype=stype))
+        req = [_REQ[reqs[i]] for i in range(len(tensors[2]))]
+        with op.ctx:
+            op.backward(req=req, in_data=tensors[0], out_data=tensors[1],
+                        in_grad=tensors[2], out_grad=tensors[3], aux=tensors[4])
+    except Exception:  # noqa: BLE001 - a C callback must not raise; the op reported its own
+        if not errors.is_ours(sys.exc_info()[1]):
+            traceback.print_exc()
+        return False
+    return True
+
+
+_REQ = ("null", "write", "inplace", "add")
+
+
+def _entry(name: str, ctype: Any, fn: Callable) -> int:
+    if name not in _entries:
+        callback = ctype(fn)
+        _entries[name] = (callback, ctypes.cast(callback, ctypes.c_void_p).value)
+    return _entries[name][1]
+
+
+def _slots(refs: Any, n: int) -> tuple[Any, Any] | None:
+    # The callback and context arrays of the table MXNet keeps in ``refs`` (what its
+    # ``creator`` / ``create_operator`` callback stores as ``obj._ref_holder``:
+    # ``[POINTER(MXCallbackList)]``), as arrays of plain addresses (no ctypes cycles).
     if not (isinstance(refs, list) and len(refs) == 1
             and isinstance(refs[0], ctypes.POINTER(MXCallbackList)) and refs[0]):
-        return  # pragma: no cover - another MXNet
+        return None  # pragma: no cover - another MXNet
     table = refs[0][0]
-    if table.num_callbacks < 1 or not table.callbacks or not table.contexts:
+    if table.num_callbacks < n or not table.callbacks or not table.contexts:
+        return None  # pragma: no cover - another MXNet
+    slots = (ctypes.c_void_p * table.num_callbacks).from_address(
+        ctypes.addressof(table.callbacks.contents))
+    contexts = (ctypes.c_void_p * table.num_callbacks).from_address(
+        ctypes.addressof(table.contexts.contents))
+    return slots, contexts
+
+
+def adopt_operator(op: Any, refs: Any) -> None:
+    """MXNet created ``op``, an operator of ours: install ``release`` and ``deps`` for it.
+
+    ``refs``: what MXNet's ``create_operator`` callback stores as ``op._ref_holder``.
+    ``release`` calls ``op.release()`` when MXNet deletes it; ``deps`` runs its backward
+    with ``op.dependencies`` (a set of MXNet's array numbers, and how many arrays are
+    numbered) and ``op.ctx``.  Anything else (another MXNet) is left alone.
+    """
+    _once("release", _no_install)
+    _once("deps", _no_install)
+    own_backward = "deps" in _installed
+    if "release" not in _installed and not own_backward:
+        return
+    found = _slots(refs, _OP_BACKWARD + 1)
+    if found is None:
         return  # pragma: no cover - another MXNet
-    # the first slot of each array, read and written as a plain address (no ctypes cycles)
-    slot = ctypes.c_void_p.from_address(ctypes.addressof(table.callbacks.contents))
-    context = ctypes.c_void_p.from_address(ctypes.addressof(table.contexts.contents))
+    slots, contexts = found
     key = next(_keys)
-    _watched[key] = (op, slot.value, context.value)
-    context.value = key
-    slot.value = _deleter[1]
+    _watched[key] = (op, slots[_OP_DELETE], contexts[_OP_DELETE])
+    contexts[_OP_DELETE] = key
+    slots[_OP_DELETE] = _entry("delete", _delete_type, _delete)
+    if own_backward:
+        contexts[_OP_BACKWARD] = key
+        slots[_OP_BACKWARD] = _entry("backward", _fb_type, _backward)
+
+
+def adopt_prop(refs: Any, n_out: int, n_in: int, need_top_grad: bool) -> None:
+    """MXNet created a prop of ours (one graph node or ``mx.nd.Custom`` call): install ``deps``.
+
+    ``refs``: what MXNet's ``creator`` callback stores as the prop's ``_ref_holder``.  Its
+    dependencies are declared without touching MXNet's ``_registry.result_deps``.
+    """
+    _once("deps", _no_install)
+    if "deps" not in _installed:
+        return
+    found = _slots(refs, _PROP_DECLARE_DEPS + 1)
+    if found is None:
+        return  # pragma: no cover - another MXNet
+    slots, contexts = found
+    kind = (n_out, n_in, bool(need_top_grad))
+    with _lock:
+        if kind not in _dep_kinds:
+            _dep_kinds.append(kind)
+    contexts[_PROP_DECLARE_DEPS] = _dep_kinds.index(kind) + 1
+    slots[_PROP_DECLARE_DEPS] = _entry("declare", _deps_type, _declare)
+
+
+def _no_install() -> None:
+    pass  # these patches act per object (adopt_*), nothing global to install
 
 
 # ---- auxsync --------------------------------------------------------------------------------

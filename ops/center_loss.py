@@ -31,7 +31,9 @@ def _label_error(num_class):
                         f"[0, num_class - 1] = [0, {num_class - 1}]")
 
 
-def _centers_shape(data, label, num_class, **_):
+def _centers_shape(data, label, num_class, alpha=0.5, scale=1.0):
+    # MXNet asks for this before any forward runs (Symbols, Module): check the parameters here
+    _check_params(num_class, alpha, scale)
     return (num_class, data[1])
 
 

@@ -18,7 +18,16 @@ def _layout(shape, reps):
         raise _checks.fail("tile", "reps", f"must be an int or a tuple of ints >= 1, got {reps!r}",
                            TypeError if not _ints(reps) else ValueError)
     n = max(len(reps), len(shape))
-    return (1,) * (n - len(reps)) + tuple(reps), (1,) * (n - len(shape)) + tuple(shape)
+    reps, shape = (1,) * (n - len(reps)) + tuple(reps), (1,) * (n - len(shape)) + tuple(shape)
+    size = int(np.prod([r * s for r, s in zip(reps, shape)], dtype=object))
+    if size > _MAX_SIZE:
+        raise _checks.fail("tile", "reps", f"{reps!r} would make an output of {size:,} "
+                           f"elements from data of shape {tuple(shape)}; MXNet 1.9.1's arrays "
+                           f"hold at most {_MAX_SIZE:,} (2**31 - 1)")
+    return reps, shape
+
+
+_MAX_SIZE = 2**31 - 1  # elements in one array of MXNet 1.9.1's pip builds (int32 indexing)
 
 
 def _ints(reps):

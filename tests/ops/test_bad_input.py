@@ -225,3 +225,54 @@ def test_a_wrong_input_names_the_op_the_user_called_not_its_variant(mode, how):
     with pytest.raises(ValueError, match=r"^customop 'ops\.smooth_l1': sigma ") as exc:
         op(mx.nd.ones((2, 3)), mx.nd.array([float("nan")])).wait_to_read()
     assert "~" not in str(exc.value)
+
+
+# Issue 25 item 6: the last errors of the bad-input fuzz that named no operator.
+CENTERS = [np.array([0, 1, 1], np.float32), np.zeros((2, 2), np.float32)]
+LATE = [
+    ("center-f16-data-f32-centers", ops.center_loss,
+     [f32(3, 2).astype(np.float16), *CENTERS], dict(num_class=2), TypeError, "centers"),
+    ("center-f64-data-f32-centers", ops.center_loss,
+     [f32(3, 2).astype(np.float64), *CENTERS], dict(num_class=2), TypeError, "centers"),
+    ("center-num_class-0", ops.center_loss, [f32(3, 2), *CENTERS], dict(num_class=0),
+     ValueError, "num_class"),
+    ("tile-absurd-reps", ops.tile, [f32(2, 3)], dict(reps=(10**6, 10**6)), ValueError, "reps"),
+    ("tile-reps-past-int32", ops.tile, [f32(2, 3)], dict(reps=(1, 2**31)), ValueError, "reps"),
+]
+
+
+@pytest.mark.parametrize("case", LATE, ids=[c[0] for c in LATE])
+@pytest.mark.parametrize("mode", ["mxnet", "numpy"])
+@pytest.mark.parametrize("how", ["direct", "function", "custom"])
+def test_the_fuzzs_last_unnamed_errors_name_the_op_and_the_argument(case, mode, how):
+    _, op, inputs, params, error, arg = case
+    op = op.numpy if mode == "numpy" else op
+    xs = [mx.nd.array(a, dtype=a.dtype) for a in inputs]
+    called = re.escape(op.op_type)  # core checks name the twin called, the op's own its base
+    with forced_path(how):
+        with pytest.raises(error, match=rf"{_pattern(op, arg)}|^customop '{called}': {arg} ") \
+                as exc:
+            with contextlib.nullcontext() if how == "direct" else mx.autograd.record():
+                op(*xs, **params)  # raised by the call itself: before any MXNet work
+    _named_once(exc)
+    assert mx.nd.ones((2,)).sum().asscalar() == 2
+
+
+@pytest.mark.parametrize("case", [c for c in LATE if c[0].startswith("tile")] + [
+    ("center-num_class-0", ops.center_loss, [f32(3, 2), CENTERS[0]], dict(num_class=0),
+     ValueError, "num_class")], ids=lambda c: c[0])
+@pytest.mark.parametrize("how", ["simple_bind", "Module"])
+def test_and_in_a_bound_symbol(case, how):
+    name, op, inputs, params, error, arg = case
+    names = [f"in{i}" for i in range(len(inputs))]
+    sym = op(*[mx.sym.var(n) for n in names], **params)
+    shapes = {n: a.shape for n, a in zip(names, inputs)}
+    types = {n: a.dtype for n, a in zip(names, inputs)}
+    with pytest.raises(error, match=_pattern(op, arg)):
+        if how == "simple_bind":
+            sym.simple_bind(mx.cpu(), type_dict=types, **shapes)
+        else:
+            mod = mx.mod.Module(mx.sym.make_loss(sym), data_names=names, label_names=None)
+            mod.bind([mx.io.DataDesc(n, shapes[n], types[n]) for n in names])
+            mod.init_params()
+    assert mx.nd.ones((2,)).sum().asscalar() == 2
