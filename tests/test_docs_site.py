@@ -51,7 +51,7 @@ def test_every_how_to_guide_has_a_runnable_example():
     guides = sorted((DOCS / "howto").glob("*.md"))
     assert len(guides) >= 7
     for page in guides:
-        assert any(kind == "doctest" for kind, _, _ in blocks(page)), page.name
+        assert any(kind in ("doctest", "testcode") for kind, _, _ in blocks(page)), page.name
 
 
 def test_user_facing_text_imports_the_installed_package():

@@ -301,7 +301,7 @@ def test_automatic_gradients_pass_the_checker_from_the_package_root():
 
 
 def test_cli_unknown_param_exits_2_with_one_line():
-    # The README promises exit 2 on a usage error; an operator parameter that does not exist
+    # The CLI promises exit 2 on a usage error (--help); an operator parameter that does not exist
     # is one: one line naming it, no traceback.
     proc = run_cli("tests.customop.checkme_ops:leaky", "--shape", "x=3", "--param", "nosuch=1")
     assert proc.returncode == 2, proc.stdout + proc.stderr
