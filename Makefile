@@ -8,7 +8,7 @@ DOCS_STAMP := $(VENV)/.docs-installed
 SPHINX := $(VENV)/bin/sphinx-build -W --keep-going -q -d docs/_build/doctrees
 
 .PHONY: venv demo test soak lint bench bench-detection bench-losses bench-dist bench-aux bench-isolation \
-	bench-residuals bench-fork dist-demo notebooks docs clean
+	bench-residuals bench-fork bench-composed dist-demo notebooks docs clean
 
 venv: $(STAMP)
 
@@ -71,6 +71,9 @@ bench-residuals: $(STAMP)
 
 bench-fork: $(STAMP)
 	$(PY) benchmarks/fork_cost.py
+
+bench-composed: $(STAMP)
+	$(PY) benchmarks/composed.py
 
 # Two dist_sync workers + one server on 127.0.0.1, a decorated loss, Gluon's Trainer.
 dist-demo: $(STAMP)

@@ -8,7 +8,8 @@ usage: python install_check.py CHECKOUT [--notebooks] [--docs]
    A block that is deliberately a fragment is preceded by ``<!-- fragment -->`` and skipped
    by name (at most two).
 2. The docstring examples of every module of ``customop`` and ``customop.ops`` (doctest).
-3. ``examples/dist_train.py``: a 2-worker ``dist_sync`` job through the launcher.
+3. Every script of ``examples/`` (``dist_train.py`` as a 2-worker ``dist_sync`` job through
+   the launcher).
 4. ``--notebooks`` (the ``notebooks`` extra): every tour notebook executes in a fresh kernel.
 5. ``--docs`` (the ``docs`` extra): the site's tools import.
 
@@ -115,15 +116,27 @@ def run_doctests(checkout: Path) -> None:
     print(f"{attempted} docstring examples of customop and customop.ops passed", flush=True)
 
 
-def run_example(checkout: Path) -> None:
-    shutil.copy(checkout / "examples" / "dist_train.py", "dist_train.py")
-    command = [sys.executable, "-m", "customop.distributed.launch", "-n", "2", "-s", "1",
-               "--timeout", "240", sys.executable, "dist_train.py", "--api", "gluon",
-               "--kvstore", "dist_sync", "--center-loss", "0.1"]
-    proc = subprocess.run(command, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, f"examples/dist_train.py failed:\n{proc.stderr[-3000:]}"
-    assert "rank 0: trained" in proc.stdout and "rank 1: trained" in proc.stdout, proc.stdout
-    print("examples/dist_train.py ran as a 2-worker dist_sync job", flush=True)
+def run_examples(checkout: Path) -> None:
+    # The whole folder: an example may import a sibling helper (four_paths.py).
+    shutil.copytree(checkout / "examples", "examples", dirs_exist_ok=True,
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    scripts = sorted(p for p in Path("examples").glob("*.py")
+                     if '__name__ == "__main__"' in p.read_text(encoding="utf-8"))
+    for script in scripts:
+        if script.name == "dist_train.py":  # a dist_sync job of two workers, as documented
+            command = [sys.executable, "-m", "customop.distributed.launch", "-n", "2", "-s",
+                       "1", "--timeout", "240", sys.executable, str(script), "--api", "gluon",
+                       "--kvstore", "dist_sync", "--center-loss", "0.1"]
+        else:
+            command = [sys.executable, str(script)]
+        proc = subprocess.run(command, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, f"examples/{script.name} failed:\n{proc.stderr[-3000:]}"
+        if script.name == "dist_train.py":
+            assert "rank 0: trained" in proc.stdout and "rank 1: trained" in proc.stdout
+        print(f"examples/{script.name} ran" + (" as a 2-worker dist_sync job"
+                                              if script.name == "dist_train.py" else ""),
+              flush=True)
+    assert any(s.name == "dist_train.py" for s in scripts), scripts
 
 
 def run_notebooks(checkout: Path) -> None:
@@ -162,7 +175,7 @@ def main(argv: list[str]) -> int:
     assert tuple(int(p) for p in numpy.__version__.split(".")[:2]) < (1, 24), numpy.__version__
     run_readme(checkout)
     run_doctests(checkout)
-    run_example(checkout)
+    run_examples(checkout)
     if "--notebooks" in argv:
         run_notebooks(checkout)
     if "--docs" in argv:

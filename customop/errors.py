@@ -246,10 +246,20 @@ def foreign_failure(printed: str, exc: BaseException, where: dict[str, Any]
     found = re.match(r"Error in CustomOp\.(forward|backward): ", printed)
     if found is None:
         return None
-    names = [type(where[k]).__name__ for k in ("op", "op_prop") if k in where]
-    who = f"{names[0]} ({', '.join(names[1:])})" if len(names) > 1 else (names or ["?"])[0]
+    op_type = getattr(getattr(where.get("op"), "op", None), "op_type", None)
+    if isinstance(op_type, str):  # one of ours, failing in MXNet's own entry (a patch is off)
+        who = f"customop {shown(op_type)!r}"
+    else:
+        names = [type(where[k]).__name__ for k in ("op", "op_prop") if k in where]
+        who = "hand-written custom operator " + (
+            f"{names[0]} ({', '.join(names[1:])})" if len(names) > 1 else (names or ["?"])[0])
     text = f"{type(exc).__name__}: {exc}"
-    if _OTHER_NODES_DEPS in text:
+    if _OTHER_NODES_DEPS in text and isinstance(op_type, str):
+        text += (". MXNet reads every custom node's backward dependencies from one process-wide "
+                 "set (mxnet.operator._registry.result_deps) that the custom node created last "
+                 "overwrites; customop's fix for its own nodes ('deps') is switched off by "
+                 "CUSTOMOP_RUNTIME_OFF")
+    elif _OTHER_NODES_DEPS in text:
         text += (
             ". MXNet reads every custom node's backward dependencies from one process-wide "
             "set (mxnet.operator._registry.result_deps) that the custom node created last "
@@ -257,8 +267,7 @@ def foreign_failure(printed: str, exc: BaseException, where: dict[str, Any]
             "Create a Symbol of the output layer (need_top_grad=False) after every other "
             "custom Symbol, right before backward (e.g. mx.sym.Custom(mx.sym.var('any'), "
             "op_type=...)), or port the ops to @customop")
-    new = mx.base.MXNetError(f"hand-written custom operator {who} failed in its "
-                             f"{found.group(1)}: {text}")
+    new = mx.base.MXNetError(f"{who} failed in its {found.group(1)}: {text}")
     new.__cause__ = exc
     return new
 
