@@ -283,8 +283,13 @@ def call_custom(op: CustomOperator, nd_inputs: list[mx.nd.NDArray],
 
 
 def call_symbol(op: CustomOperator, arrays: list[Any], params: dict[str, Any],
-                node_name: str | None) -> Any:
-    """A ``Custom`` node over Symbol inputs; aux states left out become zero-filled variables."""
+                node_name: str | None) -> mx.sym.Symbol:
+    """A ``Custom`` node over Symbol inputs; aux states left out become zero-filled variables.
+
+    The node itself is returned, with all its outputs, as MXNet's own multi-output
+    operators return theirs (``mx.sym.topk(ret_typ='both')``): ``s[0]``, ``s['<node>_rois']``,
+    ``a, b = s``, ``s.list_outputs()``, and it binds as it is.
+    """
     for name, a in zip(op.signature.arrays, arrays):
         if not isinstance(a, mx.sym.Symbol):
             raise errors.op_error(op.op_type, TypeError, (
@@ -303,8 +308,7 @@ def call_symbol(op: CustomOperator, arrays: list[Any], params: dict[str, Any],
         if node_name is not None:
             attrs["name"] = node_name
         sym = mx.sym.Custom(*arrays, op_type=op.op_type, **attrs)
-    n = op.outputs.of(params)
-    return sym if n == 1 else tuple(sym[i] for i in range(n))
+    return sym
 
 
 def call_numpy(op: CustomOperator, inputs: list[Any], params: dict[str, Any]) -> Any:

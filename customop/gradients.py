@@ -3,7 +3,9 @@
 Order, per input: integer inputs and inputs declared ``no_grad`` get zero; a
 ``def_grad`` closure wins (called with the inputs, every parameter it names or
 takes through ``**params``, defaults filled in, and the forward's residuals it
-names); else, when the operator allows it (``auto_grad=True``), an automatic gradient: HIPS
+names; a closure registered for several inputs, ``def_grad(fn, argnum=(0, 2))``,
+is called once per backward and returns their gradients as a tuple); else, when
+the operator allows it (``auto_grad=True``), an automatic gradient: HIPS
 ``autograd`` (``make_vjp``) over the forward in ``'numpy'`` mode, ``mx.autograd``
 recording the forward again in ``'mxnet'`` mode; else zero (``None``).
 """
@@ -13,7 +15,8 @@ import functools
 import inspect
 import warnings
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Tuple  # noqa: UP035 - Tuple: run time on Python 3.8
 
 import mxnet as mx
 import numpy as np
@@ -23,6 +26,29 @@ from .saved import residuals
 
 if TYPE_CHECKING:
     from .operator import CustomOperator
+
+
+@dataclass(frozen=True, eq=False)
+class Joint:
+    """One ``def_grad`` closure that returns the gradients of several inputs at once.
+
+    ``argnums``: the op's inputs it was registered for, in the order its tuple
+    gives them; ``picks``: where each one's gradient sits in that tuple (a variant
+    without some optional inputs drops theirs); ``declared``: the ``argnum=`` the
+    user wrote (its length is the tuple's).
+    """
+
+    argnums: Tuple[int, ...]  # noqa: UP006
+    picks: Tuple[int, ...]  # noqa: UP006
+    declared: Tuple[int, ...]  # noqa: UP006
+
+    @classmethod
+    def of(cls, argnums: tuple[int, ...]) -> Joint:
+        return cls(tuple(argnums), tuple(range(len(argnums))), tuple(argnums))
+
+    @property
+    def size(self) -> int:
+        return len(self.declared)
 
 
 def compute_all(op: CustomOperator, ans: Any, args: list[Any], g: Any,
@@ -36,11 +62,17 @@ def compute_all(op: CustomOperator, ans: Any, args: list[Any], g: Any,
     grads: list[Any | None] = [None] * len(args)
     auto = []
     names = op.signature.inputs
+    joint_found: dict[int, tuple] = {}  # id(Joint) -> its closure's tuple, once per backward
     for i, (arg, want) in enumerate(zip(args, wanted)):
         if (not want or (i < len(names) and names[i] in op.no_grad)
                 or not np.issubdtype(op.mode_impl.dtype(arg), np.floating)):
             continue
-        if i in op.grads:
+        joint = op.grad_groups.get(i)
+        if joint is not None:
+            if id(joint) not in joint_found:
+                joint_found[id(joint)] = _from_joint(op, joint, i, ans, args, g, params, saved)
+            grads[i] = joint_found[id(joint)][joint.picks[joint.argnums.index(i)]]
+        elif i in op.grads:
             grads[i] = _from_closure(op, i, ans, args, g, params, saved)
         elif op.auto_grad:
             auto.append(i)
@@ -112,6 +144,24 @@ def _from_closure(op, i, ans, args, g, params, saved):
             f"customop {errors.shown(op.op_type)!r} (gradient for input {name!r}): the gradient "
             "closure returned None; return the gradient (zeros for none)")
     return grad
+
+
+def _from_joint(op, joint, i, ans, args, g, params, saved):
+    names = [op.signature.inputs[k] for k in joint.argnums]
+    where = f"gradient for inputs {', '.join(map(repr, names))}"
+    try:
+        maker = op.grads[i]
+        found = maker(ans, *args, **closure_kwargs(op, maker, len(args), params, saved))(g)
+    except Exception as exc:
+        errors.reraise(exc, op.op_type, where)
+    if not isinstance(found, (tuple, list)) or len(found) != joint.size:
+        got = (f"a {type(found).__name__} of {len(found)}" if isinstance(found, (tuple, list))
+               else f"a {type(found).__name__}")
+        raise TypeError(
+            f"customop {errors.shown(op.op_type)!r} ({where}): a closure registered with "
+            f"def_grad(argnum={joint.declared}) returns a tuple of "
+            f"{joint.size} gradients in that order (None for zero); it returned {got}")
+    return tuple(found)
 
 
 def _untraceable(op, argnums, how: str, cause: BaseException | str) -> BaseException:

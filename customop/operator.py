@@ -13,7 +13,10 @@ from typing import Any
 import mxnet as mx
 
 from . import dispatch, errors, gradients, registry
+from .distributed import agree
+from .distributed.agree import AUX_RULES
 from .inference import Inference
+from .input_shapes import InputShapes
 from .modes import MODES
 from .outputs import OutputCount
 from .signature import Signature
@@ -34,9 +37,10 @@ class CustomOperator:
     def __init__(self, fn: Callable, mode: Mode, *, name: str | None = None,
                  need_top_grad: bool = True, infer_shape: Callable | None = None,
                  infer_type: Callable | None = None, num_outputs: CountSpec | None = None,
-                 auto_grad: bool = True, aux: dict[str, Callable] | None = None,
+                 auto_grad: bool = True, aux: dict[str, Any] | None = None,
                  optional: tuple[str, ...] | list[str] = (),
-                 no_grad: tuple[str, ...] | list[str] = ()):
+                 no_grad: tuple[str, ...] | list[str] = (), outputs: Any = None,
+                 infer_input_shape: dict[str, Callable] | None = None):
         if mode not in MODES:
             raise ValueError(f"customop mode must be 'numpy' or 'mxnet', got {mode!r}")
         functools.update_wrapper(self, fn)
@@ -44,21 +48,21 @@ class CustomOperator:
         self.mode = mode
         self.mode_impl = MODES[mode]
         self.op_type: str = name or f"{registry.module_of(fn)}.{fn.__qualname__}"
-        aux = dict(aux or {})
-        for key, shape_fn in aux.items():
-            if not callable(shape_fn):
-                raise TypeError(f"customop {self.op_type!r}: aux={{{key!r}: ...}} must map the "
-                                "state's name to a function of the input shapes returning its "
-                                f"shape, got {type(shape_fn).__name__}")
-        self.aux_shape_fns: dict[str, Callable] = aux
-        self.signature = Signature(fn, errors.shown(self.op_type), tuple(aux), tuple(optional))
+        self.aux_shape_fns, self.aux_rules = _aux_spec(self.op_type, aux)
+        agree.declare_rules(self.op_type, self.aux_rules)
+        self.signature = Signature(fn, errors.shown(self.op_type), tuple(self.aux_shape_fns),
+                                   tuple(optional))
         self.twins: dict[str, CustomOperator] = {mode: self}
         self.need_top_grad = bool(need_top_grad)
         self.user_infer_shape = infer_shape
         self.user_infer_type = infer_type
+        self.input_shapes = InputShapes(infer_input_shape, self.signature.inputs,
+                                        self.signature.aux, self.op_type)
         # As declared (an int, or a function of the parameters); op.outputs.of(params) counts.
-        self.outputs = OutputCount(num_outputs if num_outputs is not None else
-                                   _count_returns(fn), self.signature, self.op_type)
+        self.user_num_outputs, self.user_outputs = num_outputs, outputs
+        counted = _count_returns(fn) if num_outputs is None and outputs is None else 1
+        self.outputs = OutputCount(num_outputs, self.signature, self.op_type, names=outputs,
+                                   counted=counted)
         self.num_outputs: CountSpec = self.outputs.declared
         self.auto_grad = bool(auto_grad)
         if isinstance(no_grad, str):
@@ -70,6 +74,8 @@ class CustomOperator:
                             f"{', '.join(self.signature.inputs) or 'none'}")
         self.no_grad: frozenset[str] = frozenset(no_grad)
         self.grads: dict[int, GradMaker] = {}
+        # Inputs whose closure returns several inputs' gradients at once (def_grad(argnum=(..)))
+        self.grad_groups: dict[int, gradients.Joint] = {}
         self._update_native()
         self.inference = Inference(self)
         self._pkeys: dict[tuple, str] = {}
@@ -83,29 +89,78 @@ class CustomOperator:
                 self.variants[frozenset(absent)] = _Variant(self, absent)
 
     # ---- public API -----------------------------------------------------------------
-    def def_grad(self, fn: GradMaker, argnum: int = 0) -> CustomOperator:
+    def def_grad(self, fn: GradMaker, argnum: int | tuple[int, ...] = 0) -> CustomOperator:
         """Register ``fn(ans, *inputs, **params) -> grad(g)`` for input ``argnum``.
 
         ``grad(g)`` maps the upstream gradient ``g`` (a tuple for several
         outputs; ``None`` when ``need_top_grad=False``) to the gradient of
         input ``argnum``, shaped like that input.  Returns the operator, so
         registrations chain.
+
+        With a tuple ``argnum=(0, 2)``, ``grad(g)`` returns the gradients of
+        those inputs at once, as a tuple in that order (``None`` for a zero one),
+        computed from shared terms: it is called once per backward (so it may
+        also update an aux state once).  A later registration for one of those
+        inputs replaces the joint closure for that input only.
+
+        Example:
+            >>> import mxnet as mx, numpy as np
+            >>> from customop import customop
+            >>> @customop('numpy')
+            ... def scaled_dot(x, w, *, k=1.0):
+            ...     return k * (x * w).sum(axis=1)
+            >>> def scaled_dot_grad(ans, x, w, *, k=1.0):
+            ...     def grad(g):
+            ...         shared = k * g[:, None]           # computed once for both inputs
+            ...         return shared * w, shared * x     # (d/dx, d/dw), in argnum order
+            ...     return grad
+            >>> scaled_dot.def_grad(scaled_dot_grad, argnum=(0, 1))
+            <customop ...>
+            >>> x, w = mx.nd.ones((2, 3)), mx.nd.full((2, 3), 2.0)
+            >>> x.attach_grad(); w.attach_grad()
+            >>> with mx.autograd.record():
+            ...     y = scaled_dot(x, w, k=0.5)
+            >>> y.backward()
+            >>> x.grad.asnumpy()[0], w.grad.asnumpy()[0]
+            (array([1., 1., 1.], dtype=float32), array([0.5, 0.5, 0.5], dtype=float32))
         """
         names = self.signature.inputs
-        if not isinstance(argnum, int) or not 0 <= argnum < len(names):
-            raise self.error(IndexError, (
-                f"def_grad argnum={argnum!r} is out of range; the inputs are "
-                f"{', '.join(f'{i}={n}' for i, n in enumerate(names))}"))
+        joint = isinstance(argnum, (tuple, list))
+        argnums = tuple(argnum) if joint else (argnum,)
+        listed = ", ".join(f"{i}={n}" for i, n in enumerate(names))
+        if joint and not argnums:
+            raise self.error(ValueError, f"def_grad argnum=() names no input; the inputs are "
+                             f"{listed}")
+        for a in argnums:
+            if isinstance(a, bool) or not isinstance(a, int) or not 0 <= a < len(names):
+                raise self.error(IndexError, (
+                    f"def_grad argnum={argnum!r} is out of range; the inputs are {listed}"))
+        if len(set(argnums)) != len(argnums):
+            raise self.error(ValueError, f"def_grad argnum={argnum!r} names an input twice")
         if not callable(fn):
             raise self.error(TypeError, f"def_grad needs a callable, got {type(fn).__name__}")
-        if names[argnum] in self.no_grad:
-            raise self.error(ValueError, f"input {names[argnum]!r} is declared no_grad (it "
-                             "gets no gradient); drop it from no_grad to give it one")
-        self.grads[argnum] = fn
+        for a in argnums:
+            if names[a] in self.no_grad:
+                raise self.error(ValueError, f"input {names[a]!r} is declared no_grad (it "
+                                 "gets no gradient); drop it from no_grad to give it one")
+        group = gradients.Joint.of(argnums) if joint else None
+        for a in argnums:
+            self.grads[a] = fn
+            if group is None:
+                self.grad_groups.pop(a, None)
+            else:
+                self.grad_groups[a] = group
         self._update_native()
         for variant in self.variants.values():
             variant.adopt_grads()
         return self
+
+    def _output_spec(self) -> dict[str, Any]:
+        # What another operator of the same outputs (a twin, a variant) is declared with: the
+        # count as resolved here (its own forward may be a wrapper), or the names given.
+        if self.user_outputs is None:
+            return dict(num_outputs=self.num_outputs)
+        return dict(num_outputs=self.user_num_outputs, outputs=self.user_outputs)
 
     def _update_native(self) -> None:
         # An 'mxnet'-mode op with only automatic gradients records its own mx.nd ops.
@@ -142,9 +197,11 @@ class CustomOperator:
                              f"({self.twins[mode].op_type!r}); a twin is in the other mode")
         settings = dict(name=f"{self.op_type}.{mode}", need_top_grad=self.need_top_grad,
                         infer_shape=self.user_infer_shape, infer_type=self.user_infer_type,
-                        num_outputs=self.num_outputs, auto_grad=self.auto_grad,
-                        aux=self.aux_shape_fns, optional=tuple(self.signature.optional),
-                        no_grad=tuple(self.no_grad))
+                        auto_grad=self.auto_grad,
+                        aux={k: (f, self.aux_rules[k]) for k, f in self.aux_shape_fns.items()},
+                        optional=tuple(self.signature.optional),
+                        no_grad=tuple(self.no_grad),
+                        infer_input_shape=dict(self.input_shapes.fns), **self._output_spec())
         settings.update(options)
 
         def wrap(fn: Callable) -> CustomOperator:
@@ -196,14 +253,27 @@ class CustomOperator:
         return self.variants[absent]
 
     def __repr__(self) -> str:
-        ins = ", ".join(f"{n}{'*' if i in self.grads else ''}"
-                        for i, n in enumerate(self.signature.inputs))
-        grads = ", ".join(self.signature.inputs[i] for i in sorted(self.grads)) or "none"
+        names = self.signature.inputs
+        ins = ", ".join(f"{n}{'*' if i in self.grads else ''}" for i, n in enumerate(names))
+        shown, grads = set(), []
+        for i in sorted(self.grads):
+            joint = self.grad_groups.get(i)
+            if joint is None:
+                grads.append(names[i])
+            elif id(joint) not in shown:
+                shown.add(id(joint))
+                # the inputs it still serves (a later def_grad may have taken one over)
+                serves = [names[k] for k in joint.argnums if self.grad_groups.get(k) is joint]
+                grads.append(f"({', '.join(serves)})")
         extra = "" if self.need_top_grad else ", need_top_grad=False"
         if self.no_grad:
             extra += f", no_grad=[{', '.join(sorted(self.no_grad))}]"
+        if self.signature.aux:
+            extra += f", aux=[{', '.join(f'{a}:{self.aux_rules[a]}' for a in self.signature.aux)}]"
+        if self.input_shapes:
+            extra += f", infer_input_shape=[{', '.join(self.input_shapes.fns)}]"
         return (f"<customop {self.op_type!r} mode={self.mode!r} inputs=({ins}) "
-                f"outputs={self.outputs!r} def_grad=[{grads}]"
+                f"outputs={self.outputs!r} def_grad=[{', '.join(grads) or 'none'}]"
                 f"{', auto_grad' if self.auto_grad else ''}{extra}>")
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -264,6 +334,7 @@ class _Variant(CustomOperator):
         names = full.signature.inputs
         self.full = full
         self.positions = [i for i, n in enumerate(names) if n not in absent]
+        self._joints: dict[int, tuple] = {}
         sig = inspect.signature(full.fn)
         params = [p for p in sig.parameters.values() if p.name not in absent]
         present = [p.replace(default=inspect.Parameter.empty) if p.name in names else p
@@ -279,9 +350,11 @@ class _Variant(CustomOperator):
         super().__init__(forward, full.mode, name=f"{full.op_type}~without_{'_'.join(absent)}",
                          need_top_grad=full.need_top_grad, infer_shape=_dropping(
                              full.user_infer_shape, self), infer_type=_dropping(
-                             full.user_infer_type, self), num_outputs=full.num_outputs,
-                         auto_grad=full.auto_grad,
-                         no_grad=tuple(n for n in full.no_grad if n not in absent))
+                             full.user_infer_type, self), auto_grad=full.auto_grad,
+                         no_grad=tuple(n for n in full.no_grad if n not in absent),
+                         **full._output_spec(),
+                         infer_input_shape={n: _dropping(f, self) for n, f in
+                                            full.input_shapes.fns.items() if n not in absent})
         self.adopt_grads()
 
     def _full_args(self, arrays):
@@ -291,11 +364,31 @@ class _Variant(CustomOperator):
         return [*full, *arrays[len(self.positions):]]
 
     def adopt_grads(self) -> None:
-        self.grads = {}
+        self.grads, self.grad_groups = {}, {}
+        wrapped: dict[int, Any] = {}  # one wrapper (and one Joint) per full registration
         for j, i in enumerate(self.positions):
-            if i in self.full.grads:
-                self.grads[j] = self._grad_for(self.full.grads[i])
+            if i not in self.full.grads:
+                continue
+            maker = self.full.grads[i]
+            if id(maker) not in wrapped:
+                wrapped[id(maker)] = self._grad_for(maker)
+            self.grads[j] = wrapped[id(maker)]
+            joint = self.full.grad_groups.get(i)
+            if joint is not None:
+                self.grad_groups[j] = self._joint_for(joint)
         self._update_native()
+
+    def _joint_for(self, joint: gradients.Joint) -> gradients.Joint:
+        # The full op's joint closure, seen from here: only the present inputs, picked out
+        # of the full tuple.
+        cached = self._joints.get(id(joint))
+        if cached is None or cached[0] is not joint:
+            present = [(self.positions.index(i), pick) for i, pick in
+                       zip(joint.argnums, joint.picks) if i in self.positions]
+            mine = gradients.Joint(tuple(j for j, _ in present), tuple(p for _, p in present),
+                                   joint.declared)
+            cached = self._joints[id(joint)] = (joint, mine)
+        return cached[1]
 
     def _grad_for(self, maker):
         def grad(ans, *arrays, **params):
@@ -309,6 +402,26 @@ class _Variant(CustomOperator):
             *[p.replace(kind=P.KEYWORD_ONLY) for p in found],
             *([P("params", P.VAR_KEYWORD)] if var_kw else [])])
         return grad
+
+
+def _aux_spec(op_type: str, aux: dict[str, Any] | None) -> tuple[dict[str, Callable],
+                                                                     dict[str, str]]:
+    """``aux=`` as (shape function, merge rule) per state; a bare function merges by 'sum'."""
+    shape_fns, rules = {}, {}
+    for key, spec in dict(aux or {}).items():
+        shape_fn, rule = (spec, "sum") if callable(spec) else (
+            tuple(spec) if isinstance(spec, (tuple, list)) and len(spec) == 2 else (None, None))
+        if not callable(shape_fn):
+            raise TypeError(f"customop {op_type!r}: aux={{{key!r}: ...}} must map the state's "
+                            "name to a function of the input shapes returning its shape, or to "
+                            "(that function, merge rule) with a rule among "
+                            f"{', '.join(map(repr, AUX_RULES))}; got {spec!r}")
+        if rule not in AUX_RULES:
+            raise ValueError(f"customop {op_type!r}: aux={{{key!r}: (..., {rule!r})}}: the merge "
+                             "rule (how the state's copies on several devices and workers "
+                             f"become one) must be one of {', '.join(map(repr, AUX_RULES))}")
+        shape_fns[key], rules[key] = shape_fn, rule
+    return shape_fns, rules
 
 
 def _dropping(fn: Callable | None, variant: _Variant) -> Callable | None:
@@ -368,9 +481,11 @@ def _called_name(call: ast.Call) -> str | None:
 def customop(mode: Mode, *, name: str | None = None, need_top_grad: bool = True,
              infer_shape: Callable | None = None, infer_type: Callable | None = None,
              num_outputs: CountSpec | None = None, auto_grad: bool = True,
-             aux: dict[str, Callable] | None = None,
+             aux: dict[str, Any] | None = None,
              optional: tuple[str, ...] | list[str] = (),
-             no_grad: tuple[str, ...] | list[str] = ()) -> Callable[[Callable], CustomOperator]:
+             no_grad: tuple[str, ...] | list[str] = (), outputs: Any = None,
+             infer_input_shape: dict[str, Callable] | None = None,
+             ) -> Callable[[Callable], CustomOperator]:
     """Turn a forward function into a registered MXNet custom operator.
 
     Args:
@@ -389,17 +504,32 @@ def customop(mode: Mode, *, name: str | None = None, need_top_grad: bool = True,
             ``**params``), defaults filled in, and returns an int.  Every call
             and every graph node then has the count of its own parameters
             (example below).
+        outputs: names of the outputs, e.g. ``('rois', 'label')`` (the count
+            follows); a graph node lists them as ``<node>_rois``, ... in
+            ``list_outputs()`` (MXNet's ``CustomOpProp.list_outputs``), and the
+            node's Symbol is indexable by them.  Or a function of the parameters
+            returning the names.  Default ``output`` / ``output0``, ``output1``, ...
+        infer_input_shape: ``{input: shape_fn}`` for inputs whose shape the op
+            can say from the others, as ``FullyConnected`` says its weight's:
+            ``shape_fn(*input_shapes, **params)`` returns that input's shape; an
+            input not known yet arrives as ``None``.  ``sym.infer_shape``,
+            ``Module.bind`` and Gluon's deferred initialization then leave it out.
         auto_grad: give inputs without ``def_grad`` an automatic gradient.
         no_grad: names of inputs that get no gradient (zero), such as labels,
             class ids or a loss's weights: declared here once, for both twins,
             instead of closures that return zeros.  Integer inputs never get
             one anyway.
-        aux: ``{name: shape_fn}`` declares the forward's last positional array
-            parameters as auxiliary states (MXNet's ``list_auxiliary_states``):
-            state the op owns and updates in place, never differentiated.
-            ``shape_fn(*input_shapes, **params)`` gives its shape; its dtype is
-            the first floating input's (float32 without one).  Symbol calls may
-            leave them out (MXNet creates ``<node>_<name>`` variables,
+        aux: ``{name: shape_fn}`` or ``{name: (shape_fn, rule)}`` declares the
+            forward's last positional array parameters as auxiliary states
+            (MXNet's ``list_auxiliary_states``): state the op owns and updates
+            in place, never differentiated.  ``shape_fn(*input_shapes, **params)``
+            gives its shape; its dtype is the first floating input's (float32
+            without one).  ``rule`` says how the state's copies on several
+            devices and ``dist_sync`` workers become one after each training
+            step: ``'sum'`` (default: every copy's change is added), ``'mean'``
+            (their mean), ``'first'`` (the first device's copy wins) or
+            ``'local'`` (each copy keeps its own).  Symbol calls may leave the
+            states out (MXNet creates ``<node>_<name>`` variables,
             zero-initialised); array calls pass them.
         optional: names of positional parameters defaulting to ``None`` that are
             optional array inputs (``def f(pred, label, weight=None)``): a call
@@ -407,9 +537,14 @@ def customop(mode: Mode, *, name: str | None = None, need_top_grad: bool = True,
             gradient closures then see ``None``.
 
     Positional parameters without defaults are array inputs; parameters with
-    defaults are operator parameters (Python literals, kept exactly).  A
-    forward without array inputs (a generator) is called with parameters only
+    defaults are operator parameters (Python literals, kept exactly), so a
+    parameter without a sensible default is keyword-only (``def f(x, *, k)``).
+    A forward without array inputs (a generator) is called with parameters only
     and returns NDArrays on ``ctx=`` (default ``mx.current_context()``).
+
+    Called with ``mx.sym`` Symbols, an op with several outputs returns one
+    Symbol with that many outputs (as ``mx.sym.topk(ret_typ='both')`` does):
+    indexable, iterable, bindable; with arrays, a tuple of arrays.
 
     Example:
         >>> import mxnet as mx, numpy
@@ -433,12 +568,28 @@ def customop(mode: Mode, *, name: str | None = None, need_top_grad: bool = True,
         (array([0., 1.], dtype=float32), array([2., 3.], dtype=float32))
         >>> halves(mx.nd.arange(4)).shape
         (4,)
-        >>> len(halves(mx.sym.var('x'), split=True))  # a Symbol per output
+        >>> len(halves(mx.sym.var('x'), split=True))  # one Symbol with two outputs
         2
+
+        Named outputs, and a weight whose shape follows the data's:
+
+        >>> @customop('mxnet', outputs=('low', 'high'))
+        ... def split_at(x, *, at):
+        ...     return x[:, :at], x[:, at:]
+        >>> split_at(mx.sym.var('x'), at=1, name='cut').list_outputs()
+        ['cut_low', 'cut_high']
+        >>> @customop('mxnet', infer_input_shape={
+        ...     'weight': lambda data, weight, *, num_hidden: (num_hidden, data[1])})
+        ... def linear(data, weight, *, num_hidden):
+        ...     return mx.nd.dot(data, weight, transpose_b=True)
+        >>> out = linear(mx.sym.var('data'), mx.sym.var('weight'), num_hidden=3)
+        >>> out.infer_shape(data=(4, 5))[0]
+        [(4, 5), (3, 5)]
     """
     def wrap(fn: Callable) -> CustomOperator:
         return CustomOperator(fn, mode, name=name, need_top_grad=need_top_grad,
                               infer_shape=infer_shape, infer_type=infer_type,
                               num_outputs=num_outputs, auto_grad=auto_grad, aux=aux,
-                              optional=optional, no_grad=no_grad)
+                              optional=optional, no_grad=no_grad, outputs=outputs,
+                              infer_input_shape=infer_input_shape)
     return wrap

@@ -20,6 +20,7 @@ from mxnet.ndarray.ndarray import _DTYPE_MX_TO_NP
 from . import errors, kernel, runtime
 from . import params as _params
 from .inference import known
+from .input_shapes import unknown_ndim
 
 if TYPE_CHECKING:
     from .operator import CustomOperator
@@ -59,9 +60,11 @@ def register(op_type: str, lookup: Callable[[str], CustomOperator]) -> None:
             # process), so a bad parameter is reported from list_arguments, which it guards.
             self.bad_params: BaseException | None = None
             self.n_out = 1  # this node's output count (num_outputs= may depend on parameters)
+            self.out_names: tuple[str, ...] = ("output",)
             try:
                 op.signature.check_params(self.params)
                 self.n_out = op.outputs.of(self.params)
+                self.out_names = op.outputs.names(self.params)
             except Exception as exc:
                 self.bad_params = exc
             self.shapes: tuple | None = None
@@ -85,21 +88,24 @@ def register(op_type: str, lookup: Callable[[str], CustomOperator]) -> None:
             return list(self.op.signature.inputs)
 
         def list_outputs(self) -> list[str]:
-            return ["output"] if self.n_out == 1 else [f"output{i}" for i in range(self.n_out)]
+            return list(self.out_names)
 
         def list_auxiliary_states(self) -> list[str]:
             return list(self.op.signature.aux)
 
         def infer_shape(self, in_shape):
-            shapes = tuple(tuple(int(d) for d in s) for s in in_shape)
+            given = [tuple(int(d) for d in s) for s in in_shape]
+            # inputs the op infers from the others (infer_input_shape=), like a layer's weight
+            shapes = tuple(self._guarded(self.op.input_shapes.complete, given, self.params))
             n_aux = len(self.op.signature.aux)
             if not all(known(s) for s in shapes):
-                return in_shape, [()] * self.n_out, self._aux_if_known(shapes)
+                self.op.input_shapes.warn_unknown(list(shapes))
+                return [list(s) for s in shapes], [()] * self.n_out, self._aux_if_known(shapes)
             self.shapes = shapes
             metas = self._guarded(self.op.inference.outputs, self.pkey, self.params, shapes, None)
             aux = self._guarded(kernel.aux_shapes, self.op, list(shapes), self.params) \
                 if n_aux else []
-            return in_shape, [m.shape for m in metas], aux
+            return [list(s) for s in shapes], [m.shape for m in metas], aux
 
         def _aux_if_known(self, shapes):
             # An aux state's shape often needs only the known dims (centers: num_class x D);
@@ -111,7 +117,13 @@ def register(op_type: str, lookup: Callable[[str], CustomOperator]) -> None:
             return [a if known(a) else () for a in aux]
 
         def infer_type(self, in_type):
-            dtypes = tuple(np.dtype(t if t is not None else np.float32) for t in in_type)
+            # An input the op infers the shape of (a weight) takes the data's dtype, as
+            # FullyConnected's weight does; any other unknown one float32.
+            inferred = self.op.input_shapes.fns
+            like = kernel.aux_dtype_for([t for t in in_type if t is not None])
+            dtypes = tuple(np.dtype(t if t is not None else like if name in inferred else
+                                    np.float32)
+                           for name, t in zip(self.op.signature.inputs, in_type))
             if self.shapes is None:
                 out = self._guarded(self.op.inference.dtypes_only, self.params, dtypes)
             else:
@@ -136,6 +148,8 @@ def register(op_type: str, lookup: Callable[[str], CustomOperator]) -> None:
             # Legacy shapes read 0 as "unknown": a 0-size input reaches us as -1 seen unsigned
             # (4294967295). Never allocate placeholders from that.
             for name, shape in zip(self.op.signature.inputs, shapes):
+                if unknown_ndim(shape):  # MXNet bound it although nothing gave its shape
+                    raise ValueError(self.op.input_shapes.unknown_message(name))
                 if not all(0 < d < _UNKNOWN for d in shape):
                     dims = tuple("?" if d >= _UNKNOWN else d for d in shape)
                     raise ValueError(

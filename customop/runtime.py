@@ -106,8 +106,10 @@ node, a hybridized call or an ``mx.nd.Custom`` call)
     ``gluon.Trainer.step``, ``.allreduce_grads``, ``.update`` and
     ``mod.Module.update`` (so ``fit``): a Trainer whose parameters, or a Module
     whose graph, hold aux states of our ops ends each step with every copy
-    equal to the sum of the devices' (and ``dist_sync`` workers') deltas
-    (:mod:`customop.distributed.agree`); under ``dist_*`` with
+    equal to the devices' (and ``dist_sync`` workers') deltas merged by each
+    state's rule: summed by default, or their mean, or the first device's, or
+    none for ``'local'`` states, whose copies the first step's broadcast leaves
+    as they were (:mod:`customop.distributed.agree`); under ``dist_*`` with
     ``update_on_kvstore=False`` such a Trainer's first step also finishes its
     broadcast of initial values before any push (MXNet's does not order the two:
     measured, a worker then starts from the summed gradient).  Any other Trainer or

@@ -165,7 +165,8 @@ def topk(data, *, k=1, axis=-1, ret_typ="value", is_ascend=False, dtype="float32
     axis : int or None, default -1
         Axis to select along; ``None`` flattens ``data`` first.
     ret_typ : {'value', 'indices', 'mask', 'both'}, default 'value'
-        ``'both'`` returns ``(value, indices)``; ``'mask'`` is 1 at the selected positions.
+        ``'both'`` returns ``(value, indices)`` (with Symbols, one Symbol with those two
+        outputs, as ``mx.sym.topk``); ``'mask'`` is 1 at the selected positions.
     is_ascend : bool, default False
         Select the k smallest instead of the k largest.
     dtype : {'float16', 'float32', 'float64', 'uint8', 'int32', 'int64'}, default 'float32'

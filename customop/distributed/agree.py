@@ -3,14 +3,27 @@
 MXNet keeps one copy of an aux state per device and never reconciles them:
 Gluon's ``Trainer`` broadcasts it once, Module's kvstore skips it, and
 ``Module.get_params()`` averages diverged copies.  Here each training step's
-change of an aux state is a *delta*: the deltas of every device (``copy - value
-when the step first used it``) are added up, summed over the workers through
-the kvstore (push, then pull, so MXNet's engine orders them with the reads and
-writes of the arrays), and ``value before the step + sum`` is written into every
-copy.  All copies then hold the same value, and for an additive update (a
-running count or sum) it is exactly what one device computes on the whole batch.
-Updates that normalise per batch (a center loss divides each class's step by
-``1 + n_j``, with ``n_j`` counted per device) agree up to that normalisation.
+change of an aux state is a *delta* (``copy - value when the step first used
+it``), and the state's **merge rule** (``aux={'name': (shape_fn, rule)}``, one of
+:data:`AUX_RULES`) says how the deltas of every device and worker become one:
+
+* ``'sum'`` (the default): the deltas are added up.  For an additive update (a
+  running count or sum) that is exactly what one device computes on the whole
+  batch; updates that normalise per batch (a center loss divides each class's
+  step by ``1 + n_j``, with ``n_j`` counted per device) agree up to that
+  normalisation.  Wrong for a counter of steps: it advances once per copy.
+* ``'mean'``: their mean over every copy (a running average each device moves
+  with its own shard; a step counter every copy advances alike).
+* ``'first'``: the first device's (worker 0's) delta, as if the others had not
+  run (a schedule, a value every copy computes alike).
+* ``'local'``: nothing is merged: each copy keeps its own (per-device state);
+  Gluon's first-step broadcast of it is undone.
+
+The merged delta is summed over the workers through the kvstore (push, then
+pull, so MXNet's engine orders them with the reads and writes of the arrays;
+``'mean'`` also sums the copy counts, ``'first'`` pushes zeros on workers other
+than rank 0), and ``value before the step + merged delta`` is written into every
+copy.  All copies then hold the same value.
 
 **Automatic** (the ``auxsync`` patch of :mod:`customop.runtime`, installed by the
 first use of an op with aux states): every ``gluon.Trainer.step`` (or
@@ -44,6 +57,9 @@ import mxnet as mx
 
 _AUTO_KEY = 1 << 25  # + the parameter's index in its Trainer: the same on every worker
 
+# How the copies of one aux state become one (aux={'name': (shape_fn, rule)}); see merge().
+AUX_RULES = ("sum", "mean", "first", "local")
+
 # What customop reads of MXNet's internals to keep aux states equal, the one list
 # (tests/customop/test_agree.py::test_the_mxnet_internals_we_read_are_there fails loudly when
 # MXNet changes them).
@@ -74,6 +90,22 @@ class _Tracked:
 
 
 _tracked: dict[int, _Tracked] = {}  # handle value -> the array (held) and its base
+_rules: dict[tuple[str, str], str] = {}  # (op_type, state) -> merge rule, when not 'sum'
+_COUNT_KEY = 1 << 28  # + an int key: the kvstore key of a 'mean' state's copy count
+
+
+def declare_rules(op_type: str, rules: dict[str, str]) -> None:
+    """The merge rule of each aux state of ``op_type`` (``aux=`` of the decorator)."""
+    for state, rule in rules.items():
+        if rule == "sum":
+            _rules.pop((op_type, state), None)
+        else:
+            _rules[(op_type, state)] = rule
+
+
+def rule_of(op_type: str, state: str) -> str:
+    """The merge rule of an op's aux state: one of :data:`AUX_RULES`."""
+    return _rules.get((op_type, state), "sum")
 _touches = 0  # touch() calls so far
 _tracking = False  # the auxsync patch is installed: bases come from touch()
 _generation = 0  # bumps when a new array is tracked (plans are cached against it)
@@ -149,6 +181,8 @@ def _several_copies(entry: _Tracked) -> list[str]:
 
 
 def _check_unsynced(entry: _Tracked) -> None:
+    if rule_of(entry.op_type, entry.state) == "local":
+        return  # its copies are meant to differ
     if entry.synced and _steps == entry.step_mark:
         return  # accumulating over several passes before the next step
     if _steps > entry.step_mark:
@@ -185,8 +219,10 @@ class Plan:
 
     def __init__(self, names: list[str], copies: list[list[mx.nd.NDArray]], keys: list[Any]):
         self.names, self.copies, self.keys = names, copies, keys
-        self.pending: list | None = None  # per state: (value before the step, local delta)
+        self.pending: list | None = None  # per state: (rule, value before the step, delta)
+        self.restore_local = False  # undo the coming step's overwrite of 'local' states
         self.inited: set = set()  # kvstore keys initialised
+        self.counts_inited: set = set()  # keys whose copy-count key ('mean') is initialised
         self.generation = _generation
         self.group: Any = None  # a Module's executor group, for Modules
 
@@ -196,34 +232,61 @@ def _entry(copy: mx.nd.NDArray) -> _Tracked | None:
     return entry if entry is not None and entry.array is copy else None
 
 
+def copies_rule(devs: list[mx.nd.NDArray]) -> str:
+    """The merge rule of the aux state these arrays are copies of ('sum' if unknown)."""
+    for d in devs:
+        entry = _entry(d)
+        if entry is not None and entry.op_type != "?":
+            return rule_of(entry.op_type, entry.state)
+    return "sum"  # never used by a training pass: no delta to merge anyway
+
+
 def begin(plan: Plan) -> None:
-    """Each state's value before the step and its local delta (async reads, before MXNet's
-    first-step broadcast overwrites the copies)."""
+    """Each state's value before the step and its local merged delta (async reads, before
+    MXNet's first-step broadcast overwrites the copies)."""
     if plan.pending is not None:
         return
     pending = []
     for devs in plan.copies:
+        rule = copies_rule(devs)
+        if rule == "local":
+            # each copy keeps its own: only what a Trainer's first step overwrites comes back
+            pending.append((rule, [d.copy() for d in devs] if plan.restore_local else None,
+                            None))
+            continue
         ctx = devs[0].context
         entries = [_entry(d) for d in devs]
         bases = [e.base if e is not None else None for e in entries]
         start = bases[0] if bases[0] is not None else devs[0]
         start = start.copy()
         total = None
-        for d, b in zip(devs, bases):
-            if b is None:
+        for k, (d, b) in enumerate(zip(devs, bases)):
+            if b is None or (rule == "first" and k > 0):
                 continue  # untouched since the last sync: no change of its own
             delta = d - b if d.context == ctx else d.as_in_context(ctx) - b.as_in_context(ctx)
             total = delta if total is None else total + delta
-        pending.append((start, total if total is not None else mx.nd.zeros_like(start)))
+        pending.append((rule, start, total if total is not None else mx.nd.zeros_like(start)))
     plan.pending = pending
 
 
+def _count_key(key: Any) -> Any:
+    return key + _COUNT_KEY if isinstance(key, int) else f"{key}:count"
+
+
 def finish(plan: Plan, kv: Any, priority_base: int = 0) -> None:
-    """Sum the pending deltas over ``kv``'s workers (if any), write every copy, reset bases."""
+    """Merge the pending deltas over ``kv``'s workers (if any), write every copy, reset bases."""
     pending, plan.pending = plan.pending, None
     if pending is None:
         return
-    for i, (key, (start, total), devs) in enumerate(zip(plan.keys, pending, plan.copies)):
+    for i, (key, (rule, start, total), devs) in enumerate(zip(plan.keys, pending, plan.copies)):
+        if rule == "local":
+            for d, saved in zip(devs, start or ()):
+                saved.copyto(d)
+            _mark_synced(devs, None)
+            continue
+        count = None
+        if rule == "mean":
+            count = mx.nd.full((1,), len(devs), ctx=total.context, dtype=total.dtype)
         if kv is not None:
             if key not in plan.inited:
                 # Every worker starts from worker 0's value (MXNet's own broadcast of the
@@ -236,20 +299,35 @@ def finish(plan: Plan, kv: Any, priority_base: int = 0) -> None:
                 # initial_broadcast). Wait for it, once per key.
                 start.wait_to_read()
                 plan.inited.add(key)
+            if count is not None and key not in plan.counts_inited:
+                kv.init(_count_key(key), mx.nd.zeros_like(count))
+                plan.counts_inited.add(key)
+            if rule == "first" and kv.rank != 0:
+                total[:] = 0  # worker 0's first device wins
             kv.push(key, total, priority=priority_base - i)
             kv.pull(key, out=total, priority=priority_base - i)
+            if count is not None:
+                kv.push(_count_key(key), count, priority=priority_base - i)
+                kv.pull(_count_key(key), out=count, priority=priority_base - i)
+        if count is not None:
+            total = mx.nd.broadcast_div(total, count.reshape((1,) * total.ndim))
         start += total
         for d in devs:
             start.copyto(d)
-            entry = _entry(d)
-            if entry is not None:
-                entry.synced, entry.passes, entry.step_mark = True, 0, _steps
-                # with tracking, the next pass takes its own base (a write between steps,
-                # e.g. set_params, is not a delta); without, the synced value is the base
-                entry.base = None if _tracking else start.copyto(d.context)
+        _mark_synced(devs, start)
     for devs in plan.copies:
         for d in devs:
             d.wait_to_read()  # reads right after see the new values
+
+
+def _mark_synced(devs: list[mx.nd.NDArray], value: mx.nd.NDArray | None) -> None:
+    for d in devs:
+        entry = _entry(d)
+        if entry is not None:
+            entry.synced, entry.passes, entry.step_mark = True, 0, _steps
+            # with tracking, the next pass takes its own base (a write between steps,
+            # e.g. set_params, is not a delta); without, the synced value is the base
+            entry.base = None if _tracking or value is None else value.copyto(d.context)
 
 
 def _checked_kvstore(plan: Plan, kv: Any, on_kv: bool, owner: str) -> Any:
@@ -299,7 +377,7 @@ def trainer_plan(trainer: mx.gluon.Trainer) -> Plan | None:
             keys.append(_AUTO_KEY + i)
     new = Plan(names, copies, keys)
     if plan is not None:
-        new.inited = plan.inited
+        new.inited, new.counts_inited = plan.inited, plan.counts_inited
     trainer._customop_aux = new
     return new if names else None
 
@@ -339,6 +417,9 @@ def _updates_on_workers(trainer: mx.gluon.Trainer) -> bool:
 def trainer_begin(trainer: mx.gluon.Trainer) -> Plan | None:
     plan = trainer_plan(trainer)
     if plan is not None:
+        # the first step broadcasts every Parameter (under dist_*: worker 0's), 'local'
+        # states too
+        plan.restore_local = bool(trainer._params_to_init)
         begin(plan)  # reads the deltas before the broadcast below overwrites the copies
         if trainer._params_to_init and _updates_on_workers(trainer):
             # creating the kvstore early is safe: no optimizer goes to the servers
@@ -385,11 +466,14 @@ def module_finish(plan: Plan, mod: mx.mod.Module) -> None:
     finish(plan, kv)
 
 
-def own(copy: mx.nd.NDArray) -> None:
+def own(copy: mx.nd.NDArray, label: tuple[str, str] | None = None) -> None:
     # An array AuxSync keeps: without tracking its base is its value now (the value at the
     # last call after that); with tracking, the first pass of each step takes it.
+    # ``label``: its (op_type, state) where AuxSync knows it (a Module's symbol).
     entry = _entry(copy)
     if entry is None:
         entry = _tracked[copy.handle.value] = _Tracked(copy, "?", "?")
+    if label is not None and entry.op_type == "?":
+        entry.op_type, entry.state = label
     if entry.base is None and not _tracking:
         entry.base = copy.copy()

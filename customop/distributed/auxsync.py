@@ -2,8 +2,9 @@
 
 ``gluon.Trainer`` and ``Module`` keep our ops' aux states equal on every device and
 worker by themselves (see :mod:`customop.distributed.agree`).  :class:`AuxSync` runs
-the same sum after a step that neither runs: a hand-written kvstore loop, another
-trainer, Parameters outside the Trainer's, or ``CUSTOMOP_RUNTIME_OFF=auxsync``::
+the same merge (each state's rule: ``'sum'``, ``'mean'``, ``'first'`` or ``'local'``)
+after a step that neither runs: a hand-written kvstore loop, another trainer,
+Parameters outside the Trainer's, or ``CUSTOMOP_RUNTIME_OFF=auxsync``::
 
     sync = AuxSync([net.centers], trainer)   # Gluon: the aux Parameters
     ...; my_update(); sync()
@@ -49,14 +50,16 @@ class AuxSync:
     """
 
     def __init__(self, source: Any, kvstore: Any = None):
+        labels: list[Any] = []
         if isinstance(source, mx.mod.Module):
-            names, copies, kv, on_kv = _module_aux(source)
+            names, copies, kv, on_kv, labels = _module_aux(source)
             kv = kvstore if kvstore is not None else kv
             keys: list[Any] = [f"customop_aux:{n}" for n in names]
         else:
             names, copies = _gluon_aux(source)
             kv, on_kv = _gluon_kvstore(kvstore)
             keys = [next(_int_keys) for _ in names]
+            labels = [None] * len(names)
         self.names = names
         self.copies = copies
         self.kvstore = kv if kv is not None and kv.num_workers > 1 else None
@@ -74,11 +77,13 @@ class AuxSync:
         # Start from one value everywhere: the first device's (worker 0's, through the
         # Trainer's or Module's own broadcast of initial values).
         self._plan = agree.Plan(names, copies, keys)
-        for devs in copies:
+        for devs, label in zip(copies, labels):
+            for d in devs:
+                agree.own(d, label)
+            if agree.copies_rule(devs) == "local":
+                continue  # each copy keeps its own
             for d in devs[1:]:
                 devs[0].copyto(d)
-            for d in devs:
-                agree.own(d)
         if self.kvstore is not None:
             for key, devs in zip(keys, copies):
                 self.kvstore.init(key, mx.nd.zeros(devs[0].shape, devs[0].context,
@@ -125,21 +130,22 @@ def _gluon_kvstore(kvstore: Any) -> tuple[Any, bool]:
                     f"got {type(kvstore).__name__}")
 
 
-def _module_aux(mod: mx.mod.Module) -> tuple[list[str], list[list[mx.nd.NDArray]], Any, bool]:
+def _module_aux(mod: mx.mod.Module) -> tuple[list[str], list[list[mx.nd.NDArray]], Any, bool,
+                                              list[tuple[str, str]]]:
     if not (mod.binded and mod.params_initialized):
         raise ValueError("customop.AuxSync: bind the Module and init_params (and init_optimizer "
                          "for a kvstore) before creating AuxSync")
     graph = json.loads(mod.symbol.tojson())
     nodes = graph["nodes"]
-    wanted = []
+    wanted: dict[str, tuple[str, str]] = {}
     for node in nodes:
         op = registry.lookup(node.get("attrs", {}).get("op_type", "")) \
             if node["op"] == "Custom" else None
         if op is not None and op.signature.aux:
-            for entry in node["inputs"][-len(op.signature.aux):]:
-                wanted.append(nodes[entry[0]]["name"])
+            for entry, state in zip(node["inputs"][-len(op.signature.aux):], op.signature.aux):
+                wanted[nodes[entry[0]]["name"]] = (op.op_type, state)
     group = mod._exec_group
     names = [n for n in group.aux_names if n in wanted]
     copies = [group.aux_arrays[group.aux_names.index(n)] for n in names]
     return names, copies, getattr(mod, "_kvstore", None), bool(
-        getattr(mod, "_update_on_kvstore", False))
+        getattr(mod, "_update_on_kvstore", False)), [wanted[n] for n in names]

@@ -76,3 +76,56 @@ class CountedBlock(mx.gluon.HybridBlock):
 
     def hybrid_forward(self, F, x, count):
         return self.op(self.dense(x), count)
+
+
+def _column_shape(x, **_):
+    return (x[1],)
+
+
+@customop("numpy", aux={"total": _column_shape, "average": (_column_shape, "mean"),
+                        "leader": (_column_shape, "first"), "own": (_column_shape, "local"),
+                        "steps": (lambda x: (1,), "first")})
+def merged(x, total, average, leader, own, steps):
+    """Identity; every backward adds x's column sums to the first four states (merged by
+    'sum', 'mean', 'first' and 'local') and 1 to ``steps`` (a schedule's counter, 'first')."""
+    return x + 0
+
+
+def _merged_grad(ans, x, total, average, leader, own, steps):
+    def grad(g):
+        for state in (total, average, leader, own):
+            state += x.sum(axis=0)
+        steps[...] += 1
+        return g
+    return grad
+
+
+merged.def_grad(_merged_grad)
+RULE_STATES = ("total", "average", "leader", "own", "steps")
+
+
+class MergedBlock(mx.gluon.HybridBlock):
+    """``merged`` then a Dense layer, owning ``merged``'s five states as Parameters (its
+    backward, which moves them, runs where its input is differentiated)."""
+
+    def __init__(self, dim, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.dense = mx.gluon.nn.Dense(dim, in_units=dim)
+            for name in RULE_STATES:
+                shape = (1,) if name == "steps" else (dim,)
+                setattr(self, name, self.params.get(name, shape=shape, init=mx.init.Zero(),
+                                                    grad_req="null"))
+
+    def hybrid_forward(self, F, x, total, average, leader, own, steps):
+        return self.dense(merged(x, total, average, leader, own, steps))
+
+
+def merged_reference(shards):
+    """float64 states after steps of ``shards[step][copy]`` (what ``merged``'s input held on
+    each copy), from the rules' definitions: one dict per copy."""
+    sums = np.array([[s.astype(np.float64).sum(axis=0) for s in step] for step in shards])
+    steps, copies = sums.shape[:2]
+    common = {"total": sums.sum(axis=(0, 1)), "average": sums.mean(axis=1).sum(axis=0),
+              "leader": sums[:, 0].sum(axis=0), "steps": np.array([float(steps)])}
+    return [{**common, "own": sums[:, c].sum(axis=0)} for c in range(copies)]

@@ -17,7 +17,8 @@ def test_symbol_call_returns_symbols():
     assert isinstance(s, mx.sym.Symbol)
     assert s.list_arguments() == ["x", "y"]
     pair = opdefs.affine_pair(mx.sym.var("x"), mx.sym.var("b"), name="pair")
-    assert isinstance(pair, tuple) and len(pair) == 2
+    assert isinstance(pair, mx.sym.Symbol) and len(pair) == 2  # one node, two outputs
+    assert pair.list_outputs() == ["pair_output0", "pair_output1"]
     assert pair[0].list_outputs() == ["pair_output0"]
 
 

@@ -359,12 +359,14 @@ def test_the_output_count_follows_the_parameters_on_every_path(op, how):
 @pytest.mark.parametrize("op", SPLIT, ids=["numpy", "mxnet"])
 def test_an_output_count_by_parameters_in_symbols_custom_and_check_grad(op):
     x = np.random.rand(6, 2).astype(np.float32)
-    three = op(mx.sym.var("x"), parts=3, name="s")
-    assert isinstance(three, tuple) and len(three) == 3
+    three = op(mx.sym.var("x"), parts=3, name="s")  # one node, three outputs
+    assert isinstance(three, mx.sym.Symbol) and len(three) == 3
+    assert three.list_outputs() == ["s_output0", "s_output1", "s_output2"]
     assert three[2].list_outputs() == ["s_output2"]
     one = op(mx.sym.var("x"), name="w")
     assert isinstance(one, mx.sym.Symbol) and one.list_outputs() == ["w_output"]
     # shape inference per node: the same input shape, different parameters
+    assert three.infer_shape(x=(6, 2))[1] == [(2, 2)] * 3
     assert mx.sym.Group(list(three)).infer_shape(x=(6, 2))[1] == [(2, 2)] * 3
     assert one.infer_shape(x=(6, 2))[1] == [(6, 2)]
     outs = mx.nd.Custom(mx.nd.array(x), op_type=op.op_type, parts=2)  # MXNet's own front door

@@ -116,10 +116,17 @@ def test_every_path_and_no_host_copy(ret_typ):
 
 
 def test_symbol_both_and_hybridized_wrapper():
-    out = ops.topk(mx.sym.var("data"), k=2, ret_typ="both", do_sort=False)
-    assert isinstance(out, tuple) and len(out) == 2
-    ex = mx.sym.Group(list(out)).bind(mx.cpu(), {"data": mx.nd.array([[3, 1, 2, 5]])})
+    # one Symbol with two outputs, as mx.sym.topk(ret_typ='both') returns
+    out = ops.topk(mx.sym.var("data"), k=2, ret_typ="both", do_sort=False, name="top")
+    native = mx.sym.topk(mx.sym.var("data"), k=2, ret_typ="both", name="top")
+    assert isinstance(out, mx.sym.Symbol) and len(out) == len(native) == 2
+    assert out.list_outputs() == ["top_output0", "top_output1"]
+    ex = out.bind(mx.cpu(), {"data": mx.nd.array([[3, 1, 2, 5]])})
     value, index = ex.forward()
+    assert value.asnumpy().tolist() == [[3, 5]] and index.asnumpy().tolist() == [[0, 3]]
+    value_sym, index_sym = out  # unpacks like the tuple it used to be
+    ex = mx.sym.Group([index_sym, value_sym]).bind(mx.cpu(), {"data": mx.nd.array([[3, 1, 2, 5]])})
+    index, value = ex.forward()
     assert value.asnumpy().tolist() == [[3, 5]] and index.asnumpy().tolist() == [[0, 3]]
 
 
