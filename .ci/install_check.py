@@ -9,7 +9,7 @@ usage: python install_check.py CHECKOUT [--notebooks] [--docs]
    by name (at most two).
 2. The docstring examples of every module of ``customop`` and ``customop.ops`` (doctest).
 3. Every script of ``examples/`` (``dist_train.py`` as a 2-worker ``dist_sync`` job through
-   the launcher).
+   the launcher); every module of its packages imports.
 4. ``--notebooks`` (the ``notebooks`` extra): every tour notebook executes in a fresh kernel.
 5. ``--docs`` (the ``docs`` extra): the site's tools import.
 
@@ -137,6 +137,14 @@ def run_examples(checkout: Path) -> None:
                                               if script.name == "dist_train.py" else ""),
               flush=True)
     assert any(s.name == "dist_train.py" for s in scripts), scripts
+    for package in sorted(p.parent for p in Path("examples").glob("*/__init__.py")):
+        code = (f"import importlib, pkgutil, {package.name} as p; "
+                f"[importlib.import_module(m.name) for m in "
+                f"pkgutil.walk_packages(p.__path__, '{package.name}.')]")
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                              timeout=300, cwd="examples")
+        assert proc.returncode == 0, f"examples/{package.name} failed:\n{proc.stderr[-3000:]}"
+        print(f"examples/{package.name}/ imports", flush=True)
 
 
 def run_notebooks(checkout: Path) -> None:

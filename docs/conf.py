@@ -99,9 +99,17 @@ def _drop_absent_pages(app, docname, source) -> None:
             source[0] = re.sub(rf"^{name}\n", "", source[0], flags=re.M)
 
 
+def _retarget_notebook_links(app, docname, source) -> None:
+    # The tutorials are the files in notebooks/, linked into docs/tutorials/: a link written
+    # for notebooks/ (``../docs/porting.md``) is read from docs/tutorials/ here (``../``).
+    if docname.startswith("tutorials/"):
+        source[0] = source[0].replace("](../docs/", "](../")
+
+
 def setup(app):
     app.connect("builder-inited", _write_cli_help)
     app.connect("source-read", _drop_absent_pages)
+    app.connect("source-read", _retarget_notebook_links)
     return {"parallel_read_safe": True}
 
 
