@@ -3,9 +3,12 @@ PYTHON ?= python3.11
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+DOCS_STAMP := $(VENV)/.docs-installed
+# -W: a warning fails the build; --keep-going: all of them are reported first.
+SPHINX := $(VENV)/bin/sphinx-build -W --keep-going -q -d docs/_build/doctrees
 
 .PHONY: venv demo test soak lint bench bench-detection bench-losses bench-dist bench-aux bench-isolation \
-	bench-residuals bench-fork bench-composed bench-native dist-demo notebooks clean
+	bench-residuals bench-fork bench-composed bench-native dist-demo notebooks docs clean
 
 venv: $(STAMP)
 
@@ -14,6 +17,21 @@ $(STAMP): requirements.txt requirements-dev.txt setup.py pyproject.toml
 	$(PY) -m pip install --quiet -r requirements-dev.txt
 	$(PY) -m pip install --quiet --no-deps -e .
 	touch $(STAMP)
+
+# The site's tools go into the same .venv (pinned in docs/requirements.txt to agree with
+# requirements-dev.txt, pip check clean): autodoc and the doctests then read this checkout
+# through its editable install.  `nox -s docs` builds the same from a fresh venv.
+$(DOCS_STAMP): $(STAMP) docs/requirements.txt
+	$(PY) -m pip install --quiet -r docs/requirements.txt
+	$(PY) -m pip check
+	touch $(DOCS_STAMP)
+
+# The site (docs/_build/html/index.html, works from disk), then every example on its pages
+# and in the docstrings it shows (Sphinx's doctest builder), then docs/check_site.py.
+docs: $(DOCS_STAMP)
+	$(SPHINX) -b html docs docs/_build/html
+	$(SPHINX) -b doctest docs docs/_build/doctest
+	$(PY) docs/check_site.py docs/_build/html
 
 demo: $(STAMP)
 	$(PY) notebooks/demo.py
@@ -74,4 +92,4 @@ dist-demo: $(STAMP)
 		$(PY) examples/dist_train.py --api gluon --kvstore dist_sync --center-loss 0.1
 
 clean:
-	rm -rf $(VENV) $(ORT_VENV) build *.egg-info
+	rm -rf $(VENV) $(ORT_VENV) build *.egg-info docs/_build docs/_generated

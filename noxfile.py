@@ -1,4 +1,5 @@
-"""The test matrix: the full suite on Python 3.8-3.11, one venv per Python from the same pins.
+"""The test matrix: the full suite on Python 3.8-3.11, one venv per Python from the same pins;
+a pip install used as a user would, per Python; the documentation site (3.11).
 
 ``deploy-3.11`` exports the two deployed models of issue 28 and checks them in two fresh
 venvs: plain MXNet without customop, and ONNX Runtime with a current NumPy (no MXNet).
@@ -20,13 +21,14 @@ from pathlib import Path
 import nox
 
 PYTHONS = ["3.8", "3.9", "3.10", "3.11"]
+DOCS_PYTHON = "3.11"
 ROOT = Path(__file__).resolve().parent
 # One suite run takes ~4 minutes on 3.11 (2 cores; 7-11 minutes measured on a loaded
 # machine).  A hung run (a fork deadlock) is killed so that the four Pythons stay inside
 # CI's 90 minutes even when two of them hang.
 SUITE_TIMEOUT_S = 15 * 60
 
-nox.options.sessions = ["tests", "install", "deploy"]
+nox.options.sessions = ["tests", "install", "docs", "deploy"]
 nox.options.default_venv_backend = "venv"
 nox.options.download_python = "never"
 nox.options.error_on_missing_interpreters = True
@@ -77,13 +79,30 @@ def tests(session: nox.Session) -> None:
 
 @nox.session(python=PYTHONS)
 def install(session: nox.Session) -> None:
-    """A user's `pip install '.[cpu]'` (no pins) in a fresh venv, used outside the checkout."""
-    session.install(".[cpu]")
+    """A user's `pip install '.[cpu,notebooks]'` (and `docs` on 3.11), unpinned, used outside
+    the checkout: README blocks, docstring examples, the example script, the notebooks."""
+    docs = session.python == DOCS_PYTHON  # Sphinx 9.0, the site's, needs 3.11
+    session.install(f".[cpu,notebooks{',docs' if docs else ''}]")
+    session.run("python", "-m", "pip", "check")
     with tempfile.TemporaryDirectory(prefix="customop-install-") as work:
         shutil.copy(ROOT / ".ci" / "install_check.py", work)
         with session.chdir(work):
-            session.run("python", "install_check.py", str(ROOT / "README.md"),
-                        env={"PYTHONPATH": ""})
+            session.run("python", "install_check.py", str(ROOT), "--notebooks",
+                        *(["--docs"] if docs else []), env={"PYTHONPATH": ""})
+
+
+@nox.session(python=DOCS_PYTHON)
+def docs(session: nox.Session) -> None:
+    """`make docs` from a fresh venv: the pinned tools, the package installed as a wheel."""
+    session.install("-r", "docs/requirements.txt")
+    session.install("--no-deps", ".")
+    out = Path(session.create_tmp()) / "site"
+    shutil.rmtree(out, ignore_errors=True)
+    sphinx = ["sphinx-build", "-W", "--keep-going", "-q", "-d", str(out / "doctrees")]
+    env = {"PYTHONPATH": ""}
+    session.run(*sphinx, "-b", "html", "docs", str(out / "html"), env=env)
+    session.run(*sphinx, "-b", "doctest", "docs", str(out / "doctest"), env=env)
+    session.run("python", "docs/check_site.py", str(out / "html"), env=env)
 
 
 @nox.session(python=["3.11"])

@@ -53,9 +53,9 @@ def ensure_registered(op_types: list[str], source: str) -> None:
         home = _HOMES[unknown[0].split(".")[0]]
         raise RuntimeError(
             f"customop: {source} uses op type(s) {', '.join(map(repr, unknown))}, which the "
-            f"operator library ({home}) does not define: its op types are pinned (README, "
-            "'Operators'). A renamed one is listed there with its new op type; replace it in "
-            "the symbol file.")
+            f"operator library ({home}) does not define: its op types are pinned (docs/"
+            "operators.md, 'Retired op types'). A renamed one is listed there with its new op "
+            "type; replace it in the symbol file.")
     if missing:
         lines = [f"  {t!r}: no importable module among {', '.join(map(repr, m)) or '-'}"
                  for t, m in missing]

@@ -278,6 +278,8 @@ class CustomOperator:
                 f"{', auto_grad' if self.auto_grad else ''}{extra}>")
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Run the operator: NDArrays give NDArrays (recorded under ``mx.autograd.record()``),
+        Symbols a Symbol node (``name=`` names it), NumPy arrays the forward's result."""
         node_name = kwargs.pop("name", None)
         ctx = kwargs.pop("ctx", None)
         arrays, params = self.signature.bind(args, kwargs)
@@ -301,13 +303,28 @@ class CustomOperator:
             return dispatch.call_ndarray(self, arrays, params)
         return dispatch.call_numpy(self, arrays, params)
 
+    def __get__(self, instance: Any, owner: type | None = None) -> CustomOperator:
+        # Stored on a class, an op stays the op (as a staticmethod would), never a bound
+        # method.  Being a non-data descriptor also makes it a routine to `inspect`, so
+        # help(op), pydoc, doctest and Sphinx's autodoc document it as the function it
+        # wraps (its forward's signature and docstring) instead of printing its repr.
+        return self
+
     def __reduce__(self) -> tuple:
         # By reference: the receiving process imports the defining module (which registers
         # the op) and finds the op by op_type, so pickle/multiprocessing hand over the op itself.
         return registry.by_reference, (self.op_type, registry.module_of(self.fn))
 
     # ---- pieces shared by every dispatch path -----------------------------------------
+
     def error(self, cls: type, msg: str) -> BaseException:
+        """An exception of type ``cls`` whose message names this operator (not raised here).
+
+        Example:
+            >>> from customop import ops
+            >>> ops.tile.error(ValueError, "reps must be positive")
+            ValueError("customop 'ops.tile': reps must be positive")
+        """
         return errors.op_error(self.op_type, cls, msg)
 
 

@@ -22,8 +22,9 @@ def lookup(op_type: str) -> CustomOperator | None:
     """The decorated operator registered as ``op_type``, or None.
 
     Example:
-        >>> import customop.registry, ops
-        >>> customop.registry.lookup('ops.focal_loss') is ops.focal_loss  # doctest: +SKIP
+        >>> import customop.registry
+        >>> from customop import ops
+        >>> customop.registry.lookup('ops.focal_loss') is ops.focal_loss
         True
     """
     return _OPS.get(op_type)

@@ -3,7 +3,7 @@
 A two-layer net on synthetic data (fixed seed) learns 3 classes with a
 decorated softmax cross-entropy (``'numpy'`` mode) and, with
 ``--center-loss W``, the library's center loss on the hidden features
-(:class:`ops.CenterLoss` in Gluon, :func:`ops.center_loss` on symbols, with
+(:class:`customop.ops.CenterLoss` in Gluon, :func:`customop.ops.center_loss` on symbols, with
 ``scale=W``), whose class centers are an auxiliary state: ``Trainer.step`` and
 ``Module.update`` (so ``fit``) keep them identical on every device and worker, with
 no call of ours (``--aux-sync`` adds the explicit
@@ -28,15 +28,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 
 import mxnet as mx
 import numpy as np
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-import ops  # noqa: E402
-from customop import customop  # noqa: E402
-from customop.distributed.auxsync import AuxSync  # noqa: E402
+from customop import customop, ops
+from customop.distributed.auxsync import AuxSync
 
 NUM_CLASS, DIM, HIDDEN = 3, 6, 8
 

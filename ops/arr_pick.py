@@ -43,11 +43,14 @@ def arr_pick(arr, indicate, *, num):
     num : int
         How many entries to pick per row, ``1 <= num <= L`` (keyword).
 
+    Notes
+    -----
     Shapes: ``arr`` (B, M, L); ``indicate`` (B, 1, L), nonzero = picked;
     output (B, M, num), ``arr``'s dtype.
 
     Example:
-        >>> import mxnet as mx, ops
+        >>> import mxnet as mx
+        >>> from customop import ops
         >>> a = mx.nd.arange(60).reshape((1, 6, 10))
         >>> b = mx.nd.array([[[0, 1, 0, 1, 0, 1, 0, 1, 0, 1]]])
         >>> ops.arr_pick(a, b, num=5)[0, :2].asnumpy().tolist()

@@ -61,11 +61,14 @@ def box_decode(data, anchors, *, std0=1.0, std1=1.0, std2=1.0, std3=1.0, clip=-1
     legacy_box : bool, default False
         Widths and heights are ``x2 - x1 + 1``, ``y2 - y1 + 1``.
 
+    Notes
+    -----
     Shapes: ``data`` (B, N, 4), float; ``anchors`` (1, N, 4) (or (B, N, 4): one set per
     image, where MXNet's op would read only the first); output (B, N, 4).
 
     Example:
-        >>> import mxnet as mx, ops
+        >>> import mxnet as mx
+        >>> from customop import ops
         >>> d, a = mx.nd.array([[[0.5, 0, 0.6931472, 0]]]), mx.nd.array([[[0, 0, 9, 9]]])
         >>> ops.box_decode(d, a, format='corner', legacy_box=True).asnumpy().round(3).tolist()
         [[[0.0, 0.0, 19.0, 9.0]]]

@@ -63,13 +63,16 @@ def box_encode(samples, matches, anchors, refs, means, stds, *, legacy_box=False
     legacy_box : bool, default False
         Widths and heights are ``x2 - x1 + 1``, ``y2 - y1 + 1`` (Caffe/Detectron).
 
+    Notes
+    -----
     Shapes: ``samples`` (B, N): +1 positive, -1 negative, 0 ignore;
     ``matches`` (B, N): index into ``refs``; ``anchors`` (B, N, 4); ``refs`` (B, M, 4);
     ``means``, ``stds`` (4,); all four float (integer: ``TypeError``).
     Outputs ``targets``, ``masks``: (B, N, 4).
 
     Example:
-        >>> import mxnet as mx, ops
+        >>> import mxnet as mx
+        >>> from customop import ops
         >>> f = lambda x: mx.nd.array(x, dtype='float64')
         >>> s, m, a, r = f([[1]]), f([[0]]), f([[[0, 0, 9, 9]]]), f([[[0, 0, 19, 9]]])
         >>> t, mask = ops.box_encode(s, m, a, r, f([0] * 4), f([1] * 4), legacy_box=True)

@@ -47,11 +47,14 @@ def box_iou(lhs, rhs, *, format="corner", legacy_box=False):
     legacy_box : bool, default False
         Widths and heights are ``x2 - x1 + 1``, ``y2 - y1 + 1``.
 
+    Notes
+    -----
     Shapes: ``lhs`` (..., 4), ``rhs`` (..., 4), float (integer boxes: ``TypeError``); output
     ``lhs.shape[:-1] + rhs.shape[:-1]``.
 
     Example:
-        >>> import mxnet as mx, ops
+        >>> import mxnet as mx
+        >>> from customop import ops
         >>> a, b = mx.nd.array([[0, 0, 9, 9]]), mx.nd.array([[5, 5, 14, 14]])
         >>> legacy, plain = ops.box_iou(a, b, legacy_box=True), ops.box_iou(a, b)
         >>> [round(float(x.asnumpy()[0, 0]) * n, 3) for x, n in ((legacy, 175), (plain, 146))]

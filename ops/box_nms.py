@@ -104,11 +104,14 @@ def box_nms(data, *, overlap_thresh=0.5, valid_thresh=0.0, topk=-1, coord_start=
     legacy_box : bool, default False
         Widths and heights are ``x2 - x1 + 1``, ``y2 - y1 + 1``.
 
+    Notes
+    -----
     Shapes: ``data`` (..., N, K) with K >= 5, float (integer: ``TypeError``); output the
     same shape.
 
     Example:
-        >>> import mxnet as mx, ops
+        >>> import mxnet as mx
+        >>> from customop import ops
         >>> d = mx.nd.array([[0, 0.9, 0, 0, 9, 9], [0, 0.8, 5, 5, 14, 14]], dtype='float64')
         >>> ops.box_nms(d, overlap_thresh=0.12)[:, 1].asnumpy().tolist()   # IoU 16/146 = 0.110
         [0.9, 0.8]

@@ -58,18 +58,27 @@ def center_loss(data, label, centers, *, num_class, alpha=0.5, scale=1.0):
 
     Parameters
     ----------
-    data : float features ``(N, feature_dim)`` (an integer ``data`` raises ``TypeError``).
-    label : ``(N,)`` class indices in ``[0, num_class)``, float or int (checked: one flag
-        read back in ``'mxnet'`` mode).
-    centers : ``(num_class, feature_dim)``, the state (omit with symbols).
-    num_class : int, keyword.
-    alpha : float in [0, 1], default 0.5, the center update rate.
-    scale : finite float, default 1, the loss weight :math:`\lambda`.
+    data : float array, shape ``(N, feature_dim)``
+        The features (an integer ``data`` raises ``TypeError``).
+    label : float or int array, shape ``(N,)``
+        Class indices in ``[0, num_class)`` (checked: one flag read back in ``'mxnet'``
+        mode).
+    centers : array, shape ``(num_class, feature_dim)``
+        The auxiliary state (omit it with symbols).
+    num_class : int
+        Keyword.
+    alpha : float in [0, 1], default 0.5
+        The center update rate.
+    scale : finite float, default 1
+        The loss weight :math:`\lambda`.
 
+    Notes
+    -----
     Returns the per-sample loss ``(N,)``.
 
     Example:
-        >>> import mxnet as mx, ops
+        >>> import mxnet as mx
+        >>> from customop import ops
         >>> x, y = mx.nd.array([[1.0, 0.0], [3.0, 0.0]]), mx.nd.array([1, 1])
         >>> centers = mx.nd.zeros((2, 2)); x.attach_grad()
         >>> with mx.autograd.record():
@@ -128,18 +137,25 @@ class CenterLoss(mx.gluon.loss.Loss):
 
     Parameters
     ----------
-    num_class : int, the number of classes.
-    feature_dim : int, the length of a feature vector.
-    alpha, scale : as :func:`ops.center_loss`.
-    weight : float or None, global scalar weight for the loss.
-    batch_axis : int, default 0.
+    num_class : int
+        The number of classes.
+    feature_dim : int
+        The length of a feature vector.
+    alpha, scale
+        As :func:`ops.center_loss`.
+    weight : float or None
+        Global scalar weight for the loss.
+    batch_axis : int, default 0
 
+    Notes
+    -----
     The centers are the Parameter ``centers`` (``grad_req='null'``, zeros), updated by
     every backward pass; they are saved with the block's parameters.  Inputs: ``pred``
     ``(N, feature_dim)``, ``label`` ``(N,)``.  Output: loss of shape ``(N,)``.
 
     Example:
-        >>> import mxnet as mx, ops
+        >>> import mxnet as mx
+        >>> from customop import ops
         >>> loss = ops.CenterLoss(num_class=3, feature_dim=2)
         >>> loss.initialize()
         >>> loss(mx.nd.ones((4, 2)), mx.nd.array([0, 1, 1, 2])).asnumpy()
@@ -157,5 +173,6 @@ class CenterLoss(mx.gluon.loss.Loss):
                                            init=mx.init.Zero(), grad_req="null")
 
     def hybrid_forward(self, F, pred, label, centers):
+        """The loss of each sample, ``(N,)``; Gluon passes the block's ``centers``."""
         loss = center_loss(pred, label, centers, **self._op_params)
         return loss if self._weight is None else loss * self._weight

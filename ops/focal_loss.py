@@ -65,21 +65,29 @@ def focal_loss(pred, label, normalizer=None, *, alpha=0.25, gamma=2.0,
 
     Parameters
     ----------
-    pred : float logits of shape ``(N, ..., C)`` (e.g. ``(batch, anchors, classes)``); an
-        integer ``pred`` raises ``TypeError`` (the loss is float math).
-    label : shape ``(N, ...)``, values in ``{ignore_label, 0, 1, ..., C}``, float or int;
-        anything else raises ``ValueError`` (one flag read back in ``'mxnet'`` mode).
-    normalizer : optional float array of one value (shape ``(1,)``), the :math:`Z` above.
-    alpha : float in [0, 1], default 0.25, the weight of the positives.
-    gamma : finite float >= 0, default 2, the focusing exponent.
-    normalization : ``'positive'`` (default), ``'valid'`` or ``'none'``.
-    ignore_label : int, default -1.
+    pred : float array, shape ``(N, ..., C)``
+        Logits (e.g. ``(batch, anchors, classes)``); an integer ``pred`` raises
+        ``TypeError`` (the loss is float math).
+    label : float or int array, shape ``(N, ...)``
+        Values in ``{ignore_label, 0, 1, ..., C}``; anything else raises ``ValueError``
+        (one flag read back in ``'mxnet'`` mode).
+    normalizer : float array of one value (shape ``(1,)``), optional
+        The :math:`Z` above.
+    alpha : float in [0, 1], default 0.25
+        The weight of the positives.
+    gamma : finite float >= 0, default 2
+        The focusing exponent.
+    normalization : {'positive', 'valid', 'none'}, default 'positive'
+    ignore_label : int, default -1
 
+    Notes
+    -----
     Returns the normalized elementwise loss, shaped like ``pred`` (sum it for the paper's
     loss).  Parameters go by keyword: ``focal_loss(pred, label, normalizer, alpha=0.5)``.
 
     Example:
-        >>> import mxnet as mx, ops
+        >>> import mxnet as mx
+        >>> from customop import ops
         >>> pred = mx.nd.array([[[0.0, 0.0], [2.0, -2.0]]])        # 1 image, 2 anchors, C=2
         >>> label = mx.nd.array([[2, 0]])                         # class 2, background
         >>> ops.focal_loss(pred, label, gamma=0.0).sum().asscalar()  # doctest: +ELLIPSIS
@@ -187,16 +195,22 @@ class FocalLoss(mx.gluon.loss.Loss):
 
     Parameters
     ----------
-    alpha, gamma, normalization, ignore_label : as :func:`ops.focal_loss`.
-    weight : float or None, global scalar weight for the loss.
-    batch_axis : int, default 0, the axis that represents the mini-batch.
+    alpha, gamma, normalization, ignore_label
+        As :func:`ops.focal_loss`.
+    weight : float or None
+        Global scalar weight for the loss.
+    batch_axis : int, default 0
+        The axis that represents the mini-batch.
 
+    Notes
+    -----
     Inputs: ``pred`` logits ``(N, ..., C)``, ``label`` ``(N, ...)``, optional
     ``normalizer`` (one value).  Output: loss of shape ``(N,)``; its sum is the focal
     loss of the batch (the normalizer counts over the whole batch).
 
     Example:
-        >>> import mxnet as mx, ops
+        >>> import mxnet as mx
+        >>> from customop import ops
         >>> loss = ops.FocalLoss(gamma=0.0)
         >>> loss(mx.nd.array([[[0.0, 0.0], [2.0, -2.0]]]), mx.nd.array([[2, 0]])).shape
         (1,)
@@ -210,6 +224,7 @@ class FocalLoss(mx.gluon.loss.Loss):
                             normalization=normalization, ignore_label=int(ignore_label))
 
     def hybrid_forward(self, F, pred, label, normalizer=None):
+        """The focal loss of each sample, summed over its anchors and classes."""
         loss = focal_loss(pred, label, normalizer, **self._op_params)
         if self._weight is not None:
             loss = loss * self._weight

@@ -82,12 +82,15 @@ def ohem_sampler(conf_data, conf_target, conf_weight, *, ratio=3.0, min_neg=0, i
     from_logits : bool, default True
         ``conf_data`` holds logits; ``False``: softmax probabilities (the seed's input).
 
+    Notes
+    -----
     Shapes: ``conf_data`` (B, N, C) float logits (or probabilities), class 0 = background;
     ``conf_target`` (B, N) class ids; ``conf_weight`` (B, N) or (B, N, 1);
     output ``new_conf_weight`` of ``conf_weight``'s shape and dtype.
 
     Example:
-        >>> import mxnet as mx, ops
+        >>> import mxnet as mx
+        >>> from customop import ops
         >>> x = mx.nd.array([[[0, 0], [0, 3], [0, 1], [0, 2], [5, 0]]])   # losses rise with x1
         >>> t, w = mx.nd.array([[1, 0, 0, 0, 0]]), mx.nd.ones((1, 5))
         >>> ops.ohem_sampler(x, t, w, ratio=2).asnumpy().tolist()

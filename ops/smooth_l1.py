@@ -36,18 +36,24 @@ def smooth_l1(data, sigma, weight=None):
 
     Parameters
     ----------
-    data : float array of any shape, usually a regression residual ``pred - target`` (an
-        integer ``data`` raises ``TypeError``: the loss is float math).
-    sigma : finite positive array broadcastable to ``data`` (e.g. shape ``(1,)``, or one value
-        per box coordinate); ``sigma <= 0``, ``inf`` or NaN raises ``ValueError``.
-    weight : optional array broadcastable to ``data`` multiplying the loss elementwise.
+    data : float array, any shape
+        Usually a regression residual ``pred - target`` (an integer ``data`` raises
+        ``TypeError``: the loss is float math).
+    sigma : finite positive array broadcastable to ``data``
+        E.g. shape ``(1,)``, or one value per box coordinate; ``sigma <= 0``, ``inf`` or
+        NaN raises ``ValueError``.
+    weight : array broadcastable to ``data``, optional
+        Multiplies the loss elementwise.
 
+    Notes
+    -----
     Returns the elementwise loss, shaped like ``data``.  ``smooth_l1.numpy`` is the
     ``'numpy'``-mode twin.  Checking ``sigma > 0`` in ``'mxnet'`` mode reads one flag back
     from the device.
 
     Example:
-        >>> import mxnet as mx, ops
+        >>> import mxnet as mx
+        >>> from customop import ops
         >>> x = mx.nd.array([-2.0, 0.1, 0.5])
         >>> ops.smooth_l1(x, mx.nd.array([2.0])).asnumpy()
         array([1.875, 0.02 , 0.375], dtype=float32)
@@ -101,16 +107,22 @@ class SmoothL1Loss(mx.gluon.loss.Loss):
 
     Parameters
     ----------
-    sigma : float, the default ``sigma`` when the call passes none.
-    weight : float or None, global scalar weight for the loss.
-    batch_axis : int, default 0, the axis that represents the mini-batch.
+    sigma : float, default 1
+        The ``sigma`` used when the call passes none.
+    weight : float or None
+        Global scalar weight for the loss.
+    batch_axis : int, default 0
+        The axis that represents the mini-batch.
 
+    Notes
+    -----
     Inputs: ``pred``, ``label`` of one shape; optional ``sigma`` (an array broadcastable
     to ``pred``, overriding the constructor's) and ``sample_weight`` (broadcastable).
     Output: loss of shape ``(batch_size,)``.
 
     Example:
-        >>> import mxnet as mx, ops
+        >>> import mxnet as mx
+        >>> from customop import ops
         >>> ops.SmoothL1Loss(sigma=1.0)(mx.nd.array([[0.5, 3.0]]), mx.nd.zeros((1, 2)))
         <BLANKLINE>
         [1.3125]
@@ -122,6 +134,7 @@ class SmoothL1Loss(mx.gluon.loss.Loss):
         self._sigma = _checks.positive("smooth_l1", "sigma", sigma)
 
     def hybrid_forward(self, F, pred, label, sigma=None, sample_weight=None):
+        """Smooth L1 averaged over the non-batch axes; a ``sigma`` array overrides the block's."""
         if sigma is None:
             sigma = F.full(shape=(1,), val=self._sigma)
         loss = smooth_l1(pred - label, sigma, sample_weight)

@@ -43,14 +43,19 @@ def softmax_ce(data, label):
 
     Parameters
     ----------
-    data : float array of shape ``(N, C)`` (integer: ``TypeError``).
-    label : array of shape ``(N,)``, class indices in ``[0, C)``, float or int.  Values
-        outside raise ``ValueError`` (one flag read back from the device in ``'mxnet'`` mode).
+    data : float array, shape ``(N, C)``
+        Scores (integer: ``TypeError``).
+    label : float or int array, shape ``(N,)``
+        Class indices in ``[0, C)``.  Values outside raise ``ValueError`` (one flag read
+        back from the device in ``'mxnet'`` mode).
 
+    Notes
+    -----
     Output: probabilities shaped like ``data``.
 
     Example:
-        >>> import mxnet as mx, ops
+        >>> import mxnet as mx
+        >>> from customop import ops
         >>> ops.softmax_ce(mx.nd.array([[0.0, 0.0]]), mx.nd.array([1])).asnumpy()
         array([[0.5, 0.5]], dtype=float32)
     """
@@ -99,10 +104,12 @@ class SoftmaxCE(mx.gluon.HybridBlock):
     probabilities ``(N, C)``; call ``backward()`` on them (the head gradient is ignored).
 
     Example:
-        >>> import mxnet as mx, ops
+        >>> import mxnet as mx
+        >>> from customop import ops
         >>> ops.SoftmaxCE()(mx.nd.zeros((1, 4)), mx.nd.array([2])).asnumpy()
         array([[0.25, 0.25, 0.25, 0.25]], dtype=float32)
     """
 
     def hybrid_forward(self, F, pred, label):
+        """The softmax probabilities (the layer's output; its gradient is the cross-entropy's)."""
         return softmax_ce(pred, label)

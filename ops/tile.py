@@ -52,13 +52,17 @@ def tile(data, *, reps):
 
     Parameters
     ----------
-    data : array of any shape.
-    reps : int or tuple of ints >= 1 (keyword).
+    data : array, any shape
+    reps : int or tuple of ints >= 1
+        Keyword.
 
+    Notes
+    -----
     Output shape: ``tuple(r * s for r, s in zip(reps, data.shape))`` after the padding.
 
     Example:
-        >>> import mxnet as mx, ops
+        >>> import mxnet as mx
+        >>> from customop import ops
         >>> ops.tile(mx.nd.array([[1, 2]]), reps=(2, 2)).asnumpy()
         array([[1., 2., 1., 2.],
                [1., 2., 1., 2.]], dtype=float32)

@@ -174,6 +174,8 @@ def topk(data, *, k=1, axis=-1, ret_typ="value", is_ascend=False, dtype="float32
     do_sort : bool, default True
         Sort the selection by value (``mx.nd.topk``); ``False`` keeps the original order.
 
+    Notes
+    -----
     Ties: which of several equal elements is selected follows ``mx.nd.topk`` in
     ``'mxnet'`` mode (unspecified: MXNet's CPU sort is not stable, e.g. k=3 of
     ``[1,1,1,1,0.5,1]`` gives indices ``[0,1,2]`` but 5 of forty ones gives
@@ -190,7 +192,8 @@ def topk(data, *, k=1, axis=-1, ret_typ="value", is_ascend=False, dtype="float32
     ``k`` along ``axis`` (``(k,)`` for ``axis=None``); ``mask`` has ``data``'s shape.
 
     Example:
-        >>> import mxnet as mx, ops
+        >>> import mxnet as mx
+        >>> from customop import ops
         >>> a = mx.nd.array([[0.087, 0.648, 0.020, 0.368, 0.833]], dtype='float64')
         >>> ops.topk(a, k=3, do_sort=False).asnumpy().round(3).tolist()
         [[0.648, 0.368, 0.833]]

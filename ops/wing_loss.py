@@ -42,18 +42,24 @@ def wing_loss(pred, target, weight=None, *, w=10.0, epsilon=2.0):
 
     Parameters
     ----------
-    pred : float array of any shape (e.g. ``(N, 2K)`` landmark coordinates); an integer
-        ``pred`` raises ``TypeError``.
-    target : array shaped like ``pred``.
-    weight : optional array broadcastable to ``pred``, multiplying the loss elementwise.
-    w : finite float > 0, default 10, the width of the non-linear part.
-    epsilon : finite float > 0, default 2, its curvature.
+    pred : float array, any shape
+        E.g. ``(N, 2K)`` landmark coordinates; an integer ``pred`` raises ``TypeError``.
+    target : array shaped like ``pred``
+    weight : array broadcastable to ``pred``, optional
+        Multiplies the loss elementwise.
+    w : finite float > 0, default 10
+        The width of the non-linear part.
+    epsilon : finite float > 0, default 2
+        Its curvature.
 
+    Notes
+    -----
     Returns the elementwise loss, shaped like ``pred``.  Call as
     ``wing_loss(pred, target, weight, w=..., epsilon=...)`` (parameters by keyword).
 
     Example:
-        >>> import mxnet as mx, ops
+        >>> import mxnet as mx
+        >>> from customop import ops
         >>> ops.wing_loss(mx.nd.array([1.0, 12.0]), mx.nd.zeros(2), w=10.0, epsilon=2.0)
         <BLANKLINE>
         [ 4.054651 19.917595]
@@ -138,16 +144,21 @@ class WingLoss(mx.gluon.loss.Loss):
 
     Parameters
     ----------
-    w : float > 0, default 10.
-    epsilon : float > 0, default 2.
-    weight : float or None, global scalar weight for the loss.
-    batch_axis : int, default 0, the axis that represents the mini-batch.
+    w : float > 0, default 10
+    epsilon : float > 0, default 2
+    weight : float or None
+        Global scalar weight for the loss.
+    batch_axis : int, default 0
+        The axis that represents the mini-batch.
 
+    Notes
+    -----
     Inputs: ``pred``, ``label`` of one shape, optional ``sample_weight`` (broadcastable).
     Output: loss of shape ``(batch_size,)``.
 
     Example:
-        >>> import mxnet as mx, ops
+        >>> import mxnet as mx
+        >>> from customop import ops
         >>> ops.WingLoss(w=10.0, epsilon=2.0)(mx.nd.array([[1.0, 12.0]]), mx.nd.zeros((1, 2)))
         <BLANKLINE>
         [11.986123]
@@ -160,6 +171,7 @@ class WingLoss(mx.gluon.loss.Loss):
         self._w, self._epsilon = float(w), float(epsilon)
 
     def hybrid_forward(self, F, pred, label, sample_weight=None):
+        """The Wing loss averaged over the non-batch axes, one value per sample."""
         loss = wing_loss(pred, label, sample_weight, w=self._w, epsilon=self._epsilon)
         if self._weight is not None:
             loss = loss * self._weight

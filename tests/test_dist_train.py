@@ -119,7 +119,7 @@ def test_make_dist_demo_runs_as_written():
     recipe = re.search(r"^dist-demo:.*\n((?:\t.*\n)+)", makefile, re.M).group(1)
     command = recipe.replace("\\\n", " ").replace("$(PY)", sys.executable).strip()
     assert "--launcher local" in command and "dist_sync" in command
-    assert "make dist-demo" in (ROOT / "README.md").read_text()
+    assert "make dist-demo" in (ROOT / "docs" / "howto" / "devices_and_workers.md").read_text()
     mark = uuid.uuid4().hex
     proc = subprocess.run(command, shell=True, cwd=ROOT, capture_output=True, text=True,
                           timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT),

@@ -2,6 +2,7 @@
 import base64
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -197,3 +198,40 @@ def test_checkout_gives_one_module_object_for_ops_and_customop_ops():
             """)
         proc = run([sys.executable, "-c", script], cwd=ROOT)
         assert proc.returncode == 0, proc.stderr
+
+
+def _pins(lines):
+    """{(name, version, python marker)} of ``name==version[; marker]`` requirement lines."""
+    out = set()
+    for line in lines:
+        m = re.match(r"^([A-Za-z0-9_.-]+)\s*==\s*([^;\s]+)\s*(?:;(.*))?$", line.strip())
+        if m:
+            marker = re.sub(r"\s*and\s*extra\s*==\s*\S+|extra\s*==\s*\S+", "", m.group(3) or "")
+            marker = marker.replace(" ", "").replace("'", '"').strip("()")
+            out.add((m.group(1).lower().replace("_", "-"), m.group(2), marker))
+    return out
+
+
+def test_notebooks_and_docs_extras_pin_what_the_project_runs(wheel):
+    # The extras a user installs are the versions CI runs: the notebooks extra equals
+    # requirements-dev.txt's pins for those packages (per Python), the docs extra equals
+    # docs/requirements.txt's pins of the five tools.  NumPy stays <1.24 through the core
+    # dependency; none of these pins pulls a newer one (pip check in nox's install session).
+    with zipfile.ZipFile(wheel) as zf:
+        (meta_name,) = [n for n in zf.namelist() if n.endswith(".dist-info/METADATA")]
+        meta = Parser().parsestr(zf.read(meta_name).decode())
+    assert {"notebooks", "docs"} <= set(meta.get_all("Provides-Extra"))
+    requires = meta.get_all("Requires-Dist")
+    notebooks = _pins(r for r in requires if re.search(r"extra\s*==\s*.notebooks", r))
+    docs = _pins(r for r in requires if re.search(r"extra\s*==\s*.docs", r))
+    dev = _pins((ROOT / "requirements-dev.txt").read_text().splitlines())
+    docs_pins = _pins((ROOT / "docs" / "requirements.txt").read_text().splitlines())
+    assert {n for n, _, _ in notebooks} == {"matplotlib", "scikit-learn", "scipy", "nbclient",
+                                           "nbformat", "ipykernel"}
+    assert notebooks <= dev, notebooks - dev
+    assert {n for n, _, _ in docs} == {"sphinx", "myst-parser", "myst-nb", "furo",
+                                      "sphinx-mathjax-offline"}
+    assert docs <= docs_pins, docs - docs_pins
+    shared = {n for n, _, _ in dev} & {n for n, _, _ in docs_pins}
+    # make docs installs docs/requirements.txt into the .venv of requirements-dev.txt
+    assert {(n, v) for n, v, _ in docs_pins if n in shared} <= {(n, v) for n, v, _ in dev}

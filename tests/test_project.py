@@ -1,4 +1,5 @@
-"""Item 9: the skeleton a new user meets: README quick start, demo, packaging, commands."""
+"""Item 9: the skeleton a new user meets: README blocks, demo, packaging, commands."""
+import importlib.util
 import inspect
 import os
 import re
@@ -14,37 +15,58 @@ from customop import CustomOperator
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_readme_quick_start_runs_as_written(tmp_path):
-    readme = (ROOT / "README.md").read_text()
-    block = re.search(r"## Quick start\s+```python\n(.*?)```", readme, re.S).group(1)
-    assert "@customop('numpy')" in block and "loss.backward()" in block
-    script = tmp_path / "quick_start.py"
-    script.write_text(block)
-    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                         timeout=120, cwd=tmp_path)
-    assert out.returncode == 0, out.stderr
-    assert "<customop '__main__.my_softmax' mode='numpy'" in out.stdout
-    assert "(8, 5)" in out.stdout
+def _install_check():
+    spec = importlib.util.spec_from_file_location("install_check",
+                                                  ROOT / ".ci" / "install_check.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
-def test_readme_check_grad_and_command_line_run_as_written(tmp_path):
-    readme = (ROOT / "README.md").read_text()
-    quick = re.search(r"## Quick start\s+```python\n(.*?)```", readme, re.S).group(1)
-    check = re.search(r"## Checking gradients.*?```python\n(.*?)```", readme, re.S).group(1)
-    (tmp_path / "my_module.py").write_text(quick + check)
-    out = subprocess.run([sys.executable, "my_module.py"], capture_output=True, text=True,
-                         timeout=120, cwd=tmp_path)
-    assert out.returncode == 0, out.stderr
-    assert "check_grad '__main__.my_softmax': passed" in out.stdout
-    assert "skipped: integer input, not differentiable" in out.stdout
+def test_every_readme_block_runs_and_prints_what_the_readme_shows(tmp_path):
+    # The same check as CI's install sessions (.ci/install_check.py), here from the checkout.
+    check = _install_check()
+    blocks = check.readme_blocks((ROOT / "README.md").read_text())
+    names = [b.name for b in blocks]
+    assert names[:2] == ["Quick start #1", "Several ops in one hybridized graph #1"], names
+    assert sum(b.fragment for b in blocks) <= check.MAX_FRAGMENTS
+    quick = blocks[0]
+    assert "@customop('numpy')" in quick.code and "loss.backward()" in quick.code
+    assert "<customop '__main__.my_softmax' mode='numpy'" in quick.prints
+    for block in blocks:
+        if block.fragment:
+            continue
+        script = tmp_path / "block.py"
+        script.write_text(block.code)
+        out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                             timeout=120, cwd=tmp_path)
+        assert out.returncode == 0, (block.name, out.stderr)
+        assert block.prints is not None, f"{block.name}: show what it prints"
+        assert out.stdout.strip() == block.prints.strip(), (block.name, out.stdout)
 
-    command = re.search(r"```sh\n(\.venv/bin/python -m customop\.check .*?)\n```", readme,
-                        re.S).group(1)
+
+def test_readme_fragment_marker_is_read(tmp_path):
+    check = _install_check()
+    text = ("# t\n\n## A\n\n<!-- fragment -->\n\n```python\nundefined_name\n```\n\n"
+            "## B\n\n```python\nprint(1)\n```\n\nIt prints:\n\n```text\n1\n```\n")
+    blocks = check.readme_blocks(text)
+    assert [(b.name, b.fragment, b.prints) for b in blocks] == [
+        ("A #1", True, None), ("B #1", False, "1\n")]
+
+
+def test_check_command_of_the_docs_runs_as_written(tmp_path):
+    # docs/howto/check_loss_gradient.md's command line, on the README's quick-start op.
+    check = _install_check()
+    quick = check.readme_blocks((ROOT / "README.md").read_text())[0].code
+    (tmp_path / "my_module.py").write_text(quick)
+    page = (ROOT / "docs" / "howto" / "check_loss_gradient.md").read_text()
+    command = re.search(r"```sh\n(python -m customop\.check .*?)\n```", page, re.S).group(1)
     argv = re.sub(r"\[.*?\]", "", command.replace("\\\n", " ")).split()[1:]
     out = subprocess.run([sys.executable, *argv], capture_output=True, text=True, timeout=120,
                          cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert out.returncode == 0, out.stdout + out.stderr
     assert "check_grad 'my_module.my_softmax': passed" in out.stdout
+    assert "skipped: integer input, not differentiable" in out.stdout
 
 
 def test_demo_loss_goes_down():
@@ -98,24 +120,6 @@ def test_benchmark_runs_and_checks_its_variants():
     assert {"native", "handwritten", "ag.Function", "hips", "mx/default", "mx/direct",
             "mx/function", "mx/custom", "mx/nd.Custom", "np/default", "np/custom"} <= variants
     assert "allocator: MALLOC_MMAP_THRESHOLD_" in proc.stdout and "Targets:" in proc.stdout
-
-
-def test_readme_state_and_twin_examples_run_as_written(tmp_path):
-    readme = (ROOT / "README.md").read_text()
-    quick = re.search(r"## Quick start\s+```python\n(.*?)```", readme, re.S).group(1)
-    section = readme[readme.index("## State, generators"):readme.index("## Checking gradients")]
-    blocks = re.findall(r"```python\n(.*?)```", section, re.S)
-    assert len(blocks) == 2
-    script = tmp_path / "state.py"
-    script.write_text(quick + "\n".join(blocks) + (
-        "\nassert count.asscalar() == 1, count\n"
-        "assert s.list_auxiliary_states() == ['cnt_count']\n"
-        "assert scaled_square.numpy(mx.nd.array([2.0]), scale=3.0).asscalar() == 12\n"
-        "print('ok')\n"))
-    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                         timeout=120, cwd=tmp_path)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.strip().endswith("ok")
 
 
 @pytest.mark.parametrize("script, args, expect", [

@@ -1,7 +1,7 @@
 """``python -m customop.check MODULE:NAME --shape ...``: a gradient check on random inputs.
 
 Exit status: 0 when every comparison passes, 1 when one fails, 2 for a usage
-error (one line on stderr).
+error (one line on stderr).  ``python -m customop.check --help`` lists every option.
 """
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from typing import Any
 import mxnet as mx
 import numpy as np
 
+from .. import errors
 from ..operator import CustomOperator
 from .grad import check_grad
 
@@ -39,10 +40,7 @@ def _shape(text: str) -> tuple[int, ...]:
 
 
 def _literal(text: str) -> Any:
-    try:
-        return ast.literal_eval(text)
-    except (ValueError, SyntaxError):
-        return text
+    return ast.literal_eval(text) if _is_literal(text) else text
 
 
 def _load(spec: str) -> Any:
@@ -54,28 +52,87 @@ def _load(spec: str) -> Any:
     return functools.reduce(getattr, attr.split("."), importlib.import_module(module))
 
 
+EXIT_CODES = """exit status:
+  0  every comparison passed (the report is printed)
+  1  a comparison failed (the report's table is printed)
+  2  usage error: a bad option, a missing or unknown input, a malformed --param
+     (one line on stderr, naming what is wrong)"""
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m customop.check",
-        description="Check an operator's gradients on random inputs (see customop.check).")
+        description="Check an operator's gradients on random inputs: the imperative "
+                    "(mx.autograd) and symbolic (bound executor) gradients against float64 "
+                    "central differences (see customop.check_grad).",
+        epilog=EXIT_CODES + "\n\nexample:\n  python -m customop.check my_ops:my_softmax "
+               "--shape x=8,5 --shape y=8 --dtype y=int32 --int-high y=5",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("target", help="MODULE:NAME of a customop, an mx.sym.Symbol or a "
-                   "function building one (e.g. mxnet.symbol:smooth_l1)")
+                   "function building one (e.g. mxnet.symbol:smooth_l1); MODULE is imported "
+                   "with the current directory on sys.path")
     p.add_argument("--shape", action="append", metavar="NAME=D1,D2",
-                   help="shape of an input (empty for a scalar); one flag per input, in order")
+                   help="shape of an input (empty for a scalar); one flag per input, in order; "
+                   "an optional input (optional=) without a --shape is left out")
     p.add_argument("--dtype", action="append", metavar="NAME=DTYPE",
-                   help="dtype of an input (default float32)")
+                   help="dtype of an input (default float32); integer inputs are not checked")
     p.add_argument("--int-high", action="append", metavar="NAME=N",
                    help="integer inputs are uniform in [0, N) (default 2)")
     p.add_argument("--param", action="append", metavar="KEY=VALUE",
-                   help="operator parameter, a Python literal (else a string)")
-    p.add_argument("--wrt", action="append", metavar="NAME", help="check only these inputs")
+                   help="operator parameter, a Python literal (0.25, 'a', (1, 2), True); a "
+                   "bare word is a string, accepted only where the parameter's default is one")
+    p.add_argument("--wrt", action="append", metavar="NAME",
+                   help="check only these inputs (default: every float input not declared "
+                   "no_grad)")
     p.add_argument("--output-layer", action="store_true", default=None,
-                   help="check with ones heads (default for need_top_grad=False ops)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--num-heads", type=int, default=3)
-    for name in ("eps", "rtol", "atol"):
-        p.add_argument(f"--{name}", type=float, default=None)
+                   help="check with ones heads, the gradient of sum(outputs) (default for "
+                   "need_top_grad=False ops)")
+    p.add_argument("--seed", type=int, default=0, metavar="N",
+                   help="seed of the random inputs and head gradients (default 0)")
+    p.add_argument("--num-heads", type=int, default=3, metavar="N",
+                   help="random head-gradient draws compared (default 3)")
+    p.add_argument("--eps", type=float, default=None, metavar="H",
+                   help="finite-difference step (default by dtype: float16 1e-3, float32 1e-4, "
+                   "float64 1e-6)")
+    p.add_argument("--rtol", type=float, default=None, metavar="R",
+                   help="relative tolerance (default by dtype: 1e-2, 1e-3, 1e-5)")
+    p.add_argument("--atol", type=float, default=None, metavar="A",
+                   help="absolute tolerance (default by dtype: 1e-2, 1e-5, 1e-8); an error "
+                   "passes when |got - want| <= atol + rtol * |want|")
     return p
+
+
+def _check_param_types(op: CustomOperator, raw: dict[str, str], params: dict[str, Any]) -> None:
+    # A value of another kind than the parameter's default (alpha=abc, where alpha defaults
+    # to 0.25) is a typo on the command line: refused here, in one line, instead of as a
+    # traceback from inside the forward.
+    for key, value in params.items():
+        default = op.signature.defaults.get(key)
+        if not _same_kind(value, default):
+            what = "" if _is_literal(raw[key]) else " (not a Python literal, so a string)"
+            raise ValueError(f"--param {key}={raw[key]}: parameter {key!r} of "
+                             f"{errors.shown(op.op_type)!r} takes a {type(default).__name__} "
+                             f"(default {default!r}), got {value!r}{what}")
+
+
+def _same_kind(value: Any, default: Any) -> bool:
+    if default is None or isinstance(default, str):
+        return True  # no default to go by; strings name choices the op checks itself
+    if isinstance(default, bool) or isinstance(value, bool):
+        return isinstance(value, bool) and isinstance(default, bool)
+    if isinstance(default, (int, float)):
+        return isinstance(value, (int, float))
+    if isinstance(default, (tuple, list)):
+        return isinstance(value, (tuple, list))
+    return True
+
+
+def _is_literal(text: str) -> bool:
+    try:
+        ast.literal_eval(text)
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+        return False
+    return True
 
 
 def _random_inputs(names, shapes, dtypes, highs, seed) -> list[np.ndarray]:
@@ -93,17 +150,18 @@ def _random_inputs(names, shapes, dtypes, highs, seed) -> list[np.ndarray]:
 def _cli_names(obj: Any, shapes: dict[str, Any]) -> list[str]:
     if isinstance(obj, CustomOperator):
         names = list(obj.signature.inputs)
+        optional = set(obj.signature.optional)
     elif isinstance(obj, mx.sym.Symbol):
-        names = obj.list_arguments()
+        names, optional = obj.list_arguments(), set()
     else:
         return list(shapes)  # a symbol function: the --shape flags, in order
-    missing = [n for n in names if n not in shapes]
+    missing = [n for n in names if n not in shapes and n not in optional]
     extra = [n for n in shapes if n not in names]
     if missing or extra:
         raise ValueError(f"the inputs are {', '.join(names)}; give exactly one --shape each"
                          + (f" (missing: {', '.join(missing)})" if missing else "")
                          + (f" (unknown: {', '.join(extra)})" if extra else ""))
-    return names
+    return [n for n in names if n in shapes]  # optional inputs without a --shape: left out
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -120,10 +178,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         shapes = _pairs(args.shape, "--shape", _shape)
         dtypes = _pairs(args.dtype, "--dtype", lambda s: np.dtype(s).name)
         highs = _pairs(args.int_high, "--int-high", int)
-        params = _pairs(args.param, "--param", _literal)
+        raw = _pairs(args.param, "--param", str)
+        params = {key: _literal(value) for key, value in raw.items()}
         names = _cli_names(obj, shapes)
         if isinstance(obj, CustomOperator):
             obj.signature.check_params(params)  # an unknown --param is a usage error
+            _check_param_types(obj, raw, params)
+            obj = obj.variant(names)  # the op registered for the inputs given
     except (ValueError, TypeError, ImportError, AttributeError) as exc:
         # one line, as for argparse's own errors but without the usage block
         print(f"{parser.prog}: error: {str(exc).splitlines()[0]}", file=sys.stderr)

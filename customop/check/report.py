@@ -47,10 +47,12 @@ class GradRow:
 
     @property
     def passed(self) -> bool:
+        """Whether this comparison is within tolerance (a skipped input passes)."""
         return self.status != "FAIL"
 
     @property
     def skipped(self) -> bool:
+        """Whether the input was not checked (integer, declared no_grad, not in argnums)."""
         return self.status.startswith("skipped")
 
 
@@ -65,6 +67,7 @@ class GradReport:
 
     @property
     def passed(self) -> bool:
+        """Whether every comparison of every input passed."""
         return all(row.passed for row in self.rows)
 
     def row(self, input: str, comparison: str = "") -> GradRow:

@@ -33,6 +33,8 @@ import traceback
 import uuid
 from collections.abc import Sequence
 
+__all__ = ["main", "run_local", "exit_on_error"]
+
 LOOPBACK = "127.0.0.1"
 TAG = "CUSTOMOP_LAUNCH_JOB"  # set in every process of a job: tests find leftovers by it
 _SERVE = [sys.executable, "-c", "import mxnet"]  # scheduler/server: importing mxnet serves
@@ -215,6 +217,11 @@ def exit_on_error() -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """The command line, ``python -m customop.distributed.launch -n N [-s S] COMMAND ...``.
+
+    Returns the job's exit status: 0 when every worker exited 0, 1 when one failed (the
+    job is ended and the worker named), 2 for a usage error.
+    """
     parser = argparse.ArgumentParser(
         prog="python -m customop.distributed.launch",
         description="Start a distributed MXNet job (scheduler, servers, workers); fail fast.")

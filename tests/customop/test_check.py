@@ -2,6 +2,8 @@
 
 Every gradient below is written from its formula; check_grad is what is under test.
 """
+import argparse
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -299,9 +301,56 @@ def test_automatic_gradients_pass_the_checker_from_the_package_root():
 
 
 def test_cli_unknown_param_exits_2_with_one_line():
-    # The README promises exit 2 on a usage error; an operator parameter that does not exist
+    # The CLI promises exit 2 on a usage error (--help); an operator parameter that does not exist
     # is one: one line naming it, no traceback.
     proc = run_cli("tests.customop.checkme_ops:leaky", "--shape", "x=3", "--param", "nosuch=1")
     assert proc.returncode == 2, proc.stdout + proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "nosuch" in lines[0], proc.stderr
+
+
+def test_cli_help_documents_every_option_and_the_exit_codes():
+    from customop.check.cli import _parser
+
+    parser = _parser()
+    for action in parser._actions:
+        assert action.help and action.help != argparse.SUPPRESS, action.option_strings
+    text = parser.format_help()
+    assert "exit status:" in text
+    for code, meaning in (("0", "passed"), ("1", "failed"), ("2", "usage error")):
+        assert re.search(rf"^\s+{code}\s+.*{meaning}", text, re.M), code
+    for option in ("--seed", "--num-heads", "--eps", "--rtol", "--atol"):
+        assert option in text
+
+
+def test_cli_leaves_out_optional_inputs_without_a_shape(capsys):
+    from customop import ops
+
+    # smooth_l1(data, sigma, weight=None): weight left out; a wrong sigma shape still fails
+    assert main(["customop.ops:smooth_l1", "--shape", "data=4", "--shape", "sigma=1"]) == 0
+    out = capsys.readouterr().out
+    assert "passed" in out and "weight" not in out.split("\n", 1)[1]
+    assert main(["customop.ops:focal_loss", "--shape", "pred=2,3,2", "--shape", "label=2,3",
+                 "--dtype", "label=int32", "--int-high", "label=3", "--wrt", "pred",
+                 "--param", "gamma=1"]) == 0
+    assert "passed" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as info:  # a required input still needs its --shape
+        main(["customop.ops:smooth_l1", "--shape", "data=4"])
+    assert info.value.code == 2 and "missing: sigma" in capsys.readouterr().err
+    assert ops.smooth_l1.signature.optional == ["weight"]
+
+
+def test_cli_malformed_param_exits_2_with_one_line_naming_the_parameter(capsys):
+    proc = run_cli("tests.customop.checkme_ops:leaky", "--shape", "x=3", "--param", "alpha=abc")
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    lines = [line for line in proc.stderr.strip().splitlines() if "MKLDNN" not in line]
+    assert len(lines) == 1 and "alpha" in lines[0] and "float" in lines[0], proc.stderr
+    for param in ("alpha", "=0.5", "alpha=True", "alpha=(1, 2)"):
+        with pytest.raises(SystemExit) as info:
+            main(["tests.customop.checkme_ops:leaky", "--shape", "x=3", "--param", param])
+        assert info.value.code == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and "--param" in err, err
+    # a bare word is a string where the default is one
+    assert main(["tests.customop.checkme_ops:leaky", "--shape", "x=3", "--param",
+                 "kind=leaky"]) == 0

@@ -262,7 +262,7 @@ def test_handwritten_ops_among_themselves_stay_mxnets_and_the_error_names_the_op
     failed, workaround = out.stdout.strip().splitlines()[-2:]
     assert workaround == "workaround: [[5.0, 6.0, 7.0], [8.0, 9.0, 10.0]]"  # x + 5
     last = failed
-    # MXNet's own bug between two hand-written ops (README, "Several ops in one graph"):
+    # MXNet's own bug between two hand-written ops (docs/troubleshooting.md, "unknown storage"):
     # it stays, but the one exception names the op and no traceback is dumped
     assert last.startswith("failed: MXNetError"), out.stdout
     assert "HalfSquare" in last and "backward" in last, last

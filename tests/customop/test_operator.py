@@ -471,3 +471,40 @@ def test_need_top_grad_false_ignores_the_head_gradient(how):
     np.testing.assert_allclose(outs[0], 0.5 * ((pred - target) ** 2).sum(axis=1), rtol=1e-6)
     np.testing.assert_allclose(gp, pred - target, rtol=1e-6)
     assert opdefs.l2_loss.need_top_grad is False
+
+
+def test_help_shows_the_forwards_signature_and_docstring_not_a_repr():
+    import inspect
+    import pydoc
+
+    from customop import ops
+
+    text = pydoc.render_doc(ops.focal_loss, renderer=pydoc.plaintext)
+    sig = "focal_loss(pred, label, normalizer=None, *, alpha=0.25, gamma=2.0"
+    assert sig in text and "<customop" not in text
+    assert "Sigmoid focal loss" in text
+    assert inspect.isroutine(ops.focal_loss) and inspect.isroutine(ops.focal_loss.numpy)
+    assert str(inspect.signature(ops.tile)) == "(data, *, reps)"
+
+    class Holder:  # an op kept on a class stays the op, as a staticmethod would
+        op = ops.tile
+    assert Holder.op is ops.tile and Holder().op is ops.tile
+
+
+def test_every_public_method_has_its_own_docstring():
+    # pydoc falls back to the comment above a method without a docstring (it showed
+    # "# ---- pieces shared by every dispatch path ----" for CustomOperator.error).
+
+    from customop.ops import CenterLoss, FocalLoss, SmoothL1Loss, SoftmaxCE, WingLoss
+
+    from customop.check import GradReport, GradRow, Tolerance
+    from customop.distributed.auxsync import AuxSync
+
+    for cls in (CustomOperator, GradReport, GradRow, Tolerance, AuxSync, CenterLoss, FocalLoss,
+                SmoothL1Loss, SoftmaxCE, WingLoss):
+        for name, member in vars(cls).items():
+            if name.startswith("_") and name != "__call__":
+                continue
+            member = member.fget if isinstance(member, property) else member
+            if callable(member):
+                assert (member.__doc__ or "").strip(), f"{cls.__name__}.{name}"

@@ -332,11 +332,11 @@ def test_two_threads_failing_in_their_own_executors_each_read_their_own_error():
     def fails(x):
         raise exc_type('bad')""", start="""
     # One bind at a time: two threads binding graphs that hold a CustomOp at once corrupt
-    # MXNet's heap now and then, hand-written ops alike (README, Threads).
+    # MXNet's heap now and then, hand-written ops alike (docs/design.md, Threads).
     with bind_lock:
         ex = op(mx.sym.var('x')).bind(mx.cpu(), {'x': mx.nd.ones((3,))})""", call="""
             ex.forward()
             ex.outputs[0].asnumpy()"""), timeout=120)
     # Never the other thread's exception.  (A read that MXNet's engine lets through after a
-    # failed forward of a bound executor is MXNet's: measured 11 of 120 here, see README.)
+    # failed forward of a bound executor is MXNet's: measured 11 of 120 here, docs/design.md.)
     assert rc == 0 and "wrong 0 silent" in out, out[-3000:]

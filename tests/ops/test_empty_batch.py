@@ -3,7 +3,7 @@
 Each op either runs (an empty output of the right shape) or raises a ValueError naming the op
 and the input.  Where MXNet fails before any operator runs (a bound graph, a hybridized block
 that already ran a batch), the test runs a native op in the same place beside ours and asks for
-the same failure: that one is MXNet's, and the README says so.
+the same failure: that one is MXNet's, and docs/troubleshooting.md says so.
 """
 import contextlib
 

@@ -1,35 +1,39 @@
-"""The README's GluonCV table (issue 19): its examples run, and where GluonCV is wrong we match
-float64 references written from the formulas (no GluonCV in the tests)."""
-import re
-from pathlib import Path
+"""The GluonCV table of docs/operators.md (issue 19): its examples run, and where GluonCV is
+wrong we match float64 references written from the formulas (no GluonCV in the tests)."""
+import doctest
+import math
 
 import mxnet as mx
 import numpy as np
 import pytest
 
 import ops
+from tests.docs_pages import DOCS, FLAGS, blocks
 from tests.ops.detection import every_path
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def _bridge_block():
-    readme = (ROOT / "README.md").read_text()
-    section = readme.split("### From GluonCV", 1)[1].split("\n## ", 1)[0]
+    page = DOCS / "operators.md"
+    section = page.read_text().split("## From GluonCV", 1)[1].split("\n## ", 1)[0]
     table = [line for line in section.splitlines() if line.startswith("|")][2:]  # no header
-    blocks = re.findall(r"```python\n(.*?)```", section, re.S)
-    assert len(blocks) == 1
-    return table, blocks[0]
+    examples = [text for kind, text, _ in blocks(page) if kind == "doctest"
+                and "From GluonCV" in page.read_text().split(text, 1)[0].rsplit("\n## ", 1)[-1]]
+    assert len(examples) == 1
+    return table, examples[0]
 
 
-def test_readme_gluoncv_examples_run_as_written():
+def test_docs_gluoncv_examples_run_as_written():
     table, block = _bridge_block()
     # one example per row of the table: the knobs each row names appear in the block
     for knob in ("legacy_box=True", "1 / math.sqrt(rho)", "gluoncv_label + 1", "stds",
                  "clip=-1"):
         assert knob in block, knob
     assert len(table) == 5
-    exec(compile(block, "README.md (From GluonCV)", "exec"), {})
+    test = doctest.DocTestParser().get_doctest(
+        block, {"math": math, "mx": mx, "np": np, "ops": ops}, "operators.md (From GluonCV)",
+        None, 0)
+    result = doctest.DocTestRunner(optionflags=FLAGS).run(test)
+    assert result.attempted > 10 and result.failed == 0
 
 
 def iou_plus_one(a, b):

@@ -106,7 +106,7 @@ np.save({str(tmp_path / 'out.npy')!r}, net(x, boxes).asnumpy())
 
 def test_a_graph_saved_with_the_retired_topk_both_op_type_is_named_and_migrates(tmp_path):
     # Until issue 19 closed, ret_typ='both' was its own op type, 'ops.topk.both'. It is retired
-    # (README, "Retired op types"): loading names it; renaming it (as the README says) restores
+    # (docs/operators.md, "Retired op types"): loading names it; renaming it (as it says) restores
     # the graph, because its nodes store ret_typ='both'.
     class Net(mx.gluon.HybridBlock):
         def hybrid_forward(self, F, x):
