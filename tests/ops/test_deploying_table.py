@@ -1,11 +1,10 @@
-"""docs/deploying.md tells the truth: its per-op table, and its examples run as written.
+"""docs/deploying.md tells the truth: its per-op table (its examples run in test_docs_site).
 
 Each row's "training graphs" and "deploy export" columns are what ``customop.explain``
 finds for that op (inputs and parameters in tests/deploy/models.py), and its ONNX column
 is whether MXNet 1.9.1's converter (``customop.to_onnx``) takes the exported graph.  The
 deploy nox session runs the "yes" rows in ONNX Runtime.
 """
-import doctest
 import re
 import warnings
 from pathlib import Path
@@ -59,16 +58,3 @@ def test_each_row_is_what_explain_and_the_converter_find(row, tmp_path):
             converted = "no"
     assert converted == onnx
 
-
-def test_the_page_examples_run_as_written():
-    text = PAGE.read_text()
-    blocks = re.findall(r"```\{doctest\}\n(.*?)```", text, re.S)
-    assert len(blocks) >= 3
-    parser, runner = doctest.DocTestParser(), doctest.DocTestRunner(
-        optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
-    globs: dict = {}
-    for i, block in enumerate(blocks):
-        test = parser.get_doctest(block, globs, f"deploying.md block {i}", str(PAGE), 0)
-        runner.run(test, clear_globs=False)
-        globs.update(test.globs)  # one namespace per page, as Sphinx runs it
-    assert runner.summarize(verbose=False).failed == 0
