@@ -70,17 +70,9 @@ def register(op_type: str, lookup: Callable[[str], CustomOperator]) -> None:
                 self.bad_params = exc
             self.shapes: tuple | None = None
 
-        @property
-        def _ref_holder(self) -> Any:
-            return self._mxnet_refs
-
-        @_ref_holder.setter
-        def _ref_holder(self, refs: Any) -> None:
-            # MXNet keeps this prop's callback table here, right after creating it and before
-            # it asks for the node's backward dependencies (see ``deps`` in customop.runtime).
-            self._mxnet_refs = refs
-            runtime.adopt_prop(refs, self.n_out, len(self.op.signature.inputs),
-                               self.op.need_top_grad)
+        # before MXNet asks for the node's backward dependencies (``deps`` in customop.runtime)
+        _ref_holder = _adopting(lambda self, refs: runtime.adopt_prop(
+            refs, self.n_out, len(self.op.signature.inputs), self.op.need_top_grad))
 
         def list_arguments(self) -> list[str]:
             if self.bad_params is not None:
@@ -172,6 +164,18 @@ def register(op_type: str, lookup: Callable[[str], CustomOperator]) -> None:
     mx.operator.register(op_type)(Prop)
 
 
+def _adopting(adopt: Callable[[Any, Any], None]) -> property:
+    """``_ref_holder``, where MXNet keeps the callback table it built for a prop or operator,
+    right after creating it: ``adopt(obj, refs)`` then points slots of that table at ours."""
+    def get(self: Any) -> Any:
+        return self._mxnet_refs
+
+    def put(self: Any, refs: Any) -> None:
+        self._mxnet_refs = refs
+        adopt(self, refs)
+    return property(get, put)
+
+
 def _data_ptr(arr: mx.nd.NDArray) -> int:
     ptr = ctypes.c_void_p()
     check_call(_LIB.MXNDArrayGetData(arr.handle, ctypes.byref(ptr)))
@@ -197,28 +201,17 @@ class _Op(mx.operator.CustomOp):
         super().__init__()
         self.op, self.params, self.scalar = op, params, scalar
         self.call, self.reader, self.ctx = call, reader, ctx
-        n_out, n_in = len(scalar), len(op.signature.inputs)
         # MXNet's numbers of the arrays its backward reads, and how many arrays are numbered
-        self.dependencies = (frozenset(runtime.backward_dependencies(n_out, n_in,
-                                                                      op.need_top_grad)),
-                             2 * n_out + n_in)
+        self.dependencies = runtime.dependency_set(len(scalar), len(op.signature.inputs),
+                                                   op.need_top_grad)
         self.saved: tuple | None = None
         # The last training forward's residuals, until its backward: MXNet runs the two as
         # separate callbacks of this one object (one per bound node, or per mx.nd.Custom call).
         self.residuals: dict[str, Any] | None = None
 
-    @property
-    def _ref_holder(self) -> Any:
-        return self._mxnet_refs
-
-    @_ref_holder.setter
-    def _ref_holder(self, refs: Any) -> None:
-        # MXNet keeps its callbacks for this instance alive here, right after creating it:
-        # the moment to have what it holds freed when MXNet deletes it (see ``release`` in
-        # customop.runtime); MXNet's callbacks and this object otherwise wait for gc. The same
-        # table's backward slot then reads this node's own dependencies (``deps``).
-        self._mxnet_refs = refs
-        runtime.adopt_operator(self, refs)
+    # what it holds is freed when MXNet deletes it (``release`` in customop.runtime; else it
+    # waits for gc), and its backward reads this node's own dependencies (``deps``)
+    _ref_holder = _adopting(runtime.adopt_operator)
 
     def release(self) -> None:
         """MXNet deleted this operator: drop the residuals and host copies it kept."""

@@ -496,6 +496,12 @@ def backward_dependencies(n_out: int, n_in: int, need_top_grad: bool) -> list[in
     return [*(range(n_out) if need_top_grad else ()), *range(n_out, 2 * n_out + n_in)]
 
 
+@functools.lru_cache(maxsize=None)
+def dependency_set(n_out: int, n_in: int, need_top_grad: bool) -> tuple[frozenset, int]:
+    """:func:`backward_dependencies` as a set, and how many arrays MXNet numbers."""
+    return frozenset(backward_dependencies(n_out, n_in, need_top_grad)), 2 * n_out + n_in
+
+
 def _declare(out_grad, in_data, out_data, num_dep, deps, context):
     # Our prop's dependencies, without writing MXNet's process-wide _registry.result_deps.
     try:
