@@ -62,6 +62,7 @@ class NativeGraph:
     heads: list[tuple]
     constants: dict[str, np.ndarray] = field(default_factory=dict)
     specialized: str = ""  # why the graph holds only at this signature ("" when it does not)
+    checks: int = 0  # customop.require conditions carried as NaN poisoning
     dtype_generic: bool = True
 
     def operators(self) -> list[str]:
@@ -210,6 +211,7 @@ class _Tracer:
                              "(detach(), or new arrays from values it read); the graph would "
                              "hold them as constants")
         graph = self.fragment(rec1, shapes)
+        graph.checks = rec1.checks
         if not _close(evaluate(graph, second), rec2.outputs):
             raise _NotNative("its recorded graph does not give its outputs on other input "
                              "values")
@@ -226,9 +228,15 @@ class _Tracer:
             if reason:
                 raise _NotNative(f"it calls customop {errors.shown(inner.op_type)!r}, which "
                                  f"cannot be inlined: {reason}")
+        if rec.asked:
+            raise _NotNative(f"it asks customop.is_tracing() (at {rec.asked[0]}), so it may "
+                             f"skip a check while traced; write value checks with "
+                             f"customop.require, which makes the outputs NaN in a native "
+                             f"graph, and drop the is_tracing() test")
         if rec.reads:
             raise _NotNative(f"it reads values back to Python (asnumpy, asscalar, bool) at "
-                             f"{rec.reads[0]}; a graph would keep what it read once")
+                             f"{rec.reads[0]}; a graph would keep what it read once (a value "
+                             f"check: write it with customop.require)")
         if rec.randoms:
             raise _NotNative(f"it calls random operators ({', '.join(rec.randoms)})")
         stateful = sorted({n["op"] for n in rec.nodes if n["op"] in STATEFUL})

@@ -23,7 +23,7 @@ import mxnet as mx
 import numpy as np
 from mxnet.base import _LIB, check_call, py_str
 
-from . import kernel, runtime
+from . import checks, kernel, runtime
 
 if TYPE_CHECKING:
     from .operator import CustomOperator
@@ -40,17 +40,21 @@ _op_names: dict[int, list[str]] = {}
 def is_tracing() -> bool:
     """Whether customop is recording this thread's forward into a native graph right now.
 
-    A forward may skip checks that read values back to Python (labels in
-    range, a positive scale) while traced: a graph of MXNet operators cannot
-    raise on values, and a read-back keeps the op a ``Custom`` node (see
-    :func:`customop.explain`).
+    Not a way to skip checks: write value checks with :func:`customop.require`,
+    which raises where the forward runs in Python and makes the outputs NaN in
+    a native graph.  A forward that asks ``is_tracing()`` while it is traced
+    keeps its ``Custom`` node (it may skip a check there; :func:`customop.explain`
+    says so), so code written to the old advice keeps its checks.
 
     Example:
         >>> import customop
         >>> customop.is_tracing()
         False
     """
-    return runtime.tracing_now() is not None
+    log = runtime.tracing_now()
+    if log is not None:
+        log.asked.append(_caller())
+    return log is not None
 
 
 def op_names(handle: int) -> list[str]:
@@ -88,6 +92,8 @@ class Recording:
     paused: set[int] = field(default_factory=set)  # nodes computed inside mx.autograd.pause()
     inner: list[Any] = field(default_factory=list)  # decorated ops the forward called
     unknown_free: list[str] = field(default_factory=list)  # free variables without a value
+    asked: list[str] = field(default_factory=list)  # where the forward called is_tracing()
+    checks: int = 0  # customop.require conditions the graph carries (as NaN poisoning)
 
 
 class _Log:
@@ -99,6 +105,7 @@ class _Log:
         self.copies: list[mx.nd.NDArray] = []  # outputs of _copyto: astype() or a device copy
         self.randoms: list[str] = []
         self.reads: list[str] = []
+        self.asked: list[str] = []  # where the forward called is_tracing() (while traced)
         self.regions: list[tuple[int, int]] = []  # node numbers recorded inside pause()
         self.inner: list[Any] = []  # decorated ops the forward called (dispatch reports them)
         self._depth = 0
@@ -166,8 +173,11 @@ def record(op: CustomOperator, values: list[np.ndarray], params: dict[str, Any],
         x.attach_grad()
     log = _Log()
     log.inputs = {mx.autograd.get_symbol(x).name for x in xs}
-    with runtime.tracing(log), mx.autograd.record(train_mode=False):
+    with runtime.tracing(log), mx.autograd.record(train_mode=False), \
+            checks.collecting() as conditions:
         outs = kernel.run_forward(op, list(xs), dict(params), where="trace")
+        # its require() checks become part of the graph: NaN outputs where they fail
+        outs = checks.poisoned(outs, conditions)
     names = [mx.autograd.get_symbol(x).name for x in xs]
     symbols: list[Any] = []
     for o in outs:
@@ -208,6 +218,7 @@ def record(op: CustomOperator, values: list[np.ndarray], params: dict[str, Any],
     return Recording(nodes=nodes, inputs=inputs, free=free, heads=heads,
                      outputs=[o.asnumpy() for o in outs], reads=log.reads,
                      randoms=sorted(set(log.randoms)), unknown_free=unknown,
+                     asked=list(log.asked), checks=len(conditions),
                      inner=list(dict.fromkeys(log.inner)),
                      paused={i for i, n in enumerate(nodes) if any(
                          lo < _number(n["name"]) < hi for lo, hi in log.regions)})

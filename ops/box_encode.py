@@ -27,6 +27,9 @@ def _check(samples, matches, anchors, refs, means, stds, legacy_box):
     _checks.boolean("box_encode", "legacy_box", legacy_box)
 
 
+_MATCHES = "of positive samples must be integers in [0, M={m})"
+
+
 def _infer_shape(samples, matches, anchors, refs, means, stds, **_):
     return [anchors, anchors]
 
@@ -80,6 +83,11 @@ def box_encode(samples, matches, anchors, refs, means, stds, *, legacy_box=False
         [[[0.5, 0.0, 0.6931, 0.0]]]
     """
     _check(samples, matches, anchors, refs, means, stds, legacy_box)
+    m = refs.shape[1]
+    _checks.require((samples <= 0.5) + (matches >= 0) * (matches < m)
+                    * (matches == mx.nd.round(matches)), "matches", _MATCHES.format(m=m))
+    # MXNet's kernel reads refs[matches] without a bound check: never hand it one outside
+    matches = mx.nd.clip(matches, 0, m - 1)
     if not legacy_box:  # MXNet's kernel, for bit-equal outputs; gradients: _encode_grad
         return tuple(mx.nd.contrib.box_encode(samples, matches, anchors, refs, means, stds))
     return _encode_nd(samples, matches, anchors, refs, means, stds, 1)
@@ -130,8 +138,7 @@ def _box_encode_numpy(samples, matches, anchors, refs, means, stds, *, legacy_bo
     valid = getval(samples) > 0.5
     index = getval(matches)
     if np.any(valid & ((index < 0) | (index >= refs.shape[1]) | (index != np.round(index)))):
-        raise _checks.fail("box_encode", "matches", f"of positive samples must be integers in "
-                           f"[0, M={refs.shape[1]})")
+        raise _checks.fail("box_encode", "matches", _MATCHES.format(m=refs.shape[1]))
     index = np.clip(index, 0, refs.shape[1] - 1).astype(np.int64)
     ref = refs[np.arange(refs.shape[0])[:, None], index]
     rx, ry, rw, rh = to_center(ref[..., 0], ref[..., 1], ref[..., 2], ref[..., 3], one)
