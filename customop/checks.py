@@ -148,12 +148,13 @@ def flag(conditions: Sequence[Condition]) -> Any:
         return None
     parts = []
     for c in conditions:
-        ok = (c.ok.reshape((-1,)) != 0).astype("float32")
-        parts.append(mx.nd.min(ok).reshape((1,)))
+        # any element 0: failed (written with operators MXNet's ONNX converter knows)
+        failed = mx.nd.max(c.ok.reshape((-1,)) == 0).reshape((1,)).astype("float32")
+        parts.append(failed)
     out = parts[0]
     for p in parts[1:]:
-        out = mx.nd.minimum(out, p)
-    return mx.nd.BlockGrad(out)
+        out = mx.nd.maximum(out, p)
+    return mx.nd.BlockGrad(1 - out)
 
 
 def poisoned(outputs: Sequence[Any], conditions: Sequence[Condition]) -> list[Any]:

@@ -13,6 +13,7 @@ CachedOp's inputs.  Graphs without such a node are left alone.
 from __future__ import annotations
 
 import copy
+import json
 import sys
 import threading
 import warnings
@@ -136,68 +137,108 @@ def present(exe: mx.executor.Executor, original: mx.sym.Symbol,
 
 
 class _Reshape:
-    """``Executor.reshape`` of an executor shown by :func:`present`: the result is shown alike."""
+    """``Executor.reshape`` of an executor shown by :func:`present`: the result is shown alike.
+
+    The ops' checks run at the new shapes first (the original graph's shape pass);
+    when the graph inlined at the new shapes is the one the executor runs, MXNet's
+    reshape serves (memory shared); else the original graph is bound anew at the
+    new shapes (inlined there, or with ``Custom`` nodes), keeping the arrays whose
+    shape stays.
+    """
 
     def __init__(self, exe, original, inlined):
         self.exe, self.original, self.inlined = exe, original, inlined
 
     def __call__(self, partial_shaping=False, allow_up_sizing=False, **kwargs):
-        new = mx.executor.Executor.reshape(self.exe(), partial_shaping, allow_up_sizing,
-                                           **kwargs)
-        return present(new, self.original, self.inlined)
+        exe = self.exe()
+        given = {k: tuple(v) for k, v in kwargs.items()}
+        names, aux_names = self.original.list_arguments(), self.original.list_auxiliary_states()
+        with warnings.catch_warnings():  # an input the kwargs leave out keeps its shape
+            warnings.simplefilter("ignore")
+            args, _, aux = self.original.infer_shape_partial(**given)
+        current = {**exe.arg_dict, **exe.aux_dict}
+        shapes = {n: tuple(s) if s and all(d > 0 for d in s) else current[n].shape
+                  for n, s in zip([*names, *aux_names], [*(args or []), *(aux or [])])}
+        dtypes = {n: a.dtype for n, a in current.items()}
+        checked(self.original, shapes, dtypes)
+        found = _spliced(self.original, shapes, dtypes)
+        if found is not None and _shape_of_graph(found.symbol) == _shape_of_graph(self.inlined):
+            new = mx.executor.Executor.reshape(exe, partial_shaping, allow_up_sizing, **kwargs)
+            return present(new, self.original, self.inlined)
+
+        def same_or_new(arrays):
+            return {n: a if a.shape == shapes[n] else mx.nd.zeros(shapes[n], a.context, a.dtype)
+                    for n, a in arrays.items() if a is not None}
+
+        grads = same_or_new(exe.grad_dict) or None
+        return self.original.bind(exe._ctx, same_or_new(exe.arg_dict), grads, exe._grad_req,
+                                  same_or_new(exe.aux_dict), exe._group2ctx)
 
 
 # ---- hybridized blocks ----------------------------------------------------------------------
 class CachedPlan:
-    """What a CachedOp of a graph with inlinable ops runs, settled at its first call.
+    """What a CachedOp of a graph with inlinable ops runs, settled per input signature.
 
-    At the first call the input shapes are known: the graph is inlined and a
-    CachedOp of the inlined graph is made.  When its inputs come in the same
-    order and its graph holds for every input dtype, that CachedOp's handle is
-    moved into the one Gluon holds (``runtime.adopt``), so later calls cost what
-    MXNet's own cost; else each call reorders its inputs (and picks the graph of
-    its input dtypes).
+    MXNet's CachedOp takes any input shapes and dtypes, but an inlined graph was
+    traced at one signature and runs none of the op's Python checks.  So each
+    new signature (the shapes and dtypes of the data inputs; parameters keep
+    theirs) is settled once, under a lock: the original graph's shape and type
+    passes run first (the ops' own checks: a bad signature raises the op's named
+    error before anything computes), then the graph is inlined at that
+    signature.  Signatures whose inlined graphs are the same share one CachedOp
+    of it; a signature where nothing inlines runs a CachedOp of the original
+    graph (``Custom`` nodes).  A graph traced for one signature never runs at
+    another it was not settled for.  A repeated signature costs one dict lookup.
     """
 
     def __init__(self, sym: mx.sym.Symbol, flags, graph: dict[str, Any]):
         self.sym, self.flags, self.graph = sym, list(flags), graph
         self.names = sym.list_inputs()
-        self.built: dict[Any, tuple[Any, list[int] | None]] = {}  # dtypes -> (CachedOp, order)
-        self.keyed = False
+        data = dict(self.flags).get("data_indices")
+        self.data = list(data) if data is not None else list(range(len(self.names)))
+        self.built: dict[Any, tuple[Any, list[int] | None]] = {}  # signature -> (CachedOp, order)
+        self.by_graph: dict[str, tuple[Any, list[int] | None]] = {}  # inlined JSON -> same
         self.lock = threading.Lock()
 
+    def signature(self, args) -> tuple:
+        return tuple((args[i].shape, args[i].dtype) for i in self.data)
+
     def call(self, outer, args, kwargs):
-        key = tuple(a.dtype for a in args) if self.keyed else None
+        key = self.signature(args)
         found = self.built.get(key)
         if found is None:
             with self.lock:
-                found = self.built.get(key) or self._build(outer, args)
-            if found is None:  # moved into ``outer``, which is a plain CachedOp again
-                return outer(*args, **kwargs)
+                found = self.built.get(key) or self._build(key, args)
         inner, order = found
         if order is not None:
             args = [args[i] for i in order]
         return inner(*args, **kwargs)
 
-    def _build(self, outer, args):
+    def _build(self, key, args):
         shapes = {n: a.shape for n, a in zip(self.names, args)}
         dtypes = {n: a.dtype for n, a in zip(self.names, args)}
+        if not all(d > 0 for i in self.data for d in args[i].shape) and self.by_graph:
+            # An empty batch fails in MXNet's own passes as it does for native blocks
+            # (documented with that baseline): it runs the graph settled first, unchecked.
+            return next(iter(self.by_graph.values()))
+        checked(self.sym, shapes, dtypes)
         found = _spliced(self.sym, shapes, dtypes)
         sym, order = self.sym, None
         if found is not None:
-            sym = found.symbol.as_np_ndarray() if outer.is_np_sym else found.symbol
+            sym = found.symbol.as_np_ndarray() if self.is_np_sym else found.symbol
             new = sym.list_inputs()
             order = [self.names.index(n) for n in new]
             if order == list(range(len(order))):
                 order = None
-            self.keyed = not found.dtype_generic
-        inner = runtime.inner_cached_op(sym, self._flags(sym.list_inputs()))
-        if not self.keyed and order is None:
-            runtime.adopt(outer, inner)
-            return None
-        key = tuple(a.dtype for a in args) if self.keyed else None
-        self.built[key] = (inner, order)
-        return inner, order
+        text = _shape_of_graph(sym)
+        built = self.by_graph.get(text)
+        if built is None:
+            inner = runtime.inner_cached_op(sym, self._flags(sym.list_inputs()))
+            built = self.by_graph[text] = (inner, order)
+        self.built[key] = built
+        return built
+
+    is_np_sym = False  # the CachedOp's graph is a NumPy-API Symbol (set by the patch)
 
     def _flags(self, names: list[str]) -> list:
         # Gluon passes which inputs are data and which parameters, by position.
@@ -208,6 +249,28 @@ class CachedPlan:
                 value = [i for i, n in enumerate(names) if n in chosen]
             out.append((key, value))
         return out
+
+
+def _shape_of_graph(sym: mx.sym.Symbol) -> str:
+    # The graph without its operators' names (each trace numbers its nodes anew): two
+    # signatures whose inlined graphs differ only in names share one CachedOp.
+    graph = json.loads(sym.tojson())
+    for node in graph["nodes"]:
+        if node["op"] != "null":
+            node["name"] = ""
+    return json.dumps([graph["nodes"], graph["heads"]], sort_keys=True)
+
+
+def checked(sym: mx.sym.Symbol, shapes: dict[str, Any], dtypes: dict[str, Any]) -> None:
+    """Run ``sym``'s shape and type passes at this signature: its ops' checks raise here.
+
+    The ``Custom`` nodes of our ops run their shape inference (the forward on
+    placeholders, with its checks), so a bad signature raises the op's own
+    named error, as a graph of ``Custom`` nodes would at its first call.
+    """
+    names = set(sym.list_inputs())
+    sym.infer_shape_partial(**{k: tuple(v) for k, v in shapes.items() if k in names})
+    sym.infer_type_partial(**{k: np.dtype(v) for k, v in dtypes.items() if k in names})
 
 
 def cached_plan(sym: mx.sym.Symbol, flags) -> CachedPlan | None:

@@ -142,11 +142,12 @@ that may inline in training: no ``def_grad``, ``need_top_grad=True``, no aux, ``
     In a graph with one, each such node whose forward traces faithfully is replaced
     by its operators
     (:mod:`customop.inlining`): an executor binds the inlined graph and is shown with
-    the original argument order, names and ``reshape``; a CachedOp settles at its
-    first call (when the input shapes are known) and from then on is MXNet's
-    CachedOp of the inlined graph (its handle moved into the one Gluon holds), or,
-    when that graph lists its inputs in another order or depends on the input
-    dtype, reorders its inputs per call.  Measured (``benchmarks/native_graphs.py``):
+    the original argument order, names and ``reshape`` (a reshape to a signature the
+    inlined graph does not serve binds again); a CachedOp settles each new input
+    signature once (the original graph's shape and type passes run the ops' checks,
+    then the graph is inlined at that signature) and runs MXNet's CachedOp of the
+    graph settled for the signature of each call (one dict lookup).  Measured
+    (``benchmarks/native_graphs.py``):
     hybridized forward+backward of one decorated ``x * x`` cost 5.6x / 5.5x / 2.2x the
     same ``broadcast_mul`` written natively at 10 / 1e3 / 1e6 elements as a ``Custom``
     node, and 0.95-1.00x inlined.  Switched off, every op keeps its ``Custom`` node.
@@ -745,7 +746,7 @@ def tracing_now() -> Any:
 
 
 # ---- inline ---------------------------------------------------------------------------------
-_plans: dict[int, Any] = {}  # id(CachedOp) -> its inlining.CachedPlan, until the first call
+_plans: dict[int, Any] = {}  # id(CachedOp) -> its inlining.CachedPlan
 _inner = threading.local()  # .building: a CachedOp made for a plan (never planned itself)
 
 
@@ -767,7 +768,8 @@ def note_graph_op(op: Any) -> None:
 
 
 class _PlannedCachedOp(mx.nd.CachedOp):
-    """A CachedOp whose graph holds ops that inline: settled at its first call."""
+    """A CachedOp whose graph holds ops that inline: each call runs what its plan settled for
+    the call's input signature (see ``inlining.CachedPlan``)."""
 
     __slots__ = ()
 
@@ -786,16 +788,6 @@ def inner_cached_op(sym, flags) -> mx.nd.CachedOp:
         return mx.nd.CachedOp(sym, flags)
     finally:
         _inner.building = False
-
-
-def adopt(outer: mx.nd.CachedOp, inner: mx.nd.CachedOp) -> None:
-    """``outer`` runs ``inner``'s graph from now on, as a CachedOp of MXNet's own class."""
-    outer.handle, inner.handle = inner.handle, outer.handle  # each frees the one it holds
-    outer.is_np_sym = inner.is_np_sym
-    _plans.pop(id(outer), None)
-    if id(inner) in _cached_aux:
-        _cached_aux[id(outer)] = _cached_aux.pop(id(inner))
-    outer.__class__ = type(inner)
 
 
 def _install_inline() -> None:
@@ -821,6 +813,7 @@ def _install_inline() -> None:
             return
         plan = inlining.cached_plan(sym, flags)
         if plan is not None:
+            plan.is_np_sym = self.is_np_sym
             _cached_aux.pop(id(self), None)  # the graph it runs is the plan's
             _plans[id(self)] = plan
             self.__class__ = _PlannedCachedOp

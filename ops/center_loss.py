@@ -87,7 +87,7 @@ def center_loss(data, label, centers, *, num_class, alpha=0.5, scale=1.0):
         (array([0.5, 4.5], dtype=float32), array([0.6666667, 0.       ], dtype=float32))
     """
     _check(data, label, centers, num_class, alpha, scale)
-    _checks.require((label >= 0) * (label < num_class) * (label == mx.nd.floor(label)),
+    _checks.require((1 - (label < 0)) * (label < num_class) * (label == mx.nd.floor(label)),
                     "label", _label_message(num_class))
     diff = data - mx.nd.take(centers, label, axis=0)
     return 0.5 * scale * (diff * diff).sum(axis=1)

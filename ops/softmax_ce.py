@@ -61,7 +61,7 @@ def softmax_ce(data, label):
     """
     _check(data, label)
     num_class = data.shape[1]
-    _checks.require((label >= 0) * (label < num_class) * (label == mx.nd.floor(label)),
+    _checks.require((1 - (label < 0)) * (label < num_class) * (label == mx.nd.floor(label)),
                     "label", _label_message(num_class))
     onehot = mx.nd.one_hot(label, num_class, dtype=data.dtype)
     return residuals(mx.nd.softmax(data, axis=1), onehot=onehot)
