@@ -70,9 +70,10 @@ def register(op_type: str, lookup: Callable[[str], CustomOperator]) -> None:
                 self.bad_params = exc
             self.shapes: tuple | None = None
 
-        # before MXNet asks for the node's backward dependencies (``deps`` in customop.runtime)
+        # before MXNet asks for the node's backward dependencies or shapes (``deps``, ``shapes``
+        # in customop.runtime)
         _ref_holder = _adopting(lambda self, refs: runtime.adopt_prop(
-            refs, self.n_out, len(self.op.signature.inputs), self.op.need_top_grad))
+            refs, self.n_out, len(self.op.signature.inputs), self.op.need_top_grad, self))
 
         def list_arguments(self) -> list[str]:
             if self.bad_params is not None:
