@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 import mxnet as mx
 import numpy as np
 
-from . import errors, runtime, trace
+from . import errors, guards, runtime, trace
 
 if TYPE_CHECKING:
     from .operator import CustomOperator
@@ -220,7 +220,7 @@ class _Tracer:
             if graph.specialized:
                 raise _NotNative(f"its graph holds only at the traced input shapes "
                                  f"({graph.specialized}); a hybridized block may see others")
-        return graph
+        return guarded(graph, rec1.guarded)
 
     def check(self, rec: trace.Recording) -> None:
         for inner in rec.inner:
@@ -373,6 +373,45 @@ class _Tracer:
             raise _NotNative(f"it builds a constant array of shape {value.shape} "
                              f"({value.dtype}) that the graph cannot write exactly")
         return expressed
+
+
+def guarded(graph: NativeGraph, dtypes: dict[str, list]) -> NativeGraph:
+    """``graph`` with the index guards of :mod:`customop.guards` around the kernels they name.
+
+    Applied once the graph is verified (a guard turns an out-of-range index into NaN
+    where the forward run in Python would have read a clipped value).  ``dtypes``: by
+    node name, the dtypes of its outputs and of its index input, as traced.
+    """
+    if not any(n["op"] in guards.REWRITES for n in graph.nodes):
+        return graph
+    nodes: list[dict[str, Any]] = []
+    moved: dict[int, int] = {}  # old node -> new node, for nodes kept as they are
+    rewritten: dict[int, list[tuple]] = {}  # old node -> the entries of its outputs
+
+    def remap(r: tuple) -> tuple:
+        if r[0] != "node":
+            return r
+        return rewritten[r[1]][r[2]] if r[1] in rewritten else ("node", moved[r[1]], r[2])
+
+    def add(op: str, attrs: dict, inputs: list) -> tuple:
+        nodes.append({"op": op, "name": f"guard{len(nodes)}_{op.strip('_').lower()}",
+                      "attrs": dict(attrs), "inputs": list(inputs)})
+        return ("node", len(nodes) - 1, 0)
+
+    for k, n in enumerate(graph.nodes):
+        node = dict(n, inputs=[remap(r) for r in n["inputs"]])
+        rule = guards.REWRITES.get(n["op"])
+        outs = None
+        if rule is not None and n["name"] in dtypes:
+            outs = rule(node, add, dtypes[n["name"]])
+        if outs is None:
+            nodes.append(node)
+            moved[k] = len(nodes) - 1
+        else:
+            rewritten[k] = outs
+    return NativeGraph(nodes, [remap(r) for r in graph.heads], graph.constants,
+                       specialized=graph.specialized, dtype_generic=graph.dtype_generic,
+                       checks=graph.checks)
 
 
 def _shifted(r: tuple, start: int) -> tuple:

@@ -23,7 +23,7 @@ import mxnet as mx
 import numpy as np
 from mxnet.base import _LIB, check_call, py_str
 
-from . import checks, kernel, runtime
+from . import checks, guards, kernel, runtime
 
 if TYPE_CHECKING:
     from .operator import CustomOperator
@@ -94,6 +94,7 @@ class Recording:
     unknown_free: list[str] = field(default_factory=list)  # free variables without a value
     asked: list[str] = field(default_factory=list)  # where the forward called is_tracing()
     checks: int = 0  # customop.require conditions the graph carries (as NaN poisoning)
+    guarded: dict[str, list] = field(default_factory=dict)  # node -> dtypes (customop.guards)
 
 
 class _Log:
@@ -106,6 +107,7 @@ class _Log:
         self.randoms: list[str] = []
         self.reads: list[str] = []
         self.asked: list[str] = []  # where the forward called is_tracing() (while traced)
+        self.guarded: list[tuple[mx.nd.NDArray, list[np.dtype]]] = []  # see customop.guards
         self.regions: list[tuple[int, int]] = []  # node numbers recorded inside pause()
         self.inner: list[Any] = []  # decorated ops the forward called (dispatch reports them)
         self._depth = 0
@@ -134,6 +136,11 @@ class _Log:
         self.arrays.extend(ndargs)
         self.arrays.extend(o for o in outs if isinstance(o, mx.nd.NDArray))
         names = op_names(handle)
+        guarded = next((n for n in names if n in guards.REWRITES), None)
+        if guarded is not None and outs and len(ndargs) > 1:
+            # the dtypes its index guard needs: each output's, then the index input's
+            self.guarded.append((outs[0], [np.dtype(o.dtype) for o in outs]
+                                 + [np.dtype(ndargs[1].dtype)]))
         if "_copyto" in names and outs:
             self.copies.append(outs[0])
         elif any(RANDOM.search(n) for n in names):
@@ -219,6 +226,7 @@ def record(op: CustomOperator, values: list[np.ndarray], params: dict[str, Any],
                      outputs=[o.asnumpy() for o in outs], reads=log.reads,
                      randoms=sorted(set(log.randoms)), unknown_free=unknown,
                      asked=list(log.asked), checks=len(conditions),
+                     guarded={_graph_name(o): d for o, d in log.guarded},
                      inner=list(dict.fromkeys(log.inner)),
                      paused={i for i, n in enumerate(nodes) if any(
                          lo < _number(n["name"]) < hi for lo, hi in log.regions)})
