@@ -111,6 +111,9 @@ def export(block: mx.gluon.HybridBlock, path: str, *inputs: Any, epoch: int = 0,
                       stacklevel=2)
     if found is not None:
         sym = found.symbol
+    if found is not None and found.inlined:
+        sym = pinned(sym, {d.name: (tuple(a.shape), np.dtype(a.dtype))
+                           for d, a in zip(data, inputs)})
     constants = found.constants if found is not None else {}
     symbol_file, params_file = f"{path}-symbol.json", f"{path}-{epoch:04d}.params"
     arg_names, aux_names = set(sym.list_arguments()), set(sym.list_auxiliary_states())
@@ -127,6 +130,26 @@ def export(block: mx.gluon.HybridBlock, path: str, *inputs: Any, epoch: int = 0,
     inputs_at = {d.name: (tuple(a.shape), np.dtype(a.dtype)) for d, a in zip(data, inputs)}
     return Exported(symbol_file, params_file, inputs_at,
                     found.inlined if found is not None else [], kept)
+
+
+def pinned(sym: mx.sym.Symbol, inputs: dict[str, tuple]) -> mx.sym.Symbol:
+    """``sym`` whose data inputs must have the shapes they were exported at.
+
+    The inlined ops were traced, and their shape checks ran, at those shapes only;
+    MXNet's operators would broadcast a wrong one silently (``wing_loss`` with a
+    ``(4, 1)`` target for a ``(4, 6)`` prediction).  Each input passes through an
+    ``elemwise_add`` with zeros of its exported shape, which MXNet's shape pass
+    refuses for any other shape, naming the node: ``customop_input_<name>_shape_<dims>``.
+    """
+    guards = {}
+    for name, (shape, dtype) in inputs.items():
+        dims = "x".join(str(d) for d in shape)
+        zeros = mx.sym.zeros(shape, dtype=dtype.name, name=f"customop_input_{name}_zeros")
+        guards[name] = mx.sym.elemwise_add(mx.sym.var(name), zeros,
+                                           name=f"customop_input_{name}_shape_{dims}")
+    out = sym.__copy__()
+    out._compose(**{k: v for k, v in guards.items() if k in sym.list_inputs()})
+    return out
 
 
 def block_graph(block: mx.gluon.HybridBlock, inputs) -> tuple:
