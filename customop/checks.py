@@ -149,7 +149,9 @@ def flag(conditions: Sequence[Condition]) -> Any:
     parts = []
     for c in conditions:
         # any element 0: failed (written with operators MXNet's ONNX converter knows)
-        failed = mx.nd.max(c.ok.reshape((-1,)) == 0).reshape((1,)).astype("float32")
+        # (no reshape to (-1,): MXNet would record the traced length, and the graph would
+        # hold at that shape only)
+        failed = mx.nd.max(c.ok == 0).reshape((1,)).astype("float32")
         parts.append(failed)
     out = parts[0]
     for p in parts[1:]:
