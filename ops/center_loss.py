@@ -61,7 +61,7 @@ def center_loss(data, label, centers, *, num_class, alpha=0.5, scale=1.0):
         The features (an integer ``data`` raises ``TypeError``).
     label : float or int array, shape ``(N,)``
         Class indices in ``[0, num_class)`` (checked: one flag read back in ``'mxnet'``
-        mode).
+        mode; ``customop.require``).
     centers : array, shape ``(num_class, feature_dim)``
         The auxiliary state (omit it with symbols).
     num_class : int

@@ -69,7 +69,8 @@ def focal_loss(pred, label, normalizer=None, *, alpha=0.25, gamma=2.0,
         ``TypeError`` (the loss is float math).
     label : float or int array, shape ``(N, ...)``
         Values in ``{ignore_label, 0, 1, ..., C}``; anything else raises ``ValueError``
-        (one flag read back in ``'mxnet'`` mode).
+        (one flag read back in ``'mxnet'`` mode), or makes the loss NaN in a native graph
+        (an exported model; ``customop.require``).
     normalizer : float array of one value (shape ``(1,)``), optional
         The :math:`Z` above.
     alpha : float in [0, 1], default 0.25

@@ -39,7 +39,7 @@ def smooth_l1(data, sigma, weight=None):
         ``TypeError``: the loss is float math).
     sigma : finite positive array broadcastable to ``data``
         E.g. shape ``(1,)``, or one value per box coordinate; ``sigma <= 0``, ``inf`` or
-        NaN raises ``ValueError``.
+        NaN raises ``ValueError`` (NaN loss in a native graph: ``customop.require``).
     weight : array broadcastable to ``data``, optional
         Multiplies the loss elementwise.
 
