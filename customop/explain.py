@@ -77,6 +77,9 @@ def _said(verdict: native.Verdict) -> str:
         n = verdict.graph.checks
         said += (f"; its customop.require checks ({n}) make the outputs NaN when one "
                  f"fails")
+    if verdict.graph.guards:
+        said += (f"; indices into {', '.join(verdict.graph.guards)} are guarded (NaN for one "
+                 f"out of range)")
     return said
 
 

@@ -63,6 +63,7 @@ class NativeGraph:
     constants: dict[str, np.ndarray] = field(default_factory=dict)
     specialized: str = ""  # why the graph holds only at this signature ("" when it does not)
     checks: int = 0  # customop.require conditions carried as NaN poisoning
+    guards: list[str] = field(default_factory=list)  # operators given index guards
     dtype_generic: bool = True
 
     def operators(self) -> list[str]:
@@ -411,7 +412,8 @@ def guarded(graph: NativeGraph, dtypes: dict[str, list]) -> NativeGraph:
             rewritten[k] = outs
     return NativeGraph(nodes, [remap(r) for r in graph.heads], graph.constants,
                        specialized=graph.specialized, dtype_generic=graph.dtype_generic,
-                       checks=graph.checks)
+                       checks=graph.checks,
+                       guards=sorted({graph.nodes[k]["op"] for k in rewritten}))
 
 
 def _shifted(r: tuple, start: int) -> tuple:
