@@ -77,7 +77,7 @@ def require(cond: Any, arg: str, message: str) -> None:
         array([nan, nan], dtype=float32)
     """
     conditions = getattr(_state, "conditions", None)
-    if conditions is not None and _is_nd(cond):
+    if conditions is not None and (_is_nd(cond) or getattr(_state, "lenient", False)):
         conditions.append(Condition(cond, arg, message))
         return
     # a Python or NumPy condition does not depend on the traced values: raise even then
@@ -118,18 +118,21 @@ def running(op_type: str) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def collecting() -> Iterator[list[Condition]]:
+def collecting(lenient: bool = False) -> Iterator[list[Condition]]:
     """Within the block, :func:`require` on this thread collects its conditions (no raise).
 
-    Yields the list they are appended to; nested blocks collect separately.
+    Yields the list they are appended to; nested blocks collect separately.  A Python
+    or NumPy condition still raises (it does not depend on the traced values), unless
+    ``lenient``: then every condition is collected, e.g. while a forward runs on
+    placeholder values only to find its output shapes.
     """
-    outer = getattr(_state, "conditions", None)
+    outer = getattr(_state, "conditions", None), getattr(_state, "lenient", False)
     found: list[Condition] = []
-    _state.conditions = found
+    _state.conditions, _state.lenient = found, lenient
     try:
         yield found
     finally:
-        _state.conditions = outer
+        _state.conditions, _state.lenient = outer
 
 
 def is_collecting() -> bool:
