@@ -61,19 +61,19 @@ def require(cond: Any, arg: str, message: str) -> None:
         ...     customop.require((label >= 0) * (label < num_class), 'label',
         ...                      f'must be in [0, {num_class})')
         ...     return mx.nd.pick(scores, label, axis=1)
-        >>> scores = mx.nd.array([[0.1, 0.9], [0.7, 0.3]])
+        >>> scores = mx.nd.array([[0.1, 0.8, 0.1], [0.7, 0.2, 0.1]])
         >>> pick_class(scores, mx.nd.array([1, 0])).asnumpy()
-        array([0.9, 0.7], dtype=float32)
-        >>> pick_class(scores, mx.nd.array([1, 2]))
+        array([0.8, 0.7], dtype=float32)
+        >>> pick_class(scores, mx.nd.array([1, 3]))
         Traceback (most recent call last):
         ...
-        ValueError: customop 'doc.pick_class': label must be in [0, 2)
+        ValueError: customop 'doc.pick_class': label must be in [0, 3)
         >>> class Net(mx.gluon.HybridBlock):
         ...     def hybrid_forward(self, F, scores, label):
         ...         return pick_class(scores, label)
         >>> net = Net()
         >>> net.hybridize()
-        >>> net(scores, mx.nd.array([1, 2])).asnumpy()  # a native graph: NaN, no exception
+        >>> net(scores, mx.nd.array([1, 3])).asnumpy()  # a native graph: NaN, no exception
         array([nan, nan], dtype=float32)
     """
     conditions = getattr(_state, "conditions", None)
