@@ -151,3 +151,45 @@ def test_valid_inputs_give_the_same_numbers_on_every_path(tmp_path, monkeypatch)
         for other in results[1:]:
             for a, b in zip(other, results[0]):
                 np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+PLAIN = """
+import json, sys
+class Block:  # customop and ops cannot be imported here: plain MXNet only
+    def find_spec(self, name, path=None, target=None):
+        if name.split('.')[0] in ('customop', 'ops'):
+            raise ImportError(name + ' is not installed here')
+sys.meta_path.insert(0, Block())
+import mxnet as mx, numpy as np
+for case in json.load(open(sys.argv[1])):
+    net = mx.gluon.SymbolBlock.imports(case["symbol"], case["names"], case["params"])
+    bad = [mx.nd.array(np.array(v, dtype=d), dtype=d) for v, d in case["bad"]]
+    try:
+        outs = net(*bad)
+        outs = [outs] if isinstance(outs, mx.nd.NDArray) else list(outs)
+        said = "nan" if all(np.isnan(o.asnumpy()).all() for o in outs) else "numbers"
+    except mx.base.MXNetError as exc:
+        said = "error naming the input" if "customop_input_data" in str(exc) else str(exc)
+    print(case["case"], said)
+"""
+
+
+def test_exported_graphs_in_plain_mxnet_give_nan_or_name_the_input(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    cases = []
+    for name, op, good, bad, params, _ in CASES:
+        done = customop.export(OneOp(op, params), str(tmp_path / name), *_nd(good))
+        cases.append({"case": name, "symbol": done.symbol_file, "params": done.params_file,
+                      "names": [f"data{i}" for i in range(len(good))],
+                      "bad": [(v.tolist(), v.dtype.name) for v in bad]})
+    (tmp_path / "cases.json").write_text(json.dumps(cases))
+    run = subprocess.run([sys.executable, "-c", PLAIN, str(tmp_path / "cases.json")],
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    said = dict(line.split(" ", 1) for line in run.stdout.strip().splitlines())
+    assert set(said) == {c[0] for c in CASES}
+    assert all(v in ("nan", "error naming the input") for v in said.values()), said
+    assert said["focal_loss-label-7"] == "nan" and said["wing_loss-target-4x1"] != "nan"
