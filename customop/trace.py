@@ -23,7 +23,8 @@ import mxnet as mx
 import numpy as np
 from mxnet.base import _LIB, check_call, py_str
 
-from . import kernel, runtime
+from . import kernel
+from .runtime import trace as hooks
 
 if TYPE_CHECKING:
     from .operator import CustomOperator
@@ -50,7 +51,7 @@ def is_tracing() -> bool:
         >>> customop.is_tracing()
         False
     """
-    return runtime.tracing_now() is not None
+    return hooks.tracing_now() is not None
 
 
 def op_names(handle: int) -> list[str]:
@@ -91,7 +92,7 @@ class Recording:
 
 
 class _Log:
-    """What the runtime's trace hooks report while one forward runs (see ``trace`` there)."""
+    """What the trace hooks report while one forward runs (:mod:`customop.runtime.trace`)."""
 
     def __init__(self):
         self.inputs: set[str] = set()  # the graph's names of the forward's inputs
@@ -166,7 +167,7 @@ def record(op: CustomOperator, values: list[np.ndarray], params: dict[str, Any],
         x.attach_grad()
     log = _Log()
     log.inputs = {mx.autograd.get_symbol(x).name for x in xs}
-    with runtime.tracing(log), mx.autograd.record(train_mode=False):
+    with hooks.tracing(log), mx.autograd.record(train_mode=False):
         outs = kernel.run_forward(op, list(xs), dict(params), where="trace")
     names = [mx.autograd.get_symbol(x).name for x in xs]
     symbols: list[Any] = []

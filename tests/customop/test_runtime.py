@@ -243,7 +243,7 @@ RELEASE = '''
     while len(registry) > before and time.monotonic() < deadline:
         time.sleep(0.01)
     print(json.dumps({"installed": runtime.installed(), "left in registry": len(registry) - before,
-                      "watched": len(runtime._watched),
+                      "watched": len(runtime.callbacks.watched),
                       "hand-written alive": sum(r() is not None for r in made)}))
 '''
 
