@@ -20,7 +20,7 @@ from typing import Any
 import mxnet as mx
 import numpy as np
 
-from . import native, runtime, splice
+from . import graph_json, native, runtime, splice
 
 
 def spliced(sym: mx.sym.Symbol, shapes: Any, dtypes: Any
@@ -32,7 +32,7 @@ def spliced(sym: mx.sym.Symbol, shapes: Any, dtypes: Any
     """
     if runtime.disabled("inline"):
         return None
-    graph = splice.graph_of(sym)
+    graph = graph_json.graph_of(sym)
     if graph is None or not splice.candidates(graph, native.TRAIN):
         return None
     if callable(shapes):
@@ -142,5 +142,5 @@ class _Reshape:
 
 def holds_inlinable(sym: mx.sym.Symbol) -> bool:
     """Whether ``sym`` holds a ``Custom`` node of ours that may inline in training."""
-    graph = splice.graph_of(sym)
+    graph = graph_json.graph_of(sym)
     return graph is not None and bool(splice.candidates(graph, native.TRAIN))

@@ -26,7 +26,7 @@ from typing import Any
 import mxnet as mx
 from mxnet.base import _LIB, check_call
 
-from .. import runtime
+from .. import graph_json, runtime
 from ..distributed import agree
 
 _aux_ops: dict[str, tuple[str, ...]] = {}  # op_type -> names of its aux states
@@ -85,13 +85,10 @@ def aux_variables(sym: Any) -> list[tuple[str, tuple[str, str]]]:
     text = sym.tojson()
     if '"Custom"' not in text:
         return []
-    nodes = json.loads(text)["nodes"]
+    graph = json.loads(text)
+    nodes = graph["nodes"]
     found = []
-    for node in nodes:
-        if node.get("op") != "Custom":
-            continue
-        attrs = node.get("attrs") or node.get("attr") or node.get("param") or {}
-        op_type = attrs.get("op_type")
+    for _, node, op_type in graph_json.custom_nodes(graph):
         states = _aux_ops.get(op_type, ())
         if states:
             found += [(nodes[entry[0]]["name"], (op_type, state))
