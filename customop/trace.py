@@ -7,7 +7,7 @@ the graph, the values of the free variables (arrays the forward used without
 receiving them: constants it built, cached arrays, or values it computed while
 recording was paused), what it read back to Python, which random operators it
 called.  Whether the graph may stand in for the operator is decided in
-:mod:`customop.native`.
+:mod:`customop.native`.  Traces run on customop's own trace thread (:func:`aside`).
 """
 from __future__ import annotations
 

@@ -228,3 +228,17 @@ def test_every_patch_is_a_module_of_the_runtime_with_its_reason_and_switch():
         assert f"CUSTOMOP_RUNTIME_OFF={name}``" in doc, name
         assert "def install() -> None:" in text, name
         assert f"``{name}``" in runtime.__doc__, name
+
+
+def test_the_layout_in_the_developers_guide_names_every_module():
+    text = (PKG.parent / "docs" / "development.md").read_text()
+    layout = text[text.index("## Layout"):]
+    layout = layout[:layout.index("\n## ", 1)] if "\n## " in layout[1:] else layout
+    missing = []
+    for name, path in _modules():
+        rel = path.relative_to(PKG)
+        shown = f"`{rel.parent.name}/`" if len(rel.parts) > 2 or rel.parent.name in (
+            "check", "distributed") else f"`{rel.name}`"
+        if shown not in layout:
+            missing.append(str(rel))
+    assert missing == []
