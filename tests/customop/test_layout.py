@@ -235,7 +235,7 @@ def test_the_layout_in_the_developers_guide_names_every_module():
     layout = text[text.index("## Layout"):]
     layout = layout[:layout.index("\n## ", 1)] if "\n## " in layout[1:] else layout
     missing = []
-    for name, path in _modules():
+    for _, path in _modules():
         rel = path.relative_to(PKG)
         shown = f"`{rel.parent.name}/`" if len(rel.parts) > 2 or rel.parent.name in (
             "check", "distributed") else f"`{rel.name}`"
