@@ -78,6 +78,14 @@ def _inner_refused(rec: Any, purpose: str) -> str:
     return ""
 
 
+def _stateful(rec: Any, purpose: str) -> str:
+    return ", ".join(sorted({n["op"] for n in rec.nodes if n["op"] in STATEFUL}))
+
+
+def _foreign_custom(rec: Any, purpose: str) -> bool:
+    return any(n["op"] in ("_CustomFunction", "Custom") for n in rec.nodes)
+
+
 RECORDED_REFUSALS = (
     Refusal("inner-customop", _inner_refused, "it calls customop {}"),
     Refusal("reads-values", lambda rec, purpose: rec.reads[0] if rec.reads else "",
@@ -85,13 +93,10 @@ RECORDED_REFUSALS = (
             "keep what it read once"),
     Refusal("random", lambda rec, purpose: ", ".join(rec.randoms),
             "it calls random operators ({})"),
-    Refusal("stateful", lambda rec, purpose: ", ".join(sorted(
-        {n["op"] for n in rec.nodes if n["op"] in STATEFUL})),
-            "it calls operators that update auxiliary states ({})"),
+    Refusal("stateful", _stateful, "it calls operators that update auxiliary states ({})"),
     Refusal("unknown-free", lambda rec, purpose: bool(rec.unknown_free),
             "it uses arrays whose values the trace could not read"),
-    Refusal("foreign-custom", lambda rec, purpose: any(
-        n["op"] in ("_CustomFunction", "Custom") for n in rec.nodes),
+    Refusal("foreign-custom", _foreign_custom,
             "it calls a custom operator that cannot be inlined itself (a 'numpy'-mode op, "
             "one with def_grad in training, or one with auxiliary states)"),
 )
@@ -115,3 +120,5 @@ def _copyto(attrs: dict[str, Any]) -> tuple[str, dict[str, Any]]:
 REWRITES: dict[str, Callable[[dict[str, Any]], tuple[str, dict[str, Any]]]] = {
     "_copyto": _copyto,
 }
+# Tables of other rules by MXNet operator (index-safety rewrites, transposition of gradient
+# closures) belong beside this one, keyed the same way.

@@ -37,10 +37,12 @@ The index (:data:`PATCHES`: off-switch name -> module, and when it is installed)
     the workers of ``python -m customop.distributed.launch`` only (its public function,
     not installed through :func:`install`).
 
-A patch module is imported when its patch is installed (the index names it), so the
-modules above this package that a patch needs (:mod:`customop.training_graphs` for
-``inline``) are below that patch module: every call out of this package follows an
-import of the module that makes it (``tests/customop/test_layout.py`` checks).  The
+Every patch is installed the same way, :func:`install` with its name: the index names
+its module, imported then if need be, whose ``install()`` runs once.  The ``inline``
+module is imported only that way (and by :func:`note_graph_op`), because it uses modules
+that use this package (:mod:`customop.training_graphs`, :mod:`customop.native`): it
+imports them, so every call out of this package follows an import of the module that
+makes it (``tests/customop/test_layout.py`` checks).  The
 C callback tables MXNet builds for our ops, which ``release``, ``deps`` and the
 recorded function path of :mod:`customop.dispatch` write, are in :mod:`.callbacks`.
 """
