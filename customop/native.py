@@ -124,6 +124,11 @@ class _NotNative(Exception):
         super().__init__(reason)
         self.rule = rule
 
+    @classmethod
+    def of(cls, rule: str, *found: Any) -> _NotNative:
+        """The refusal ``rule`` of :data:`customop.rules.TRACE_REFUSALS`, filled in."""
+        return cls(rules.TRACE_REFUSALS[rule].format(*found), rule)
+
 
 def placeholders(shapes, dtypes, seed: int) -> list[np.ndarray]:
     """Input values to trace on: uniform in [0.1, 1) for floats, 0 or 1 for integers."""
@@ -147,8 +152,7 @@ class _Tracer:
         try:
             return trace.record(self.op, list(values), self.params)
         except Exception as exc:  # noqa: BLE001 - any failure of the forward is the reason
-            raise _NotNative(f"its forward failed while being traced on placeholder "
-                             f"inputs: {type(exc).__name__}: {exc}") from None
+            raise _NotNative.of("forward-failed", f"{type(exc).__name__}: {exc}") from None
 
     def graph(self, shapes, dtypes, values) -> NativeGraph:
         first = list(values) if values is not None else placeholders(shapes, dtypes, 1)
@@ -158,23 +162,18 @@ class _Tracer:
         rec2 = self.record(second)
         self.check(rec2)
         if _structure(rec1) != _structure(rec2):
-            raise _NotNative("its graph depends on the input values (control flow on values "
-                             "read from its inputs)")
+            raise _NotNative.of("value-dependent")
         changed = [rec1.nodes[i]["name"] for i in rec1.free
                    if not consts.same(rec1.free[i], rec2.free[i])]
         if changed:
-            raise _NotNative("it computes arrays from its inputs outside the recorded graph "
-                             "(detach(), or new arrays from values it read); the graph would "
-                             "hold them as constants")
+            raise _NotNative.of("outside-graph")
         graph = self.fragment(rec1, shapes)
         if not _close(evaluate(graph, second), rec2.outputs):
-            raise _NotNative("its recorded graph does not give its outputs on other input "
-                             "values")
+            raise _NotNative.of("other-outputs")
         if self.purpose == TRAIN:  # an export holds at the shapes it is exported with
             graph.specialized = self.generality(graph, shapes, dtypes, first)
             if graph.specialized:
-                raise _NotNative(f"its graph holds only at the traced input shapes "
-                                 f"({graph.specialized}); a hybridized block may see others")
+                raise _NotNative.of("shape-specialized", graph.specialized)
         return graph
 
     def check(self, rec: trace.Recording) -> None:
@@ -262,7 +261,7 @@ class _Tracer:
             if j in slot or const[j]:
                 continue
             if n["op"] == "null":
-                raise _NotNative("it uses an array the trace could not read")
+                raise _NotNative.of("unread-array")
             inputs = [leaving(e[0], e[1], j) for e in n["inputs"]]
             out_nodes.append({"op": n["op"], "name": n["name"], "attrs": n["attrs"],
                               "inputs": inputs})
@@ -288,8 +287,7 @@ class _Tracer:
         start = len(nodes)
         expressed = consts.expressed(value, nodes, shapes)
         if expressed is None:
-            raise _NotNative(f"it builds a constant array of shape {value.shape} "
-                             f"({value.dtype}) that a graph cannot hold without a parameter")
+            raise _NotNative.of("constant-unheld", value.shape, value.dtype)
         # MXNet parses number attributes itself: the written constant must be exact.
         probe = NativeGraph([dict(n, inputs=[_shifted(r, start) for r in n["inputs"]])
                              for n in nodes[start:]], [_shifted(expressed, start)])
@@ -300,8 +298,7 @@ class _Tracer:
         if not isinstance(got, np.ndarray) or not consts.same(got.reshape(value.shape)
                                                          if got.size == value.size else got,
                                                          value):
-            raise _NotNative(f"it builds a constant array of shape {value.shape} "
-                             f"({value.dtype}) that the graph cannot write exactly")
+            raise _NotNative.of("constant-inexact", value.shape, value.dtype)
         return expressed
 
 

@@ -13,6 +13,8 @@ one entry here and one test (tests/customop/test_native.py shows the pattern).
   one recorded run of the forward (:class:`customop.trace.Recording`) shows.  A
   test returns what it found ("" or None when the rule does not apply), which
   fills the ``{}`` of the reason.
+* :data:`TRACE_REFUSALS`: name -> reason, for what the method itself finds (a
+  recording that does not stand for the forward: see :mod:`customop.native`).
 * :data:`REWRITES`: by MXNet operator, how a recorded node is written into the
   graph (``rewrite(attrs) -> (operator, attrs)``).
 
@@ -109,6 +111,27 @@ def recorded_refusal(rec: Any, purpose: str) -> tuple[Refusal, str] | None:
         if found:
             return rule, rule.reason.format(found)
     return None
+
+
+# What the method of customop.native finds when a recording does not stand for the forward
+# (two traces compared, the graph evaluated at other values and shapes, constants written):
+# name -> reason, its {} filled with what was found.
+TRACE_REFUSALS = {
+    "forward-failed": "its forward failed while being traced on placeholder inputs: {}",
+    "value-dependent": "its graph depends on the input values (control flow on values read "
+                       "from its inputs)",
+    "outside-graph": "it computes arrays from its inputs outside the recorded graph (detach(), "
+                     "or new arrays from values it read); the graph would hold them as "
+                     "constants",
+    "other-outputs": "its recorded graph does not give its outputs on other input values",
+    "shape-specialized": "its graph holds only at the traced input shapes ({}); a hybridized "
+                         "block may see others",
+    "unread-array": "it uses an array the trace could not read",
+    "constant-unheld": "it builds a constant array of shape {} ({}) that a graph cannot hold "
+                       "without a parameter",
+    "constant-inexact": "it builds a constant array of shape {} ({}) that the graph cannot "
+                        "write exactly",
+}
 
 
 def _copyto(attrs: dict[str, Any]) -> tuple[str, dict[str, Any]]:

@@ -25,6 +25,11 @@ def rules_own_gradient(x):
 rules_own_gradient.def_grad(lambda ans, x: lambda g: 2 * g)
 
 
+@customop.customop("mxnet")
+def rules_detached(x):
+    return x + x.detach() * 2
+
+
 @customop.customop("numpy")
 def rules_numpy(x):
     return x * 2
@@ -35,6 +40,8 @@ def test_every_refusal_has_one_name_and_a_reason():
         names = [r.name for r in table]
         assert len(set(names)) == len(names)
         assert all(r.reason and callable(r.test) for r in table)
+    names = [r.name for r in (*rules.OP_REFUSALS, *rules.RECORDED_REFUSALS)]
+    assert not set(names) & set(rules.TRACE_REFUSALS)
 
 
 @pytest.mark.parametrize("op, purpose, rule", [
@@ -42,12 +49,14 @@ def test_every_refusal_has_one_name_and_a_reason():
     (rules_own_gradient, TRAIN, "own-gradient"),
     (rules_reads, EXPORT, "reads-values"),
     (rules_noisy, EXPORT, "random"),
+    (rules_detached, TRAIN, "outside-graph"),
 ])
 def test_a_verdict_names_the_entry_that_refused_and_explain_says_its_reason(op, purpose, rule):
     verdict = native.native_graph(op, {}, [(3,)], ["float32"], purpose)
     assert verdict.graph is None and verdict.rule == rule
-    entry = next(r for r in (*rules.OP_REFUSALS, *rules.RECORDED_REFUSALS) if r.name == rule)
-    assert verdict.reason.startswith(entry.reason.split("{}")[0])
+    reasons = {r.name: r.reason for r in (*rules.OP_REFUSALS, *rules.RECORDED_REFUSALS)}
+    reasons.update(rules.TRACE_REFUSALS)
+    assert verdict.reason.startswith(reasons[rule].split("{}")[0])
     report = customop.explain(op, (3,))
     assert verdict.reason in repr(report)
 
