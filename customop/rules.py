@@ -4,7 +4,7 @@ An ``'mxnet'``-mode op stands in a graph as the MXNet operators its forward
 records (:mod:`customop.native`) unless a refusal below applies.  A rule is one
 entry of a table; :func:`customop.explain` shows the reason of the first entry
 that applies (its ``name`` is on the verdict, ``Verdict.rule``).  Adding a rule:
-one entry here and one test (tests/customop/test_native.py shows the pattern).
+one entry here and one test (tests/customop/test_rules.py: a case of its name).
 
 * :data:`OP_REFUSALS`: ``(name, test(op, purpose), reason)``; what the operator
   declares, whatever its inputs (checked before anything is traced, and by the
