@@ -26,7 +26,6 @@ except ModuleNotFoundError as _exc:
 
 from typing import Any
 
-from . import inlining  # noqa: F401 (hands the inline patch its hooks; patches nothing)
 from .checks import require
 from .explain import explain
 from .export import NotInlinedError, export, to_onnx

@@ -15,9 +15,10 @@ plausible number):
   poisoned when an index is outside ``[0, length)`` (``mode='wrap'`` and
   ``'raise'`` are left alone: wrapping is their meaning, raising is not silent).
 
-Rules are one table, :data:`REWRITES`, keyed by MXNet operator: a rule gets the
-node and a way to add nodes, and returns the entries that stand for the
-node's outputs.  The formulas use operators MXNet's ONNX converter knows
+The rules are one table keyed by MXNet operator, ``customop.rules.INDEX_GUARDS``:
+a rule gets the node, a way to add nodes and the traced dtypes of its outputs and
+index input, and returns the entries that stand for the node's outputs (None:
+the node stays as it is).  The formulas use operators MXNet's ONNX converter knows
 (``shape_array``, ``slice_axis``, comparisons without ``>=``/``!=``).
 """
 from __future__ import annotations
@@ -69,7 +70,7 @@ def _axis(attrs: dict, default: str) -> int | None:
     return None if text in ("None", "") else int(text)
 
 
-def _take(node: dict, add: Add, dtypes: list[Any]) -> list[Ref] | None:
+def take(node: dict, add: Add, dtypes: list[Any]) -> list[Ref] | None:
     attrs = node["attrs"]
     axis = _axis(attrs, "0")
     if attrs.get("mode", "clip") != "clip" or axis is None:
@@ -79,7 +80,7 @@ def _take(node: dict, add: Add, dtypes: list[Any]) -> list[Ref] | None:
     return _poisoned(add, [add(node["op"], attrs, node["inputs"])], dtypes, bad)
 
 
-def _pick(node: dict, add: Add, dtypes: list[Any]) -> list[Ref] | None:
+def pick(node: dict, add: Add, dtypes: list[Any]) -> list[Ref] | None:
     attrs = node["attrs"]
     axis = _axis(attrs, "-1")
     if attrs.get("mode", "clip") != "clip" or axis is None:
@@ -89,7 +90,7 @@ def _pick(node: dict, add: Add, dtypes: list[Any]) -> list[Ref] | None:
     return _poisoned(add, [add(node["op"], attrs, node["inputs"])], dtypes, bad)
 
 
-def _box_encode(node: dict, add: Add, dtypes: list[Any]) -> list[Ref] | None:
+def box_encode(node: dict, add: Add, dtypes: list[Any]) -> list[Ref] | None:
     samples, matches, anchors, refs, means, stds = node["inputs"]
     length = _length(add, refs, 1)
     positive = add("Cast", {"dtype": "float64"}, [add("_greater_scalar", {"scalar": "0.5"},
@@ -102,12 +103,3 @@ def _box_encode(node: dict, add: Add, dtypes: list[Any]) -> list[Ref] | None:
     safe = add("Cast", {"dtype": np.dtype(dtypes[-1] or np.float32).name}, [safe])
     op = add(node["op"], node["attrs"], [samples, safe, anchors, refs, means, stds])
     return _poisoned(add, [op, ("node", op[1], 1)], dtypes[:2], bad)
-
-
-# MXNet operator -> rule(node, add, [dtype of each output, then of the index input]); a rule
-# returns the entries that stand for the node's outputs, or None to leave the node as it is.
-REWRITES: dict[str, Callable[[dict, Add, list[Any]], list[Ref] | None]] = {
-    "_contrib_box_encode": _box_encode,
-    "pick": _pick,
-    "take": _take,
-}

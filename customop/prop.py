@@ -8,7 +8,9 @@ creation time, so redefining a function (a notebook cell re-run) takes effect.
 from __future__ import annotations
 
 import ctypes
+import sys
 import threading
+import traceback
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -21,6 +23,8 @@ from . import errors, kernel, runtime
 from . import params as _params
 from .inference import known
 from .input_shapes import unknown_ndim
+from .runtime import aux as aux_patch
+from .runtime import deps, release, shapes
 
 if TYPE_CHECKING:
     from .operator import CustomOperator
@@ -53,7 +57,7 @@ def register(op_type: str, lookup: Callable[[str], CustomOperator]) -> None:
             self.call = errors.take_call(kwargs.pop(errors.CALL_KEY, None))
             self.params, self.pkey = _decode_cached(kwargs)
             if op.signature.aux:
-                runtime.use_aux(op.op_type, op.signature.aux)
+                aux_patch.use_aux(op.op_type, op.signature.aux)
             else:
                 runtime.use()
                 runtime.note_graph_op(op)  # a loaded graph: bound or hybridized next
@@ -70,10 +74,9 @@ def register(op_type: str, lookup: Callable[[str], CustomOperator]) -> None:
                 self.bad_params = exc
             self.shapes: tuple | None = None
 
-        # before MXNet asks for the node's backward dependencies or shapes (``deps``, ``shapes``
-        # in customop.runtime)
-        _ref_holder = _adopting(lambda self, refs: runtime.adopt_prop(
-            refs, self.n_out, len(self.op.signature.inputs), self.op.need_top_grad, self))
+        # before MXNet asks for the node's backward dependencies or shapes
+        # (customop.runtime.deps, customop.runtime.shapes)
+        _ref_holder = _adopting(lambda self, refs: _adopt_prop(self, refs))
 
         def list_arguments(self) -> list[str]:
             if self.bad_params is not None:
@@ -165,6 +168,48 @@ def register(op_type: str, lookup: Callable[[str], CustomOperator]) -> None:
     mx.operator.register(op_type)(Prop)
 
 
+def _adopt_prop(prop: Any, refs: Any) -> None:
+    deps.adopt_prop(refs, prop.n_out, len(prop.op.signature.inputs), prop.op.need_top_grad)
+    shapes.adopt_prop(refs, prop, _shape_props, _infer_shape_entry)
+
+
+_shape_props: dict[int, Any] = {}  # context key -> weakref to a prop (customop.runtime.shapes)
+_shape_buffers = threading.local()  # .held: the buffers of this thread's last shape answer
+
+
+def _infer_shape_entry(num_tensor, tensor_dims, tensor_shapes, key, props=_shape_props):
+    # MXNet's infer_shape_entry, with the buffers it hands C++ held per thread: MXNet keeps
+    # them in one slot per prop, which a concurrent bind of the same Symbol replaced while
+    # C++ still copied them (customop.runtime.shapes).
+    ref = props.get(key)
+    prop = ref() if ref is not None else None
+    if prop is None:  # pragma: no cover - MXNet calls a prop only while it holds it
+        return False
+    try:
+        n_in = len(prop.list_arguments())
+        n_out = len(prop.list_outputs())
+        n_aux = len(prop.list_auxiliary_states())
+        if num_tensor != n_in + n_out + n_aux:  # pragma: no cover - MXNet's own assertion
+            raise AssertionError(f"infer_shape: {num_tensor} tensors for {n_in} inputs, "
+                                 f"{n_out} outputs and {n_aux} aux states")
+        given = [[tensor_shapes[i][j] for j in range(tensor_dims[i])] for i in range(n_in)]
+        ishape, oshape, ashape = prop.infer_shape(given)
+        answer = [*ishape, *oshape, *ashape]
+        held = []
+        for i in range(num_tensor):
+            dims = [int(d) for d in answer[i]]
+            buf = (ctypes.c_int * max(len(dims), 1))(*dims)
+            held.append(buf)
+            tensor_shapes[i] = ctypes.cast(buf, ctypes.POINTER(ctypes.c_int))
+            tensor_dims[i] = len(dims)
+        _shape_buffers.held = held  # C++ copies them right after this returns, on this thread
+    except Exception:  # noqa: BLE001 - a C callback must not raise; the prop reported its own
+        if not errors.is_ours(sys.exc_info()[1]):
+            traceback.print_exc()
+        return False
+    return True
+
+
 def _adopting(adopt: Callable[[Any, Any], None]) -> property:
     """``_ref_holder``, where MXNet keeps the callback table it built for a prop or operator,
     right after creating it: ``adopt(obj, refs)`` then points slots of that table at ours."""
@@ -203,16 +248,16 @@ class _Op(mx.operator.CustomOp):
         self.op, self.params, self.scalar = op, params, scalar
         self.call, self.reader, self.ctx = call, reader, ctx
         # MXNet's numbers of the arrays its backward reads, and how many arrays are numbered
-        self.dependencies = runtime.dependency_set(len(scalar), len(op.signature.inputs),
+        self.dependencies = deps.dependency_set(len(scalar), len(op.signature.inputs),
                                                    op.need_top_grad)
         self.saved: tuple | None = None
         # The last training forward's residuals, until its backward: MXNet runs the two as
         # separate callbacks of this one object (one per bound node, or per mx.nd.Custom call).
         self.residuals: dict[str, Any] | None = None
 
-    # what it holds is freed when MXNet deletes it (``release`` in customop.runtime; else it
+    # what it holds is freed when MXNet deletes it (customop.runtime.release; else it
     # waits for gc), and its backward reads this node's own dependencies (``deps``)
-    _ref_holder = _adopting(runtime.adopt_operator)
+    _ref_holder = _adopting(release.adopt_operator)
 
     def release(self) -> None:
         """MXNet deleted this operator: drop the residuals and host copies it kept."""

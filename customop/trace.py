@@ -7,14 +7,15 @@ the graph, the values of the free variables (arrays the forward used without
 receiving them: constants it built, cached arrays, or values it computed while
 recording was paused), what it read back to Python, which random operators it
 called.  Whether the graph may stand in for the operator is decided in
-:mod:`customop.native`.
+:mod:`customop.native`.  Traces run on customop's own trace thread (:func:`aside`).
 """
 from __future__ import annotations
 
 import ctypes
 import json
 import os
-import re
+import random
+import threading
 import traceback
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -23,15 +24,13 @@ import mxnet as mx
 import numpy as np
 from mxnet.base import _LIB, check_call, py_str
 
-from . import checks, guards, kernel, runtime
+from . import checks, kernel
+from .rules import INDEX_GUARDS, RANDOM
+from .runtime import trace as hooks
 
 if TYPE_CHECKING:
     from .operator import CustomOperator
 
-# Operators whose outputs are not a function of their inputs.
-RANDOM = re.compile(r"^(_random_|_sample_|random_|sample_|_npi_(random|uniform|normal|gamma|"
-                    r"exponential|weibull|pareto|power|rayleigh|logistic|gumbel|laplace|"
-                    r"multinomial|choice|bernoulli))|^(Dropout|_shuffle|_np_shuffle)$")
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _MXNET = os.path.dirname(os.path.abspath(mx.__file__))
 _op_names: dict[int, list[str]] = {}
@@ -51,7 +50,7 @@ def is_tracing() -> bool:
         >>> customop.is_tracing()
         False
     """
-    log = runtime.tracing_now()
+    log = hooks.tracing_now()
     if log is not None:
         log.asked.append(_caller())
     return log is not None
@@ -94,11 +93,11 @@ class Recording:
     unknown_free: list[str] = field(default_factory=list)  # free variables without a value
     asked: list[str] = field(default_factory=list)  # where the forward called is_tracing()
     checks: int = 0  # customop.require conditions the graph carries (as NaN poisoning)
-    guarded: dict[str, list] = field(default_factory=dict)  # node -> dtypes (customop.guards)
+    guarded: dict[str, list] = field(default_factory=dict)  # node -> dtypes (rules.INDEX_GUARDS)
 
 
 class _Log:
-    """What the runtime's trace hooks report while one forward runs (see ``trace`` there)."""
+    """What the trace hooks report while one forward runs (:mod:`customop.runtime.trace`)."""
 
     def __init__(self):
         self.inputs: set[str] = set()  # the graph's names of the forward's inputs
@@ -107,7 +106,7 @@ class _Log:
         self.randoms: list[str] = []
         self.reads: list[str] = []
         self.asked: list[str] = []  # where the forward called is_tracing() (while traced)
-        self.guarded: list[tuple[mx.nd.NDArray, list[np.dtype]]] = []  # see customop.guards
+        self.guarded: list[tuple[mx.nd.NDArray, list[np.dtype]]] = []  # see rules.INDEX_GUARDS
         self.regions: list[tuple[int, int]] = []  # node numbers recorded inside pause()
         self.inner: list[Any] = []  # decorated ops the forward called (dispatch reports them)
         self._depth = 0
@@ -129,14 +128,14 @@ class _Log:
         # MXNet names each recorded operator "node_<n>" from one counter: a probe
         # recorded now tells where the counter stands.
         probe = self._probe * 1
-        return _number(mx.autograd.get_symbol(probe).name)
+        return node_number(mx.autograd.get_symbol(probe).name)
 
     def invoked(self, handle: int, ndargs: Any, result: Any) -> None:
         outs = result if isinstance(result, (list, tuple)) else [result]
         self.arrays.extend(ndargs)
         self.arrays.extend(o for o in outs if isinstance(o, mx.nd.NDArray))
         names = op_names(handle)
-        guarded = next((n for n in names if n in guards.REWRITES), None)
+        guarded = next((n for n in names if n in INDEX_GUARDS), None)
         if guarded is not None and outs and len(ndargs) > 1:
             # the dtypes its index guard needs: each output's, then the index input's
             self.guarded.append((outs[0], [np.dtype(o.dtype) for o in outs]
@@ -180,7 +179,7 @@ def record(op: CustomOperator, values: list[np.ndarray], params: dict[str, Any],
         x.attach_grad()
     log = _Log()
     log.inputs = {mx.autograd.get_symbol(x).name for x in xs}
-    with runtime.tracing(log), mx.autograd.record(train_mode=False), \
+    with hooks.tracing(log), mx.autograd.record(train_mode=False), \
             checks.collecting() as conditions:
         outs = kernel.run_forward(op, list(xs), dict(params), where="trace")
         # its require() checks become part of the graph: NaN outputs where they fail
@@ -229,10 +228,11 @@ def record(op: CustomOperator, values: list[np.ndarray], params: dict[str, Any],
                      guarded={_graph_name(o): d for o, d in log.guarded},
                      inner=list(dict.fromkeys(log.inner)),
                      paused={i for i, n in enumerate(nodes) if any(
-                         lo < _number(n["name"]) < hi for lo, hi in log.regions)})
+                         lo < node_number(n["name"]) < hi for lo, hi in log.regions)})
 
 
-def _number(name: str) -> int:
+def node_number(name: str) -> int:
+    """The ``n`` of a recorded operator's graph name ``node_<n>`` (-1 for other names)."""
     head, _, tail = name.rpartition("_")
     return int(tail) if head == "node" and tail.isdigit() else -1
 
@@ -260,3 +260,34 @@ def _free_values(arrays: list[mx.nd.NDArray], wanted: set[str]) -> dict[str, np.
             if sym.get_children() is None:
                 found[name] = a.asnumpy()
     return found
+
+
+# ---- the trace thread ---------------------------------------------------------------------
+_worker_lock = threading.Lock()
+_worker: Any = None  # a ThreadPoolExecutor of one thread, made on first use (per process)
+_worker_pid = 0
+
+
+def aside(fn, *args):
+    """``fn(*args)`` on customop's trace thread, the caller's random streams kept.
+
+    Traces run forwards that may draw random numbers: MXNet's generators are per
+    thread (so the caller's stream is untouched there) and NumPy's and Python's
+    global ones are put back.  The caller's autograd state is untouched too.
+    """
+    global _worker, _worker_pid
+    if threading.current_thread().name.startswith("customop-trace"):
+        return fn(*args)
+    with _worker_lock:
+        if _worker is None or _worker_pid != os.getpid():  # threads do not survive fork()
+            # imported here: on Python 3.8 importing concurrent.futures registers an atexit hook
+            from concurrent.futures import ThreadPoolExecutor
+
+            _worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="customop-trace")
+            _worker_pid = os.getpid()
+    np_state, py_state = np.random.get_state(), random.getstate()
+    try:
+        return _worker.submit(fn, *args).result()
+    finally:
+        np.random.set_state(np_state)
+        random.setstate(py_state)

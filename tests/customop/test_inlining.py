@@ -253,7 +253,7 @@ def test_a_block_whose_inlined_graph_lists_its_inputs_in_another_order(monkeypat
         return net, outs
 
     net, inlined = run()
-    plan = runtime._plans[id(net._cached_op)]
+    plan = runtime.patch("inline")._plans[id(net._cached_op)]
     assert [order is not None for _, order in plan.built.values()] == [True]  # reorders
     monkeypatch.setenv("CUSTOMOP_RUNTIME_OFF", "inline")
     _, custom = run()
@@ -288,7 +288,8 @@ def test_an_aux_op_beside_an_inlined_one_keeps_its_aux_waits(monkeypatch):
         return net, net.center.centers.data().asnumpy(), x.grad.asnumpy()
 
     net, centers, grad = run()
-    plan = runtime._plans[id(net._cached_op)]  # the CachedOp it runs: inlined, aux waits kept
+    # the CachedOp it runs: inlined, aux waits kept
+    plan = runtime.patch("inline")._plans[id(net._cached_op)]
     assert [type(inner).__name__ for inner, _ in plan.by_graph.values()] == ["_AuxCachedOp"]
     report = customop.explain(net, mx.nd.array(ROWS), mx.nd.array([0, 1, 0, 1]))
     assert len(report.nodes) == 2 and len(report.kept["train"]) == 1  # affine inlines

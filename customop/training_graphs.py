@@ -1,8 +1,8 @@
-"""Training graphs run our inlinable ops as MXNet's own operators: bound executors and CachedOps.
+"""Preparing training graphs: our inlinable ops inlined, the executor shown as the original.
 
 MXNet builds a graph's executor at ``Symbol.bind``/``simple_bind`` (shapes
 known) and a hybridized block's ``CachedOp`` before its first call (shapes known
-at that call).  At those moments the ``inline`` patch of :mod:`customop.runtime`
+at that call).  At those moments the ``inline`` patch (:mod:`customop.runtime.inline`)
 hands the graph here: each ``Custom`` node of an operator that inlines for
 training (:mod:`customop.native`) is replaced by its native graph
 (:mod:`customop.splice`), and the executor or CachedOp runs that graph.  What
@@ -13,27 +13,17 @@ CachedOp's inputs.  Graphs without such a node are left alone.
 from __future__ import annotations
 
 import copy
-import ctypes
-import json
-import sys
-import threading
 import warnings
 import weakref
 from typing import Any
 
 import mxnet as mx
 import numpy as np
-from mxnet.base import _LIB
 
-from . import native, runtime, splice
-
-
-def may_inline(op: Any) -> bool:
-    """Whether ``op`` may inline in training graphs (then the ``inline`` patch is needed)."""
-    return not native.static_reason(op, native.TRAIN)
+from . import graph_json, native, runtime, splice
 
 
-def _spliced(sym: mx.sym.Symbol, shapes: Any, dtypes: Any
+def spliced(sym: mx.sym.Symbol, shapes: Any, dtypes: Any
              ) -> splice.Spliced | None:
     """``sym`` inlined for training, or None when nothing in it inlines.
 
@@ -42,7 +32,7 @@ def _spliced(sym: mx.sym.Symbol, shapes: Any, dtypes: Any
     """
     if runtime.disabled("inline"):
         return None
-    graph = splice.graph_of(sym)
+    graph = graph_json.graph_of(sym)
     if graph is None or not splice.candidates(graph, native.TRAIN):
         return None
     if callable(shapes):
@@ -75,7 +65,7 @@ def simple_bind(original, sym, ctx, grad_req="write", type_dict=None, stype_dict
                 group2ctx=None, shared_arg_names=None, shared_exec=None, shared_buffer=None,
                 **shapes):
     """``Symbol.simple_bind`` of ``sym`` with its inlinable ops inlined."""
-    found = _spliced(sym, shapes, lambda: _default_dtypes(sym, type_dict))
+    found = spliced(sym, shapes, lambda: _default_dtypes(sym, type_dict))
     if found is None:
         return original(sym, ctx, grad_req, type_dict, stype_dict, group2ctx, shared_arg_names,
                         shared_exec, shared_buffer, **shapes)
@@ -108,7 +98,7 @@ def bind(original, sym, ctx, args, args_grad=None, grad_req="write", aux_states=
     arrays = {**arg_map, **aux_map}
     found = None
     if all(isinstance(a, mx.nd.NDArray) for a in arrays.values()):
-        found = _spliced(sym, lambda: {n: a.shape for n, a in arrays.items()},
+        found = spliced(sym, lambda: {n: a.shape for n, a in arrays.items()},
                          lambda: {n: a.dtype for n, a in arrays.items()})
     if found is None:
         return original(sym, ctx, args, args_grad, grad_req, aux_states, group2ctx, shared_exec)
@@ -163,8 +153,9 @@ class _Reshape:
                   for n, s in zip([*names, *aux_names], [*(args or []), *(aux or [])])}
         dtypes = {n: a.dtype for n, a in current.items()}
         checked(self.original, shapes, dtypes)
-        found = _spliced(self.original, shapes, dtypes)
-        if found is not None and _shape_of_graph(found.symbol) == _shape_of_graph(self.inlined):
+        found = spliced(self.original, shapes, dtypes)
+        if found is not None and (graph_json.anonymous(found.symbol)
+                                  == graph_json.anonymous(self.inlined)):
             new = mx.executor.Executor.reshape(exe, partial_shaping, allow_up_sizing, **kwargs)
             return present(new, self.original, self.inlined)
 
@@ -175,111 +166,6 @@ class _Reshape:
         grads = same_or_new(exe.grad_dict) or None
         return self.original.bind(exe._ctx, same_or_new(exe.arg_dict), grads, exe._grad_req,
                                   same_or_new(exe.aux_dict), exe._group2ctx)
-
-
-# ---- hybridized blocks ----------------------------------------------------------------------
-_buffers = threading.local()  # .out: this thread's ctypes out-parameters for signature()
-_get_shape, _get_dtype = _LIB.MXNDArrayGetShapeEx, _LIB.MXNDArrayGetDType
-
-
-def signature(args, which) -> tuple:
-    """``((shape, dtype code), ...)`` of ``args[i]`` for ``i`` in ``which``: a CachedOp's
-    per-call key, read with two C calls an array (half what ``.shape``/``.dtype`` cost)."""
-    out = getattr(_buffers, "out", None)
-    if out is None:
-        ndim, dims, dtype = ctypes.c_int(), ctypes.POINTER(ctypes.c_int)(), ctypes.c_int()
-        out = _buffers.out = (ndim, dims, dtype, ctypes.byref(ndim), ctypes.byref(dims),
-                              ctypes.byref(dtype))
-    ndim, dims, dtype, ndim_ref, dims_ref, dtype_ref = out
-    key = []
-    for i in which:
-        handle = args[i].handle
-        _get_shape(handle, ndim_ref, dims_ref)
-        _get_dtype(handle, dtype_ref)
-        key.append((tuple(dims[:ndim.value]), dtype.value))
-    return tuple(key)
-
-
-class CachedPlan:
-    """What a CachedOp of a graph with inlinable ops runs, settled per input signature.
-
-    MXNet's CachedOp takes any input shapes and dtypes, but an inlined graph was
-    traced at one signature and runs none of the op's Python checks.  So each
-    new signature (the shapes and dtypes of the data inputs; parameters keep
-    theirs) is settled once, under a lock: the original graph's shape and type
-    passes run first (the ops' own checks: a bad signature raises the op's named
-    error before anything computes), then the graph is inlined at that
-    signature.  Signatures whose inlined graphs are the same share one CachedOp
-    of it; a signature where nothing inlines runs a CachedOp of the original
-    graph (``Custom`` nodes).  A graph traced for one signature never runs at
-    another it was not settled for.  A repeated signature costs one dict lookup.
-    """
-
-    def __init__(self, sym: mx.sym.Symbol, flags, graph: dict[str, Any]):
-        self.sym, self.flags, self.graph = sym, list(flags), graph
-        self.names = sym.list_inputs()
-        data = dict(self.flags).get("data_indices")
-        self.data = list(data) if data is not None else list(range(len(self.names)))
-        self.built: dict[Any, tuple[Any, list[int] | None]] = {}  # signature -> (CachedOp, order)
-        self.by_graph: dict[str, tuple[Any, list[int] | None]] = {}  # inlined JSON -> same
-        self.lock = threading.Lock()
-
-    def call(self, outer, args, kwargs):
-        key = signature(args, self.data)
-        found = self.built.get(key)
-        if found is None:
-            with self.lock:
-                found = self.built.get(key) or self._build(key, args)
-        inner, order = found
-        if order is not None:
-            args = [args[i] for i in order]
-        return inner(*args, **kwargs)
-
-    def _build(self, key, args):
-        shapes = {n: a.shape for n, a in zip(self.names, args)}
-        dtypes = {n: a.dtype for n, a in zip(self.names, args)}
-        if not all(d > 0 for i in self.data for d in args[i].shape) and self.by_graph:
-            # An empty batch fails in MXNet's own passes as it does for native blocks
-            # (documented with that baseline): it runs the graph settled first, unchecked.
-            return next(iter(self.by_graph.values()))
-        checked(self.sym, shapes, dtypes)
-        found = _spliced(self.sym, shapes, dtypes)
-        sym, order = self.sym, None
-        if found is not None:
-            sym = found.symbol.as_np_ndarray() if self.is_np_sym else found.symbol
-            new = sym.list_inputs()
-            order = [self.names.index(n) for n in new]
-            if order == list(range(len(order))):
-                order = None
-        text = _shape_of_graph(sym)
-        built = self.by_graph.get(text)
-        if built is None:
-            inner = runtime.inner_cached_op(sym, self._flags(sym.list_inputs()))
-            built = self.by_graph[text] = (inner, order)
-        self.built[key] = built
-        return built
-
-    is_np_sym = False  # the CachedOp's graph is a NumPy-API Symbol (set by the patch)
-
-    def _flags(self, names: list[str]) -> list:
-        # Gluon passes which inputs are data and which parameters, by position.
-        out = []
-        for key, value in self.flags:
-            if key in ("data_indices", "param_indices"):
-                chosen = {self.names[i] for i in value}
-                value = [i for i, n in enumerate(names) if n in chosen]
-            out.append((key, value))
-        return out
-
-
-def _shape_of_graph(sym: mx.sym.Symbol) -> str:
-    # The graph without its operators' names (each trace numbers its nodes anew): two
-    # signatures whose inlined graphs differ only in names share one CachedOp.
-    graph = json.loads(sym.tojson())
-    for node in graph["nodes"]:
-        if node["op"] != "null":
-            node["name"] = ""
-    return json.dumps([graph["nodes"], graph["heads"]], sort_keys=True)
 
 
 def checked(sym: mx.sym.Symbol, shapes: dict[str, Any], dtypes: dict[str, Any]) -> None:
@@ -294,14 +180,7 @@ def checked(sym: mx.sym.Symbol, shapes: dict[str, Any], dtypes: dict[str, Any]) 
     sym.infer_type_partial(**{k: np.dtype(v) for k, v in dtypes.items() if k in names})
 
 
-def cached_plan(sym: mx.sym.Symbol, flags) -> CachedPlan | None:
-    """A plan for a new CachedOp of ``sym``, or None when nothing in it may inline."""
-    if runtime.disabled("inline"):
-        return None
-    graph = splice.graph_of(sym)
-    if graph is None or not splice.candidates(graph, native.TRAIN):
-        return None
-    return CachedPlan(sym, flags, graph)
-
-
-runtime.set_inline_hooks(sys.modules[__name__])
+def holds_inlinable(sym: mx.sym.Symbol) -> bool:
+    """Whether ``sym`` holds a ``Custom`` node of ours that may inline in training."""
+    graph = graph_json.graph_of(sym)
+    return graph is not None and bool(splice.candidates(graph, native.TRAIN))
