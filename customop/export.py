@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import json
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import mxnet as mx
 import numpy as np
 
-from . import native, registry, splice
+from . import export_graph, native, registry, splice
 
 CHOICES = ("raise", "warn")
 
@@ -32,9 +33,15 @@ class Exported:
 
     symbol_file: str
     params_file: str
-    inputs: dict[str, tuple] = field(default_factory=dict)  # name -> (shape, dtype) exported at
+    # What a loader feeds: name -> (shape, dtype) exported at, in the forward's order; an
+    # input the graph does not read (a label that only shapes a loss's gradient) is left out.
+    inputs: dict[str, tuple] = field(default_factory=dict)
     inlined: list[str] = field(default_factory=list)
     kept: list[str] = field(default_factory=list)
+    outputs: list[str] = field(default_factory=list)  # what the loaders list, in order
+    # Why the graph holds at the exported input shapes only ([] when it does not); its
+    # inputs then carry those shapes, and loaders refuse others.
+    fixed: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -47,7 +54,8 @@ class OnnxModel:
 
 
 def export(block: mx.gluon.HybridBlock, path: str, *inputs: Any, epoch: int = 0,
-           not_inlined: str = "raise") -> Exported:
+           not_inlined: str = "raise", input_names: Sequence[str] | None = None,
+           output_names: Sequence[str] | None = None) -> Exported:
     """Write ``path-symbol.json`` and ``path-%04d.params`` for deployment.
 
     Like ``block.export(path, epoch)``, with every ``'mxnet'``-mode operator of
@@ -92,6 +100,7 @@ def export(block: mx.gluon.HybridBlock, path: str, *inputs: Any, epoch: int = 0,
     if len(data) != len(inputs):
         raise TypeError(f"customop.export: the block's forward takes {len(data)} input(s), "
                         f"got {len(inputs)} example input(s)")
+    names = _input_names(input_names, [d.name for d in data])
     shapes = {d.name: a.shape for d, a in zip(data, inputs)}
     dtypes = {d.name: a.dtype for d, a in zip(data, inputs)}
     params = {}
@@ -109,9 +118,17 @@ def export(block: mx.gluon.HybridBlock, path: str, *inputs: Any, epoch: int = 0,
                                   "nodes: loading the files then needs customop)")
         warnings.warn(text + "\nThey stay Custom nodes: loading the files needs customop.",
                       stacklevel=2)
-    if found is not None:
-        sym = found.symbol
-    constants = found.constants if found is not None else {}
+    def retrace(other: dict) -> Any:  # the splice at other data shapes
+        return splice.inline(sym, {**shapes, **other}, dtypes, native.EXPORT)
+
+    written = export_graph.deployable(sym, found, [d.name for d in data], names, list(inputs),
+                                      output_names, retrace)
+    sym, constants = written.symbol, written.constants
+    if found is not None and found.inlined and not written.fixed:
+        why = _other_batch_differs(block, sym, params, constants, names, list(inputs))
+        if why:
+            written.fixed.append(why)
+            sym = export_graph.pinned(sym, {n: tuple(a.shape) for n, a in zip(names, inputs)})
     symbol_file, params_file = f"{path}-symbol.json", f"{path}-{epoch:04d}.params"
     arg_names, aux_names = set(sym.list_arguments()), set(sym.list_auxiliary_states())
     saved: dict[str, mx.nd.NDArray] = {}
@@ -124,9 +141,47 @@ def export(block: mx.gluon.HybridBlock, path: str, *inputs: Any, epoch: int = 0,
         saved[f"arg:{name}"] = mx.nd.array(value, dtype=value.dtype)
     sym.save(symbol_file)
     mx.nd.save(params_file, saved)
-    inputs_at = {d.name: (tuple(a.shape), np.dtype(a.dtype)) for d, a in zip(data, inputs)}
+    read = set(sym.list_inputs())
+    inputs_at = {n: (tuple(a.shape), np.dtype(a.dtype)) for n, a in zip(names, inputs)
+                 if n in read}
     return Exported(symbol_file, params_file, inputs_at,
-                    found.inlined if found is not None else [], kept)
+                    found.inlined if found is not None else [], kept, sym.list_outputs(),
+                    written.fixed)
+
+
+def _other_batch_differs(block, sym, params, constants, names, inputs) -> str:
+    """"" when the exported graph gives the block's outputs at a larger batch size too."""
+    longer = export_graph.longer_batch(inputs)
+    if longer is None:
+        return ""
+    size = longer[0].shape[0]
+    try:
+        with mx.autograd.pause():
+            want = block(*[mx.nd.array(a, dtype=a.dtype) for a in longer])
+    except Exception:  # noqa: BLE001 - the block itself refuses it: nothing to compare
+        return ""
+    want = [want] if isinstance(want, mx.nd.NDArray) else list(want)
+    try:
+        got = export_graph.run(sym, {**params, **constants, **dict(zip(names, longer))})
+    except mx.base.MXNetError as exc:
+        return f"the exported graph fails at batch size {size}: {str(exc).splitlines()[0]}"
+    if len(got) != len(want) or not all(
+            g.shape == w.shape and np.allclose(g, w.asnumpy(), rtol=1e-4, atol=1e-5,
+                                               equal_nan=True) for g, w in zip(got, want)):
+        return f"the exported graph gives other outputs than the block at batch size {size}"
+    return ""
+
+
+def _input_names(chosen, gluon: list[str]) -> list[str]:
+    if chosen is None:
+        return list(gluon)
+    chosen = [chosen] if isinstance(chosen, str) else list(chosen)
+    if len(chosen) != len(gluon) or not all(isinstance(n, str) and n for n in chosen):
+        raise ValueError(f"customop.export: input_names must name each of the {len(gluon)} "
+                         f"input(s) of the block's forward, in its order; got {chosen!r}")
+    if len(set(chosen)) != len(chosen):
+        raise ValueError(f"customop.export: input_names must differ; got {chosen!r}")
+    return chosen
 
 
 def block_graph(block: mx.gluon.HybridBlock, inputs) -> tuple:

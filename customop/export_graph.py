@@ -1,0 +1,464 @@
+"""The exported graph's JSON made what a deployer expects: names, constants' shapes, pins.
+
+:func:`customop.export` writes the block's graph with our ops spliced in as MXNet
+operators (:mod:`customop.splice`); the rewrites here then act on that graph's JSON:
+
+* :func:`annotate_constants`: the arrays an op builds (saved as parameters) get
+  ``__shape__``/``__dtype__``.  Loaders that infer shapes from the data inputs alone
+  (the C predict API's ``MXPredCreate``, ``mx.mod.Module.bind``, ``sym.infer_shape``)
+  otherwise fail inside ``topk`` or ``arr_pick`` (measured on MXNet 1.9.1).
+* :func:`rename_constants`: their variables are named after the op that built them.
+* :func:`rename_inputs` / :func:`name_outputs`: the names a user chose.
+* :func:`pin_inputs`: a graph that holds at its exported shapes only gets ``__shape__``
+  on its data inputs, so that every loader fed other shapes refuses them at shape
+  inference instead of broadcasting a frozen constant to wrong numbers.
+* :func:`batch_free`: constants that depend only on the batch size become operators of
+  the input's shape (``_contrib_arange_like``, ``broadcast_like``), so the export runs
+  at other batch sizes.
+"""
+from __future__ import annotations
+
+import ast
+import json
+from typing import Any
+
+import mxnet as mx
+import numpy as np
+from mxnet.ndarray.ndarray import _DTYPE_NP_TO_MX
+
+from . import errors, registry
+
+
+def attrs_of(node: dict[str, Any]) -> dict[str, str]:
+    return node.get("attrs") or node.get("attr") or node.get("param") or {}
+
+
+def dtype_code(dtype: Any) -> str:
+    """MXNet's ``__dtype__`` attribute for a NumPy dtype (``float32`` is ``"0"``)."""
+    return str(_DTYPE_NP_TO_MX[np.dtype(dtype).type])
+
+
+def hosts(graph: dict[str, Any]) -> dict[str, str]:
+    """``{Custom node name: the op as its user knows it}`` for our ops in a block's graph."""
+    found = {}
+    for node in graph["nodes"]:
+        if node.get("op") == "Custom":
+            op_type = attrs_of(node).get("op_type", "")
+            if registry.lookup(op_type) is not None:
+                found[node["name"]] = errors.shown(op_type)
+    return found
+
+
+def rename_constants(graph: dict[str, Any], constants: dict[str, np.ndarray],
+                     ops: dict[str, str]) -> dict[str, np.ndarray]:
+    """Name each constant ``<custom node>_<op>_constant<k>``; return the renamed dict.
+
+    ``ops``: :func:`hosts` of the graph before splicing (a constant's name starts
+    with the name of the ``Custom`` node it replaced).
+    """
+    renamed: dict[str, str] = {}
+    count: dict[str, int] = {}
+    for name in constants:
+        host = max((h for h in ops if name.startswith(h + "_")), key=len, default=None)
+        if host is None:
+            renamed[name] = name
+            continue
+        k = count[host] = count.get(host, -1) + 1
+        renamed[name] = f"{host}_{ops[host].rsplit('.', 1)[-1]}_constant{k}"
+    for node in graph["nodes"]:
+        if node.get("op") == "null" and node["name"] in renamed:
+            node["name"] = renamed[node["name"]]
+    return {renamed[k]: v for k, v in constants.items()}
+
+
+def annotate_constants(graph: dict[str, Any], constants: dict[str, np.ndarray]) -> None:
+    """Give each constant's variable its ``__shape__`` and ``__dtype__``."""
+    for node in graph["nodes"]:
+        value = constants.get(node["name"]) if node.get("op") == "null" else None
+        if value is not None:
+            attrs = node.setdefault("attrs", {})
+            attrs["__shape__"] = str(tuple(int(d) for d in value.shape))
+            attrs["__dtype__"] = dtype_code(value.dtype)
+
+
+def rename_inputs(graph: dict[str, Any], names: dict[str, str]) -> None:
+    """Rename variables: ``names`` maps old to new."""
+    for node in graph["nodes"]:
+        if node.get("op") == "null" and node["name"] in names:
+            node["name"] = names[node["name"]]
+
+
+def pin_inputs(graph: dict[str, Any], shapes: dict[str, tuple]) -> None:
+    """Give these data inputs a ``__shape__``: loaders then refuse any other shape."""
+    for node in graph["nodes"]:
+        if node.get("op") == "null" and node["name"] in shapes:
+            node.setdefault("attrs", {})["__shape__"] = str(tuple(shapes[node["name"]]))
+
+
+def name_outputs(graph: dict[str, Any], names: list[str]) -> None:
+    """Make output ``k`` come from a node named ``names[k]`` (MXNet lists ``<name>_output``).
+
+    A head that is the only output of a node no other head reads, and not a variable,
+    is that node renamed; otherwise a ``_copy`` node of that name is added.
+    """
+    nodes, heads = graph["nodes"], graph["heads"]
+    if len(names) != len(heads):
+        raise ValueError(f"{len(names)} output name(s) for {len(heads)} output(s)")
+    readers: dict[int, int] = {}
+    for head in heads:
+        readers[head[0]] = readers.get(head[0], 0) + 1
+    single = _single_output_ops(graph)
+    for k, (head, name) in enumerate(zip(heads, names)):
+        node = nodes[head[0]]
+        if node["op"] != "null" and readers[head[0]] == 1 and head[0] in single:
+            node["name"] = name
+            continue
+        nodes.append({"op": "_copy", "name": name, "inputs": [[head[0], head[1], 0]]})
+        heads[k] = [len(nodes) - 1, 0, 0]
+    graph["arg_nodes"] = [i for i, n in enumerate(nodes) if n["op"] == "null"]
+    graph.pop("node_row_ptr", None)  # recomputed by MXNet on load
+
+
+def _single_output_ops(graph: dict[str, Any]) -> set[int]:
+    rows = graph.get("node_row_ptr")
+    if rows is None:
+        return set()
+    return {i for i in range(len(graph["nodes"])) if rows[i + 1] - rows[i] == 1}
+
+
+def load(graph: dict[str, Any]) -> mx.sym.Symbol:
+    return mx.sym.load_json(json.dumps(graph))
+
+
+def longer_batch(inputs: list[Any], extra: int = 3) -> list[np.ndarray] | None:
+    """The example inputs with ``extra`` more rows where their axis 0 is the batch (as long as
+    the first input's): the rows repeated.  None when the first input has no axis."""
+    first = inputs[0]
+    if not first.ndim:
+        return None
+    batch = first.shape[0]
+    rows = np.arange(batch + extra) % batch
+    return [np.take(a.asnumpy(), rows, axis=0) if a.ndim and a.shape[0] == batch
+            else a.asnumpy() for a in inputs]
+
+
+def run(sym: mx.sym.Symbol, arrays: dict[str, Any]) -> list[np.ndarray]:
+    """``sym``'s outputs, bound with these arrays (inputs and parameters) by name."""
+    feed = {k: (v if isinstance(v, mx.nd.NDArray) else mx.nd.array(v, dtype=v.dtype))
+            for k, v in arrays.items() if k in set(sym.list_inputs())}
+    exe = sym.bind(mx.cpu(), feed, grad_req="null")
+    return [o.asnumpy() for o in exe.forward(is_train=False)]
+
+
+def pinned(sym: mx.sym.Symbol, shapes: dict[str, tuple]) -> mx.sym.Symbol:
+    graph = json.loads(sym.tojson())
+    pin_inputs(graph, shapes)
+    return load(graph)
+
+
+# ---- the export's graph, put together -----------------------------------------------------------
+class Deployable:
+    """The exported graph, the constants it saves as parameters, and why it holds at fixed
+    input shapes only (``fixed``, [] when it runs at other batch sizes)."""
+
+    def __init__(self, symbol: mx.sym.Symbol, constants: dict[str, np.ndarray],
+                 fixed: list[str]):
+        self.symbol, self.constants, self.fixed = symbol, constants, fixed
+
+
+def deployable(block_sym: mx.sym.Symbol, spliced: Any, data: list[str], names: list[str],
+               inputs: list[Any], output_names: Any, retrace: Any) -> Deployable:
+    """The graph :func:`customop.export` writes.
+
+    ``block_sym``: the block's graph; ``spliced``: :func:`customop.splice.inline`'s
+    result for it (or None); ``data``: the block's input names as Gluon calls them,
+    ``names``: as the user does; ``inputs``: the example inputs; ``retrace(shapes)``:
+    the splice at other data shapes (to see which constants depend on the batch size).
+    """
+    sym = spliced.symbol if spliced is not None else block_sym
+    graph = json.loads(sym.tojson())
+    constants = dict(spliced.constants) if spliced is not None else {}
+    ops = hosts(json.loads(block_sym.tojson()))
+    if output_names is None:
+        output_names = [n[:-len("_output")] if n.endswith("_output") else n
+                        for n in block_sym.list_outputs()]
+    else:
+        output_names = [output_names] if isinstance(output_names, str) else list(output_names)
+        _check_output_names(graph, output_names, set(names))
+    fixed: list[str] = []
+    if spliced is not None and spliced.inlined:
+        constants, fixed = _batch_free(graph, constants, ops, data, inputs, retrace)
+    annotate_constants(graph, constants)
+    rename_inputs(graph, dict(zip(data, names)))
+    if fixed:
+        pin_inputs(graph, {n: tuple(a.shape) for n, a in zip(names, inputs)})
+    graph = json.loads(load(toposorted(graph)).tojson())  # MXNet's node_row_ptr again
+    name_outputs(graph, output_names)
+    return Deployable(load(toposorted(graph)), constants, fixed)
+
+
+def _check_output_names(graph: dict[str, Any], chosen: list[str], inputs: set) -> None:
+    if len(chosen) != len(graph["heads"]) or not all(isinstance(n, str) and n for n in chosen):
+        raise ValueError(f"customop.export: output_names must name each of the "
+                         f"{len(graph['heads'])} output(s) of the block, in order; got "
+                         f"{chosen!r}")
+    if len(set(chosen)) != len(chosen) or set(chosen) & inputs:
+        raise ValueError(f"customop.export: output_names must differ from each other and "
+                         f"from the input names; got {chosen!r}")
+
+
+def _batch_free(graph, constants, ops, data, inputs, retrace):
+    """Constants that depend on the batch size only, as operators of the input's shape.
+
+    The splice is done again with the batched inputs (axis 0 as long as the first
+    input's) three rows longer.  A constant equal in both stays a parameter; one whose
+    rows are ``base + i * step`` in both (row offsets) or all equal (a value broadcast
+    to the batch) becomes ``_contrib_arange_like`` of that input; any other is named in
+    the returned ``fixed`` list.
+    """
+    first = inputs[0]
+    batch = first.shape[0] if first.ndim else None
+    batched = [n for n, a in zip(data, inputs) if batch and a.ndim and a.shape[0] == batch]
+    other = again = None
+    if batched:
+        longer = batch + 3
+        shapes = {n: ((longer,) + tuple(a.shape[1:]) if n in batched else tuple(a.shape))
+                  for n, a in zip(data, inputs)}
+        try:
+            again = retrace(shapes)
+            other = dict(again.constants) if again is not None else None
+        except Exception:  # noqa: BLE001 - the ops refuse other batch sizes: all fixed
+            other = None
+    paired = _pair(constants, other, ops)
+    kept: dict[str, np.ndarray] = {}
+    fixed = _differing(graph, json.loads(again.symbol.tojson()) if again is not None else None,
+                       ops, batch, batch + 3 if batch else None)
+    renamed = rename_constants(graph, constants, ops)
+    new_names = dict(zip(constants, renamed))
+    index = {n["name"]: i for i, n in enumerate(graph["nodes"])}
+    replace: dict[int, list[dict[str, Any]]] = {}
+    for name, value in constants.items():
+        new = new_names[name]
+        twin = paired.get(name)
+        if twin is not None and _same(value, twin):
+            kept[new] = value
+            continue
+        rows = _rows(value, twin, batch, batch + 3) if twin is not None else None
+        like = next((index[n] for n in batched if n in index), None)
+        if rows is None or like is None:
+            kept[new] = value
+            host = max((h for h in ops if name.startswith(h + "_")), key=len, default=name)
+            fixed.append(f"customop {ops.get(host, '?')!r} (node {host!r}) builds an array of "
+                         f"shape {tuple(value.shape)} from the input shapes, saved as "
+                         f"parameter {new!r}")
+            continue
+        k, base, step = rows
+        replace[index[new]] = _batch_nodes(new, like, k, value, base, step, kept)
+    if replace:
+        _substitute(graph, replace)
+    return kept, fixed
+
+
+def _differing(graph, other, ops, batch, longer) -> list[str]:
+    """The ops whose operators differ in the splice at batch size ``longer``: the graph
+    holds at its exported shapes only.
+
+    A ``Reshape`` whose shape differs in one axis only, by the batch size's factor (the
+    recorded ``x.reshape((-1,))`` of a batch), is written with ``-1`` there instead: it
+    then holds at every batch size.
+    """
+    if longer is None or other is None or len(other["nodes"]) != len(graph["nodes"]):
+        why = ("the graph could not be traced at another batch size" if other is None or
+               longer is None else f"its graph has other operators at batch size {longer}")
+        return [f"customop {op!r} (node {host!r}): {why}" for host, op in ops.items()
+                if not any(n["name"] == host for n in graph["nodes"] if n["op"] == "Custom")]
+    found: dict[str, str] = {}
+    for a, b in zip(graph["nodes"], other["nodes"]):
+        if a["op"] == b["op"] == "null":
+            continue
+        if a["op"] == b["op"] == "Reshape" and _batch_reshape(a, b, batch, longer):
+            continue
+        if a["op"] != b["op"] or _plain(attrs_of(a)) != _plain(attrs_of(b)):
+            host = max((h for h in ops if a["name"] == h or a["name"].startswith(h + "_")),
+                       key=len, default=None)
+            if host is not None and host not in found:
+                found[host] = (f"customop {ops[host]!r} (node {host!r}): its operator "
+                               f"{a['op']} has {_plain(attrs_of(a))} here and "
+                               f"{_plain(attrs_of(b))} at batch size {longer}")
+    return list(found.values())
+
+
+def _batch_reshape(a, b, batch, longer) -> bool:
+    """Relax ``Reshape`` node ``a`` to any batch size when ``b`` (at batch ``longer``) says
+    how; False when it cannot be."""
+    attrs, other = attrs_of(a), attrs_of(b)
+    if set(attrs) != set(other) or _plain(attrs).keys() != {"shape"}:
+        return False
+    try:
+        mine = list(ast.literal_eval(attrs["shape"]))
+        theirs = list(ast.literal_eval(other["shape"]))
+    except (ValueError, TypeError, SyntaxError):
+        mine = theirs = None
+    if not isinstance(mine, list) or not isinstance(theirs, list) or len(mine) != len(theirs):
+        return False
+    if any(d < 0 for d in mine):  # -1, or -2/-3/-4: MXNet's special values; not ours to move
+        return False
+    axes = [i for i, (m, t) in enumerate(zip(mine, theirs)) if m != t]
+    if len(axes) != 1 or mine[axes[0]] % batch or theirs[axes[0]] % longer or (
+            mine[axes[0]] // batch != theirs[axes[0]] // longer):
+        return False
+    mine[axes[0]] = -1
+    a["attrs"]["shape"] = str(tuple(mine))
+    return True
+
+
+def _plain(attrs: dict[str, str]) -> dict[str, str]:
+    return {k: v for k, v in attrs.items() if not k.startswith("__")}
+
+
+def _pair(constants, other, ops):
+    """``{constant: its twin in the other splice}``, matched by op node and order."""
+    if other is None:
+        return {}
+    def by_host(found):
+        groups: dict[str, list[str]] = {}
+        for name in found:
+            host = max((h for h in ops if name.startswith(h + "_")), key=len, default="")
+            groups.setdefault(host, []).append(name)
+        return groups
+    mine, theirs = by_host(constants), by_host(other)
+    paired = {}
+    for host, names in mine.items():
+        twins = theirs.get(host, [])
+        if host and len(twins) == len(names):
+            for a, b in zip(names, twins):
+                if constants[a].dtype == other[b].dtype:
+                    paired[a] = other[b]
+    return paired
+
+
+def _same(a: np.ndarray, b: np.ndarray) -> bool:
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    if np.issubdtype(a.dtype, np.floating):
+        return bool(np.array_equal(a, b, equal_nan=True))
+    return bool(np.array_equal(a, b))
+
+
+def _rows(value, twin, batch, longer):
+    """``(k, base, step)`` when both arrays are ``k`` rows per batch entry, row ``i`` of
+    ``(batch, k, ...)`` being ``base + i * step`` (``step`` None: ``base`` for every i)."""
+    if not value.ndim or value.shape[1:] != twin.shape[1:] or value.shape[0] % batch:
+        return None
+    k = value.shape[0] // batch
+    if twin.shape[0] != k * longer:
+        return None
+    rest = value.shape[1:]
+    a, b = value.reshape((batch, k) + rest), twin.reshape((longer, k) + rest)
+    base = b[:1]
+    if _same(a, np.broadcast_to(base, a.shape).copy()) and _same(
+            b, np.broadcast_to(base, b.shape).copy()):
+        return k, base, None
+    if not (np.all(np.isfinite(b)) if np.issubdtype(b.dtype, np.floating) else True):
+        return None
+    step = (b[1:2] - b[:1]).astype(b.dtype)
+    for got, n in ((a, batch), (b, longer)):
+        i = np.arange(n).astype(b.dtype).reshape((n,) + (1,) * (b.ndim - 1))
+        if not _same(got, (i * step + base).astype(b.dtype)):
+            return None
+    return k, base, step
+
+
+def _batch_nodes(name, like, k, value, base, step, kept):
+    """Nodes computing ``value``'s batch rows from input node ``like``; the last is it."""
+    rest = tuple(value.shape[1:])
+    ones = (1,) * (1 + len(rest))
+    dtype = np.dtype(value.dtype).name
+    nodes = [{"op": "_contrib_arange_like", "name": f"{name}_index",
+              "attrs": {"axis": "0"}, "inputs": [["like", 0]]},
+             {"op": "Reshape", "name": f"{name}_rows", "attrs": {"shape": str((-1,) + ones)},
+              "inputs": [[-1, 0]]},
+             {"op": "Cast", "name": f"{name}_cast", "attrs": {"dtype": dtype},
+              "inputs": [[-1, 0]]}]
+    kept[f"{name}_base"] = base
+    nodes.append({"op": "null", "name": f"{name}_base", "inputs": []})
+    if step is None:
+        nodes.append({"op": "zeros_like", "name": f"{name}_zeros", "inputs": [[-2, 0]]})
+        nodes.append({"op": "broadcast_add", "name": f"{name}_rows_of", "inputs": [[-1, 0],
+                                                                                  [-2, 0]]})
+    else:
+        kept[f"{name}_step"] = step
+        nodes.append({"op": "null", "name": f"{name}_step", "inputs": []})
+        nodes.append({"op": "broadcast_mul", "name": f"{name}_times", "inputs": [[-3, 0],
+                                                                                [-1, 0]]})
+        nodes.append({"op": "broadcast_add", "name": f"{name}_rows_of", "inputs": [[-1, 0],
+                                                                                  [-3, 0]]})
+    nodes.append({"op": "Reshape", "name": name, "attrs": {"shape": str((-1,) + rest)},
+                  "inputs": [[-1, 0]]})
+    for n in nodes:
+        n["like"] = like
+    return nodes
+
+
+def _substitute(graph, replace):
+    """Put each list of nodes in ``replace`` in place of the variable node it is keyed by.
+
+    Inside a list, an input ``[-j, o]`` is the j-th node before it in the list and
+    ``["like", o]`` the node ``n["like"]`` of the old graph; the last node stands for the
+    old one.  Node order is fixed afterwards by :func:`toposorted`.
+    """
+    old = graph["nodes"]
+    nodes: list[dict[str, Any]] = []
+    refs: list[list[tuple]] = []  # per new node: ("old", index, output) or ("new", pos, output)
+    moved: dict[int, int] = {}
+    for i, node in enumerate(old):
+        group = replace.get(i)
+        if group is None:
+            refs.append([("old", e[0], e[1]) for e in node["inputs"]])
+            moved[i] = len(nodes)
+            nodes.append(node)
+            continue
+        start = len(nodes)
+        for j, n in enumerate(group):
+            like = n.pop("like")
+            refs.append([("old", like, e[1]) if e[0] == "like" else ("new", start + j + e[0], e[1])
+                         for e in n["inputs"]])
+            nodes.append(n)
+        moved[i] = len(nodes) - 1
+    for node, node_refs in zip(nodes, refs):
+        node["inputs"] = [[moved[r[1]] if r[0] == "old" else r[1], r[2], 0] for r in node_refs]
+    graph["nodes"] = nodes
+    graph["heads"] = [[moved[h[0]], h[1], 0] for h in graph["heads"]]
+    graph.pop("node_row_ptr", None)
+
+
+def toposorted(graph: dict[str, Any]) -> dict[str, Any]:
+    """``graph`` with its nodes in an order where every node comes after its inputs
+    (the old order wherever it already was)."""
+    nodes = graph["nodes"]
+    order: list[int] = []
+    state = [0] * len(nodes)  # 0 new, 1 on the stack, 2 placed
+    for root in range(len(nodes)):
+        stack = [(root, 0)]
+        while stack:
+            i, k = stack.pop()
+            if state[i] == 2:
+                continue
+            state[i] = 1
+            ins = nodes[i]["inputs"]
+            if k < len(ins):
+                stack.append((i, k + 1))
+                j = ins[k][0]
+                if state[j] == 0:
+                    stack.append((j, 0))
+                continue
+            state[i] = 2
+            order.append(i)
+    where = {old: new for new, old in enumerate(order)}
+    out = dict(graph)
+    out["nodes"] = [dict(nodes[i], inputs=[[where[e[0]], e[1], 0] for e in nodes[i]["inputs"]])
+                    for i in order]
+    out["heads"] = [[where[h[0]], h[1], 0] for h in graph["heads"]]
+    out["arg_nodes"] = [i for i, n in enumerate(out["nodes"]) if n["op"] == "null"]
+    out.pop("node_row_ptr", None)
+    return out
