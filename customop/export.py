@@ -10,6 +10,8 @@ written as that graph, and the files load with plain MXNet.
 from __future__ import annotations
 
 import json
+import os
+import tempfile
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -128,7 +130,7 @@ def export(block: mx.gluon.HybridBlock, path: str, *inputs: Any, epoch: int = 0,
         why = _other_batch_differs(block, sym, params, constants, names, list(inputs))
         if why:
             written.fixed.append(why)
-            sym = export_graph.pinned(sym, {n: tuple(a.shape) for n, a in zip(names, inputs)})
+            sym = export_graph.guarded(sym, dict(zip(names, inputs)), "the_export")
     symbol_file, params_file = f"{path}-symbol.json", f"{path}-{epoch:04d}.params"
     arg_names, aux_names = set(sym.list_arguments()), set(sym.list_auxiliary_states())
     saved: dict[str, mx.nd.NDArray] = {}
@@ -221,23 +223,72 @@ def to_onnx(exported: Exported, onnx_file: str) -> OnnxModel:
     import onnx
     from mxnet.onnx import export_model
 
-    sym = mx.sym.load(exported.symbol_file)
-    names = [n for n in sym.list_inputs() if n in exported.inputs]
-    export_model(exported.symbol_file, exported.params_file,
-                 [exported.inputs[n][0] for n in names], [exported.inputs[n][1] for n in names],
-                 onnx_file)
+    with open(exported.symbol_file, encoding="utf-8") as f:
+        graph = json.load(f)
+    symbol_file = exported.symbol_file
+    if any(n["op"] == export_graph.GUARD for n in graph["nodes"]):
+        # the shape checks have no ONNX translation; an ONNX model has fixed shapes anyway
+        folder = tempfile.mkdtemp(prefix="customop-onnx-")
+        symbol_file = os.path.join(folder, "unguarded-symbol.json")
+        with open(symbol_file, "w", encoding="utf-8") as f:
+            json.dump(export_graph.unguarded(graph), f)
+    sym = mx.sym.load(symbol_file)
+    in_graph = [n for n in sym.list_inputs() if n in exported.inputs]  # the converter's order
+    shapes = [tuple(exported.inputs[n][0]) for n in in_graph]
+    dtypes = [exported.inputs[n][1] for n in in_graph]
+    batch = _batch_axes(exported)
+    try:
+        if batch and not exported.fixed:  # the batch axis left open, as in the MXNet graph
+            export_model(symbol_file, exported.params_file, shapes, dtypes, onnx_file,
+                         dynamic=True, dynamic_input_shapes=[
+                             (None,) + s[1:] if n in batch else s
+                             for n, s in zip(in_graph, shapes)])
+        else:
+            batch = set()
+    except Exception:  # noqa: BLE001 - a converter that needs the shapes: the exported ones
+        batch = set()
+    if not batch:
+        export_model(symbol_file, exported.params_file, shapes, dtypes, onnx_file)
     model = onnx.load(onnx_file)
     for opset in model.opset_import:
         if opset.domain in ("", "ai.onnx") and opset.version > ONNX_OPSET:
             opset.version = ONNX_OPSET
+    names = list(exported.outputs) or sym.list_outputs()
+    _onnx_names(model, list(exported.inputs), sym.list_outputs(), names)
     onnx.checker.check_model(model)
     onnx.save(model, onnx_file)
-    written = {o.name for o in model.graph.output}
-    outputs = []
-    for name in sym.list_outputs():  # the converter names an output <node><index>, or <node>
+    return OnnxModel(onnx_file, list(exported.inputs), names)
+
+
+def _batch_axes(exported: Exported) -> set:
+    """The inputs whose axis 0 is the batch: as long as the first input's (export's rule)."""
+    shapes = [s for s, _ in exported.inputs.values()]
+    if not shapes or not shapes[0]:
+        return set()
+    return {n for n, (s, _) in exported.inputs.items() if s and s[0] == shapes[0][0]}
+
+
+def _onnx_names(model: Any, inputs: list[str], mxnet_outputs: list[str],
+                names: list[str]) -> None:
+    """The ONNX graph's inputs as the export lists them (its order, constants left out:
+    MXNet's converter lists its initializers as inputs too), and its outputs renamed."""
+    graph = model.graph
+    by_name = {i.name: i for i in graph.input}
+    ordered = [by_name[n] for n in inputs if n in by_name]
+    del graph.input[:]
+    graph.input.extend(ordered)
+    written = [o.name for o in graph.output]
+    renames = {}
+    for k, name in enumerate(mxnet_outputs):  # the converter names output <node><index>|<node>
         node, _, index = name.rpartition("_output")
-        outputs.append(next(n for n in (node + index, node, name) if n in written))
-    return OnnxModel(onnx_file, names, outputs)
+        old = next(n for n in (node + index, node, name, written[k]) if n in written)
+        if old != names[k]:
+            renames[old] = names[k]
+    for node in graph.node:
+        node.input[:] = [renames.get(n, n) for n in node.input]
+        node.output[:] = [renames.get(n, n) for n in node.output]
+    for out in graph.output:
+        out.name = renames.get(out.name, out.name)
 
 
 def _foreign_custom(sym: mx.sym.Symbol) -> list[str]:

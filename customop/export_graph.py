@@ -1,4 +1,4 @@
-"""The exported graph's JSON made what a deployer expects: names, constants' shapes, pins.
+"""The exported graph's JSON made what a deployer expects: names, shapes, batch sizes.
 
 :func:`customop.export` writes the block's graph with our ops spliced in as MXNet
 operators (:mod:`customop.splice`); the rewrites here then act on that graph's JSON:
@@ -9,9 +9,9 @@ operators (:mod:`customop.splice`); the rewrites here then act on that graph's J
   otherwise fail inside ``topk`` or ``arr_pick`` (measured on MXNet 1.9.1).
 * :func:`rename_constants`: their variables are named after the op that built them.
 * :func:`rename_inputs` / :func:`name_outputs`: the names a user chose.
-* :func:`pin_inputs`: a graph that holds at its exported shapes only gets ``__shape__``
-  on its data inputs, so that every loader fed other shapes refuses them at shape
-  inference instead of broadcasting a frozen constant to wrong numbers.
+* :func:`guard_inputs`: a graph that holds at its exported shapes only gets a shape
+  check on each data input, so that every loader fed other shapes refuses them at shape
+  inference (naming the op) instead of broadcasting a frozen constant to wrong numbers.
 * :func:`batch_free`: constants that depend only on the batch size become operators of
   the input's shape (``_contrib_arange_like``, ``broadcast_like``), so the export runs
   at other batch sizes.
@@ -88,42 +88,83 @@ def rename_inputs(graph: dict[str, Any], names: dict[str, str]) -> None:
             node["name"] = names[node["name"]]
 
 
-def pin_inputs(graph: dict[str, Any], shapes: dict[str, tuple]) -> None:
-    """Give these data inputs a ``__shape__``: loaders then refuse any other shape."""
-    for node in graph["nodes"]:
-        if node.get("op") == "null" and node["name"] in shapes:
-            node.setdefault("attrs", {})["__shape__"] = str(tuple(shapes[node["name"]]))
+GUARD = "_identity_with_attr_like_rhs"  # its output is its first input; both of one shape
+
+
+def guard_inputs(graph: dict[str, Any], inputs: dict[str, Any], why: str) -> None:
+    """Make these data inputs hold at their exported shape only: every loader fed another
+    shape then fails shape inference in a node named ``<input>_fixed_at_<shape>_by_<why>``.
+
+    (A ``__shape__`` on the variable is not enough: ``Module.bind``'s shapes override it.)
+    Each consumer of the input reads ``_identity_with_attr_like_rhs(input, _zeros(shape))``,
+    whose inputs must have one shape.
+    """
+    nodes = graph["nodes"]
+    guarded: dict[int, int] = {}
+    for i, node in enumerate(list(nodes)):
+        value = inputs.get(node["name"]) if node["op"] == "null" else None
+        if value is None:
+            continue
+        shape = tuple(int(d) for d in value.shape)
+        text = "x".join(map(str, shape)) or "scalar"
+        nodes.append({"op": "_zeros", "name": f"{node['name']}_exported_shape", "inputs": [],
+                      "attrs": {"shape": str(shape),
+                                "dtype": np.dtype(value.dtype).name}})
+        nodes.append({"op": GUARD, "name": f"{node['name']}_fixed_at_{text}_by_{why}",
+                      "inputs": [[i, 0, 0], [len(nodes) - 1, 0, 0]]})
+        guarded[i] = len(nodes) - 1
+    for node in nodes:
+        if node["op"] != GUARD:
+            node["inputs"] = [[guarded.get(e[0], e[0]), e[1], 0] for e in node["inputs"]]
+    graph["heads"] = [[guarded.get(h[0], h[0]), h[1], 0] for h in graph["heads"]]
+    graph.pop("node_row_ptr", None)
+
+
+def unguarded(graph: dict[str, Any]) -> dict[str, Any]:
+    """``graph`` without :func:`guard_inputs`' nodes (for converters that lack them)."""
+    nodes = graph["nodes"]
+    through = {i: n["inputs"][0][0] for i, n in enumerate(nodes) if n["op"] == GUARD}
+    out = dict(graph, nodes=[dict(n, inputs=[[through.get(e[0], e[0]), e[1], 0]
+                                             for e in n["inputs"]]) for n in nodes])
+    out["heads"] = [[through.get(h[0], h[0]), h[1], 0] for h in graph["heads"]]
+    out.pop("node_row_ptr", None)
+    return toposorted(_reachable(out))
+
+
+def _reachable(graph: dict[str, Any]) -> dict[str, Any]:
+    nodes = graph["nodes"]
+    seen, stack = set(), [h[0] for h in graph["heads"]]
+    while stack:
+        i = stack.pop()
+        if i not in seen:
+            seen.add(i)
+            stack += [e[0] for e in nodes[i]["inputs"]]
+    keep = sorted(seen)
+    where = {old: new for new, old in enumerate(keep)}
+    out = dict(graph, nodes=[dict(nodes[i], inputs=[[where[e[0]], e[1], 0]
+                                                     for e in nodes[i]["inputs"]]) for i in keep])
+    out["heads"] = [[where[h[0]], h[1], 0] for h in graph["heads"]]
+    return out
 
 
 def name_outputs(graph: dict[str, Any], names: list[str]) -> None:
-    """Make output ``k`` come from a node named ``names[k]`` (MXNet lists ``<name>_output``).
+    """Make output ``k`` a ``_copy`` node named ``names[k]`` (MXNet lists ``<name>_output``).
 
-    A head that is the only output of a node no other head reads, and not a variable,
-    is that node renamed; otherwise a ``_copy`` node of that name is added.
+    Always a node of its own: MXNet's ONNX converter finds a graph output only by the
+    name of the ONNX node it writes last for it, which for some operators (``box_nms``)
+    is another name.  An operator node already called so is renamed ``<name>_value``.
     """
     nodes, heads = graph["nodes"], graph["heads"]
     if len(names) != len(heads):
         raise ValueError(f"{len(names)} output name(s) for {len(heads)} output(s)")
-    readers: dict[int, int] = {}
-    for head in heads:
-        readers[head[0]] = readers.get(head[0], 0) + 1
-    single = _single_output_ops(graph)
-    for k, (head, name) in enumerate(zip(heads, names)):
-        node = nodes[head[0]]
-        if node["op"] != "null" and readers[head[0]] == 1 and head[0] in single:
-            node["name"] = name
-            continue
+    taken = {n["name"]: n for n in nodes}
+    for name in names:
+        if name in taken:
+            taken[name]["name"] = f"{name}_value"
+    for k, (head, name) in enumerate(zip(list(heads), names)):
         nodes.append({"op": "_copy", "name": name, "inputs": [[head[0], head[1], 0]]})
         heads[k] = [len(nodes) - 1, 0, 0]
-    graph["arg_nodes"] = [i for i, n in enumerate(nodes) if n["op"] == "null"]
     graph.pop("node_row_ptr", None)  # recomputed by MXNet on load
-
-
-def _single_output_ops(graph: dict[str, Any]) -> set[int]:
-    rows = graph.get("node_row_ptr")
-    if rows is None:
-        return set()
-    return {i for i in range(len(graph["nodes"])) if rows[i + 1] - rows[i] == 1}
 
 
 def load(graph: dict[str, Any]) -> mx.sym.Symbol:
@@ -150,10 +191,21 @@ def run(sym: mx.sym.Symbol, arrays: dict[str, Any]) -> list[np.ndarray]:
     return [o.asnumpy() for o in exe.forward(is_train=False)]
 
 
-def pinned(sym: mx.sym.Symbol, shapes: dict[str, tuple]) -> mx.sym.Symbol:
+def guarded(sym: mx.sym.Symbol, inputs: dict[str, Any], why: str) -> mx.sym.Symbol:
     graph = json.loads(sym.tojson())
-    pin_inputs(graph, shapes)
-    return load(graph)
+    guard_inputs(graph, inputs, why)
+    return load(toposorted(graph))
+
+
+def fixed_by(fixed: list[str]) -> str:
+    """The ops named in ``fixed`` (``"customop 'ops.topk' ..."``), for a node name."""
+    found = []
+    for line in fixed:
+        if line.startswith("customop '"):
+            op = line.split("'")[1].rsplit(".", 1)[-1]
+            if op not in found:
+                found.append(op)
+    return "_".join(found) or "the_export"
 
 
 # ---- the export's graph, put together -----------------------------------------------------------
@@ -179,20 +231,21 @@ def deployable(block_sym: mx.sym.Symbol, spliced: Any, data: list[str], names: l
     graph = json.loads(sym.tojson())
     constants = dict(spliced.constants) if spliced is not None else {}
     ops = hosts(json.loads(block_sym.tojson()))
-    if output_names is None:
+    variables = {n["name"] for n in graph["nodes"] if n["op"] == "null"} | set(names)
+    if output_names is None:  # Gluon's names (a block's export lists the same)
         output_names = [n[:-len("_output")] if n.endswith("_output") else n
                         for n in block_sym.list_outputs()]
+        output_names = [f"{n}_copy" if n in variables else n for n in output_names]
     else:
         output_names = [output_names] if isinstance(output_names, str) else list(output_names)
-        _check_output_names(graph, output_names, set(names))
+        _check_output_names(graph, output_names, variables)
     fixed: list[str] = []
     if spliced is not None and spliced.inlined:
         constants, fixed = _batch_free(graph, constants, ops, data, inputs, retrace)
     annotate_constants(graph, constants)
     rename_inputs(graph, dict(zip(data, names)))
     if fixed:
-        pin_inputs(graph, {n: tuple(a.shape) for n, a in zip(names, inputs)})
-    graph = json.loads(load(toposorted(graph)).tojson())  # MXNet's node_row_ptr again
+        guard_inputs(graph, dict(zip(names, inputs)), fixed_by(fixed))
     name_outputs(graph, output_names)
     return Deployable(load(toposorted(graph)), constants, fixed)
 
@@ -204,7 +257,7 @@ def _check_output_names(graph: dict[str, Any], chosen: list[str], inputs: set) -
                          f"{chosen!r}")
     if len(set(chosen)) != len(chosen) or set(chosen) & inputs:
         raise ValueError(f"customop.export: output_names must differ from each other and "
-                         f"from the input names; got {chosen!r}")
+                         f"from the names of inputs and parameters; got {chosen!r}")
 
 
 def _batch_free(graph, constants, ops, data, inputs, retrace):
