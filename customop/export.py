@@ -48,7 +48,7 @@ class Exported:
 
 @dataclass
 class OnnxModel:
-    """What :func:`to_onnx` wrote: the file, its input and output names in MXNet's order."""
+    """What :func:`to_onnx` wrote: the file, its input and output names (the export's)."""
 
     file: str
     inputs: list[str]
@@ -63,11 +63,24 @@ def export(block: mx.gluon.HybridBlock, path: str, *inputs: Any, epoch: int = 0,
     Like ``block.export(path, epoch)``, with every ``'mxnet'``-mode operator of
     ours whose forward traces to MXNet operators written as those operators:
     the files load with plain MXNet (``mx.gluon.SymbolBlock.imports``, no
-    customop installed) and convert with ``mx.onnx.export_model``.  ``inputs``
-    are example inputs for the block's ``forward`` (NDArrays): the ops are
-    traced at their shapes and dtypes, so the exported graph is meant for
-    inputs of those shapes (arrays an op builds, such as ``ops.topk``'s
-    constants, are saved as parameters at those shapes).
+    customop installed), ``mx.mod.Module``, MXNet's C predict API, and convert
+    with :func:`to_onnx`.  ``inputs`` are example inputs for the block's
+    ``forward`` (NDArrays): the ops are traced at their shapes and dtypes.
+
+    ``input_names`` name the graph's inputs, one per input of the forward and in
+    its order (default: Gluon's ``data``/``data0``, ``data1``, ...);
+    ``output_names`` its outputs (default: Gluon's names; MXNet lists each as
+    ``<name>_output``).  The returned :class:`Exported` says what a loader
+    feeds (``inputs``: an input the graph does not read, such as a label that
+    only shapes a loss's gradient, is left out) and gets back (``outputs``).
+    Arrays an op builds are parameters (saved in the params file, with their
+    shapes and dtypes in the graph), never inputs.
+
+    The graph runs at other batch sizes where the math allows: arrays an op
+    builds that follow the batch size become operators of the input's shape, and
+    the export is checked at a larger batch.  Where an op fixes the shapes,
+    ``fixed`` names it and the graph checks each input's shape, so that every
+    loader refuses another shape with an error naming the op.
 
     Any ``Custom`` node that cannot be written as MXNet operators (a
     ``'numpy'``-mode op, an op with auxiliary states, a forward that reads
@@ -86,9 +99,12 @@ def export(block: mx.gluon.HybridBlock, path: str, *inputs: Any, epoch: int = 0,
         ...         return ops.box_decode(offsets, anchors)
         >>> net = Decode()
         >>> path = os.path.join(tempfile.mkdtemp(), 'decode')
-        >>> done = customop.export(net, path, mx.nd.zeros((1, 8, 4)), mx.nd.ones((1, 8, 4)))
+        >>> done = customop.export(net, path, mx.nd.zeros((1, 8, 4)), mx.nd.ones((1, 8, 4)),
+        ...                        input_names=['offsets', 'anchors'], output_names=['boxes'])
         >>> done.kept, '"Custom"' in open(done.symbol_file).read()
         ([], False)
+        >>> list(done.inputs), done.outputs, done.fixed
+        (['offsets', 'anchors'], ['boxes_output'], [])
     """
     if not_inlined not in CHOICES:
         raise ValueError(f"customop.export: not_inlined must be one of {CHOICES}, got "
@@ -207,12 +223,15 @@ def to_onnx(exported: Exported, onnx_file: str) -> OnnxModel:
     """Convert :func:`export`'s files to ONNX with ``mx.onnx.export_model``.
 
     Needs the ``onnx`` package (``pip install 'customop[onnx]'``).  Inputs are
-    given at the shapes and dtypes the model was exported with.  MXNet 1.9.1's
+    given at the shapes and dtypes the model was exported with; the batch axis
+    (axis 0 of the inputs as long as the first) is left open unless the export
+    holds at its shapes only (``exported.fixed``).  MXNet 1.9.1's
     converter writes opset-13 operators but declares the newest opset the
     installed ``onnx`` knows (19 for onnx 1.14.1), and ONNX Runtime then
     rejects its ``Split`` nodes; the file written here declares opset 13.  The
-    ONNX model takes its inputs, and names its outputs, as ``inputs`` and
-    ``outputs`` say (in the order of the MXNet graph's outputs).
+    ONNX model's inputs and outputs are named and ordered as ``exported.inputs``
+    and ``exported.outputs`` (the converter's names and order are replaced, and
+    the parameters it lists as inputs are left out).
 
     Example:
         >>> import customop  # doctest: +SKIP
