@@ -44,6 +44,8 @@ class Exported:
     # Why the graph holds at the exported input shapes only ([] when it does not); its
     # inputs then carry those shapes, and loaders refuse others.
     fixed: list[str] = field(default_factory=list)
+    # The inputs whose axis 0 is a batch the graph runs at any size of ([] when fixed).
+    batch_inputs: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -142,8 +144,10 @@ def export(block: mx.gluon.HybridBlock, path: str, *inputs: Any, epoch: int = 0,
     written = export_graph.deployable(sym, found, [d.name for d in data], names, list(inputs),
                                       output_names, retrace)
     sym, constants = written.symbol, written.constants
-    if found is not None and found.inlined and not written.fixed:
-        why = _other_batch_differs(block, sym, params, constants, names, list(inputs))
+    if found is not None and found.inlined and not written.fixed and written.batched:
+        why = _other_batch_differs(block, sym, params, constants, names, list(inputs),
+                                   [names[[d.name for d in data].index(n)]
+                                    for n in written.batched])
         if why:
             written.fixed.append(why)
             sym = export_graph.guarded(sym, dict(zip(names, inputs)), "the_export")
@@ -162,17 +166,17 @@ def export(block: mx.gluon.HybridBlock, path: str, *inputs: Any, epoch: int = 0,
     read = set(sym.list_inputs())
     inputs_at = {n: (tuple(a.shape), np.dtype(a.dtype)) for n, a in zip(names, inputs)
                  if n in read}
+    gluon = [d.name for d in data]
+    batched = [] if written.fixed else [names[gluon.index(n)] for n in written.batched]
     return Exported(symbol_file, params_file, inputs_at,
                     found.inlined if found is not None else [], kept, sym.list_outputs(),
-                    written.fixed)
+                    written.fixed, [n for n in batched if n in read])
 
 
-def _other_batch_differs(block, sym, params, constants, names, inputs) -> str:
+def _other_batch_differs(block, sym, params, constants, names, inputs, batched) -> str:
     """"" when the exported graph gives the block's outputs at a larger batch size too."""
-    longer = export_graph.longer_batch(inputs)
-    if longer is None:
-        return ""
-    size = longer[0].shape[0]
+    longer = export_graph.longer_batch(names, inputs, batched)
+    size = longer[names.index(batched[0])].shape[0]
     try:
         with mx.autograd.pause():
             want = block(*[mx.nd.array(a, dtype=a.dtype) for a in longer])
@@ -223,9 +227,8 @@ def to_onnx(exported: Exported, onnx_file: str) -> OnnxModel:
     """Convert :func:`export`'s files to ONNX with ``mx.onnx.export_model``.
 
     Needs the ``onnx`` package (``pip install 'customop[onnx]'``).  Inputs are
-    given at the shapes and dtypes the model was exported with; the batch axis
-    (axis 0 of the inputs as long as the first) is left open unless the export
-    holds at its shapes only (``exported.fixed``).  MXNet 1.9.1's
+    given at the shapes and dtypes the model was exported with, the batch axis
+    of ``exported.batch_inputs`` left open.  MXNet 1.9.1's
     converter writes opset-13 operators but declares the newest opset the
     installed ``onnx`` knows (19 for onnx 1.14.1), and ONNX Runtime then
     rejects its ``Split`` nodes; the file written here declares opset 13.  The
@@ -255,7 +258,7 @@ def to_onnx(exported: Exported, onnx_file: str) -> OnnxModel:
     in_graph = [n for n in sym.list_inputs() if n in exported.inputs]  # the converter's order
     shapes = [tuple(exported.inputs[n][0]) for n in in_graph]
     dtypes = [exported.inputs[n][1] for n in in_graph]
-    batch = _batch_axes(exported)
+    batch = set(exported.batch_inputs)
     try:
         if batch and not exported.fixed:  # the batch axis left open, as in the MXNet graph
             export_model(symbol_file, exported.params_file, shapes, dtypes, onnx_file,
@@ -277,14 +280,6 @@ def to_onnx(exported: Exported, onnx_file: str) -> OnnxModel:
     onnx.checker.check_model(model)
     onnx.save(model, onnx_file)
     return OnnxModel(onnx_file, list(exported.inputs), names)
-
-
-def _batch_axes(exported: Exported) -> set:
-    """The inputs whose axis 0 is the batch: as long as the first input's (export's rule)."""
-    shapes = [s for s, _ in exported.inputs.values()]
-    if not shapes or not shapes[0]:
-        return set()
-    return {n for n, (s, _) in exported.inputs.items() if s and s[0] == shapes[0][0]}
 
 
 def _onnx_names(model: Any, inputs: list[str], mxnet_outputs: list[str],

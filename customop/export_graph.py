@@ -171,16 +171,25 @@ def load(graph: dict[str, Any]) -> mx.sym.Symbol:
     return mx.sym.load_json(json.dumps(graph))
 
 
-def longer_batch(inputs: list[Any], extra: int = 3) -> list[np.ndarray] | None:
-    """The example inputs with ``extra`` more rows where their axis 0 is the batch (as long as
-    the first input's): the rows repeated.  None when the first input has no axis."""
+EXTRA = 3  # rows added to the batch to see what depends on it
+
+
+def batch_candidates(data: list[str], inputs: list[Any]) -> list[list[str]]:
+    """Which inputs may carry the batch on axis 0, most likely first: every input as long
+    there as the first one, then the first one alone."""
     first = inputs[0]
     if not first.ndim:
-        return None
-    batch = first.shape[0]
-    rows = np.arange(batch + extra) % batch
-    return [np.take(a.asnumpy(), rows, axis=0) if a.ndim and a.shape[0] == batch
-            else a.asnumpy() for a in inputs]
+        return []
+    same = [n for n, a in zip(data, inputs) if a.ndim and a.shape[0] == first.shape[0]]
+    return [same] if len(same) == 1 else [same, same[:1]]
+
+
+def longer_batch(data: list[str], inputs: list[Any], batched: list[str]) -> list[np.ndarray]:
+    """The example inputs with ``EXTRA`` more rows in the ``batched`` ones (rows repeated)."""
+    batch = inputs[data.index(batched[0])].shape[0]
+    rows = np.arange(batch + EXTRA) % batch
+    return [np.take(a.asnumpy(), rows, axis=0) if n in batched else a.asnumpy()
+            for n, a in zip(data, inputs)]
 
 
 def run(sym: mx.sym.Symbol, arrays: dict[str, Any]) -> list[np.ndarray]:
@@ -210,12 +219,14 @@ def fixed_by(fixed: list[str]) -> str:
 
 # ---- the export's graph, put together -----------------------------------------------------------
 class Deployable:
-    """The exported graph, the constants it saves as parameters, and why it holds at fixed
-    input shapes only (``fixed``, [] when it runs at other batch sizes)."""
+    """The exported graph, the constants it saves as parameters, why it holds at fixed
+    input shapes only (``fixed``, [] when it runs at other batch sizes), and the inputs
+    whose axis 0 was taken for the batch (``batched``, Gluon's names)."""
 
     def __init__(self, symbol: mx.sym.Symbol, constants: dict[str, np.ndarray],
-                 fixed: list[str]):
+                 fixed: list[str], batched: list[str]):
         self.symbol, self.constants, self.fixed = symbol, constants, fixed
+        self.batched = batched
 
 
 def deployable(block_sym: mx.sym.Symbol, spliced: Any, data: list[str], names: list[str],
@@ -240,14 +251,15 @@ def deployable(block_sym: mx.sym.Symbol, spliced: Any, data: list[str], names: l
         output_names = [output_names] if isinstance(output_names, str) else list(output_names)
         _check_output_names(graph, output_names, variables)
     fixed: list[str] = []
+    batched: list[str] = []
     if spliced is not None and spliced.inlined:
-        constants, fixed = _batch_free(graph, constants, ops, data, inputs, retrace)
+        constants, fixed, batched = _batch_free(graph, constants, ops, data, inputs, retrace)
     annotate_constants(graph, constants)
     rename_inputs(graph, dict(zip(data, names)))
     if fixed:
         guard_inputs(graph, dict(zip(names, inputs)), fixed_by(fixed))
     name_outputs(graph, output_names)
-    return Deployable(load(toposorted(graph)), constants, fixed)
+    return Deployable(load(toposorted(graph)), constants, fixed, batched)
 
 
 def _check_output_names(graph: dict[str, Any], chosen: list[str], inputs: set) -> None:
@@ -271,21 +283,25 @@ def _batch_free(graph, constants, ops, data, inputs, retrace):
     """
     first = inputs[0]
     batch = first.shape[0] if first.ndim else None
-    batched = [n for n, a in zip(data, inputs) if batch and a.ndim and a.shape[0] == batch]
     other = again = None
-    if batched:
-        longer = batch + 3
-        shapes = {n: ((longer,) + tuple(a.shape[1:]) if n in batched else tuple(a.shape))
-                  for n, a in zip(data, inputs)}
+    batched: list[str] = []
+    for batched in batch_candidates(data, inputs):
+        shapes = {n: ((batch + EXTRA,) + tuple(a.shape[1:]) if n in batched
+                      else tuple(a.shape)) for n, a in zip(data, inputs)}
         try:
             again = retrace(shapes)
-            other = dict(again.constants) if again is not None else None
-        except Exception:  # noqa: BLE001 - the ops refuse other batch sizes: all fixed
-            other = None
+        except Exception:  # noqa: BLE001 - the ops refuse these shapes: the next guess
+            again = None
+        if again is not None and not again.kept:
+            other = dict(again.constants)
+            break
+        again = None
+    else:
+        batched = []
     paired = _pair(constants, other, ops)
     kept: dict[str, np.ndarray] = {}
     fixed = _differing(graph, json.loads(again.symbol.tojson()) if again is not None else None,
-                       ops, batch, batch + 3 if batch else None)
+                       ops, batch, batch + EXTRA if batch else None)
     renamed = rename_constants(graph, constants, ops)
     new_names = dict(zip(constants, renamed))
     index = {n["name"]: i for i, n in enumerate(graph["nodes"])}
@@ -296,7 +312,7 @@ def _batch_free(graph, constants, ops, data, inputs, retrace):
         if twin is not None and _same(value, twin):
             kept[new] = value
             continue
-        rows = _rows(value, twin, batch, batch + 3) if twin is not None else None
+        rows = _rows(value, twin, batch, batch + EXTRA) if twin is not None else None
         like = next((index[n] for n in batched if n in index), None)
         if rows is None or like is None:
             kept[new] = value
@@ -309,7 +325,7 @@ def _batch_free(graph, constants, ops, data, inputs, retrace):
         replace[index[new]] = _batch_nodes(new, like, k, value, base, step, kept)
     if replace:
         _substitute(graph, replace)
-    return kept, fixed
+    return kept, fixed, batched
 
 
 def _differing(graph, other, ops, batch, longer) -> list[str]:
