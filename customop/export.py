@@ -10,8 +10,6 @@ written as that graph, and the files load with plain MXNet.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -247,30 +245,27 @@ def to_onnx(exported: Exported, onnx_file: str) -> OnnxModel:
 
     with open(exported.symbol_file, encoding="utf-8") as f:
         graph = json.load(f)
-    symbol_file = exported.symbol_file
-    if any(n["op"] == export_graph.GUARD for n in graph["nodes"]):
-        # the shape checks have no ONNX translation; an ONNX model has fixed shapes anyway
-        folder = tempfile.mkdtemp(prefix="customop-onnx-")
-        symbol_file = os.path.join(folder, "unguarded-symbol.json")
-        with open(symbol_file, "w", encoding="utf-8") as f:
-            json.dump(export_graph.unguarded(graph), f)
-    sym = mx.sym.load(symbol_file)
+    # the shape checks have no ONNX translation; an ONNX model of fixed shapes checks them
+    sym = export_graph.load(export_graph.unguarded(graph))
     in_graph = [n for n in sym.list_inputs() if n in exported.inputs]  # the converter's order
     shapes = [tuple(exported.inputs[n][0]) for n in in_graph]
     dtypes = [exported.inputs[n][1] for n in in_graph]
+    saved = mx.nd.load(exported.params_file)
+    saved = saved if isinstance(saved, dict) else {}
+    params = [{k[4:]: v for k, v in saved.items() if k.startswith("arg:")},
+              {k[4:]: v for k, v in saved.items() if k.startswith("aux:")}]
     batch = set(exported.batch_inputs)
     try:
         if batch and not exported.fixed:  # the batch axis left open, as in the MXNet graph
-            export_model(symbol_file, exported.params_file, shapes, dtypes, onnx_file,
-                         dynamic=True, dynamic_input_shapes=[
-                             (None,) + s[1:] if n in batch else s
-                             for n, s in zip(in_graph, shapes)])
+            export_model(sym, params, shapes, dtypes, onnx_file, dynamic=True,
+                         dynamic_input_shapes=[(None,) + s[1:] if n in batch else s
+                                               for n, s in zip(in_graph, shapes)])
         else:
             batch = set()
     except Exception:  # noqa: BLE001 - a converter that needs the shapes: the exported ones
         batch = set()
     if not batch:
-        export_model(symbol_file, exported.params_file, shapes, dtypes, onnx_file)
+        export_model(sym, params, shapes, dtypes, onnx_file)
     model = onnx.load(onnx_file)
     for opset in model.opset_import:
         if opset.domain in ("", "ai.onnx") and opset.version > ONNX_OPSET:

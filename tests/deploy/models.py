@@ -46,6 +46,12 @@ class TiledClassifier(mx.gluon.HybridBlock):
         return F.softmax(self.head(h))
 
 
+@customop.customop("mxnet")
+def per_image_share(x):
+    """``x`` divided by the batch size: an op whose graph holds at its traced batch only."""
+    return x / mx.nd.full((1, 1), float(x.shape[0]), dtype=x.dtype)
+
+
 class OneOp(mx.gluon.HybridBlock):
     """A block of one operator call (the per-op rows of docs/deploying.md)."""
 
@@ -167,6 +173,9 @@ def models():
              "example_face": (["descriptor", "identity"], ["probabilities", "embedding"])}
     for name, block, inputs in example_models():
         yield name, block, inputs, dict(zip(("input_names", "output_names"), names[name])), True
+    # fixed to its batch size: every loader, ONNX Runtime included, must refuse another
+    yield ("fixed_batch", OneOp(per_image_share, {}), [mx.nd.array(rng.rand(3, 4))],
+           dict(input_names=["x"], output_names=["share"]), True)
     cases = op_cases()
     for row in EXPORT_ROWS:
         op, xs, params = cases[row]
