@@ -1,10 +1,13 @@
-"""The two deployed models of issue 28: exported with customop.export, converted to ONNX.
+"""The deployed models: exported with customop.export, converted to ONNX where they convert.
 
-``python tests/deploy/models.py OUTDIR`` writes, per model, ``<name>-symbol.json``,
-``<name>-0000.params``, ``<name>.onnx`` and ``<name>.npz`` (the inputs, in the
-order the ONNX model takes them, and the original block's outputs), plus
-``models.json``.  ``run_plain_mxnet.py`` (MXNet without customop) and
-``run_onnxruntime.py`` (ONNX Runtime, no MXNet) check the files against the npz.
+The detection post-processing and a classifier (issue 28), the inference graphs of the
+three example heads, every exportable row of docs/deploying.md's table, and a model fixed
+to its batch size (issue 34).  ``python tests/deploy/models.py OUTDIR`` writes, per model,
+``<name>-symbol.json``, ``<name>-0000.params``, ``<name>.onnx`` and ``<name>.npz`` (the
+cases: inputs by name and the original block's outputs, per batch size tried), plus
+``models.json``.  ``run_plain_mxnet.py`` (MXNet without customop: SymbolBlock, Module,
+the C predict API) and ``run_onnxruntime.py`` (ONNX Runtime, no MXNet) check the files
+against the npz.
 """
 from __future__ import annotations
 
