@@ -253,7 +253,8 @@ def deployable(block_sym: mx.sym.Symbol, spliced: Any, data: list[str], names: l
     fixed: list[str] = []
     batched: list[str] = []
     if spliced is not None and spliced.inlined:
-        constants, fixed, batched = _batch_free(graph, constants, ops, data, inputs, retrace)
+        constants, fixed, batched = _batch_free(graph, constants, ops, data, inputs, retrace,
+                                                len(spliced.kept))
     annotate_constants(graph, constants)
     rename_inputs(graph, dict(zip(data, names)))
     if fixed:
@@ -272,7 +273,7 @@ def _check_output_names(graph: dict[str, Any], chosen: list[str], inputs: set) -
                          f"from the names of inputs and parameters; got {chosen!r}")
 
 
-def _batch_free(graph, constants, ops, data, inputs, retrace):
+def _batch_free(graph, constants, ops, data, inputs, retrace, kept_before=0):
     """Constants that depend on the batch size only, as operators of the input's shape.
 
     The splice is done again with the batched inputs (axis 0 as long as the first
@@ -292,7 +293,7 @@ def _batch_free(graph, constants, ops, data, inputs, retrace):
             again = retrace(shapes)
         except Exception:  # noqa: BLE001 - the ops refuse these shapes: the next guess
             again = None
-        if again is not None and not again.kept:
+        if again is not None and len(again.kept) <= kept_before:
             other = dict(again.constants)
             break
         again = None

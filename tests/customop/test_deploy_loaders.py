@@ -218,3 +218,14 @@ def test_the_page_lists_the_loaders_that_are_tested():
     runner = (ROOT / "tests" / "deploy" / "run_plain_mxnet.py").read_text()
     loaders = re.findall(r'"([^"]+)": (?:symbol_block|module|c_api)', runner)
     assert listed == [*loaders, "ONNX Runtime"]
+
+
+def test_an_export_that_keeps_a_custom_node_still_runs_at_other_batch_sizes(tmp_path):
+    from tests.customop.test_export import Mixed  # ops.tile, then a 'numpy'-mode op
+
+    with pytest.warns(UserWarning, match="numpy_double"):
+        done = customop.export(Mixed(), str(tmp_path / "m"), mx.nd.ones((2, 3)),
+                               not_inlined="warn")
+    assert done.fixed == [] and done.batch_inputs == ["data"]
+    loaded = customop.imports(done.symbol_file, list(done.inputs), done.params_file)
+    np.testing.assert_array_equal(loaded(mx.nd.ones((5, 3))).asnumpy(), np.full((5, 6), 2.0))
