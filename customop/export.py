@@ -18,7 +18,7 @@ from typing import Any
 import mxnet as mx
 import numpy as np
 
-from . import export_graph, native, registry, splice
+from . import export_graph, graph_json, native, registry, splice
 
 CHOICES = ("raise", "warn")
 
@@ -114,20 +114,18 @@ def export(block: mx.gluon.HybridBlock, path: str, *inputs: Any, epoch: int = 0,
     if not inputs or not all(isinstance(a, mx.nd.NDArray) for a in inputs):
         raise TypeError("customop.export(block, path, *inputs): pass example inputs for the "
                         "block's forward as NDArrays (the ops are traced at their shapes)")
-    data, sym = block_graph(block, inputs)
+    data, sym, shapes, dtypes = graph_json.block_signature(block, inputs)
     if len(data) != len(inputs):
         raise TypeError(f"customop.export: the block's forward takes {len(data)} input(s), "
                         f"got {len(inputs)} example input(s)")
     names = _input_names(input_names, [d.name for d in data])
-    shapes = {d.name: a.shape for d, a in zip(data, inputs)}
-    dtypes = {d.name: a.dtype for d, a in zip(data, inputs)}
     params = {}
     for name, param in block.collect_params().items():
-        params[name] = param.data()
+        params[name] = param.data()  # raises for one never initialized
         shapes[name], dtypes[name] = param.shape, param.dtype
     found = splice.inline(sym, shapes, dtypes, native.EXPORT)
     kept = [str(k) for k in found.kept] if found is not None else []
-    kept += _foreign_custom(sym)
+    kept += graph_json.foreign(graph_json.parse(sym), registry.lookup)
     if kept:
         text = ("customop.export: these Custom nodes cannot be written as MXNet operators:\n  "
                 + "\n  ".join(kept))
@@ -204,20 +202,6 @@ def _input_names(chosen, gluon: list[str]) -> list[str]:
     return chosen
 
 
-def block_graph(block: mx.gluon.HybridBlock, inputs) -> tuple:
-    """``(input symbols, output symbol)`` of ``block`` for these inputs, without hybridizing it.
-
-    A block not run yet runs once (imperatively unless hybridized, not recording), so that
-    its parameters finish their deferred initialization.
-    """
-    if not block._cached_graph:
-        with mx.autograd.pause():
-            block(*inputs)
-        if not block._cached_graph:
-            block._get_graph(*inputs)
-    return block._cached_graph
-
-
 ONNX_OPSET = 13  # the newest opset MXNet 1.9.1's converter has translations for
 
 
@@ -246,7 +230,7 @@ def to_onnx(exported: Exported, onnx_file: str) -> OnnxModel:
     with open(exported.symbol_file, encoding="utf-8") as f:
         graph = json.load(f)
     # the shape checks have no ONNX translation; an ONNX model of fixed shapes checks them
-    sym = export_graph.load(export_graph.unguarded(graph))
+    sym = graph_json.load(export_graph.unguarded(graph))
     in_graph = [n for n in sym.list_inputs() if n in exported.inputs]  # the converter's order
     shapes = [tuple(exported.inputs[n][0]) for n in in_graph]
     dtypes = [exported.inputs[n][1] for n in in_graph]
@@ -298,17 +282,4 @@ def _onnx_names(model: Any, inputs: list[str], mxnet_outputs: list[str],
         node.output[:] = [renames.get(n, n) for n in node.output]
     for out in graph.output:
         out.name = renames.get(out.name, out.name)
-
-
-def _foreign_custom(sym: mx.sym.Symbol) -> list[str]:
-    # Custom nodes no customop operator is registered for: hand-written CustomOps.
-    graph = json.loads(sym.tojson())
-    out = []
-    for node in graph["nodes"]:
-        if node.get("op") == "Custom":
-            attrs = node.get("attrs") or {}
-            if registry.lookup(attrs.get("op_type", "")) is None:
-                out.append(f"node {node['name']!r} (op_type {attrs.get('op_type')!r}): not a "
-                           "customop operator (a hand-written mx.operator.CustomOp)")
-    return out
 

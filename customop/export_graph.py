@@ -19,18 +19,13 @@ operators (:mod:`customop.splice`); the rewrites here then act on that graph's J
 from __future__ import annotations
 
 import ast
-import json
 from typing import Any
 
 import mxnet as mx
 import numpy as np
 from mxnet.ndarray.ndarray import _DTYPE_NP_TO_MX
 
-from . import errors, registry
-
-
-def attrs_of(node: dict[str, Any]) -> dict[str, str]:
-    return node.get("attrs") or node.get("attr") or node.get("param") or {}
+from . import errors, graph_json, registry
 
 
 def dtype_code(dtype: Any) -> str:
@@ -40,13 +35,9 @@ def dtype_code(dtype: Any) -> str:
 
 def hosts(graph: dict[str, Any]) -> dict[str, str]:
     """``{Custom node name: the op as its user knows it}`` for our ops in a block's graph."""
-    found = {}
-    for node in graph["nodes"]:
-        if node.get("op") == "Custom":
-            op_type = attrs_of(node).get("op_type", "")
-            if registry.lookup(op_type) is not None:
-                found[node["name"]] = errors.shown(op_type)
-    return found
+    return {node["name"]: errors.shown(op_type)
+            for _, node, op_type in graph_json.custom_nodes(graph)
+            if registry.lookup(op_type) is not None}
 
 
 def rename_constants(graph: dict[str, Any], constants: dict[str, np.ndarray],
@@ -128,23 +119,7 @@ def unguarded(graph: dict[str, Any]) -> dict[str, Any]:
                                              for e in n["inputs"]]) for n in nodes])
     out["heads"] = [[through.get(h[0], h[0]), h[1], 0] for h in graph["heads"]]
     out.pop("node_row_ptr", None)
-    return toposorted(_reachable(out))
-
-
-def _reachable(graph: dict[str, Any]) -> dict[str, Any]:
-    nodes = graph["nodes"]
-    seen, stack = set(), [h[0] for h in graph["heads"]]
-    while stack:
-        i = stack.pop()
-        if i not in seen:
-            seen.add(i)
-            stack += [e[0] for e in nodes[i]["inputs"]]
-    keep = sorted(seen)
-    where = {old: new for new, old in enumerate(keep)}
-    out = dict(graph, nodes=[dict(nodes[i], inputs=[[where[e[0]], e[1], 0]
-                                                     for e in nodes[i]["inputs"]]) for i in keep])
-    out["heads"] = [[where[h[0]], h[1], 0] for h in graph["heads"]]
-    return out
+    return graph_json.toposorted(graph_json.reachable(out))
 
 
 def name_outputs(graph: dict[str, Any], names: list[str]) -> None:
@@ -165,10 +140,6 @@ def name_outputs(graph: dict[str, Any], names: list[str]) -> None:
         nodes.append({"op": "_copy", "name": name, "inputs": [[head[0], head[1], 0]]})
         heads[k] = [len(nodes) - 1, 0, 0]
     graph.pop("node_row_ptr", None)  # recomputed by MXNet on load
-
-
-def load(graph: dict[str, Any]) -> mx.sym.Symbol:
-    return mx.sym.load_json(json.dumps(graph))
 
 
 EXTRA = 3  # rows added to the batch to see what depends on it
@@ -193,17 +164,16 @@ def longer_batch(data: list[str], inputs: list[Any], batched: list[str]) -> list
 
 
 def run(sym: mx.sym.Symbol, arrays: dict[str, Any]) -> list[np.ndarray]:
-    """``sym``'s outputs, bound with these arrays (inputs and parameters) by name."""
-    feed = {k: (v if isinstance(v, mx.nd.NDArray) else mx.nd.array(v, dtype=v.dtype))
-            for k, v in arrays.items() if k in set(sym.list_inputs())}
-    exe = sym.bind(mx.cpu(), feed, grad_req="null")
-    return [o.asnumpy() for o in exe.forward(is_train=False)]
+    """``sym``'s outputs, run on these arrays (inputs and parameters) by name."""
+    return graph_json.run(graph_json.parse(sym), {
+        k: (v if isinstance(v, mx.nd.NDArray) else mx.nd.array(v, dtype=v.dtype))
+        for k, v in arrays.items() if k in set(sym.list_inputs())})
 
 
 def guarded(sym: mx.sym.Symbol, inputs: dict[str, Any], why: str) -> mx.sym.Symbol:
-    graph = json.loads(sym.tojson())
+    graph = graph_json.parse(sym)
     guard_inputs(graph, inputs, why)
-    return load(toposorted(graph))
+    return graph_json.load(graph_json.toposorted(graph))
 
 
 def fixed_by(fixed: list[str]) -> str:
@@ -239,9 +209,9 @@ def deployable(block_sym: mx.sym.Symbol, spliced: Any, data: list[str], names: l
     the splice at other data shapes (to see which constants depend on the batch size).
     """
     sym = spliced.symbol if spliced is not None else block_sym
-    graph = json.loads(sym.tojson())
+    graph = graph_json.parse(sym)
     constants = dict(spliced.constants) if spliced is not None else {}
-    ops = hosts(json.loads(block_sym.tojson()))
+    ops = hosts(graph_json.parse(block_sym))
     variables = {n["name"] for n in graph["nodes"] if n["op"] == "null"} | set(names)
     if output_names is None:  # Gluon's names (a block's export lists the same)
         output_names = [n[:-len("_output")] if n.endswith("_output") else n
@@ -260,7 +230,7 @@ def deployable(block_sym: mx.sym.Symbol, spliced: Any, data: list[str], names: l
     if fixed:
         guard_inputs(graph, dict(zip(names, inputs)), fixed_by(fixed))
     name_outputs(graph, output_names)
-    return Deployable(load(toposorted(graph)), constants, fixed, batched)
+    return Deployable(graph_json.load(graph_json.toposorted(graph)), constants, fixed, batched)
 
 
 def _check_output_names(graph: dict[str, Any], chosen: list[str], inputs: set) -> None:
@@ -301,7 +271,7 @@ def _batch_free(graph, constants, ops, data, inputs, retrace, kept_before=0):
         batched = []
     paired = _pair(constants, other, ops)
     kept: dict[str, np.ndarray] = {}
-    fixed = _differing(graph, json.loads(again.symbol.tojson()) if again is not None else None,
+    fixed = _differing(graph, graph_json.parse(again.symbol) if again is not None else None,
                        ops, batch, batch + EXTRA if batch else None)
     renamed = rename_constants(graph, constants, ops)
     new_names = dict(zip(constants, renamed))
@@ -348,20 +318,20 @@ def _differing(graph, other, ops, batch, longer) -> list[str]:
             continue
         if a["op"] == b["op"] == "Reshape" and _batch_reshape(a, b, batch, longer):
             continue
-        if a["op"] != b["op"] or _plain(attrs_of(a)) != _plain(attrs_of(b)):
+        if a["op"] != b["op"] or _plain(graph_json.attrs(a)) != _plain(graph_json.attrs(b)):
             host = max((h for h in ops if a["name"] == h or a["name"].startswith(h + "_")),
                        key=len, default=None)
             if host is not None and host not in found:
                 found[host] = (f"customop {ops[host]!r} (node {host!r}): its operator "
-                               f"{a['op']} has {_plain(attrs_of(a))} here and "
-                               f"{_plain(attrs_of(b))} at batch size {longer}")
+                               f"{a['op']} has {_plain(graph_json.attrs(a))} here and "
+                               f"{_plain(graph_json.attrs(b))} at batch size {longer}")
     return list(found.values())
 
 
 def _batch_reshape(a, b, batch, longer) -> bool:
     """Relax ``Reshape`` node ``a`` to any batch size when ``b`` (at batch ``longer``) says
     how; False when it cannot be."""
-    attrs, other = attrs_of(a), attrs_of(b)
+    attrs, other = graph_json.attrs(a), graph_json.attrs(b)
     if set(attrs) != set(other) or _plain(attrs).keys() != {"shape"}:
         return False
     try:
@@ -475,7 +445,7 @@ def _substitute(graph, replace):
 
     Inside a list, an input ``[-j, o]`` is the j-th node before it in the list and
     ``["like", o]`` the node ``n["like"]`` of the old graph; the last node stands for the
-    old one.  Node order is fixed afterwards by :func:`toposorted`.
+    old one.  Node order is fixed afterwards by :func:`customop.graph_json.toposorted`.
     """
     old = graph["nodes"]
     nodes: list[dict[str, Any]] = []
@@ -500,35 +470,3 @@ def _substitute(graph, replace):
     graph["nodes"] = nodes
     graph["heads"] = [[moved[h[0]], h[1], 0] for h in graph["heads"]]
     graph.pop("node_row_ptr", None)
-
-
-def toposorted(graph: dict[str, Any]) -> dict[str, Any]:
-    """``graph`` with its nodes in an order where every node comes after its inputs
-    (the old order wherever it already was)."""
-    nodes = graph["nodes"]
-    order: list[int] = []
-    state = [0] * len(nodes)  # 0 new, 1 on the stack, 2 placed
-    for root in range(len(nodes)):
-        stack = [(root, 0)]
-        while stack:
-            i, k = stack.pop()
-            if state[i] == 2:
-                continue
-            state[i] = 1
-            ins = nodes[i]["inputs"]
-            if k < len(ins):
-                stack.append((i, k + 1))
-                j = ins[k][0]
-                if state[j] == 0:
-                    stack.append((j, 0))
-                continue
-            state[i] = 2
-            order.append(i)
-    where = {old: new for new, old in enumerate(order)}
-    out = dict(graph)
-    out["nodes"] = [dict(nodes[i], inputs=[[where[e[0]], e[1], 0] for e in nodes[i]["inputs"]])
-                    for i in order]
-    out["heads"] = [[where[h[0]], h[1], 0] for h in graph["heads"]]
-    out["arg_nodes"] = [i for i, n in enumerate(out["nodes"]) if n["op"] == "null"]
-    out.pop("node_row_ptr", None)
-    return out

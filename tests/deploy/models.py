@@ -11,7 +11,6 @@ against the npz.
 """
 from __future__ import annotations
 
-import importlib
 import json
 import sys
 from pathlib import Path
@@ -20,7 +19,7 @@ import mxnet as mx
 import numpy as np
 
 import customop
-from customop import ops
+from customop import graph_json, ops
 
 
 class PostProcess(mx.gluon.HybridBlock):
@@ -216,8 +215,7 @@ def write(outdir: str, onnx: bool = True) -> list[dict]:
         want = _outputs(block, [a.asnumpy() for a in inputs])
         done = customop.export(block, str(out / name), *inputs, **options)
         names = options.get("input_names") or [
-            d.name for d in importlib.import_module("customop.export").block_graph(
-                block, inputs)[0]]
+            d.name for d in graph_json.block_graph(block, inputs)[0]]
         read = list(done.inputs)
         cases = {"exported": ([a.asnumpy() for a in inputs], want)}
         if name == "postprocess":
