@@ -39,6 +39,7 @@ from mxnet.ndarray import NDArray
 from . import errors, kernel, runtime
 from . import params as _params
 from .modes import NumpyMode
+from .outputs import OutputsSymbol
 
 if TYPE_CHECKING:
     from .operator import CustomOperator
@@ -314,6 +315,8 @@ def call_symbol(op: CustomOperator, arrays: list[Any], params: dict[str, Any],
         if node_name is not None:
             attrs["name"] = node_name
         sym = mx.sym.Custom(*arrays, op_type=op.op_type, **attrs)
+    if op.outputs.of(params) > 1:
+        sym.__class__ = OutputsSymbol  # s[-1] indexes as Python does
     return sym
 
 

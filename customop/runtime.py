@@ -151,6 +151,19 @@ that may inline in training: no ``def_grad``, ``need_top_grad=True``, no aux, ``
     same ``broadcast_mul`` written natively at 10 / 1e3 / 1e6 elements as a ``Custom``
     node, and 0.95-1.00x inlined.  Switched off, every op keeps its ``Custom`` node.
 
+``gluonshape`` (installed by the first Symbol call of one of our ops)
+    Gluon's deferred initialization (``HybridBlock._infer_attrs``) raises
+    ``ValueError(w[0].message)`` from the warnings it records around
+    ``Symbol.infer_shape``; under ``-W ignore`` nothing is recorded and the user reads
+    ``Deferred initialization failed because shape cannot be inferred. list index out
+    of range``, and with warnings on only the Parameter is named (``net0_weight: (10,
+    0)``).  Wraps ``Symbol.infer_shape``: called from ``_infer_attrs`` (found by its
+    code object; every other caller gets MXNet's method at once), it lets our ops'
+    shape passes list each input whose shape stays unknown, and when the inference
+    fails with one listed it raises ``ValueError`` naming the op, the input and the
+    fix (give the Parameter a full shape, or ``infer_input_shape=``) in place of
+    Gluon's.  Switched off, Gluon's messages stay.
+
 ``excepthook`` (installed at start-up in the workers of ``python -m
 customop.distributed.launch`` only, by ``customop/distributed/worker_site``)
     ``sys.excepthook`` prints the traceback and exits 1: a ``dist_*`` worker
@@ -759,11 +772,38 @@ def set_inline_hooks(hooks: Any) -> None:
 
 
 def note_graph_op(op: Any) -> None:
-    """``op`` is going into a graph: install ``inline`` if it may inline in training."""
+    """``op`` is going into a graph: install ``gluonshape``, and ``inline`` if it may inline
+    in training."""
+    if "gluonshape" not in _installed:
+        _once("gluonshape", _install_gluonshape)
     if "inline" in _installed or _inline_hooks is None or not _inline_hooks.may_inline(op):
         return
     use()
     _once("inline", _install_inline)
+
+
+# ---- gluonshape ----------------------------------------------------------------------------
+def _install_gluonshape() -> None:
+    from . import input_shapes
+
+    original = mx.sym.Symbol.infer_shape
+    gluon_asks = mx.gluon.HybridBlock._infer_attrs.__code__
+
+    @functools.wraps(original)
+    def infer_shape(self, *args, **kwargs):
+        if sys._getframe(1).f_code is not gluon_asks:
+            return original(self, *args, **kwargs)
+        with input_shapes.collecting() as notes:
+            try:
+                result = original(self, *args, **kwargs)
+            except Exception as exc:
+                if notes:  # -W error: MXNet's warning raised
+                    raise ValueError(notes[0]) from exc
+                raise
+        if result[0] is None and notes:
+            raise ValueError(notes[0])
+        return result
+    mx.sym.Symbol.infer_shape = infer_shape
 
 
 class _PlannedCachedOp(mx.nd.CachedOp):
