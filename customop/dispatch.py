@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import functools
 import itertools
 import threading
 from collections.abc import Iterator
@@ -168,9 +167,9 @@ _bwd_functype = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int, ctypes.c_int,
                                  ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_int),
                                  ctypes.c_int, ctypes.c_void_p)
 _del_functype = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)
-_alive: dict[int, Any] = {}  # callbacks MXNet still holds, by node
+_alive: dict[int, Any] = {}  # the callback list MXNet still holds, by node
 _states: dict[int, _Recorded] = {}  # what each node's backward needs, by node
-_counter = itertools.count()
+_counter = itertools.count(1)  # a node's key, its callbacks' context pointer (never NULL)
 
 
 class _Recorded:
@@ -182,7 +181,7 @@ class _Recorded:
         self.reader = threading.get_ident()  # records it, so runs (and reads) its backward
 
 
-def _backward(key, num_ograds, num_igrads, ptrs, reqs, is_train, _):
+def _backward(num_ograds, num_igrads, ptrs, reqs, is_train, key):
     state = _states.get(key)
     if state is None:
         return False
@@ -212,12 +211,23 @@ def _run_backward(state, num_ograds, num_igrads, ptrs, reqs):
     return True
 
 
-def _delete(key, _, states=_states, alive=_alive):
+def _delete(key, states=_states, alive=_alive):
     # The tables are bound as defaults: MXNet may free a node while the interpreter shuts
     # down, after this module's globals are gone.
     states.pop(key, None)
     alive.pop(key, None)
     return True
+
+
+# One pair of C callbacks for every recorded node: MXNet hands each callback its node's
+# context pointer, which is the node's key.  (A pair made per call cost ~25 us and left
+# ctypes objects in reference cycles for the collector: cast() makes them refer to
+# themselves.)  They live as long as the process.
+_CALLBACKS = c_array(ctypes.CFUNCTYPE(ctypes.c_int), [
+    ctypes.cast(_bwd_functype(_backward), ctypes.CFUNCTYPE(ctypes.c_int)),
+    ctypes.cast(_del_functype(_delete), ctypes.CFUNCTYPE(ctypes.c_int))])
+_CALLBACKS_PTR = ctypes.cast(_CALLBACKS, ctypes.POINTER(ctypes.CFUNCTYPE(ctypes.c_int)))
+_Contexts = ctypes.c_void_p * 2
 
 
 def call_function(op: CustomOperator, nd_inputs: list[mx.nd.NDArray],
@@ -235,23 +245,14 @@ def call_function(op: CustomOperator, nd_inputs: list[mx.nd.NDArray],
     # would never be freed.
     args, outs, saved = _detached(args[:n]), _detached(outs), kernel.detached(saved)
 
-    state = _Recorded(op, args, outs, params, aux_nd, saved)
     key = next(_counter)
-    # MXNet holds the C callbacks until it calls delete; ctypes objects made with cast() sit
-    # in reference cycles, so they must not reach the arrays: they hold only plain functions
-    # of ``key``, and delete drops the one reference to the recorded state.
-    _states[key] = state
-    callbacks = [ctypes.cast(_bwd_functype(functools.partial(_backward, key)),
-                             ctypes.CFUNCTYPE(ctypes.c_int)),
-                 ctypes.cast(_del_functype(functools.partial(_delete, key)),
-                             ctypes.CFUNCTYPE(ctypes.c_int))]
-    context = MXCallbackList(
-        ctypes.c_int(len(callbacks)),
-        ctypes.cast(c_array(ctypes.CFUNCTYPE(ctypes.c_int), callbacks),
-                    ctypes.POINTER(ctypes.CFUNCTYPE(ctypes.c_int))),
-        ctypes.cast(c_array(ctypes.c_void_p, [None] * len(callbacks)),
-                    ctypes.POINTER(ctypes.c_void_p)))
-    _alive[key] = (context, callbacks)
+    # MXNet holds the callback list until it calls delete, which drops the one reference to
+    # the recorded state; the callbacks reach it only through ``key``.
+    _states[key] = _Recorded(op, args, outs, params, aux_nd, saved)
+    contexts = _Contexts(key, key)
+    context = MXCallbackList(2, _CALLBACKS_PTR,
+                             ctypes.cast(contexts, ctypes.POINTER(ctypes.c_void_p)))
+    _alive[key] = (context, contexts)
     check_call(_LIB.MXCustomFunctionRecord(
         ctypes.c_int(len(nd_inputs)), c_handle_array(nd_inputs),
         ctypes.c_int(len(nd_outs)), c_handle_array(nd_outs), ctypes.byref(context)))
