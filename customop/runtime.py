@@ -787,7 +787,10 @@ def _install_gluonshape() -> None:
     from . import input_shapes
 
     original = mx.sym.Symbol.infer_shape
-    gluon_asks = mx.gluon.HybridBlock._infer_attrs.__code__
+    asker = getattr(mx.gluon.HybridBlock, "_infer_attrs", None)  # MXNet 1.x's Gluon
+    if asker is None:  # pragma: no cover - another MXNet: Gluon's own messages stay
+        return
+    gluon_asks = asker.__code__
 
     @functools.wraps(original)
     def infer_shape(self, *args, **kwargs):
