@@ -80,7 +80,10 @@ def export(block: mx.gluon.HybridBlock, path: str, *inputs: Any, epoch: int = 0,
     builds that follow the batch size become operators of the input's shape, and
     the export is checked at a larger batch.  Where an op fixes the shapes,
     ``fixed`` names it and the graph checks each input's shape, so that every
-    loader refuses another shape with an error naming the op.
+    loader refuses another shape with an error naming the op.  Else every other
+    axis is checked (``<input>_must_have_shape_Nx6``): the ops' own checks ran at
+    the exported shapes, and MXNet would broadcast a wrong one.  Value checks
+    (:func:`customop.require`) travel as NaN outputs.
 
     Any ``Custom`` node that cannot be written as MXNet operators (a
     ``'numpy'``-mode op, an op with auxiliary states, a forward that reads
