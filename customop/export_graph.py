@@ -114,7 +114,7 @@ def guard_inputs(graph: dict[str, Any], inputs: dict[str, Any], why: str) -> Non
 def guard_other_axes(graph: dict[str, Any], inputs: dict[str, Any], batched: list[str]) -> None:
     """Make every data input hold at its exported shape, but for axis 0 of the ``batched``
     ones: a loader fed another shape fails shape inference in a node named
-    ``<input>_must_have_shape_<dims>`` (``N`` for a free batch axis) (issue 32).
+    ``<input>_must_have_shape_<dims>`` (``N`` for a free batch axis).
 
     The ops' own shape checks ran at the exported shapes only; MXNet's operators would
     broadcast a wrong one silently (``ops.wing_loss`` with a ``(4, 1)`` target for a

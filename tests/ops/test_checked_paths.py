@@ -74,6 +74,11 @@ def _outputs(out):
     return [o.asnumpy() for o in outs]
 
 
+UNREAD = "the exported graph does not read the bad input"
+# softmax_ce's label only shapes its gradient: an inference graph has no label input
+NOT_READ_WHEN_EXPORTED = {"softmax_ce-label-5", "softmax_ce-label-negative"}
+
+
 def _run(path, op, good, bad, params, tmp_path, monkeypatch):
     """The outputs of ``bad`` on ``path`` (or the exception), after and before ``good``."""
     if path == "imperative":
@@ -85,7 +90,12 @@ def _run(path, op, good, bad, params, tmp_path, monkeypatch):
         if path == "exported":
             done = customop.export(net, os.path.join(tmp_path, "m"), *_nd(good))
             names = [f"data{i}" for i in range(len(good))]
-            net = mx.gluon.SymbolBlock.imports(done.symbol_file, names, done.params_file)
+            read = [i for i, n in enumerate(names) if n in done.inputs]
+            if any(not np.array_equal(good[i], bad[i]) for i in set(range(len(good))) - set(read)):
+                return UNREAD  # the graph does not read the bad input: nothing to feed it
+            good, bad = [good[i] for i in read], [bad[i] for i in read]
+            net = mx.gluon.SymbolBlock.imports(done.symbol_file, [names[i] for i in read],
+                                               done.params_file)
         net.hybridize()
         runs = [net]
     call = runs[0]
@@ -105,6 +115,9 @@ def _run(path, op, good, bad, params, tmp_path, monkeypatch):
 def test_a_bad_input_is_a_named_error_or_nan_never_numbers(case, path, tmp_path, monkeypatch):
     name, op, good, bad, params, arg = case
     got = _run(path, op, good, bad, params, str(tmp_path), monkeypatch)
+    if got is UNREAD:
+        assert path == "exported" and name in NOT_READ_WHEN_EXPORTED
+        return
     if isinstance(got, Exception):
         text = str(got)
         if path == "exported":  # plain MXNet: the pinned input's node names it
@@ -142,12 +155,14 @@ def test_valid_inputs_give_the_same_numbers_on_every_path(tmp_path, monkeypatch)
             if path == "imperative":
                 results.append(_outputs(op(*_nd(good), **params)))
                 continue
+            feed = good
             if path == "exported":
                 done = customop.export(net, str(tmp_path / name), *_nd(good))
-                net = mx.gluon.SymbolBlock.imports(
-                    done.symbol_file, [f"data{i}" for i in range(len(good))], done.params_file)
+                read = [n for n in (f"data{i}" for i in range(len(good))) if n in done.inputs]
+                feed = [good[int(n[4:])] for n in read]
+                net = mx.gluon.SymbolBlock.imports(done.symbol_file, read, done.params_file)
             net.hybridize()
-            results.append(_outputs(net(*_nd(good))))
+            results.append(_outputs(net(*_nd(feed))))
             monkeypatch.delenv("CUSTOMOP_RUNTIME_OFF", raising=False)
         for other in results[1:]:
             for a, b in zip(other, results[0]):
@@ -183,15 +198,18 @@ def test_exported_graphs_in_plain_mxnet_give_nan_or_name_the_input(tmp_path):
 
     cases = []
     for name, op, good, bad, params, _ in CASES:
+        if name in NOT_READ_WHEN_EXPORTED:
+            continue
         done = customop.export(OneOp(op, params), str(tmp_path / name), *_nd(good))
+        read = [i for i in range(len(good)) if f"data{i}" in done.inputs]
         cases.append({"case": name, "symbol": done.symbol_file, "params": done.params_file,
-                      "names": [f"data{i}" for i in range(len(good))],
-                      "bad": [(v.tolist(), v.dtype.name) for v in bad]})
+                      "names": [f"data{i}" for i in read],
+                      "bad": [(bad[i].tolist(), bad[i].dtype.name) for i in read]})
     (tmp_path / "cases.json").write_text(json.dumps(cases))
     run = subprocess.run([sys.executable, "-c", PLAIN, str(tmp_path / "cases.json")],
                          capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
     said = dict(line.split(" ", 1) for line in run.stdout.strip().splitlines())
-    assert set(said) == {c[0] for c in CASES}
+    assert set(said) == {c[0] for c in CASES} - NOT_READ_WHEN_EXPORTED
     assert all(v in ("nan", "error naming the input") for v in said.values()), said
     assert said["focal_loss-label-7"] == "nan" and said["wing_loss-target-4x1"] != "nan"
