@@ -47,8 +47,8 @@ def softmax_ce(data, label):
         Scores (integer: ``TypeError``).
     label : float or int array, shape ``(N,)``
         Class indices in ``[0, C)``.  Values outside raise ``ValueError`` (one flag read
-        back from the device in ``'mxnet'`` mode), or make the output NaN in a native
-        graph (an exported model; ``customop.require``).
+        back from the device in ``'mxnet'`` mode; ``customop.require``).  The label only
+        shapes the gradient: an exported (inference) graph does not take it.
 
     Notes
     -----
