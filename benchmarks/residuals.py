@@ -93,9 +93,9 @@ def focal_loss_recompute(pred, label, normalizer=None, *, alpha=0.25, gamma=2.0,
     _fl._check(pred, label, normalizer, alpha, gamma, normalization, ignore_label)
     num_class = pred.shape[-1]
     label = label.astype(pred.dtype, copy=False)
-    if _fl._checks.any_nd(((label < 0) + (label > num_class) + (label != mx.nd.floor(label)))
-                          * (label != ignore_label)):
-        raise _fl._label_error(num_class, ignore_label)
+    bad = ((label < 0) + (label > num_class) + (1 - (label == mx.nd.floor(label)))) \
+        * (1 - (label == ignore_label))
+    _fl._checks.require(bad == 0, "label", _fl._label_message(num_class, ignore_label))
     t, valid = _fl._targets_nd(label, num_class, ignore_label)
     sp_pos = mx.nd.Activation(pred, act_type="softrelu")
     sp_neg = mx.nd.Activation(-pred, act_type="softrelu")
@@ -112,7 +112,8 @@ def _focal_loss_recompute_np(pred, label, normalizer=None, *, alpha=0.25, gamma=
     num_class = pred.shape[-1]
     if np.any(((label < 0) | (label > num_class) | (label != np.floor(label)))
               & (label != ignore_label)):
-        raise _fl._label_error(num_class, ignore_label)
+        raise _fl._checks.fail("focal_loss", "label", _fl._label_message(num_class,
+                                                                         ignore_label))
     t, valid = _fl._targets_np(label, num_class, ignore_label, pred.dtype)
     sp_pos = np.logaddexp(0, pred)
     sp_neg = np.logaddexp(0, -pred)

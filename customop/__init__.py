@@ -7,7 +7,9 @@ hands the forward's intermediate values to them);
 ``imports``/``load_checkpoint`` reload saved graphs, importing their ops first.
 ``'mxnet'``-mode ops run as MXNet's own operators in hybridized and bound graphs
 when their forward traces to one (``explain(op, ...)`` says whether, and why not);
-``export(block, path, *inputs)`` writes a model plain MXNet loads, ``to_onnx`` converts it.
+``export(block, path, *inputs)`` writes a model plain MXNet loads, ``to_onnx`` converts it;
+``require(cond, arg, message)`` checks input values: an exception where the forward runs
+in Python, NaN outputs in a native graph.
 
 Importing this package changes nothing in MXNet or Python; what an operator
 needs from MXNet is installed when it is first used (see :mod:`customop.runtime`).
@@ -24,6 +26,7 @@ except ModuleNotFoundError as _exc:
 
 from typing import Any
 
+from .checks import require
 from .explain import explain
 from .export import NotInlinedError, export, to_onnx
 from .loading import imports, load_checkpoint
@@ -33,7 +36,7 @@ from .trace import is_tracing
 
 __all__ = ["customop", "CustomOperator", "residuals", "check_grad", "imports",
            "load_checkpoint", "explain", "is_tracing", "export", "to_onnx",
-           "NotInlinedError"]
+           "NotInlinedError", "require"]
 __version__ = "0.1.0"
 
 

@@ -304,6 +304,8 @@ def _take(poisoned: bool) -> BaseException | None:
 def poison(arrays: list[Any]) -> bool:
     """Make the first non-empty array of ``arrays`` fail when read (asynchronously, in
     MXNet's engine, like any failed operator); False where there was nothing to poison.
+    Every floating array of ``arrays`` is filled with NaN first: MXNet raises an array's
+    failure at its first read only, and later reads then find NaN.
 
     Called on MXNet's worker thread by a callback that failed, which then returns
     success: the failure travels with the arrays, never through MXNet's one
@@ -314,6 +316,11 @@ def poison(arrays: list[Any]) -> bool:
     """
     import mxnet as mx
 
+    for a in arrays:
+        if a is not None and int(np.prod(a.shape)) and np.issubdtype(a.dtype, np.floating):
+            # what every later read finds once the failure has been raised once: NaN, never
+            # the zeros (or old values) the arrays held (MXNet raises a failure only once)
+            mx.nd.full(a.shape, float("nan"), ctx=a.context, dtype=a.dtype, out=a)
     for a in arrays:
         size = int(np.prod(a.shape)) if a is not None else 0
         if size:

@@ -71,7 +71,15 @@ def _said(verdict: native.Verdict) -> str:
     ops = verdict.graph.operators()
     names = sorted(set(ops))
     shown = ", ".join(names[:6]) + (", ..." if len(names) > 6 else "")
-    return f"inlines as {len(ops)} MXNet operator{'s' if len(ops) != 1 else ''} ({shown})"
+    said = f"inlines as {len(ops)} MXNet operator{'s' if len(ops) != 1 else ''} ({shown})"
+    if verdict.graph.checks:
+        n = verdict.graph.checks
+        said += (f"; its customop.require checks ({n}) make the outputs NaN when one "
+                 f"fails")
+    if verdict.graph.guards:
+        said += (f"; indices into {', '.join(verdict.graph.guards)} are guarded (NaN for one "
+                 f"out of range)")
+    return said
 
 
 def explain(target: Any, *inputs: Any, **params: Any) -> OpReport | GraphReport:

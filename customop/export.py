@@ -80,7 +80,10 @@ def export(block: mx.gluon.HybridBlock, path: str, *inputs: Any, epoch: int = 0,
     builds that follow the batch size become operators of the input's shape, and
     the export is checked at a larger batch.  Where an op fixes the shapes,
     ``fixed`` names it and the graph checks each input's shape, so that every
-    loader refuses another shape with an error naming the op.
+    loader refuses another shape with an error naming the op.  Else every other
+    axis is checked (``<input>_must_have_shape_Nx6``): the ops' own checks ran at
+    the exported shapes, and MXNet would broadcast a wrong one.  Value checks
+    (:func:`customop.require`) travel as NaN outputs.
 
     Any ``Custom`` node that cannot be written as MXNet operators (a
     ``'numpy'``-mode op, an op with auxiliary states, a forward that reads
@@ -147,6 +150,11 @@ def export(block: mx.gluon.HybridBlock, path: str, *inputs: Any, epoch: int = 0,
         if why:
             written.fixed.append(why)
             sym = export_graph.guarded(sym, dict(zip(names, inputs)), "the_export")
+    if found is not None and found.inlined and not written.fixed:
+        # the ops' shape checks ran at the exported shapes: no other shape but a batch size
+        gluon = [d.name for d in data]
+        sym = export_graph.guarded_other_axes(sym, dict(zip(names, inputs)),
+                                              [names[gluon.index(n)] for n in written.batched])
     symbol_file, params_file = f"{path}-symbol.json", f"{path}-{epoch:04d}.params"
     arg_names, aux_names = set(sym.list_arguments()), set(sym.list_auxiliary_states())
     saved: dict[str, mx.nd.NDArray] = {}

@@ -111,6 +111,46 @@ def guard_inputs(graph: dict[str, Any], inputs: dict[str, Any], why: str) -> Non
     graph.pop("node_row_ptr", None)
 
 
+def guard_other_axes(graph: dict[str, Any], inputs: dict[str, Any], batched: list[str]) -> None:
+    """Make every data input hold at its exported shape, but for axis 0 of the ``batched``
+    ones: a loader fed another shape fails shape inference in a node named
+    ``<input>_must_have_shape_<dims>`` (``N`` for a free batch axis).
+
+    The ops' own shape checks ran at the exported shapes only; MXNet's operators would
+    broadcast a wrong one silently (``ops.wing_loss`` with a ``(4, 1)`` target for a
+    ``(4, 6)`` prediction).  A batched input is compared with zeros of its exported shape
+    whose axis 0 is broadcast like the input's (``broadcast_like`` on axis 0), so only its
+    other axes are pinned.
+    """
+    nodes = graph["nodes"]
+    first = len(nodes)
+    guarded: dict[int, int] = {}
+    for i, node in enumerate(list(nodes)):
+        value = inputs.get(node["name"]) if node["op"] == "null" else None
+        if value is None:
+            continue
+        shape = tuple(int(d) for d in value.shape)
+        free = node["name"] in batched and len(shape) > 0
+        text = "x".join(["N", *map(str, shape[1:])] if free else map(str, shape)) or "scalar"
+        zeros_shape = (1, *shape[1:]) if free else shape
+        nodes.append({"op": "_zeros", "name": f"{node['name']}_exported_shape", "inputs": [],
+                      "attrs": {"shape": str(zeros_shape),
+                                "dtype": np.dtype(value.dtype).name}})
+        like = len(nodes) - 1
+        if free:
+            nodes.append({"op": "broadcast_like", "name": f"{node['name']}_batch_like",
+                          "inputs": [[like, 0, 0], [i, 0, 0]],
+                          "attrs": {"lhs_axes": "(0,)", "rhs_axes": "(0,)"}})
+            like = len(nodes) - 1
+        nodes.append({"op": GUARD, "name": f"{node['name']}_must_have_shape_{text}",
+                      "inputs": [[i, 0, 0], [like, 0, 0]]})
+        guarded[i] = len(nodes) - 1
+    for node in nodes[:first]:  # the graph's own nodes read the guards, ours the inputs
+        node["inputs"] = [[guarded.get(e[0], e[0]), e[1], 0] for e in node["inputs"]]
+    graph["heads"] = [[guarded.get(h[0], h[0]), h[1], 0] for h in graph["heads"]]
+    graph.pop("node_row_ptr", None)
+
+
 def unguarded(graph: dict[str, Any]) -> dict[str, Any]:
     """``graph`` without :func:`guard_inputs`' nodes (for converters that lack them)."""
     nodes = graph["nodes"]
@@ -173,6 +213,13 @@ def run(sym: mx.sym.Symbol, arrays: dict[str, Any]) -> list[np.ndarray]:
 def guarded(sym: mx.sym.Symbol, inputs: dict[str, Any], why: str) -> mx.sym.Symbol:
     graph = graph_json.parse(sym)
     guard_inputs(graph, inputs, why)
+    return graph_json.load(graph_json.toposorted(graph))
+
+
+def guarded_other_axes(sym: mx.sym.Symbol, inputs: dict[str, Any],
+                       batched: list[str]) -> mx.sym.Symbol:
+    graph = graph_json.parse(sym)
+    guard_other_axes(graph, inputs, batched)
     return graph_json.load(graph_json.toposorted(graph))
 
 

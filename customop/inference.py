@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Tuple  # noqa: UP035 - Tuple: see Shape
 import mxnet as mx
 import numpy as np
 
-from . import errors, kernel
+from . import checks, errors, kernel
 
 if TYPE_CHECKING:
     from .operator import CustomOperator
@@ -124,7 +124,10 @@ class Inference:
             aux_dtype = kernel.aux_dtype_for(dtypes)
             args += [mode.placeholder(s, aux_dtype)
                      for s in kernel.aux_shapes(self.op, list(shapes), params)]
-        with np.errstate(all="ignore"), mx.autograd.pause(), _generators_kept():
+        # value checks (customop.require) are about values, not shapes: placeholders may
+        # fail them, so they are collected and dropped here
+        with np.errstate(all="ignore"), mx.autograd.pause(), _generators_kept(), \
+                checks.collecting(lenient=True):
             outs = kernel.run_forward(self.op, args, params,
                                       where="shape inference on placeholder inputs")
         metas = [OutputMeta.of(mode.shape(o), mode.dtype(o)) for o in outs]

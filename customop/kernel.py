@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 import mxnet as mx
 import numpy as np
 
-from . import errors, gradients
+from . import checks, errors, gradients
 from .saved import residuals
 
 if TYPE_CHECKING:
@@ -29,7 +29,8 @@ def run_forward_saving(op: CustomOperator, args: list[Any], params: dict[str, An
                        where: str = "forward") -> tuple[list[Any], dict[str, Any]]:
     """The forward's outputs (validated) and the residuals it handed to its closures."""
     try:
-        result = op.fn(*args, **params)
+        with checks.running(op.op_type):
+            result = op.fn(*args, **params)
     except Exception as exc:
         empty = _empty_input(op, args)
         if empty is not None and isinstance(exc, mx.base.MXNetError):

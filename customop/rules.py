@@ -17,6 +17,8 @@ one entry here and one test (tests/customop/test_rules.py: a case of its name).
   recording that does not stand for the forward: see :mod:`customop.native`).
 * :data:`REWRITES`: by MXNet operator, how a recorded node is written into the
   graph (``rewrite(attrs) -> (operator, attrs)``).
+* :data:`INDEX_GUARDS`: by MXNet operator, how a kernel that reads at computed
+  indices is made safe (NaN outputs for an index out of range; :mod:`customop.guards`).
 
 Which recorded MXNet operators count as random (:data:`RANDOM`) or as updating
 auxiliary states (:data:`STATEFUL`) is here too.
@@ -27,7 +29,7 @@ import re
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-from . import errors, runtime
+from . import errors, guards, runtime
 
 TRAIN, EXPORT = "train", "export"
 PURPOSES = (TRAIN, EXPORT)
@@ -90,9 +92,13 @@ def _foreign_custom(rec: Any, purpose: str) -> bool:
 
 RECORDED_REFUSALS = (
     Refusal("inner-customop", _inner_refused, "it calls customop {}"),
+    Refusal("asks-is-tracing", lambda rec, purpose: rec.asked[0] if rec.asked else "",
+            "it asks customop.is_tracing() (at {}), so it may skip a check while traced; "
+            "write value checks with customop.require, which makes the outputs NaN in a "
+            "native graph, and drop the is_tracing() test"),
     Refusal("reads-values", lambda rec, purpose: rec.reads[0] if rec.reads else "",
             "it reads values back to Python (asnumpy, asscalar, bool) at {}; a graph would "
-            "keep what it read once"),
+            "keep what it read once (a value check: write it with customop.require)"),
     Refusal("random", lambda rec, purpose: ", ".join(rec.randoms),
             "it calls random operators ({})"),
     Refusal("stateful", _stateful, "it calls operators that update auxiliary states ({})"),
@@ -143,5 +149,14 @@ def _copyto(attrs: dict[str, Any]) -> tuple[str, dict[str, Any]]:
 REWRITES: dict[str, Callable[[dict[str, Any]], tuple[str, dict[str, Any]]]] = {
     "_copyto": _copyto,
 }
-# Tables of other rules by MXNet operator (index-safety rewrites, transposition of gradient
-# closures) belong beside this one, keyed the same way.
+# Index guards, by MXNet operator: kernels that read at computed indices without a bound
+# check (or clip them to a plausible row) get their indices made safe, and NaN outputs for
+# one out of range, once a graph is verified (customop.guards has the formulas):
+# guard(node, add, dtypes) -> the entries standing for the node's outputs, or None.
+INDEX_GUARDS: dict[str, Callable[..., Any]] = {
+    "_contrib_box_encode": guards.box_encode,
+    "pick": guards.pick,
+    "take": guards.take,
+}
+# Tables of other rules by MXNet operator (transposition of gradient closures) belong beside
+# these, keyed the same way.

@@ -24,8 +24,8 @@ import mxnet as mx
 import numpy as np
 from mxnet.base import _LIB, check_call, py_str
 
-from . import kernel
-from .rules import RANDOM
+from . import checks, kernel
+from .rules import INDEX_GUARDS, RANDOM
 from .runtime import trace as hooks
 
 if TYPE_CHECKING:
@@ -39,17 +39,21 @@ _op_names: dict[int, list[str]] = {}
 def is_tracing() -> bool:
     """Whether customop is recording this thread's forward into a native graph right now.
 
-    A forward may skip checks that read values back to Python (labels in
-    range, a positive scale) while traced: a graph of MXNet operators cannot
-    raise on values, and a read-back keeps the op a ``Custom`` node (see
-    :func:`customop.explain`).
+    Not a way to skip checks: write value checks with :func:`customop.require`,
+    which raises where the forward runs in Python and makes the outputs NaN in
+    a native graph.  A forward that asks ``is_tracing()`` while it is traced
+    keeps its ``Custom`` node (it may skip a check there; :func:`customop.explain`
+    says so), so code written to the old advice keeps its checks.
 
     Example:
         >>> import customop
         >>> customop.is_tracing()
         False
     """
-    return hooks.tracing_now() is not None
+    log = hooks.tracing_now()
+    if log is not None:
+        log.asked.append(_caller())
+    return log is not None
 
 
 def op_names(handle: int) -> list[str]:
@@ -87,6 +91,9 @@ class Recording:
     paused: set[int] = field(default_factory=set)  # nodes computed inside mx.autograd.pause()
     inner: list[Any] = field(default_factory=list)  # decorated ops the forward called
     unknown_free: list[str] = field(default_factory=list)  # free variables without a value
+    asked: list[str] = field(default_factory=list)  # where the forward called is_tracing()
+    checks: int = 0  # customop.require conditions the graph carries (as NaN poisoning)
+    guarded: dict[str, list] = field(default_factory=dict)  # node -> dtypes (rules.INDEX_GUARDS)
 
 
 class _Log:
@@ -98,6 +105,8 @@ class _Log:
         self.copies: list[mx.nd.NDArray] = []  # outputs of _copyto: astype() or a device copy
         self.randoms: list[str] = []
         self.reads: list[str] = []
+        self.asked: list[str] = []  # where the forward called is_tracing() (while traced)
+        self.guarded: list[tuple[mx.nd.NDArray, list[np.dtype]]] = []  # see rules.INDEX_GUARDS
         self.regions: list[tuple[int, int]] = []  # node numbers recorded inside pause()
         self.inner: list[Any] = []  # decorated ops the forward called (dispatch reports them)
         self._depth = 0
@@ -126,6 +135,11 @@ class _Log:
         self.arrays.extend(ndargs)
         self.arrays.extend(o for o in outs if isinstance(o, mx.nd.NDArray))
         names = op_names(handle)
+        guarded = next((n for n in names if n in INDEX_GUARDS), None)
+        if guarded is not None and outs and len(ndargs) > 1:
+            # the dtypes its index guard needs: each output's, then the index input's
+            self.guarded.append((outs[0], [np.dtype(o.dtype) for o in outs]
+                                 + [np.dtype(ndargs[1].dtype)]))
         if "_copyto" in names and outs:
             self.copies.append(outs[0])
         elif any(RANDOM.search(n) for n in names):
@@ -165,8 +179,15 @@ def record(op: CustomOperator, values: list[np.ndarray], params: dict[str, Any],
         x.attach_grad()
     log = _Log()
     log.inputs = {mx.autograd.get_symbol(x).name for x in xs}
-    with hooks.tracing(log), mx.autograd.record(train_mode=False):
+    with hooks.tracing(log), mx.autograd.record(train_mode=False), \
+            checks.collecting() as conditions:
         outs = kernel.run_forward(op, list(xs), dict(params), where="trace")
+        # its require() checks become part of the graph: NaN outputs where they fail; a check
+        # of an input the outputs do not read is left out (a graph that does not read it
+        # cannot be fed a wrong one: softmax_ce's label, which only shapes the gradient)
+        read = set().union(*(_graph_inputs(o) for o in outs)) & log.inputs
+        conditions[:] = [c for c in conditions if set(_graph_inputs(c.ok)) & log.inputs <= read]
+        outs = checks.poisoned(outs, conditions)
     names = [mx.autograd.get_symbol(x).name for x in xs]
     symbols: list[Any] = []
     for o in outs:
@@ -207,6 +228,8 @@ def record(op: CustomOperator, values: list[np.ndarray], params: dict[str, Any],
     return Recording(nodes=nodes, inputs=inputs, free=free, heads=heads,
                      outputs=[o.asnumpy() for o in outs], reads=log.reads,
                      randoms=sorted(set(log.randoms)), unknown_free=unknown,
+                     asked=list(log.asked), checks=len(conditions),
+                     guarded={_graph_name(o): d for o, d in log.guarded},
                      inner=list(dict.fromkeys(log.inner)),
                      paused={i for i, n in enumerate(nodes) if any(
                          lo < node_number(n["name"]) < hi for lo, hi in log.regions)})

@@ -129,15 +129,55 @@ def present(exe: mx.executor.Executor, original: mx.sym.Symbol,
 
 
 class _Reshape:
-    """``Executor.reshape`` of an executor shown by :func:`present`: the result is shown alike."""
+    """``Executor.reshape`` of an executor shown by :func:`present`: the result is shown alike.
+
+    The ops' checks run at the new shapes first (the original graph's shape pass);
+    when the graph inlined at the new shapes is the one the executor runs, MXNet's
+    reshape serves (memory shared); else the original graph is bound anew at the
+    new shapes (inlined there, or with ``Custom`` nodes), keeping the arrays whose
+    shape stays.
+    """
 
     def __init__(self, exe, original, inlined):
         self.exe, self.original, self.inlined = exe, original, inlined
 
     def __call__(self, partial_shaping=False, allow_up_sizing=False, **kwargs):
-        new = mx.executor.Executor.reshape(self.exe(), partial_shaping, allow_up_sizing,
-                                           **kwargs)
-        return present(new, self.original, self.inlined)
+        exe = self.exe()
+        given = {k: tuple(v) for k, v in kwargs.items()}
+        names, aux_names = self.original.list_arguments(), self.original.list_auxiliary_states()
+        with warnings.catch_warnings():  # an input the kwargs leave out keeps its shape
+            warnings.simplefilter("ignore")
+            args, _, aux = self.original.infer_shape_partial(**given)
+        current = {**exe.arg_dict, **exe.aux_dict}
+        shapes = {n: tuple(s) if s and all(d > 0 for d in s) else current[n].shape
+                  for n, s in zip([*names, *aux_names], [*(args or []), *(aux or [])])}
+        dtypes = {n: a.dtype for n, a in current.items()}
+        checked(self.original, shapes, dtypes)
+        found = spliced(self.original, shapes, dtypes)
+        if found is not None and (graph_json.anonymous(found.symbol)
+                                  == graph_json.anonymous(self.inlined)):
+            new = mx.executor.Executor.reshape(exe, partial_shaping, allow_up_sizing, **kwargs)
+            return present(new, self.original, self.inlined)
+
+        def same_or_new(arrays):
+            return {n: a if a.shape == shapes[n] else mx.nd.zeros(shapes[n], a.context, a.dtype)
+                    for n, a in arrays.items() if a is not None}
+
+        grads = same_or_new(exe.grad_dict) or None
+        return self.original.bind(exe._ctx, same_or_new(exe.arg_dict), grads, exe._grad_req,
+                                  same_or_new(exe.aux_dict), exe._group2ctx)
+
+
+def checked(sym: mx.sym.Symbol, shapes: dict[str, Any], dtypes: dict[str, Any]) -> None:
+    """Run ``sym``'s shape and type passes at this signature: its ops' checks raise here.
+
+    The ``Custom`` nodes of our ops run their shape inference (the forward on
+    placeholders, with its checks), so a bad signature raises the op's own
+    named error, as a graph of ``Custom`` nodes would at its first call.
+    """
+    names = set(sym.list_inputs())
+    sym.infer_shape_partial(**{k: tuple(v) for k, v in shapes.items() if k in names})
+    sym.infer_type_partial(**{k: np.dtype(v) for k, v in dtypes.items() if k in names})
 
 
 def holds_inlinable(sym: mx.sym.Symbol) -> bool:

@@ -6,12 +6,12 @@ type first (a string where a bool or a number belongs is a ``TypeError``: ``'Fal
 otherwise read as true), then for value (NaN and infinity are a ``ValueError``).
 
 Shapes and parameters are checked for free.  A check of *values* in ``'mxnet'``
-mode (labels in range, ``sigma > 0``) costs one device synchronisation: all of an
-operator's value conditions are reduced on the device to a single flag and only
-that one element is read back (:func:`any_nd`); the data itself never leaves the
-device.  While customop records a forward into a native graph
-(``customop.is_tracing()``), value checks are skipped: a graph of MXNet operators
-cannot raise on values, and a read-back would keep the op out of it.
+mode (labels in range, ``sigma > 0``) goes through ``customop.require``
+(:func:`require`): where the forward runs in Python it costs one device
+synchronisation (the condition is reduced on the device and one element is read
+back; the data itself never leaves the device) and raises the message below; in
+a native graph (hybridized, bound, exported) it reads nothing back and makes the
+operator's outputs NaN when it fails.
 """
 from __future__ import annotations
 
@@ -21,21 +21,17 @@ import numbers
 import mxnet as mx
 import numpy as np
 
-from customop import is_tracing
+import customop
 
 
 def fail(op: str, arg: str, msg: str, cls: type = ValueError) -> Exception:
     return cls(f"customop 'ops.{op}': {arg} {msg}")
 
 
-def any_nd(*conditions: mx.nd.NDArray) -> bool:
-    """Whether any element of any 0/1 condition array is set: one 1-element read-back."""
-    if is_tracing():
-        return False
-    flags = [c.reshape((-1,)).max() for c in conditions]
-    flag = flags[0] if len(flags) == 1 else mx.nd.maximum(*flags) if len(flags) == 2 \
-        else mx.nd.max(mx.nd.concat(*flags, dim=0))
-    return bool(flag.asnumpy()[0])
+def require(ok: mx.nd.NDArray, arg: str, msg: str) -> None:
+    """Every element of ``ok`` must be non-zero: else ``customop '<op>': <arg> <msg>`` where
+    the forward runs in Python, NaN outputs in a native graph (see ``customop.require``)."""
+    customop.require(ok, arg, msg)
 
 
 # ---- parameters ----------------------------------------------------------------------------
@@ -125,6 +121,6 @@ def box_format(op: str, name: str, value) -> None:
 
 def boxes(op: str, name: str, shape: tuple, ndim: int | None = None) -> None:
     if len(shape) < 2 or shape[-1] != 4 or (ndim is not None and len(shape) != ndim):
-        want = f"{ndim}-d " if ndim else ""
-        raise fail(op, name, f"must be a {want}array of boxes with last axis 4, got shape "
+        want = f"a {ndim}-d array" if ndim else "an array"
+        raise fail(op, name, f"must be {want} of boxes with last axis 4, got shape "
                    f"{tuple(shape)}")

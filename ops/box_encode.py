@@ -27,6 +27,9 @@ def _check(samples, matches, anchors, refs, means, stds, legacy_box):
     _checks.boolean("box_encode", "legacy_box", legacy_box)
 
 
+_MATCHES = "of positive samples must be integers in [0, M={m})"
+
+
 def _infer_shape(samples, matches, anchors, refs, means, stds, **_):
     return [anchors, anchors]
 
@@ -54,9 +57,11 @@ def box_encode(samples, matches, anchors, refs, means, stds, *, legacy_box=False
     ``where``); unlike it, this op is differentiable w.r.t. ``anchors``, ``refs`` (e.g. predicted
     boxes), ``means`` and ``stds`` (``samples`` and ``matches`` get zero).
     Degenerate boxes give ``inf``/``nan`` targets as in MXNet. ``matches`` of
-    non-positive samples may be anything (MXNet reads the box anyway; here it is
-    clipped into range); ``ops.box_encode.numpy`` rejects a positive sample's
-    match outside ``[0, M)``, the ``'mxnet'`` op does not check values (no sync).
+    non-positive samples may be anything (clipped into range before MXNet's kernel,
+    which does not bound-check them).  A positive sample's match outside ``[0, M)``
+    (or not an integer): ``ops.box_encode.numpy`` raises ``ValueError``; the
+    ``'mxnet'`` op gives that anchor NaN targets and mask, on the device (no sync),
+    on every path, exported graphs included.
 
     Parameters
     ----------
@@ -80,9 +85,20 @@ def box_encode(samples, matches, anchors, refs, means, stds, *, legacy_box=False
         [[[0.5, 0.0, 0.6931, 0.0]]]
     """
     _check(samples, matches, anchors, refs, means, stds, legacy_box)
+    # A positive sample's match must index refs; MXNet's kernel reads refs[matches] without a
+    # bound check, so it gets indices clipped into range, and an anchor whose match was not
+    # valid gets NaN targets and mask (1 / 0 * 0), on the device: no read back on any path.
+    m = refs.shape[1]
+    with mx.autograd.pause():
+        ok = (1 - (samples > 0.5)) + (1 - (matches < 0)) * (matches < m) \
+            * (matches == mx.nd.floor(matches))
+        nan_or_one = (ok / ok).reshape((0, 0, 1)).astype(anchors.dtype)
+        matches = mx.nd.clip(matches, 0, m - 1)
     if not legacy_box:  # MXNet's kernel, for bit-equal outputs; gradients: _encode_grad
-        return tuple(mx.nd.contrib.box_encode(samples, matches, anchors, refs, means, stds))
-    return _encode_nd(samples, matches, anchors, refs, means, stds, 1)
+        outs = mx.nd.contrib.box_encode(samples, matches, anchors, refs, means, stds)
+    else:
+        outs = _encode_nd(samples, matches, anchors, refs, means, stds, 1)
+    return tuple(mx.nd.broadcast_mul(o, nan_or_one) for o in outs)
 
 
 def _encode_nd(samples, matches, anchors, refs, means, stds, one):
@@ -130,8 +146,7 @@ def _box_encode_numpy(samples, matches, anchors, refs, means, stds, *, legacy_bo
     valid = getval(samples) > 0.5
     index = getval(matches)
     if np.any(valid & ((index < 0) | (index >= refs.shape[1]) | (index != np.round(index)))):
-        raise _checks.fail("box_encode", "matches", f"of positive samples must be integers in "
-                           f"[0, M={refs.shape[1]})")
+        raise _checks.fail("box_encode", "matches", _MATCHES.format(m=refs.shape[1]))
     index = np.clip(index, 0, refs.shape[1] - 1).astype(np.int64)
     ref = refs[np.arange(refs.shape[0])[:, None], index]
     rx, ry, rw, rh = to_center(ref[..., 0], ref[..., 1], ref[..., 2], ref[..., 3], one)

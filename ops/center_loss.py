@@ -26,9 +26,8 @@ def _check(data, label, centers, num_class, alpha, scale):
     _checks.floating("center_loss", "centers", centers.dtype)
 
 
-def _label_error(num_class):
-    return _checks.fail("center_loss", "label", f"has values that are not class indices in "
-                        f"[0, num_class - 1] = [0, {num_class - 1}]")
+def _label_message(num_class):
+    return f"has values that are not class indices in [0, num_class - 1] = [0, {num_class - 1}]"
 
 
 def _centers_shape(data, label, num_class, alpha=0.5, scale=1.0):
@@ -68,7 +67,7 @@ def center_loss(data, label, centers, *, num_class, alpha=0.5, scale=1.0):
         The features (an integer ``data`` raises ``TypeError``).
     label : float or int array, shape ``(N,)``
         Class indices in ``[0, num_class)`` (checked: one flag read back in ``'mxnet'``
-        mode).
+        mode; ``customop.require``).
     centers : array, shape ``(num_class, feature_dim)``
         The auxiliary state (omit it with symbols).
     num_class : int
@@ -94,8 +93,8 @@ def center_loss(data, label, centers, *, num_class, alpha=0.5, scale=1.0):
         (array([0.5, 4.5], dtype=float32), array([0.6666667, 0.       ], dtype=float32))
     """
     _check(data, label, centers, num_class, alpha, scale)
-    if _checks.any_nd((label < 0) + (label >= num_class) + (label != mx.nd.floor(label))):
-        raise _label_error(num_class)
+    _checks.require((1 - (label < 0)) * (label < num_class) * (label == mx.nd.floor(label)),
+                    "label", _label_message(num_class))
     diff = data - mx.nd.take(centers, label, axis=0)
     return 0.5 * scale * (diff * diff).sum(axis=1)
 
@@ -104,7 +103,7 @@ def center_loss(data, label, centers, *, num_class, alpha=0.5, scale=1.0):
 def _center_loss_numpy(data, label, centers, *, num_class, alpha=0.5, scale=1.0):
     _check(data, label, centers, num_class, alpha, scale)
     if np.any((label < 0) | (label >= num_class) | (label != np.floor(label))):
-        raise _label_error(num_class)
+        raise _checks.fail("center_loss", "label", _label_message(num_class))
     diff = data - centers[label.astype(np.int64)]
     return 0.5 * scale * (diff * diff).sum(axis=1)
 

@@ -34,10 +34,9 @@ def _check(pred, label, normalizer, alpha, gamma, normalization, ignore_label):
         _checks.floating("focal_loss", "normalizer", normalizer.dtype)
 
 
-def _label_error(num_class, ignore_label):
-    return _checks.fail("focal_loss", "label", f"has values outside [ignore_label, C]: every "
-                        f"label must be ignore_label={ignore_label}, 0 (background) or a class "
-                        f"1..C={num_class}")
+def _label_message(num_class, ignore_label):
+    return (f"has values outside [ignore_label, C]: every label must be "
+            f"ignore_label={ignore_label}, 0 (background) or a class 1..C={num_class}")
 
 
 @customop("mxnet", name="ops.focal_loss", optional=("normalizer",), no_grad=("label",),
@@ -70,7 +69,8 @@ def focal_loss(pred, label, normalizer=None, *, alpha=0.25, gamma=2.0,
         ``TypeError`` (the loss is float math).
     label : float or int array, shape ``(N, ...)``
         Values in ``{ignore_label, 0, 1, ..., C}``; anything else raises ``ValueError``
-        (one flag read back in ``'mxnet'`` mode).
+        (one flag read back in ``'mxnet'`` mode), or makes the loss NaN in a native graph
+        (an exported model; ``customop.require``).
     normalizer : float array of one value (shape ``(1,)``), optional
         The :math:`Z` above.
     alpha : float in [0, 1], default 0.25
@@ -96,9 +96,10 @@ def focal_loss(pred, label, normalizer=None, *, alpha=0.25, gamma=2.0,
     _check(pred, label, normalizer, alpha, gamma, normalization, ignore_label)
     num_class = pred.shape[-1]
     label = label.astype(pred.dtype, copy=False)
-    if _checks.any_nd(((label < 0) + (label > num_class) + (label != mx.nd.floor(label)))
-                      * (label != ignore_label)):
-        raise _label_error(num_class, ignore_label)
+    # (operators MXNet's ONNX converter knows: no >=, <=, !=)
+    bad = ((label < 0) + (label > num_class) + (1 - (label == mx.nd.floor(label)))) \
+        * (1 - (label == ignore_label))
+    _checks.require(bad == 0, "label", _label_message(num_class, ignore_label))
     t, valid = _targets_nd(label, num_class, ignore_label)
     sp_pos = mx.nd.Activation(pred, act_type="softrelu")  # -log(1 - p)
     sp_neg = mx.nd.Activation(-pred, act_type="softrelu")  # -log p
@@ -116,7 +117,7 @@ def _focal_loss_numpy(pred, label, normalizer=None, *, alpha=0.25, gamma=2.0,
     num_class = pred.shape[-1]
     if np.any(((label < 0) | (label > num_class) | (label != np.floor(label)))
               & (label != ignore_label)):
-        raise _label_error(num_class, ignore_label)
+        raise _checks.fail("focal_loss", "label", _label_message(num_class, ignore_label))
     t, valid = _targets_np(label, num_class, ignore_label, pred.dtype)
     sp_pos = np.logaddexp(0, pred)  # -log(1 - p)
     sp_neg = np.logaddexp(0, -pred)  # -log p

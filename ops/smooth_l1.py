@@ -16,9 +16,7 @@ def _check(data, sigma, weight):
         _checks.broadcastable("smooth_l1", "weight", weight.shape, data.shape, "data")
 
 
-def _sigma_error():
-    return _checks.fail("smooth_l1", "sigma", "must be finite and > 0 everywhere (it holds "
-                        "values <= 0, inf or NaN)")
+_SIGMA = "must be finite and > 0 everywhere (it holds values <= 0, inf or NaN)"
 
 
 @customop("mxnet", name="ops.smooth_l1", optional=("weight",), no_grad=("sigma", "weight"))
@@ -41,7 +39,7 @@ def smooth_l1(data, sigma, weight=None):
         ``TypeError``: the loss is float math).
     sigma : finite positive array broadcastable to ``data``
         E.g. shape ``(1,)``, or one value per box coordinate; ``sigma <= 0``, ``inf`` or
-        NaN raises ``ValueError``.
+        NaN raises ``ValueError`` (NaN loss in a native graph: ``customop.require``).
     weight : array broadcastable to ``data``, optional
         Multiplies the loss elementwise.
 
@@ -59,8 +57,7 @@ def smooth_l1(data, sigma, weight=None):
         array([1.875, 0.02 , 0.375], dtype=float32)
     """
     _check(data, sigma, weight)
-    if _checks.any_nd((sigma > 0) * (sigma - sigma == 0) == 0):  # inf - inf and NaN: NaN
-        raise _sigma_error()
+    _checks.require((sigma > 0) * (sigma - sigma == 0), "sigma", _SIGMA)  # inf - inf: NaN
     s2 = (sigma * sigma).astype(data.dtype, copy=False)
     # smooth_l1(x; sigma) = smooth_l1(sigma^2 x; 1) / sigma^2: MXNet's fused kernel does the rest
     loss = mx.nd.broadcast_div(mx.nd.smooth_l1(mx.nd.broadcast_mul(s2, data), scalar=1.0), s2)
@@ -71,7 +68,7 @@ def smooth_l1(data, sigma, weight=None):
 def _smooth_l1_numpy(data, sigma, weight=None):
     _check(data, sigma, weight)
     if not np.all((sigma > 0) & (sigma < np.inf)):
-        raise _sigma_error()
+        raise _checks.fail("smooth_l1", "sigma", _SIGMA)
     s2 = sigma * sigma
     ax = np.abs(data)
     loss = np.where(ax < 1 / s2, 0.5 * s2 * data * data, ax - 0.5 / s2)

@@ -18,9 +18,9 @@ def _check(data, label):
                        "one class index per sample")
 
 
-def _label_error(num_class):
-    return _checks.fail("softmax_ce", "label", f"has values that are not class indices in "
-                        f"[0, {num_class - 1}] (data has {num_class} classes)")
+def _label_message(num_class):
+    return (f"has values that are not class indices in [0, {num_class - 1}] (data has "
+            f"{num_class} classes)")
 
 
 @customop("mxnet", name="ops.softmax_ce", need_top_grad=False, infer_shape=lambda data, label: data,
@@ -47,7 +47,8 @@ def softmax_ce(data, label):
         Scores (integer: ``TypeError``).
     label : float or int array, shape ``(N,)``
         Class indices in ``[0, C)``.  Values outside raise ``ValueError`` (one flag read
-        back from the device in ``'mxnet'`` mode).
+        back from the device in ``'mxnet'`` mode; ``customop.require``).  The label only
+        shapes the gradient: an exported (inference) graph does not take it.
 
     Notes
     -----
@@ -61,8 +62,8 @@ def softmax_ce(data, label):
     """
     _check(data, label)
     num_class = data.shape[1]
-    if _checks.any_nd((label < 0) + (label >= num_class) + (label != mx.nd.floor(label))):
-        raise _label_error(num_class)
+    _checks.require((1 - (label < 0)) * (label < num_class) * (label == mx.nd.floor(label)),
+                    "label", _label_message(num_class))
     onehot = mx.nd.one_hot(label, num_class, dtype=data.dtype)
     return residuals(mx.nd.softmax(data, axis=1), onehot=onehot)
 
@@ -73,7 +74,7 @@ def _softmax_ce_numpy(data, label):
     num_class = data.shape[1]
     index = label.astype(np.int64)
     if np.any((index < 0) | (index >= num_class) | (index != label)):
-        raise _label_error(num_class)
+        raise _checks.fail("softmax_ce", "label", _label_message(num_class))
     e = np.exp(data - data.max(axis=1, keepdims=True))
     return residuals(e / e.sum(axis=1, keepdims=True), index=index)
 

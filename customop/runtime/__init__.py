@@ -25,6 +25,9 @@ The index (:data:`PATCHES`: off-switch name -> module, and when it is installed)
 ``deps`` (:mod:`.deps`)
     each custom node reads its own backward dependencies; the first graph node or
     ``mx.nd.Custom`` call.
+``shapes`` (:mod:`.shapes`)
+    concurrent binds of one Symbol read the shapes our props answered, not freed memory;
+    the first graph node or ``mx.nd.Custom`` call.
 ``trace`` (:mod:`.trace`)
     a forward recorded as MXNet operators; in place only while one is traced.
 ``inline`` (:mod:`.inline`)
@@ -59,8 +62,8 @@ from typing import Any
 
 # off-switch name -> the module of this package that holds the patch (its reason, install())
 PATCHES = {"errors": "errors", "fork": "fork", "aux": "aux", "auxsync": "auxsync",
-           "release": "release", "deps": "deps", "trace": "trace", "inline": "inline",
-           "gluonshape": "gluonshape", "isAlive": "isalive"}
+           "release": "release", "deps": "deps", "shapes": "shapes", "trace": "trace",
+           "inline": "inline", "gluonshape": "gluonshape", "isAlive": "isalive"}
 
 # MXNet's own pthread_atfork handlers (src/initialize.cc), which the ``fork`` patch runs;
 # internal, C++-mangled names:

@@ -118,12 +118,6 @@ class _AuxExecutor(mx.executor.Executor):
 _cached_aux: dict[int, tuple[list[int], list]] = {}  # id(CachedOp) -> aux positions, labels
 
 
-def moved(outer: mx.nd.CachedOp, inner: mx.nd.CachedOp) -> None:
-    """``outer`` runs ``inner``'s graph from now on (``inline``): it waits as ``inner`` did."""
-    if id(inner) in _cached_aux:
-        _cached_aux[id(outer)] = _cached_aux.pop(id(inner))
-
-
 def forget(cached: mx.nd.CachedOp) -> None:
     """``cached`` runs another graph (an ``inline`` plan's): nothing to wait for itself."""
     _cached_aux.pop(id(cached), None)

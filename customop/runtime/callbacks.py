@@ -5,7 +5,8 @@ prop (``CustomOpPropCallbacks``), one per operator (``CustomOpCallbacks``),
 each built by MXNet's ``creator`` / ``create_operator`` callbacks in
 ``mxnet.operator``, and one per recorded function node
 (``MXCustomFunctionRecord``: backward and delete).  The ``release`` and
-``deps`` patches point slots of the first two at entries of ours; the
+``deps`` patches point slots of the first two at entries of ours (``shapes`` one slot
+of a prop's); the
 ``function`` path of :mod:`customop.dispatch` builds the third with
 :func:`record_function`.  All the C types and slot numbers are here (see
 ``include/mxnet/c_api.h``), once.
@@ -28,12 +29,15 @@ DELETE_TYPE = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)  # CustomOpDelFunc
 DEPS_TYPE = ctypes.CFUNCTYPE(ctypes.c_int, *[ctypes.POINTER(ctypes.c_int)] * 4,
                              ctypes.POINTER(ctypes.POINTER(ctypes.c_int)),
                              ctypes.c_void_p)  # MXNet's CustomOpBwdDepFunc
+INFER_SHAPE_TYPE = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int, ctypes.POINTER(ctypes.c_int),
+                                    ctypes.POINTER(ctypes.POINTER(ctypes.c_int)),
+                                    ctypes.c_void_p)  # MXNet's CustomOpInferShapeFunc
 FUNCTION_BACKWARD_TYPE = ctypes.CFUNCTYPE(
     ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.POINTER(ctypes.c_void_p),
     ctypes.POINTER(ctypes.c_int), ctypes.c_int, ctypes.c_void_p)  # CustomFunctionBwdFunc
 # MXNet's slots (include/mxnet/c_api.h): CustomOpCallbacks, CustomOpPropCallbacks
 OP_DELETE, OP_BACKWARD = 0, 2
-PROP_DECLARE_DEPS = 5
+PROP_INFER_SHAPE, PROP_DECLARE_DEPS = 4, 5
 
 watched: dict[int, tuple[Any, int, int | None]] = {}  # key -> (op, MXNet's deleter, context)
 keys = itertools.count(1)

@@ -11,27 +11,30 @@ without a ``Custom`` node of such an op is bound or cached as before, after one
 In a graph with one, each such node whose forward traces faithfully is replaced
 by its operators
 (:mod:`customop.training_graphs`): an executor binds the inlined graph and is shown with
-the original argument order, names and ``reshape``; a CachedOp settles at its
-first call (when the input shapes are known) and from then on is MXNet's
-CachedOp of the inlined graph (its handle moved into the one Gluon holds), or,
-when that graph lists its inputs in another order or depends on the input
-dtype, reorders its inputs per call.  Measured (``benchmarks/native_graphs.py``):
+the original argument order, names and ``reshape`` (a reshape to a signature the
+inlined graph does not serve binds again); a CachedOp settles each new input
+signature once (the original graph's shape and type passes run the ops' checks,
+then the graph is inlined at that signature) and runs MXNet's CachedOp of the
+graph settled for the signature of each call (one dict lookup).  Measured
+(``benchmarks/native_graphs.py``):
 hybridized forward+backward of one decorated ``x * x`` cost 5.6x / 5.5x / 2.2x the
 same ``broadcast_mul`` written natively at 10 / 1e3 / 1e6 elements as a ``Custom``
 node, and 0.95-1.00x inlined.  Switched off, every op keeps its ``Custom`` node.
 """
 from __future__ import annotations
 
+import ctypes
 import functools
 import threading
 from typing import Any
 
 import mxnet as mx
+from mxnet.base import _LIB
 
-from .. import native, runtime, training_graphs
+from .. import graph_json, native, runtime, training_graphs
 from . import aux
 
-_plans: dict[int, Any] = {}  # id(CachedOp) -> its CachedPlan, until the first call
+_plans: dict[int, Any] = {}  # id(CachedOp) -> its CachedPlan
 _inner = threading.local()  # .building: a CachedOp made for a plan (never planned itself)
 
 
@@ -41,7 +44,8 @@ def wanted(op: Any) -> bool:
 
 
 class _PlannedCachedOp(mx.nd.CachedOp):
-    """A CachedOp whose graph holds ops that inline: settled at its first call."""
+    """A CachedOp whose graph holds ops that inline: each call runs what its plan settled
+    for the call's input signature (see :class:`CachedPlan`)."""
 
     __slots__ = ()
 
@@ -62,65 +66,87 @@ def inner_cached_op(sym, flags) -> mx.nd.CachedOp:
         _inner.building = False
 
 
-def adopt(outer: mx.nd.CachedOp, inner: mx.nd.CachedOp) -> None:
-    """``outer`` runs ``inner``'s graph from now on, as a CachedOp of MXNet's own class."""
-    outer.handle, inner.handle = inner.handle, outer.handle  # each frees the one it holds
-    outer.is_np_sym = inner.is_np_sym
-    _plans.pop(id(outer), None)
-    aux.moved(outer, inner)
-    outer.__class__ = type(inner)
+_buffers = threading.local()  # .out: this thread's ctypes out-parameters for signature()
+_get_shape, _get_dtype = _LIB.MXNDArrayGetShapeEx, _LIB.MXNDArrayGetDType
+
+
+def signature(args, which) -> tuple:
+    """``((shape, dtype code), ...)`` of ``args[i]`` for ``i`` in ``which``: a CachedOp's
+    per-call key, read with two C calls an array (half what ``.shape``/``.dtype`` cost)."""
+    out = getattr(_buffers, "out", None)
+    if out is None:
+        ndim, dims, dtype = ctypes.c_int(), ctypes.POINTER(ctypes.c_int)(), ctypes.c_int()
+        out = _buffers.out = (ndim, dims, dtype, ctypes.byref(ndim), ctypes.byref(dims),
+                              ctypes.byref(dtype))
+    ndim, dims, dtype, ndim_ref, dims_ref, dtype_ref = out
+    key = []
+    for i in which:
+        handle = args[i].handle
+        _get_shape(handle, ndim_ref, dims_ref)
+        _get_dtype(handle, dtype_ref)
+        key.append((tuple(dims[:ndim.value]), dtype.value))
+    return tuple(key)
 
 
 class CachedPlan:
-    """What a CachedOp of a graph with inlinable ops runs, settled at its first call.
+    """What a CachedOp of a graph with inlinable ops runs, settled per input signature.
 
-    At the first call the input shapes are known: the graph is inlined and a
-    CachedOp of the inlined graph is made.  When its inputs come in the same
-    order and its graph holds for every input dtype, that CachedOp's handle is
-    moved into the one Gluon holds (:func:`adopt`), so later calls cost what
-    MXNet's own cost; else each call reorders its inputs (and picks the graph of
-    its input dtypes).
+    MXNet's CachedOp takes any input shapes and dtypes, but an inlined graph was
+    traced at one signature and runs none of the op's Python checks.  So each
+    new signature (the shapes and dtypes of the data inputs; parameters keep
+    theirs) is settled once, under a lock: the original graph's shape and type
+    passes run first (the ops' own checks: a bad signature raises the op's named
+    error before anything computes), then the graph is inlined at that
+    signature.  Signatures whose inlined graphs are the same share one CachedOp
+    of it; a signature where nothing inlines runs a CachedOp of the original
+    graph (``Custom`` nodes).  A graph traced for one signature never runs at
+    another it was not settled for.  A repeated signature costs one dict lookup.
     """
+
+    is_np_sym = False  # the CachedOp's graph is a NumPy-API Symbol (set by the patch)
 
     def __init__(self, sym: mx.sym.Symbol, flags):
         self.sym, self.flags = sym, list(flags)
         self.names = sym.list_inputs()
-        self.built: dict[Any, tuple[Any, list[int] | None]] = {}  # dtypes -> (CachedOp, order)
-        self.keyed = False
+        data = dict(self.flags).get("data_indices")
+        self.data = list(data) if data is not None else list(range(len(self.names)))
+        self.built: dict[Any, tuple[Any, list[int] | None]] = {}  # signature -> (CachedOp, order)
+        self.by_graph: dict[str, tuple[Any, list[int] | None]] = {}  # anonymous graph -> same
         self.lock = threading.Lock()
 
     def call(self, outer, args, kwargs):
-        key = tuple(a.dtype for a in args) if self.keyed else None
+        key = signature(args, self.data)
         found = self.built.get(key)
         if found is None:
             with self.lock:
-                found = self.built.get(key) or self._build(outer, args)
-            if found is None:  # moved into ``outer``, which is a plain CachedOp again
-                return outer(*args, **kwargs)
+                found = self.built.get(key) or self._build(key, args)
         inner, order = found
         if order is not None:
             args = [args[i] for i in order]
         return inner(*args, **kwargs)
 
-    def _build(self, outer, args):
+    def _build(self, key, args):
+        if not all(d > 0 for i in self.data for d in args[i].shape) and self.by_graph:
+            # An empty batch fails in MXNet's own passes as it does for native blocks
+            # (documented with that baseline): it runs the graph settled first, unchecked.
+            return next(iter(self.by_graph.values()))
         shapes = {n: a.shape for n, a in zip(self.names, args)}
         dtypes = {n: a.dtype for n, a in zip(self.names, args)}
+        training_graphs.checked(self.sym, shapes, dtypes)
         found = training_graphs.spliced(self.sym, shapes, dtypes)
         sym, order = self.sym, None
         if found is not None:
-            sym = found.symbol.as_np_ndarray() if outer.is_np_sym else found.symbol
-            new = sym.list_inputs()
-            order = [self.names.index(n) for n in new]
+            sym = found.symbol.as_np_ndarray() if self.is_np_sym else found.symbol
+            order = [self.names.index(n) for n in sym.list_inputs()]
             if order == list(range(len(order))):
                 order = None
-            self.keyed = not found.dtype_generic
-        inner = inner_cached_op(sym, self._flags(sym.list_inputs()))
-        if not self.keyed and order is None:
-            adopt(outer, inner)
-            return None
-        key = tuple(a.dtype for a in args) if self.keyed else None
-        self.built[key] = (inner, order)
-        return inner, order
+        shape = graph_json.anonymous(sym)
+        built = self.by_graph.get(shape)
+        if built is None:
+            inner = inner_cached_op(sym, self._flags(sym.list_inputs()))
+            built = self.by_graph[shape] = (inner, order)
+        self.built[key] = built
+        return built
 
     def _flags(self, names: list[str]) -> list:
         # Gluon passes which inputs are data and which parameters, by position.
@@ -162,6 +188,7 @@ def install() -> None:
             return
         plan = cached_plan(sym, flags)
         if plan is not None:
+            plan.is_np_sym = self.is_np_sym
             aux.forget(self)  # the graph it runs is the plan's
             _plans[id(self)] = plan
             self.__class__ = _PlannedCachedOp

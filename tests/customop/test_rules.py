@@ -30,6 +30,13 @@ def rules_detached(x):
     return x + x.detach() * 2
 
 
+@customop.customop("mxnet")
+def rules_old_advice(x):  # a check skipped while traced: the advice of an earlier release
+    if not customop.is_tracing() and (x.asnumpy() < 0).any():
+        raise ValueError("x must be >= 0")
+    return x * 2
+
+
 @customop.customop("numpy")
 def rules_numpy(x):
     return x * 2
@@ -48,6 +55,8 @@ def test_every_refusal_has_one_name_and_a_reason():
     (rules_numpy, TRAIN, "numpy-mode"),
     (rules_own_gradient, TRAIN, "own-gradient"),
     (rules_reads, EXPORT, "reads-values"),
+    (rules_old_advice, TRAIN, "asks-is-tracing"),
+    (rules_old_advice, EXPORT, "asks-is-tracing"),
     (rules_noisy, EXPORT, "random"),
     (rules_detached, TRAIN, "outside-graph"),
 ])
@@ -64,3 +73,18 @@ def test_a_verdict_names_the_entry_that_refused_and_explain_says_its_reason(op, 
 def test_rewrites_are_keyed_by_mxnet_operator():
     assert rules.REWRITES["_copyto"]({"__dtype__": "float16"}) == ("Cast", {"dtype": "float16"})
     assert rules.REWRITES["_copyto"]({}) == ("_copy", {})
+
+
+def test_index_guards_are_keyed_by_mxnet_operator():
+    assert set(rules.INDEX_GUARDS) == {"_contrib_box_encode", "pick", "take"}
+    added = []
+
+    def add(op, attrs, inputs):
+        added.append(op)
+        return ("node", len(added) - 1, 0)
+
+    node = {"op": "take", "attrs": {"mode": "wrap"}, "inputs": [("in", 0), ("in", 1)]}
+    assert rules.INDEX_GUARDS["take"](node, add, ["float32", "float32"]) is None  # wrap: as is
+    node["attrs"] = {}
+    outs = rules.INDEX_GUARDS["take"](node, add, ["float32", "float32"])
+    assert added[-1] == "broadcast_mul" and "take" in added and len(outs) == 1

@@ -1,0 +1,183 @@
+"""Checks on values inside a forward: an exception where it runs in Python, NaN in a native graph.
+
+:func:`require` is the one way an operator checks its input *values* (labels in
+range, a positive scale, indices inside an array).  Where the forward runs in
+Python (imperative calls, ``Custom`` nodes, ``'numpy'`` mode) a failed check
+raises a ``ValueError`` naming the operator and the argument.  While a forward is
+recorded into a native graph (:mod:`customop.trace`), nothing can raise: the
+condition is collected instead (:func:`collecting`) and :func:`poisoned` makes
+the forward's floating outputs NaN when it fails, with MXNet operators that run
+on the device (no read back to the host).  The model is JAX's ``checkify``: the
+check becomes a value that flows through compiled code.
+
+Any code that traces a function (a forward, a gradient closure) opens
+:func:`collecting` around it and applies :func:`poisoned` to what it returns.
+"""
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .errors import shown
+
+_state = threading.local()  # .conditions: list | None (collecting); .op: the op running now
+
+
+@dataclass
+class Condition:
+    """One collected check: ``ok`` (an NDArray, every element must be non-zero) and its text."""
+
+    ok: Any
+    arg: str
+    message: str
+
+
+def require(cond: Any, arg: str, message: str) -> None:
+    """Check that every element of ``cond`` holds; name ``arg`` and say ``message`` if not.
+
+    ``cond`` is what must hold: an ``mx.nd.NDArray`` of 0/1 values (a comparison
+    such as ``label < num_class``), a NumPy array or a bool.  Where the forward
+    runs in Python, a failure raises ``ValueError("customop '<op>': <arg>
+    <message>")`` (an NDArray condition costs one 1-element read back).  Inside a
+    native graph (a hybridized block, a bound graph, :func:`customop.export`)
+    the forward is traced instead: ``require`` then reads nothing back, and the
+    op's floating outputs come out NaN for inputs that fail the check (integer
+    outputs cannot hold NaN and stay as computed).  Checks that read values
+    back to Python (``asnumpy``, ``asscalar``, ``if x.max() > ...``) keep an op out of
+    native graphs; checks skipped under :func:`customop.is_tracing` keep it out
+    too.  Shape and dtype checks need nothing special: plain Python ``raise``.
+
+    Example:
+        >>> import mxnet as mx
+        >>> import customop
+        >>> @customop.customop('mxnet', name='doc.pick_class')
+        ... def pick_class(scores, label):
+        ...     num_class = scores.shape[1]
+        ...     customop.require((label >= 0) * (label < num_class), 'label',
+        ...                      f'must be in [0, {num_class})')
+        ...     return mx.nd.pick(scores, label, axis=1)
+        >>> scores = mx.nd.array([[0.1, 0.8, 0.1], [0.7, 0.2, 0.1]])
+        >>> pick_class(scores, mx.nd.array([1, 0])).asnumpy()
+        array([0.8, 0.7], dtype=float32)
+        >>> pick_class(scores, mx.nd.array([1, 3]))
+        Traceback (most recent call last):
+        ...
+        ValueError: customop 'doc.pick_class': label must be in [0, 3)
+        >>> class Net(mx.gluon.HybridBlock):
+        ...     def hybrid_forward(self, F, scores, label):
+        ...         return pick_class(scores, label)
+        >>> net = Net()
+        >>> net.hybridize()
+        >>> net(scores, mx.nd.array([1, 3])).asnumpy()  # a native graph: NaN, no exception
+        array([nan, nan], dtype=float32)
+    """
+    conditions = getattr(_state, "conditions", None)
+    if conditions is not None and (_is_nd(cond) or getattr(_state, "lenient", False)):
+        conditions.append(Condition(cond, arg, message))
+        return
+    # a Python or NumPy condition does not depend on the traced values: raise even then
+    if not _holds(cond):
+        raise ValueError(_text(arg, message))
+
+
+def _is_nd(cond: Any) -> bool:
+    import mxnet as mx
+
+    return isinstance(cond, mx.nd.NDArray)
+
+
+def _holds(cond: Any) -> bool:
+    if _is_nd(cond):
+        if cond.size == 0:
+            return True
+        # one element read back: the data itself stays on the device
+        return bool(cond.reshape((-1,)).min().asnumpy()[0] != 0)
+    value = np.asarray(cond)
+    return bool(value.size == 0 or np.all(value))
+
+
+def _text(arg: str, message: str) -> str:
+    op = getattr(_state, "op", None)
+    return (f"customop {shown(op)!r}: {arg} {message}" if op else f"{arg} {message}")
+
+
+@contextlib.contextmanager
+def running(op_type: str) -> Iterator[None]:
+    """Within the block, :func:`require` failures on this thread name ``op_type``."""
+    outer = getattr(_state, "op", None)
+    _state.op = op_type
+    try:
+        yield
+    finally:
+        _state.op = outer
+
+
+@contextlib.contextmanager
+def collecting(lenient: bool = False) -> Iterator[list[Condition]]:
+    """Within the block, :func:`require` on this thread collects its conditions (no raise).
+
+    Yields the list they are appended to; nested blocks collect separately.  A Python
+    or NumPy condition still raises (it does not depend on the traced values), unless
+    ``lenient``: then every condition is collected, e.g. while a forward runs on
+    placeholder values only to find its output shapes.
+    """
+    outer = getattr(_state, "conditions", None), getattr(_state, "lenient", False)
+    found: list[Condition] = []
+    _state.conditions, _state.lenient = found, lenient
+    try:
+        yield found
+    finally:
+        _state.conditions, _state.lenient = outer
+
+
+def is_collecting() -> bool:
+    """Whether :func:`require` on this thread collects rather than raises."""
+    return getattr(_state, "conditions", None) is not None
+
+
+def flag(conditions: Sequence[Condition]) -> Any:
+    """A 1-element float32 NDArray: 1 when every condition holds, else 0 (None without any).
+
+    Recorded with the forward, it is part of the graph; no gradient flows into it.
+    """
+    import mxnet as mx
+
+    if not conditions:
+        return None
+    parts = []
+    for c in conditions:
+        # any element 0: failed (written with operators MXNet's ONNX converter knows)
+        # (no reshape to (-1,): MXNet would record the traced length, and the graph would
+        # hold at that shape only)
+        failed = mx.nd.max(c.ok == 0).reshape((1,)).astype("float32")
+        parts.append(failed)
+    out = parts[0]
+    for p in parts[1:]:
+        out = mx.nd.maximum(out, p)
+    return mx.nd.BlockGrad(1 - out)
+
+
+def poisoned(outputs: Sequence[Any], conditions: Sequence[Condition]) -> list[Any]:
+    """``outputs`` with every floating array NaN where ``conditions`` fail, as MXNet operators.
+
+    ``flag / flag`` is 1 when the checks hold and ``0 / 0 = NaN`` when one fails;
+    each floating output is multiplied by it (its gradient too: a failed check
+    poisons the gradient as well).  Integer outputs are returned as they are.
+    """
+    import mxnet as mx
+
+    ok = flag(conditions)
+    if ok is None:
+        return list(outputs)
+    nan_or_one = ok / ok
+    out = []
+    for o in outputs:
+        if isinstance(o, mx.nd.NDArray) and np.issubdtype(o.dtype, np.floating):
+            o = mx.nd.broadcast_mul(o, nan_or_one.astype(o.dtype, copy=False))
+        out.append(o)
+    return out

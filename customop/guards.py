@@ -1,0 +1,105 @@
+"""Index safety in native graphs: MXNet kernels that read at computed indices get them made safe.
+
+A forward run in Python can check an index before it reaches MXNet (with
+:func:`customop.require`); a native graph cannot stop, so the kernels below get
+their indices made safe first, and an index outside the array makes every
+floating output of that operator NaN (never an out-of-bounds read, never a
+plausible number):
+
+* ``_contrib_box_encode`` reads ``refs[matches]`` of each positive sample with no
+  bound check (measured: out-of-range ``matches`` gave values that changed from
+  run to run; on a GPU, an illegal memory access).  Its ``matches`` are clipped
+  into ``[0, M)`` and its outputs poisoned when a positive sample's match was not.
+* ``pick`` and ``take`` in their default ``mode='clip'`` read the nearest row for
+  an index outside the axis: a number that looks right.  Their outputs are
+  poisoned when an index is outside ``[0, length)`` (``mode='wrap'`` and
+  ``'raise'`` are left alone: wrapping is their meaning, raising is not silent).
+
+The rules are one table keyed by MXNet operator, ``customop.rules.INDEX_GUARDS``:
+a rule gets the node, a way to add nodes and the traced dtypes of its outputs and
+index input, and returns the entries that stand for the node's outputs (None:
+the node stays as it is).  The formulas use operators MXNet's ONNX converter knows
+(``shape_array``, ``slice_axis``, comparisons without ``>=``/``!=``).
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+Ref = tuple  # ("in", i) | ("const", name) | ("node", k, output), as in customop.native
+Add = Callable[[str, dict, list], Ref]  # adds one node (op, attrs, inputs) -> its entry
+
+
+def _length(add: Add, of: Ref, axis: int) -> Ref:
+    # The length of axis ``axis`` of ``of``, as a 1-element float64 array.
+    shape = add("shape_array", {}, [of])
+    end = "None" if axis == -1 else str(axis + 1)
+    dim = add("slice_axis", {"axis": "0", "begin": str(axis), "end": end}, [shape])
+    return add("Cast", {"dtype": "float64"}, [dim])
+
+
+def _outside(add: Add, index: Ref, length: Ref) -> Ref:
+    # 1.0 where index < 0 or index >= length (float64, index's shape)
+    idx = add("Cast", {"dtype": "float64"}, [index])
+    low = add("_lesser_scalar", {"scalar": "0.0"}, [idx])
+    inside = add("broadcast_lesser", {}, [idx, length])
+    high = add("_rminus_scalar", {"scalar": "1.0"}, [inside])
+    return add("elemwise_add", {}, [low, high])
+
+
+def _poisoned(add: Add, outputs: list[Ref], dtypes: list[Any], bad: Ref) -> list[Ref]:
+    """``outputs`` times ``ok / ok`` (1, or 0 / 0 = NaN when any element of ``bad`` is set)."""
+    anything = add("max", {}, [bad])
+    ok = add("_rminus_scalar", {"scalar": "1.0"}, [add("Reshape", {"shape": "(1,)"}, [anything])])
+    ok = add("BlockGrad", {}, [ok])
+    nan_or_one = add("broadcast_div", {}, [ok, ok])
+    out = []
+    for ref, dtype in zip(outputs, dtypes):
+        if dtype is None or not np.issubdtype(np.dtype(dtype), np.floating):
+            out.append(ref)
+            continue
+        factor = add("Cast", {"dtype": np.dtype(dtype).name}, [nan_or_one])
+        out.append(add("broadcast_mul", {}, [ref, factor]))
+    return out
+
+
+def _axis(attrs: dict, default: str) -> int | None:
+    text = str(attrs.get("axis", default))
+    return None if text in ("None", "") else int(text)
+
+
+def take(node: dict, add: Add, dtypes: list[Any]) -> list[Ref] | None:
+    attrs = node["attrs"]
+    axis = _axis(attrs, "0")
+    if attrs.get("mode", "clip") != "clip" or axis is None:
+        return None
+    data, index = node["inputs"][:2]
+    bad = _outside(add, index, _length(add, data, axis))
+    return _poisoned(add, [add(node["op"], attrs, node["inputs"])], dtypes, bad)
+
+
+def pick(node: dict, add: Add, dtypes: list[Any]) -> list[Ref] | None:
+    attrs = node["attrs"]
+    axis = _axis(attrs, "-1")
+    if attrs.get("mode", "clip") != "clip" or axis is None:
+        return None
+    data, index = node["inputs"][:2]
+    bad = _outside(add, index, _length(add, data, axis))
+    return _poisoned(add, [add(node["op"], attrs, node["inputs"])], dtypes, bad)
+
+
+def box_encode(node: dict, add: Add, dtypes: list[Any]) -> list[Ref] | None:
+    samples, matches, anchors, refs, means, stds = node["inputs"]
+    length = _length(add, refs, 1)
+    positive = add("Cast", {"dtype": "float64"}, [add("_greater_scalar", {"scalar": "0.5"},
+                                                      [samples])])
+    bad = add("elemwise_mul", {}, [positive, _outside(add, matches, length)])
+    # clipped into [0, M - 1] for the kernel, in matches' own dtype
+    idx = add("relu", {}, [add("Cast", {"dtype": "float64"}, [matches])])
+    last = add("_minus_scalar", {"scalar": "1.0"}, [length])
+    safe = add("broadcast_minimum", {}, [idx, last])
+    safe = add("Cast", {"dtype": np.dtype(dtypes[-1] or np.float32).name}, [safe])
+    op = add(node["op"], node["attrs"], [samples, safe, anchors, refs, means, stds])
+    return _poisoned(add, [op, ("node", op[1], 1)], dtypes[:2], bad)
