@@ -171,7 +171,8 @@ def _sort(node: dict, **kwargs: Any) -> list:
     return [make_node("Shape", [x], [n + "shape"]),
             _const(n + "axis", [axis], np.int64),
             make_node("Gather", [n + "shape", n + "axis"], [n + "k"]),
-            make_node("TopK", [x, n + "k"], [name, n + "indices"], axis=axis,
+            # MXNet's sort has a hidden second output: its value is ``<name>0``
+            make_node("TopK", [x, n + "k"], [name + "0", n + "indices"], axis=axis,
                       largest=int(not ascend), sorted=1, name=name)]
 
 
