@@ -9,6 +9,8 @@ written as that graph, and the files load with plain MXNet.
 """
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import warnings
 from collections.abc import Sequence
@@ -243,15 +245,17 @@ def to_onnx(exported: Exported, onnx_file: str) -> OnnxModel:
     batch = set(exported.batch_inputs)
     try:
         if batch and not exported.fixed:  # the batch axis left open, as in the MXNet graph
-            export_model(sym, params, shapes, dtypes, onnx_file, dynamic=True,
-                         dynamic_input_shapes=[(None,) + s[1:] if n in batch else s
-                                               for n, s in zip(in_graph, shapes)])
+            with contextlib.redirect_stdout(io.StringIO()):  # its print of reversed nodes
+                export_model(sym, params, shapes, dtypes, onnx_file, dynamic=True,
+                             dynamic_input_shapes=[(None,) + s[1:] if n in batch else s
+                                                   for n, s in zip(in_graph, shapes)])
         else:
             batch = set()
     except Exception:  # noqa: BLE001 - a converter that needs the shapes: the exported ones
         batch = set()
     if not batch:
-        export_model(sym, params, shapes, dtypes, onnx_file)
+        with contextlib.redirect_stdout(io.StringIO()):
+            export_model(sym, params, shapes, dtypes, onnx_file)
     model = onnx.load(onnx_file)
     for opset in model.opset_import:
         if opset.domain in ("", "ai.onnx") and opset.version > ONNX_OPSET:

@@ -95,7 +95,8 @@ def test_nan_test_of_the_numpy_interface(tmp_path):
 def test_log1p_keeps_its_precision_for_small_values(tmp_path):
     small = np.array([0.0, 1e-10, -1e-8, 3e-6, 0.25, 1.0, 7.5, 1e30, np.inf, -1.0],
                      np.float32)
-    same(mx.sym.log1p(x), {"x": small}, tmp_path, rtol=2e-7, atol=0)
+    with np.errstate(divide="ignore", invalid="ignore"):  # log(0) and 0/0, then chosen out
+        same(mx.sym.log1p(x), {"x": small}, tmp_path, rtol=2e-7, atol=0)
 
 
 @pytest.mark.parametrize("sigma", [1.0, 0.5, 3.0])
