@@ -191,3 +191,24 @@ def test_without_the_patch_the_converter_refuses_as_mxnet_does(tmp_path):
     assert run.returncode == 0, run.stderr
     assert "refused: No conversion function registered for op type sort" in run.stdout
     assert "onnxops" not in run.stdout
+
+
+@pytest.mark.parametrize("build", [
+    lambda: mx.sym._internal._equal_scalar(x, scalar=1.0),
+    lambda: mx.sym._internal._lesser_scalar(x, scalar=0.5),
+    lambda: mx.sym._internal._greater_scalar(x, scalar=0.5),
+    lambda: mx.sym.logical_not(x),
+    lambda: mx.sym.broadcast_logical_and(x, y),
+    lambda: mx.sym.broadcast_logical_or(x, y),
+    lambda: mx.sym.broadcast_not_equal(x, x),  # the NaN test x != x
+    lambda: mx.sym.where(mx.sym.broadcast_not_equal(x, x), y, x),
+    lambda: mx.sym.take(x, mx.sym.var("i"), axis=1, mode="clip"),
+    lambda: mx.sym.contrib.arange_like(x, axis=1),
+], ids=["_equal_scalar", "_lesser_scalar", "_greater_scalar", "logical_not",
+        "broadcast_logical_and", "broadcast_logical_or", "broadcast_not_equal", "where",
+        "take_clip", "arange_like"])
+def test_mxnets_own_translations_of_the_nan_checks_ops_agree(build, tmp_path):
+    # the operators NaN checks put into exported graphs, which MXNet's converter has
+    inputs = {"x": X, "y": Y, "i": np.array([[-3, 0], [2, 9]], np.float32)}
+    sym = build()
+    same(sym, {n: inputs[n] for n in sym.list_inputs()}, tmp_path)
