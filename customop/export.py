@@ -9,6 +9,8 @@ written as that graph, and the files load with plain MXNet.
 """
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import warnings
 from collections.abc import Sequence
@@ -18,7 +20,7 @@ from typing import Any
 import mxnet as mx
 import numpy as np
 
-from . import export_graph, graph_json, native, registry, splice
+from . import export_graph, graph_json, native, registry, runtime, splice
 
 CHOICES = ("raise", "warn")
 
@@ -235,10 +237,12 @@ def to_onnx(exported: Exported, onnx_file: str) -> OnnxModel:
     import onnx
     from mxnet.onnx import export_model
 
+    runtime.install("onnxops")  # translations of operators MXNet's converter lacks
+
     with open(exported.symbol_file, encoding="utf-8") as f:
         graph = json.load(f)
     # the shape checks have no ONNX translation; an ONNX model of fixed shapes checks them
-    sym = graph_json.load(export_graph.unguarded(graph))
+    sym = graph_json.load(_one_hot_in_range(_reversed_named(export_graph.unguarded(graph))))
     in_graph = [n for n in sym.list_inputs() if n in exported.inputs]  # the converter's order
     shapes = [tuple(exported.inputs[n][0]) for n in in_graph]
     dtypes = [exported.inputs[n][1] for n in in_graph]
@@ -249,15 +253,17 @@ def to_onnx(exported: Exported, onnx_file: str) -> OnnxModel:
     batch = set(exported.batch_inputs)
     try:
         if batch and not exported.fixed:  # the batch axis left open, as in the MXNet graph
-            export_model(sym, params, shapes, dtypes, onnx_file, dynamic=True,
-                         dynamic_input_shapes=[(None,) + s[1:] if n in batch else s
-                                               for n, s in zip(in_graph, shapes)])
+            with contextlib.redirect_stdout(io.StringIO()):  # its print of reversed nodes
+                export_model(sym, params, shapes, dtypes, onnx_file, dynamic=True,
+                             dynamic_input_shapes=[(None,) + s[1:] if n in batch else s
+                                                   for n, s in zip(in_graph, shapes)])
         else:
             batch = set()
     except Exception:  # noqa: BLE001 - a converter that needs the shapes: the exported ones
         batch = set()
     if not batch:
-        export_model(sym, params, shapes, dtypes, onnx_file)
+        with contextlib.redirect_stdout(io.StringIO()):
+            export_model(sym, params, shapes, dtypes, onnx_file)
     model = onnx.load(onnx_file)
     for opset in model.opset_import:
         if opset.domain in ("", "ai.onnx") and opset.version > ONNX_OPSET:
@@ -267,6 +273,54 @@ def to_onnx(exported: Exported, onnx_file: str) -> OnnxModel:
     onnx.checker.check_model(model)
     onnx.save(model, onnx_file)
     return OnnxModel(onnx_file, list(exported.inputs), names)
+
+
+# MXNet's converter writes ``_rminus_scalar`` and ``_rdiv_scalar`` as ``x - s`` and ``x / s``
+# unless the node's name starts with (constant inputs) or holds (others) these markers,
+# which only MXNet's automatic names have (measured: ops.focal_loss's ``1 - p`` came out
+# as ``p - 1`` in ONNX Runtime); our exports name nodes ``<op>_node_<k>``.
+_REVERSED = {"_rminus_scalar": "_rminusscalar", "_rdiv_scalar": "_rdivscalar"}
+
+
+def _reversed_named(graph: dict) -> dict:
+    """``graph`` with each reversed scalar node's name marked as the converter needs."""
+    for node in graph["nodes"]:
+        marker = _REVERSED.get(node["op"])
+        if marker and not node["name"].startswith(marker):
+            node["name"] = f"{marker}_{node['name']}"
+    return graph
+
+
+def _one_hot_in_range(graph: dict) -> dict:
+    """``graph`` with each ``one_hot`` zeroed where its index is negative, as MXNet's is.
+
+    The converter writes ``one_hot`` as ONNX ``OneHot``, which reads an index in
+    ``[-depth, 0)`` from the end (measured: ops.focal_loss's background label, ``-1``
+    after ``label - 1``, came out as the last class in ONNX Runtime).
+    """
+    nodes = [dict(n) for n in graph["nodes"]]
+    moved = {}
+    for i, node in enumerate(list(nodes)):
+        if node["op"] != "one_hot":
+            continue
+        name, dtype = node["name"], node.get("attrs", {}).get("dtype", "float32")
+        k = len(nodes)
+        nodes += [{"op": "_greater_equal_scalar", "name": f"{name}_nonneg",
+                   "attrs": {"scalar": "0"}, "inputs": [node["inputs"][0]]},
+                  {"op": "Cast", "name": f"{name}_nonneg_cast", "attrs": {"dtype": dtype},
+                   "inputs": [[k, 0, 0]]},
+                  {"op": "expand_dims", "name": f"{name}_nonneg_axis",
+                   "attrs": {"axis": "-1"}, "inputs": [[k + 1, 0, 0]]},
+                  {"op": "broadcast_mul", "name": f"{name}_in_range",
+                   "inputs": [[i, 0, 0], [k + 2, 0, 0]]}]
+        moved[i] = k + 3
+    if not moved:
+        return graph
+    for j, node in enumerate(nodes):
+        if j not in moved.values():
+            node["inputs"] = [[moved.get(e[0], e[0]), e[1], 0] for e in node["inputs"]]
+    heads = [[moved.get(h[0], h[0]), h[1], 0] for h in graph["heads"]]
+    return graph_json.toposorted(dict(graph, nodes=nodes, heads=heads))
 
 
 def _onnx_names(model: Any, inputs: list[str], mxnet_outputs: list[str],

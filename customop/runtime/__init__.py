@@ -38,6 +38,9 @@ The index (:data:`PATCHES`: off-switch name -> module, and when it is installed)
     the first Symbol call of one of our ops.
 ``isAlive`` (:mod:`.isalive`)
     ``Thread.isAlive`` for MXNet's ``tools/launch.py``; ``launch --launcher ssh|mpi|...``.
+``onnxops`` (:mod:`.onnxops`)
+    MXNet's ONNX converter translates the operators our exports hold that it lacks
+    (:data:`customop.onnx_rules.RULES`); the first :func:`customop.to_onnx`.
 ``excepthook`` (:func:`customop.distributed.launch.exit_on_error`)
     an uncaught exception ends a ``dist_*`` worker with exit code 1; at start-up in
     the workers of ``python -m customop.distributed.launch`` only (its public function,
@@ -63,7 +66,8 @@ from typing import Any
 # off-switch name -> the module of this package that holds the patch (its reason, install())
 PATCHES = {"errors": "errors", "fork": "fork", "aux": "aux", "auxsync": "auxsync",
            "release": "release", "deps": "deps", "shapes": "shapes", "trace": "trace",
-           "inline": "inline", "gluonshape": "gluonshape", "isAlive": "isalive"}
+           "inline": "inline", "gluonshape": "gluonshape", "isAlive": "isalive",
+           "onnxops": "onnxops"}
 
 # MXNet's own pthread_atfork handlers (src/initialize.cc), which the ``fork`` patch runs;
 # internal, C++-mangled names:

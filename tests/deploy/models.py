@@ -108,8 +108,10 @@ def op_cases():
 
 
 # The rows whose ONNX column says yes: the deploy session runs each in ONNX Runtime.
-ONNX_ROWS = ("ops.box_decode", "ops.box_decode(legacy_box=True)", "ops.box_nms",
-             "ops.softmax_ce", "ops.tile", "ops.topk")
+ONNX_ROWS = ("ops.arr_pick", "ops.box_decode", "ops.box_decode(legacy_box=True)",
+             "ops.box_encode", "ops.box_iou", "ops.box_nms", "ops.box_nms(legacy_box=True)",
+             "ops.focal_loss", "ops.ohem_sampler", "ops.smooth_l1", "ops.softmax_ce",
+             "ops.tile", "ops.topk", "ops.topk(do_sort=False)", "ops.wing_loss")
 
 
 def example_models():
