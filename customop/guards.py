@@ -23,8 +23,7 @@ the node stays as it is).  The formulas use operators MXNet's ONNX converter kno
 """
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from typing import Any, Callable  # noqa: UP035 - Callable[...] evaluated at run time (3.8)
 
 import numpy as np
 
