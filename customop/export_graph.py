@@ -81,6 +81,22 @@ def rename_inputs(graph: dict[str, Any], names: dict[str, str]) -> None:
 GUARD = "_identity_with_attr_like_rhs"  # its output is its first input; both of one shape
 
 
+def _data_inputs(nodes: list[dict[str, Any]], inputs: dict[str, Any]):
+    # (index, node, example value, shape) of each variable that is a data input
+    for i, node in enumerate(list(nodes)):
+        value = inputs.get(node["name"]) if node["op"] == "null" else None
+        if value is not None:
+            yield i, node, value, tuple(int(d) for d in value.shape)
+
+
+def _read_through(graph: dict[str, Any], guarded: dict[int, int], readers: list) -> None:
+    # ``readers`` and the heads read each guarded input through its guard node
+    for node in readers:
+        node["inputs"] = [[guarded.get(e[0], e[0]), e[1], 0] for e in node["inputs"]]
+    graph["heads"] = [[guarded.get(h[0], h[0]), h[1], 0] for h in graph["heads"]]
+    graph.pop("node_row_ptr", None)
+
+
 def guard_inputs(graph: dict[str, Any], inputs: dict[str, Any], why: str) -> None:
     """Make these data inputs hold at their exported shape only: every loader fed another
     shape then fails shape inference in a node named ``<input>_fixed_at_<shape>_by_<why>``.
@@ -91,11 +107,7 @@ def guard_inputs(graph: dict[str, Any], inputs: dict[str, Any], why: str) -> Non
     """
     nodes = graph["nodes"]
     guarded: dict[int, int] = {}
-    for i, node in enumerate(list(nodes)):
-        value = inputs.get(node["name"]) if node["op"] == "null" else None
-        if value is None:
-            continue
-        shape = tuple(int(d) for d in value.shape)
+    for i, node, value, shape in _data_inputs(nodes, inputs):
         text = "x".join(map(str, shape)) or "scalar"
         nodes.append({"op": "_zeros", "name": f"{node['name']}_exported_shape", "inputs": [],
                       "attrs": {"shape": str(shape),
@@ -103,11 +115,7 @@ def guard_inputs(graph: dict[str, Any], inputs: dict[str, Any], why: str) -> Non
         nodes.append({"op": GUARD, "name": f"{node['name']}_fixed_at_{text}_by_{why}",
                       "inputs": [[i, 0, 0], [len(nodes) - 1, 0, 0]]})
         guarded[i] = len(nodes) - 1
-    for node in nodes:
-        if node["op"] != GUARD:
-            node["inputs"] = [[guarded.get(e[0], e[0]), e[1], 0] for e in node["inputs"]]
-    graph["heads"] = [[guarded.get(h[0], h[0]), h[1], 0] for h in graph["heads"]]
-    graph.pop("node_row_ptr", None)
+    _read_through(graph, guarded, [n for n in nodes if n["op"] != GUARD])
 
 
 def guard_other_axes(graph: dict[str, Any], inputs: dict[str, Any], batched: list[str]) -> None:
@@ -124,11 +132,7 @@ def guard_other_axes(graph: dict[str, Any], inputs: dict[str, Any], batched: lis
     nodes = graph["nodes"]
     first = len(nodes)
     guarded: dict[int, int] = {}
-    for i, node in enumerate(list(nodes)):
-        value = inputs.get(node["name"]) if node["op"] == "null" else None
-        if value is None:
-            continue
-        shape = tuple(int(d) for d in value.shape)
+    for i, node, value, shape in _data_inputs(nodes, inputs):
         free = node["name"] in batched and len(shape) > 0
         text = "x".join(["N", *map(str, shape[1:])] if free else map(str, shape)) or "scalar"
         zeros_shape = (1, *shape[1:]) if free else shape
@@ -144,10 +148,7 @@ def guard_other_axes(graph: dict[str, Any], inputs: dict[str, Any], batched: lis
         nodes.append({"op": GUARD, "name": f"{node['name']}_must_have_shape_{text}",
                       "inputs": [[i, 0, 0], [like, 0, 0]]})
         guarded[i] = len(nodes) - 1
-    for node in nodes[:first]:  # the graph's own nodes read the guards, ours the inputs
-        node["inputs"] = [[guarded.get(e[0], e[0]), e[1], 0] for e in node["inputs"]]
-    graph["heads"] = [[guarded.get(h[0], h[0]), h[1], 0] for h in graph["heads"]]
-    graph.pop("node_row_ptr", None)
+    _read_through(graph, guarded, nodes[:first])  # the graph's own nodes; ours read inputs
 
 
 def unguarded(graph: dict[str, Any]) -> dict[str, Any]:
