@@ -6,8 +6,10 @@ symbol JSON whose inputs are the operator's inputs) or the reason the ``Custom``
 node stays.  The purposes:
 
 * ``'train'``: hybridized blocks and bound graphs, which may be differentiated.
-  Only operators whose gradient MXNet would compute anyway (an automatic
-  gradient, or none) qualify, and the graph must hold at every input shape the
+  MXNet's gradient of the graph must be the operator's: an automatic gradient
+  differentiates the forward; ``def_grad`` closures and output layers
+  (``need_top_grad=False``) are transposed into the graph
+  (:mod:`customop.custom_grad`).  The graph must hold at every input shape the
   block may see later (checked at other shapes).
 * ``'export'``: a deployed graph, inference only.  ``def_grad`` operators
   qualify too; the graph may be specialized to the exported shapes; arrays the
@@ -96,13 +98,6 @@ def static_reason(op: CustomOperator, purpose: str) -> str:
                 "operators cannot")
     if runtime.disabled("trace"):
         return "CUSTOMOP_RUNTIME_OFF keeps the trace hooks out"
-    if purpose == TRAIN:
-        if op.grads:
-            return ("its gradient is its own (def_grad); a graph of MXNet operators would "
-                    "differentiate the forward instead (exports inline it)")
-        if not op.need_top_grad:
-            return ("need_top_grad=False: an output layer whose gradient is its own "
-                    "(exports inline it)")
     return ""
 
 
@@ -158,7 +153,12 @@ def _decide(op, params, shapes, dtypes, purpose, values) -> Verdict:
     verdict.reason = static_reason(op, purpose)
     if not verdict.reason:
         try:
-            verdict.graph = _Tracer(op, params, purpose).graph(shapes, dtypes, values)
+            if purpose == TRAIN and (op.grads or not op.need_top_grad):
+                from . import custom_grad  # its closures, transposed: see that module
+
+                verdict.graph = custom_grad.training_graph(op, params, shapes, dtypes, values)
+            else:
+                verdict.graph = _Tracer(op, params, purpose).graph(shapes, dtypes, values)
         except _NotNative as exc:
             verdict.reason = str(exc)
     return verdict
@@ -223,6 +223,10 @@ class _Tracer:
     def check(self, rec: trace.Recording) -> None:
         for inner in rec.inner:
             reason = static_reason(inner, self.purpose)
+            if not reason and self.purpose == TRAIN and (inner.grads or not inner.need_top_grad):
+                # Its forward would be recorded into this graph and differentiated by MXNet.
+                reason = ("its gradient is its own (def_grad or need_top_grad=False); inside "
+                          "another op's forward MXNet would differentiate its forward instead")
             if reason:
                 raise _NotNative(f"it calls customop {errors.shown(inner.op_type)!r}, which "
                                  f"cannot be inlined: {reason}")

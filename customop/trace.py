@@ -88,6 +88,7 @@ class Recording:
     paused: set[int] = field(default_factory=set)  # nodes computed inside mx.autograd.pause()
     inner: list[Any] = field(default_factory=list)  # decorated ops the forward called
     unknown_free: list[str] = field(default_factory=list)  # free variables without a value
+    forward_reads: int = 0  # reads[:forward_reads] happened in the forward (then: closures)
 
 
 class _Log:
@@ -154,11 +155,15 @@ def _caller() -> str:
 
 
 def record(op: CustomOperator, values: list[np.ndarray], params: dict[str, Any],
-           ctx: mx.Context | None = None) -> Recording:
+           ctx: mx.Context | None = None, then: Any = None) -> Recording:
     """Run ``op``'s forward on ``values`` under ``record()`` and read its graph back.
 
     What the forward computes inside ``mx.autograd.pause()`` is recorded too
     (those nodes are listed in ``paused``): the graph is the whole computation.
+    ``then(xs, outs, saved)``, called in the same recording after the forward,
+    returns more variables (appended to the inputs) and more arrays (appended to
+    the outputs): the gradient closures traced with the head gradient as a
+    variable (:mod:`customop.custom_grad`).
     """
     ctx = ctx or mx.cpu()
     xs = [mx.nd.array(v, ctx=ctx, dtype=v.dtype) for v in values]
@@ -166,8 +171,15 @@ def record(op: CustomOperator, values: list[np.ndarray], params: dict[str, Any],
         x.attach_grad()
     log = _Log()
     log.inputs = {mx.autograd.get_symbol(x).name for x in xs}
+    forward_reads = 0
     with runtime.tracing(log), mx.autograd.record(train_mode=False):
-        outs = kernel.run_forward(op, list(xs), dict(params), where="trace")
+        outs, saved = kernel.run_forward_saving(op, list(xs), dict(params), where="trace")
+        if then is not None:
+            forward_reads = len(log.reads)
+            more_in, more_out = then(xs, outs, saved, log)
+            xs, outs = [*xs, *more_in], [*outs, *more_out]
+    if then is None:
+        forward_reads = len(log.reads)
     names = [mx.autograd.get_symbol(x).name for x in xs]
     symbols: list[Any] = []
     for o in outs:
@@ -208,6 +220,7 @@ def record(op: CustomOperator, values: list[np.ndarray], params: dict[str, Any],
     return Recording(nodes=nodes, inputs=inputs, free=free, heads=heads,
                      outputs=[o.asnumpy() for o in outs], reads=log.reads,
                      randoms=sorted(set(log.randoms)), unknown_free=unknown,
+                     forward_reads=forward_reads,
                      inner=list(dict.fromkeys(log.inner)),
                      paused={i for i, n in enumerate(nodes) if any(
                          lo < _number(n["name"]) < hi for lo, hi in log.regions)})
