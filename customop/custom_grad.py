@@ -23,13 +23,12 @@ the closure and the operator (or the read) that stopped it.
 """
 from __future__ import annotations
 
-import json
 from typing import TYPE_CHECKING, Any
 
 import mxnet as mx
 import numpy as np
 
-from . import errors, gradients, native, trace
+from . import errors, gradients, native, runtime, trace
 from .transpose import ZEROS, NotLinear, Transposer, transpose
 
 if TYPE_CHECKING:
@@ -294,17 +293,20 @@ def _entry_signatures(frag: native.NativeGraph, shapes, dtypes) -> dict:
         **{nm: tuple(s) for nm, s in zip(names, shapes) if nm in args})
     _, out_types, _ = internals.infer_type_partial(
         **{nm: np.dtype(d) for nm, d in zip(names, dtypes) if nm in args})
-    rows = json.loads(internals.tojson())
+    # (list_outputs names each visible output "<node>_<output name>"; some operators have
+    # hidden outputs, so the graph's node_row_ptr does not index these lists)
+    wanted = {nd["name"]: k for k, nd in enumerate(frag.nodes)}
+    counts: dict[int, int] = {}
     found: dict[tuple[int, int], tuple] = {}
-    ptr = rows["node_row_ptr"]
-    by_name = {nd["name"]: j for j, nd in enumerate(rows["nodes"])}
-    for k_node, nd in enumerate(frag.nodes):
-        j = by_name.get(nd["name"])
-        if j is None:
+    for pos, label in enumerate(internals.list_outputs()):
+        node, _, _ = label.rpartition("_output")
+        k = wanted.get(node)
+        if k is None:
             continue
-        for out in range(ptr[j + 1] - ptr[j]):
-            s = out_shapes[ptr[j] + out]
-            found[(k_node, out)] = (tuple(s) if s is not None else None, out_types[ptr[j] + out])
+        out = counts.get(k, 0)
+        counts[k] = out + 1
+        s = out_shapes[pos]
+        found[(k, out)] = (tuple(s) if s is not None else None, out_types[pos])
     return found
 
 
@@ -354,6 +356,16 @@ def run_graph(graph: native.NativeGraph, inputs: list[np.ndarray], head_grads: l
     return [o.asnumpy() for o in outs], grads
 
 
+class _Unrecorded(trace._Log):
+    """A trace log for running an op eagerly as traced (is_tracing()), outside record()."""
+
+    def pause_enter(self) -> None:
+        pass
+
+    def pause_exit(self) -> None:
+        pass
+
+
 def closure_gradients(op, params, inputs: list[np.ndarray], head_grads=None):
     """The operator's outputs and the gradients its closures (and MXNet) give.
 
@@ -362,11 +374,14 @@ def closure_gradients(op, params, inputs: list[np.ndarray], head_grads=None):
     from . import kernel
 
     xs = [mx.nd.array(v, dtype=v.dtype) for v in inputs]
-    outs, saved = kernel.run_forward_saving(op, xs, dict(params))
-    if callable(head_grads):
-        head_grads = head_grads([o.asnumpy() for o in outs])
-    gs = [mx.nd.array(g, dtype=g.dtype) for g in head_grads]
-    grads = kernel.run_backward(op, xs, outs, gs, dict(params), [True] * len(xs), saved)
+    # As traced: checks that read values back are skipped (is_tracing()), so placeholder
+    # labels and scales compare like any other value.
+    with runtime.tracing(_Unrecorded()):
+        outs, saved = kernel.run_forward_saving(op, xs, dict(params))
+        if callable(head_grads):
+            head_grads = head_grads([o.asnumpy() for o in outs])
+        gs = [mx.nd.array(g, dtype=g.dtype) for g in head_grads]
+        grads = kernel.run_backward(op, xs, outs, gs, dict(params), [True] * len(xs), saved)
     return ([o.asnumpy() for o in outs],
             [None if g is None else (g.asnumpy() if isinstance(g, mx.nd.NDArray)
                                      else np.asarray(g)) for g in grads], head_grads)
@@ -423,7 +438,11 @@ def training_graph(op: CustomOperator, params: dict[str, Any], shapes, dtypes,
                                 "backward() inside a closure, or arrays made from values read "
                                 "back); the graph would hold them as constants")
     graph = b.assemble(rec1, shapes)
-    wrong = mismatch(op, params, graph, second)
+    # Other values for the inputs that get gradients; labels, indices and scales keep theirs
+    # (the forward's checks would refuse perturbed ones).
+    fixed = set(op.no_grad)
+    others = [v if name in fixed else w for name, v, w in zip(op.signature.inputs, first, second)]
+    wrong = mismatch(op, params, graph, others)
     if wrong:
         raise native._NotNative(f"{wrong} on other input values")
     graph.specialized = _generality(b, graph, shapes, first)

@@ -258,6 +258,14 @@ def _slice_axis(t, node, ct, linear):
     return [(0, t.add("Concat", parts, dim=axis, num_args=len(parts)))]
 
 
+@_rule("scatter_nd")
+def _scatter(t, node, ct, linear):
+    # Scattering to distinct positions <-> gathering from them.
+    if linear[1]:
+        raise NotLinear(node["op"], "scatters to positions that depend on the head gradient g")
+    return [(0, t.add("gather_nd", [ct, t.coefficient(node["inputs"][1])]))]
+
+
 def _ints(text: str) -> tuple[int, ...]:
     text = str(text).strip("()[] ")
     return tuple(int(p) for p in text.split(",") if p.strip()) if text else ()
