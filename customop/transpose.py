@@ -258,6 +258,26 @@ def _slice_axis(t, node, ct, linear):
     return [(0, t.add("Concat", parts, dim=axis, num_args=len(parts)))]
 
 
+def _flag(node: dict, name: str) -> bool:
+    return node["attrs"].get(name, "False") in ("True", "1", "true")
+
+
+@_rule("dot", "batch_dot")
+def _dot(t, node, ct, linear):
+    # y = a' b' (a' = a or a^T, b' = b or b^T): the linear factor's cotangent is the product
+    # of ct with the other factor, transposed to match.
+    i = _one_linear(node, linear)
+    op, ta, tb = node["op"], _flag(node, "transpose_a"), _flag(node, "transpose_b")
+    a, b = (t.coefficient(r) for r in node["inputs"])
+    if i == 0:
+        found = (t.add(op, [ct, b], transpose_b=not tb) if not ta
+                 else t.add(op, [b, ct], transpose_a=tb, transpose_b=True))
+    else:
+        found = (t.add(op, [a, ct], transpose_a=not ta) if not tb
+                 else t.add(op, [ct, a], transpose_a=True, transpose_b=ta))
+    return [(i, found)]
+
+
 @_rule("scatter_nd")
 def _scatter(t, node, ct, linear):
     # Scattering to distinct positions <-> gathering from them.
