@@ -71,10 +71,11 @@ def _const_like(x, value):
 
 def _row_offsets(rows, length, x):
     """``[[0], [length], [2 length], ...]`` (int64): row starts in the flattened data."""
-    if is_tracing():  # computed from x's shape: a native graph holds at every batch size
-        first = mx.nd.slice_axis(mx.nd.reshape(x, shape=(-1, length)), axis=1, begin=0, end=1)
-        rows = mx.nd.contrib.arange_like(first, axis=0).astype("int64")
-        return mx.nd.reshape(rows, shape=(-1, 1)) * length
+    if is_tracing():  # computed from x's shape: a native graph holds at every shape
+        table = mx.nd.reshape(x, shape=(-1, 0), reverse=True)  # (rows, length)
+        row = mx.nd.contrib.arange_like(table, axis=0).astype("int64")
+        size = mx.nd.max(mx.nd.contrib.arange_like(table, axis=1)).astype("int64") + 1
+        return mx.nd.broadcast_mul(mx.nd.reshape(row, shape=(-1, 1)), size.reshape((1, 1)))
     return _cached(("offsets", (rows, length), "int64", str(x.context)), rows,
                    lambda: mx.nd.array(np.arange(rows, dtype=np.int64)[:, None] * length,
                                        x.context, dtype="int64"))
