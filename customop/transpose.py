@@ -258,6 +258,28 @@ def _slice_axis(t, node, ct, linear):
     return [(0, t.add("Concat", parts, dim=axis, num_args=len(parts)))]
 
 
+@_rule(*ZEROS)
+def _zeros(t, node, ct, linear):
+    return []  # zeros_like(g): the zero map, whose transpose gives nothing
+
+
+@_rule("Concat", "concat")
+def _concat(t, node, ct, linear):
+    # concatenate <-> slice the cotangent back into the parts
+    ndim = len(t.shape(node["out"]))
+    axis = int(node["attrs"].get("dim", 1)) % ndim
+    out, begin = [], 0
+    for i, r in enumerate(node["inputs"]):
+        end = begin + t.shape(r)[axis]
+        if linear[i]:
+            out.append((i, t.add("slice_axis", [ct], axis=axis, begin=begin, end=end)))
+        elif not t.is_zero(r):
+            raise NotLinear(node["op"], "joins the head gradient g with a value that does not "
+                            "depend on it: the closure is affine in g")
+        begin = end
+    return out
+
+
 def _flag(node: dict, name: str) -> bool:
     return node["attrs"].get(name, "False") in ("True", "1", "true")
 
