@@ -392,7 +392,7 @@ def _tolerance(dtype) -> float:
 
 
 def mismatch(op, params, graph: native.NativeGraph, inputs: list[np.ndarray],
-             seed: int = 11) -> str:
+             seed: int = 11, tolerance: float | None = None) -> str:
     """"" when the graph's outputs and MXNet's gradients equal the op's; else what differs."""
     rng = np.random.RandomState(seed)
     try:
@@ -413,7 +413,7 @@ def mismatch(op, params, graph: native.NativeGraph, inputs: list[np.ndarray],
             continue
         w = np.zeros_like(inputs[i]) if w is None else np.asarray(w).reshape(inputs[i].shape)
         g = np.zeros_like(inputs[i]) if g is None else g.reshape(inputs[i].shape)
-        tol = _tolerance(inputs[i].dtype)
+        tol = tolerance or _tolerance(inputs[i].dtype)
         scale = max(1.0, float(np.nanmax(np.abs(w))) if w.size else 1.0)
         if not np.allclose(g, w, rtol=tol, atol=tol * scale, equal_nan=True):
             return (f"MXNet's gradient of its transposed closure differs from the closure's for "
@@ -441,6 +441,9 @@ def training_graph(op: CustomOperator, params: dict[str, Any], shapes, dtypes,
                                 "the head gradient outside the recorded graph (detach(), "
                                 "backward() inside a closure, or arrays made from values read "
                                 "back); the graph would hold them as constants")
+    plain = _forward_alone(op, params, shapes, dtypes, first)
+    if plain is not None:
+        return plain
     graph = b.assemble(rec1, shapes)
     # Other values for the inputs that get gradients; labels, indices and scales keep theirs.
     # (Positive ones: where a closure's coefficient is inf, h(0) = inf * 0 is NaN, so the
@@ -457,6 +460,43 @@ def training_graph(op: CustomOperator, params: dict[str, Any], shapes, dtypes,
                                 f"({graph.specialized}); a hybridized block may see others")
     graph.dtype_generic = _dtype_generic(b, graph, shapes, dtypes, first)
     return graph
+
+
+MAGNITUDES = (-2.0, 3.0)  # log10 range of the values closure and MXNet's gradient meet on
+
+
+def _forward_alone(op, params, shapes, dtypes, first) -> native.NativeGraph | None:
+    """The forward's own training graph, when MXNet's gradient of it is the closures'.
+
+    Then nothing is transposed and the op costs what its forward's operators cost
+    (e.g. a def_grad ``x * x``).  The closures and MXNet's gradient of the forward
+    are compared on the traced values and on values of both signs spread from
+    1e-2 to 1e3 in magnitude (inputs that get no gradient keep theirs), and at a
+    grown shape, to float32 rounding; any difference (a closure that clips,
+    rescales or passes gradients straight through) keeps the transposed closure.
+    """
+    if not op.need_top_grad:
+        return None
+    try:
+        plain = native._Tracer(op, params, native.TRAIN).graph(shapes, dtypes, first)
+    except Exception:  # noqa: BLE001 - the forward alone does not inline: transpose
+        return None
+    fixed = set(op.no_grad)
+    trials = [list(first)]
+    for seed in range(4):
+        r = np.random.RandomState(100 + seed)
+        trials.append([v if name in fixed or not np.issubdtype(v.dtype, np.floating) else
+                       (np.sign(r.uniform(-1, 1, v.shape)) * 10 ** r.uniform(
+                           *MAGNITUDES, v.shape)).astype(v.dtype)
+                       for name, v in zip(op.signature.inputs, first)])
+    grown = next(iter(native._other_shapes(shapes)), None)
+    if grown is not None:
+        trials.append(_grown(first, grown))
+    for k, values in enumerate(trials):
+        if mismatch(op, params, plain, values, seed=21 + k, tolerance=2e-5):
+            return None
+    plain.note = "MXNet's gradient of its forward equals its gradient closure's"
+    return plain
 
 
 def _generality(b: Builder, graph, shapes, first) -> str:

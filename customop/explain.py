@@ -72,7 +72,8 @@ def _said(verdict: native.Verdict) -> str:
     ops = verdict.graph.operators()
     names = sorted(set(ops))
     shown = ", ".join(names[:6]) + (", ..." if len(names) > 6 else "")
-    return f"inlines as {len(ops)} MXNet operator{'s' if len(ops) != 1 else ''} ({shown})"
+    note = f"; {verdict.graph.note}" if verdict.graph.note else ""
+    return f"inlines as {len(ops)} MXNet operator{'s' if len(ops) != 1 else ''} ({shown}){note}"
 
 
 def explain(target: Any, *inputs: Any, **params: Any) -> OpReport | GraphReport:

@@ -64,6 +64,7 @@ class NativeGraph:
     heads: list[tuple]
     constants: dict[str, np.ndarray] = field(default_factory=dict)
     specialized: str = ""  # why the graph holds only at this signature ("" when it does not)
+    note: str = ""  # how a def_grad op's gradient is carried (customop.custom_grad)
     dtype_generic: bool = True
 
     def operators(self) -> list[str]:

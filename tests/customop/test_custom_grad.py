@@ -21,7 +21,17 @@ def square(x):
     return x * x
 
 
-square.def_grad(lambda ans, x: lambda g: 2 * x * g)
+square.def_grad(lambda ans, x: lambda g: 2 * x * g)  # MXNet's own: trains as its forward
+
+
+# Closures below differ from MXNet's gradient of their forward on purpose (a surrogate
+# gradient), so their training graphs carry the transposed closure.
+@decorate("mxnet")
+def surrogate(x):
+    return x * x
+
+
+surrogate.def_grad(lambda ans, x: lambda g: 3 * x * g)
 
 
 @decorate("mxnet")
@@ -30,7 +40,7 @@ def mixed(a, b, c):
 
 
 # one closure for a and c; b keeps MXNet's gradient of the forward
-mixed.def_grad(lambda ans, a, b, c: lambda g: (g * (b + c), mx.nd.sum(g * a, axis=0,
+mixed.def_grad(lambda ans, a, b, c: lambda g: (g * (b - c), mx.nd.sum(g * a, axis=0,
                                                                       keepdims=True)),
                argnum=(0, 2))
 
@@ -41,7 +51,7 @@ def expo(x):
     return residuals(e * 3, e=e)
 
 
-expo.def_grad(lambda ans, x, e: lambda g: g * e * 3)  # a residual of the forward
+expo.def_grad(lambda ans, x, e: lambda g: g * e * 2)  # a residual of the forward
 
 
 @decorate("mxnet", need_top_grad=False, no_grad=("label",))
@@ -86,9 +96,35 @@ def mx_grads(op, inputs, heads, **params):
 def test_a_single_closure_is_transposed():
     x = rng.randn(3, 4).astype("f")
     g = rng.randn(3, 4).astype("f")
-    outs, grads = mx_grads(square, [x], [g])
+    outs, grads = mx_grads(surrogate, [x], [g])
     np.testing.assert_allclose(outs[0], x.astype("f8") ** 2, rtol=1e-6)
+    np.testing.assert_allclose(grads[0], 3 * x.astype("f8") * g, rtol=1e-5, atol=1e-6)
+    assert "elemwise_sub" in graph(surrogate, (3, 4)).operators()  # x - stop_gradient(x)
+
+
+def test_a_closure_equal_to_mxnets_gradient_trains_as_the_forward_alone():
+    found = graph(square, (3, 4))
+    assert found.operators() == ["broadcast_mul"] and "equals" in found.note
+    x, g = rng.randn(3, 4).astype("f"), rng.randn(3, 4).astype("f")
+    _, grads = custom_grad.run_graph(found, [x], [g])
     np.testing.assert_allclose(grads[0], 2 * x.astype("f8") * g, rtol=1e-5, atol=1e-6)
+
+
+@decorate("mxnet")
+def clipped(x):
+    return x * x
+
+
+clipped.def_grad(lambda ans, x: lambda g: mx.nd.clip(2 * x, -5, 5) * g)
+
+
+def test_a_closure_that_differs_only_on_large_values_is_transposed():
+    found = graph(clipped, (3, 4))
+    assert not found.note
+    x = np.array([[-9, -3, -1, 0], [0.5, 2, 2.6, 4], [10, 20, -30, 1]], "f")
+    g = rng.randn(3, 4).astype("f")
+    _, grads = custom_grad.run_graph(found, [x], [g])
+    np.testing.assert_allclose(grads[0], np.clip(2 * x.astype("f8"), -5, 5) * g, rtol=1e-5)
 
 
 def test_a_joint_closure_and_an_input_without_one():
@@ -97,7 +133,7 @@ def test_a_joint_closure_and_an_input_without_one():
     outs, grads = mx_grads(mixed, [a, b, c], [g])
     a, b, c, g = (v.astype("f8") for v in (a, b, c, g))
     np.testing.assert_allclose(outs[0], a * b + c * a, rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(grads[0], g * (b + c), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(grads[0], g * (b - c), rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(grads[1], g * a, rtol=1e-5, atol=1e-6)  # MXNet's own
     np.testing.assert_allclose(grads[2], (g * a).sum(0, keepdims=True), rtol=1e-5, atol=1e-5)
 
@@ -106,7 +142,7 @@ def test_a_closure_using_a_residual():
     x = rng.randn(2, 5).astype("f")
     g = rng.randn(2, 5).astype("f")
     _, grads = mx_grads(expo, [x], [g])
-    np.testing.assert_allclose(grads[0], 3 * np.exp(x.astype("f8")) * g, rtol=1e-5)
+    np.testing.assert_allclose(grads[0], 2 * np.exp(x.astype("f8")) * g, rtol=1e-5)
 
 
 def test_an_output_layer_ignores_the_head_gradient():
@@ -226,7 +262,7 @@ def test_hybridized_training_runs_neither_forward_nor_closure_in_python(monkeypa
         calls.append("forward")
         return x * x
 
-    counted.def_grad(lambda ans, x: lambda g: calls.append("closure") or 2 * x * g)
+    counted.def_grad(lambda ans, x: lambda g: calls.append("closure") or 3 * x * g)
 
     class Net(mx.gluon.HybridBlock):
         def hybrid_forward(self, F, x):
@@ -262,6 +298,6 @@ def test_the_graph_is_traced_once_per_signature(monkeypatch):
     monkeypatch.setattr(custom_grad, "training_graph",
                         lambda *a, **k: seen.append(a[2]) or original(*a, **k))
     for _ in range(3):
-        native.native_graph(square, {}, [(2, 3)], ["float32"], TRAIN)
-    native.native_graph(square, {}, [(4, 3)], ["float32"], TRAIN)
+        native.native_graph(surrogate, {}, [(2, 3)], ["float32"], TRAIN)
+    native.native_graph(surrogate, {}, [(4, 3)], ["float32"], TRAIN)
     assert seen == [((2, 3),), ((4, 3),)]
