@@ -13,8 +13,7 @@ turn: one untimed lead-in call, then four timed ones; every call synchronised):
    inlined and as a ``Custom`` node.
 2. Inference latency of a detection post-processing block (``ops.box_decode`` ->
    ``ops.box_nms`` -> ``ops.topk``): with ``Custom`` nodes; hybridized with
-   training inlining (``box_decode`` and ``box_nms`` inlined, ``topk`` keeps its
-   node: its gradient is its own); exported with ``customop.export`` and loaded by
+   training inlining (all three inlined since issue 33); exported with ``customop.export`` and loaded by
    ``SymbolBlock.imports`` (every op inlined); and the same composition written
    with MXNet's own operators.  With ``--onnxruntime PYTHON`` (an interpreter with
    onnxruntime, e.g. ``.venv-ort/bin/python`` made by ``make bench-native``), the
@@ -201,7 +200,7 @@ def postprocess_table(repeat, images, anchors, onnxruntime):
     imported.hybridize(static_alloc=True, static_shape=True)
     nets = {"native composition": hybrid(PostProcess(native=True)),
             "Custom nodes": hybrid(PostProcess(), inline=False),
-            "hybridized (box_decode, box_nms inlined)": hybrid(PostProcess()),
+            "hybridized (all inlined for training)": hybrid(PostProcess()),
             "exported (all inlined), SymbolBlock.imports": imported}
     want = nets["native composition"](*inputs).asnumpy()
     for label, net in nets.items():

@@ -138,6 +138,12 @@ class Builder(native._Tracer):
                                     f"{text}") from None
 
     def check(self, rec: trace.Recording) -> None:
+        if rec.skips_checks:
+            # Its Custom node raises on bad values (labels out of range) in training today;
+            # an inlined graph would take them silently until checks run inside graphs.
+            raise native._NotNative("its forward skips value checks while traced "
+                                    "(customop.is_tracing()); in training its Custom node "
+                                    "keeps them")
         closure_reads = rec.reads[rec.forward_reads:]
         rec.reads = rec.reads[:rec.forward_reads]
         try:

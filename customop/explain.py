@@ -93,10 +93,11 @@ def explain(target: Any, *inputs: Any, **params: Any) -> OpReport | GraphReport:
         >>> from customop import ops
         >>> customop.explain(ops.box_decode, (2, 10, 4), (1, 10, 4)).inlines
         True
-        >>> print(customop.explain(ops.topk, (2, 10), k=3))  # doctest: +ELLIPSIS
-        customop 'ops.topk' at (2, 10) float32
-          training (hybridized blocks, bound graphs): stays a Custom node: its gradient is ...
-          deploy export (customop.export): inlines as ... MXNet operators (...)
+        >>> print(customop.explain(ops.center_loss, (4, 3), (4,), (5, 3), num_class=5))
+        ... # doctest: +ELLIPSIS
+        customop 'ops.center_loss' at (4, 3) float32, (4,) float32, (5, 3) float32
+          training (hybridized blocks, bound graphs): stays a Custom node: it has auxiliary ...
+          deploy export (customop.export): stays a Custom node: it has auxiliary states ...
     """
     if isinstance(target, CustomOperator):
         return _explain_op(target, inputs, params)

@@ -50,7 +50,10 @@ def is_tracing() -> bool:
         >>> customop.is_tracing()
         False
     """
-    return runtime.tracing_now() is not None
+    log = runtime.tracing_now()
+    if log is not None:
+        log.asked = True  # the forward skips what it would check: see custom_grad
+    return log is not None
 
 
 def op_names(handle: int) -> list[str]:
@@ -89,6 +92,7 @@ class Recording:
     inner: list[Any] = field(default_factory=list)  # decorated ops the forward called
     unknown_free: list[str] = field(default_factory=list)  # free variables without a value
     forward_reads: int = 0  # reads[:forward_reads] happened in the forward (then: closures)
+    skips_checks: bool = False  # the forward asked is_tracing(): it skipped value checks
 
 
 class _Log:
@@ -102,6 +106,7 @@ class _Log:
         self.reads: list[str] = []
         self.regions: list[tuple[int, int]] = []  # node numbers recorded inside pause()
         self.inner: list[Any] = []  # decorated ops the forward called (dispatch reports them)
+        self.asked = False  # whether the forward asked is_tracing() (to skip a check)
         self._depth = 0
         self._start = 0
         self._probe = mx.nd.zeros((1,))
@@ -220,7 +225,7 @@ def record(op: CustomOperator, values: list[np.ndarray], params: dict[str, Any],
     return Recording(nodes=nodes, inputs=inputs, free=free, heads=heads,
                      outputs=[o.asnumpy() for o in outs], reads=log.reads,
                      randoms=sorted(set(log.randoms)), unknown_free=unknown,
-                     forward_reads=forward_reads,
+                     forward_reads=forward_reads, skips_checks=log.asked,
                      inner=list(dict.fromkeys(log.inner)),
                      paused={i for i, n in enumerate(nodes) if any(
                          lo < _number(n["name"]) < hi for lo, hi in log.regions)})

@@ -4,7 +4,7 @@ from __future__ import annotations
 import mxnet as mx
 import numpy as np
 
-from customop import customop, is_tracing, residuals
+from customop import customop, residuals
 
 from . import _checks
 
@@ -61,7 +61,7 @@ def _cached(key, size, make):
 
 
 def _const_like(x, value):
-    if is_tracing():  # broadcast in the graph: it holds at every shape of x
+    if mx.autograd.is_recording():  # traced (a pause records then): a graph at any shape
         one = mx.nd.array([value], x.context, dtype=x.dtype).reshape((1,) * x.ndim)
         return mx.nd.broadcast_like(one, x)
     return _cached((float(value), x.shape, np.dtype(x.dtype).name, str(x.context)), x.size,
@@ -71,7 +71,7 @@ def _const_like(x, value):
 
 def _row_offsets(rows, length, x):
     """``[[0], [length], [2 length], ...]`` (int64): row starts in the flattened data."""
-    if is_tracing():  # computed from x's shape: a native graph holds at every shape
+    if mx.autograd.is_recording():  # traced: computed from x's shape, at any shape
         table = mx.nd.reshape(x, shape=(-1, 0), reverse=True)  # (rows, length)
         row = mx.nd.contrib.arange_like(table, axis=0).astype("int64")
         size = mx.nd.max(mx.nd.contrib.arange_like(table, axis=1)).astype("int64") + 1
