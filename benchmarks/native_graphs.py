@@ -13,8 +13,8 @@ turn: one untimed lead-in call, then four timed ones; every call synchronised):
    inlined and as a ``Custom`` node.
 2. Inference latency of a detection post-processing block (``ops.box_decode`` ->
    ``ops.box_nms`` -> ``ops.topk``): with ``Custom`` nodes; hybridized with
-   training inlining (all three inlined since issue 33); exported with ``customop.export`` and loaded by
-   ``SymbolBlock.imports`` (every op inlined); and the same composition written
+   training inlining (all three inlined since issue 33); exported with
+   ``customop.export`` and loaded by ``SymbolBlock.imports`` (every op inlined); and the same composition written
    with MXNet's own operators.  With ``--onnxruntime PYTHON`` (an interpreter with
    onnxruntime, e.g. ``.venv-ort/bin/python`` made by ``make bench-native``), the
    exported model converted by ``customop.to_onnx`` is timed there too, for
@@ -246,7 +246,7 @@ def head_table(turns, batch=2, channels=8, size=4, num_gt=2):
     finally:
         os.environ.pop("CUSTOMOP_RUNTIME_OFF")
     heads = {"native": heads["native"], "before: Custom nodes": before,
-             "after: all four inlined": heads["ours"]}
+             "after (default inlining)": heads["ours"]}
     want = composed.loss_and_grads(heads["native"], data)[0]
     for label, head in heads.items():
         assert np.allclose(composed.loss_and_grads(head, data)[0], want, rtol=1e-5), label
