@@ -6,7 +6,8 @@ Read out of MXNet's source at tag 1.9.1: every ``NNVM_REGISTER_OP(name)`` statem
 ``MXNET_REGISTER_OP_PROPERTY`` in a ``.cc`` file whose sibling ``.cu`` defines
 ``CreateOp<gpu>``.  Command (a clone of https://github.com/apache/mxnet with its tags):
 
-    python tests/ops/data/make_gpu_ops.py /path/to/mxnet 1.9.1 > tests/ops/data/mxnet_1.9.1_gpu_ops.txt
+    python tests/ops/data/make_gpu_ops.py /path/to/mxnet 1.9.1 \
+        > tests/ops/data/mxnet_1.9.1_gpu_ops.txt
 """
 import re
 import subprocess
