@@ -15,8 +15,8 @@ turn: one untimed lead-in call, then four timed ones; every call synchronised):
    ``ops.box_nms`` -> ``ops.topk``): with ``Custom`` nodes; hybridized with
    training inlining (all three inlined since issue 33); exported with
    ``customop.export`` and loaded by ``SymbolBlock.imports`` (every op inlined); and the
-   same composition written with MXNet's own operators.  With ``--onnxruntime PYTHON`` (an interpreter with
-   onnxruntime, e.g. ``.venv-ort/bin/python`` made by ``make bench-native``), the
+   same composition written with MXNet's own operators.  With ``--onnxruntime PYTHON``
+   (an interpreter with onnxruntime, e.g. ``.venv-ort/bin/python`` made by ``make bench-native``), the
    exported model converted by ``customop.to_onnx`` is timed there too, for
    information (another runtime, another process).
 3. A training step (forward, backward, ``Trainer.step``, a wait) of the
