@@ -16,9 +16,9 @@ turn: one untimed lead-in call, then four timed ones; every call synchronised):
    training inlining (all three inlined since issue 33); exported with
    ``customop.export`` and loaded by ``SymbolBlock.imports`` (every op inlined); and the
    same composition written with MXNet's own operators.  With ``--onnxruntime PYTHON``
-   (an interpreter with onnxruntime, e.g. ``.venv-ort/bin/python`` made by ``make bench-native``), the
-   exported model converted by ``customop.to_onnx`` is timed there too, for
-   information (another runtime, another process).
+   (an interpreter with onnxruntime, e.g. ``.venv-ort/bin/python`` made by
+   ``make bench-native``), the exported model converted by ``customop.to_onnx`` is timed
+   there too, for information (another runtime, another process).
 3. A training step (forward, backward, ``Trainer.step``, a wait) of the
    RetinaNet-style head of ``examples/retinanet_head.py`` (``ops.box_iou``,
    ``ops.box_encode``, ``ops.focal_loss``, ``ops.smooth_l1``), before (every op a
