@@ -188,6 +188,9 @@ class Builder(native._Tracer):
         def shape(r):
             if r[0] == "in":
                 return tuple(shapes[r[1]]) if r[1] < self.n else out_shapes[r[1] - self.n]
+            if known.get((r[1], r[2]), (None,))[0] is None:
+                raise native._NotNative(f"the shape of MXNet operator {nodes[r[1]]['op']!r}'s "
+                                        "output in its gradient closure is not known")
             return known[(r[1], r[2])][0]
 
         def dtype(r):

@@ -108,13 +108,10 @@ def _encode_nd(samples, matches, anchors, refs, means, stds, one):
 # the x (y) coordinates get G0 (G1) and G2 (G3) times coefficients of the boxes; a ref's
 # gradient is the sum over the anchors matched to it (a one-hot product, never a read-back).
 # Linear in g: training graphs transpose it (customop's custom_grad).
-_SAME, _LOG = np.eye(4)[[0, 1, 0, 1]].T, np.eye(4)[[2, 3, 2, 3]].T  # G -> (G0 G1 G0 G1), (G2..)
-
-
 def _encode_grads(ans, samples, matches, anchors, refs, means, stds, *, legacy_box=False):
     one = 1 if legacy_box else 0
     targets, masks = ans
-    dtype, ctx = anchors.dtype, anchors.context
+    dtype = anchors.dtype
     on = masks > 0.5
     index = mx.nd.floor(matches.astype(dtype, copy=False))  # (as MXNet's kernel truncates)
     hot = mx.nd.broadcast_equal(index.expand_dims(2), mx.nd.reshape(
@@ -135,12 +132,12 @@ def _encode_grads(ans, samples, matches, anchors, refs, means, stds, *, legacy_b
     # refs: x1 <- G0 / 2w - G2 / w_ref; x2 <- G0 / 2w + G2 / w_ref
     r_same = mx.nd.where(on, mx.nd.concat(half_w, half_h, half_w, half_h, dim=-1), zeros)
     r_log = mx.nd.where(on, mx.nd.concat(-1 / rw, -1 / rh, 1 / rw, 1 / rh, dim=-1), zeros)
-    same = mx.nd.array(_SAME, ctx, dtype=dtype)
-    logs = mx.nd.array(_LOG, ctx, dtype=dtype)
 
     def grad(g):
         big = mx.nd.broadcast_div(g[0] * masks, stds.reshape((1, 1, 4)))  # d loss / d t
-        by_same, by_log = mx.nd.dot(big, same), mx.nd.dot(big, logs)
+        centers, logs = big.slice_axis(axis=-1, begin=0, end=2), big.slice_axis(axis=-1, begin=2,
+                                                                                 end=4)
+        by_same, by_log = mx.nd.concat(centers, centers, dim=-1), mx.nd.concat(logs, logs, dim=-1)
         d_anchors = by_same * a_same + by_log * a_log
         d_refs = mx.nd.batch_dot(hot, by_same * r_same + by_log * r_log, transpose_a=True)
         d_means = -big.sum(axis=(0, 1))
