@@ -25,6 +25,9 @@ turn: one untimed lead-in call, then four timed ones; every call synchronised):
    ``Custom`` node) and after (the default: ``box_iou`` inlined; the other three
    keep their nodes, their gradients being their own), beside
    ``benchmarks/composed.py``'s head written with MXNet's operators.
+4. A hybridized training step of each example head (``examples/``: RetinaNet-style,
+   Faster R-CNN-style, face embedding), its ops as ``Custom`` nodes and with the default
+   inlining.
 
 Outputs (and, for the head, the loss) are compared with the native variant's before timing.
 """
@@ -260,6 +263,49 @@ def head_table(turns, batch=2, channels=8, size=4, num_gt=2):
              f"{m / base:.2f}x"] for k, m in med.items()]
 
 
+def examples_table(turns):
+    """A hybridized training step of each example head: Custom nodes vs default inlining."""
+    import four_paths
+
+    rows = []
+    for name in ("retinanet_head", "faster_rcnn_head", "face_embedding"):
+        module = __import__(name)
+        state = np.random.get_state()
+        batch = [mx.nd.array(a) for a in module.make_batches(1)[0]]
+        np.random.set_state(state)
+        params = four_paths.initial_params(module.make_block)
+        nets, trainers = {}, {}
+        for label, inline in (("before: Custom nodes", False), ("after: default inlining", True)):
+            old = os.environ.pop("CUSTOMOP_RUNTIME_OFF", None)
+            if not inline:
+                os.environ["CUSTOMOP_RUNTIME_OFF"] = "inline"
+            try:
+                net = four_paths._fresh(module.make_block, params)
+                net.hybridize()
+                trainer = mx.gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.0})
+                four_paths._gluon_step(net, trainer, [a.asnumpy() for a in batch])
+            finally:
+                os.environ.pop("CUSTOMOP_RUNTIME_OFF", None)
+                if old is not None:
+                    os.environ["CUSTOMOP_RUNTIME_OFF"] = old
+            nets[label], trainers[label] = net, trainer
+
+        def step(net, trainer, batch=batch):
+            def run():
+                with mx.autograd.record():
+                    outs = four_paths._outputs(net(*batch))
+                mx.autograd.backward(outs)
+                trainer.step(1)
+                mx.nd.waitall()
+            return run
+
+        med = round_robin([(label, step(nets[label], trainers[label])) for label in nets],
+                          turns)
+        base = med["before: Custom nodes"]
+        rows += [[name, label, f"{m:.3f}", f"{m / base:.2f}x"] for label, m in med.items()]
+    return rows
+
+
 ORT_TIMING = """
 import json, os, statistics, sys, time
 import numpy as np, onnxruntime as ort
@@ -304,6 +350,10 @@ def main(argv=None):
     if not args.quick:
         rows += head_table(args.repeat // 2, batch=8, channels=64, size=16, num_gt=8)
     print_table(["head", "variant", "median ms", "vs native"], rows, args.markdown)
+    print("\nThe example heads (examples/), one hybridized training step, before and after "
+          "(median ms)\n")
+    print_table(["example", "variant", "median ms", "vs before"],
+                examples_table(args.repeat // 2), args.markdown)
 
 
 if __name__ == "__main__":
