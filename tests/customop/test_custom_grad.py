@@ -312,3 +312,16 @@ def test_the_graph_is_traced_once_per_signature(monkeypatch):
         native.native_graph(surrogate, {}, [(2, 3)], ["float32"], TRAIN)
     native.native_graph(surrogate, {}, [(4, 3)], ["float32"], TRAIN)
     assert seen == [((2, 3),), ((4, 3),)]
+
+
+def test_check_grad_compares_the_inlined_graph_with_the_custom_node():
+    from customop import check_grad
+
+    x = rng.rand(3, 4).astype("f")
+    report = check_grad(surrogate, x, eps=1e-3, rtol=10, atol=10)  # 3x: not the derivative
+    assert any("inlined" in n for n in report.notes), report.notes
+    rows = {r.comparison: r for r in report.rows}
+    both = rows["imperative vs symbolic"]  # the Custom node and the inlined graph
+    assert both.passed and both.max_abs_err < 1e-5
+    with pytest.raises(AssertionError, match="symbolic vs numeric"):
+        check_grad(surrogate, x)  # the closure is wrong: one call says so
