@@ -18,7 +18,7 @@ gradient of the forward (``auto_grad``) or none.
 
 The graph is checked like a forward's (:mod:`customop.native`): on other
 values and other shapes, MXNet's backward of it must give the closures'
-gradients.  What does not trace or transpose raises ``native._NotNative`` with
+gradients.  What does not trace or transpose raises ``native.NotNative`` with
 the closure and the operator (or the read) that stopped it.
 """
 from __future__ import annotations
@@ -33,6 +33,13 @@ from .transpose import ZEROS, NotLinear, Transposer, transpose
 
 if TYPE_CHECKING:
     from .operator import CustomOperator
+
+
+def native_graph(op: CustomOperator, params: dict[str, Any], shapes, dtypes, purpose: str,
+                 values=None) -> native.Verdict:
+    """:func:`customop.native.native_graph`, ops with their own gradients included in training."""
+    return native.native_graph(op, params, shapes, dtypes, purpose, values,
+                               closures=training_graph)
 
 
 def has_own_gradient(op: CustomOperator) -> bool:
@@ -61,7 +68,7 @@ class _Closure:
                       f"{'s' if len(names) > 1 else ''} {', '.join(map(repr, names))}")
 
 
-class Builder(native._Tracer):
+class Builder(native.Tracer):
     """Records an operator's forward and closures and builds its training graph."""
 
     def __init__(self, op: CustomOperator, params: dict[str, Any]):
@@ -111,17 +118,17 @@ class Builder(native._Tracer):
             for c in self.closures:
                 self.spans.append((len(log.reads), c))
                 if c.joint is None:
-                    found = [gradients._from_closure(op, c.first, ans, list(xs), g, params,
+                    found = [gradients.from_closure(op, c.first, ans, list(xs), g, params,
                                                      lambda: saved)]
                 else:
-                    got = gradients._from_joint(op, c.joint, c.first, ans, list(xs), g,
+                    got = gradients.from_joint(op, c.joint, c.first, ans, list(xs), g,
                                                 params, lambda: saved)
                     found = [got[c.joint.picks[k]] for k in range(len(c.inputs))]
                 for i, grad in zip(c.inputs, found):
                     if grad is None:
                         continue
                     if not isinstance(grad, mx.nd.NDArray):
-                        raise native._NotNative(f"its {c.label} returns a "
+                        raise native.NotNative(f"its {c.label} returns a "
                                                 f"{type(grad).__name__}, not an NDArray")
                     heads.append(grad)
                     self.picks.append((i, c))
@@ -129,11 +136,11 @@ class Builder(native._Tracer):
 
         try:
             return trace.record(op, list(values), params, then=then)
-        except native._NotNative:
+        except native.NotNative:
             raise
         except Exception as exc:  # noqa: BLE001 - any failure is the reason
             text = errors.mxnet_text(exc) if isinstance(exc, mx.base.MXNetError) else exc
-            raise native._NotNative(f"its forward or a gradient closure failed while being "
+            raise native.NotNative(f"its forward or a gradient closure failed while being "
                                     f"traced on placeholder inputs: {type(exc).__name__}: "
                                     f"{text}") from None
 
@@ -141,7 +148,7 @@ class Builder(native._Tracer):
         if rec.skips_checks:
             # Its Custom node raises on bad values (labels out of range) in training today;
             # an inlined graph would take them silently until checks run inside graphs.
-            raise native._NotNative("its forward skips value checks while traced "
+            raise native.NotNative("its forward skips value checks while traced "
                                     "(customop.is_tracing()); in training its Custom node "
                                     "keeps them")
         closure_reads = rec.reads[rec.forward_reads:]
@@ -151,7 +158,7 @@ class Builder(native._Tracer):
         finally:
             rec.reads = rec.reads + closure_reads
         if closure_reads:
-            raise native._NotNative(f"its {self._reader(rec)} reads values back to Python "
+            raise native.NotNative(f"its {self._reader(rec)} reads values back to Python "
                                     f"(asnumpy, asscalar, bool) at {closure_reads[0]}; a graph "
                                     "would keep what it read once")
 
@@ -189,7 +196,7 @@ class Builder(native._Tracer):
             if r[0] == "in":
                 return tuple(shapes[r[1]]) if r[1] < self.n else out_shapes[r[1] - self.n]
             if known.get((r[1], r[2]), (None,))[0] is None:
-                raise native._NotNative(f"the shape of MXNet operator {nodes[r[1]]['op']!r}'s "
+                raise native.NotNative(f"the shape of MXNet operator {nodes[r[1]]['op']!r}'s "
                                         "output in its gradient closure is not known")
             return known[(r[1], r[2])][0]
 
@@ -248,7 +255,7 @@ class Builder(native._Tracer):
                 elif not self.op.need_top_grad:
                     losses.append((i, h, c))
                 elif not is_zero(h):
-                    raise native._NotNative(
+                    raise native.NotNative(
                         f"its {c.label} gives input {self.op.signature.inputs[i]!r} a "
                         "gradient that does not depend on the head gradient g: it is not "
                         "linear in g (an output layer ignoring g declares "
@@ -258,7 +265,7 @@ class Builder(native._Tracer):
             try:
                 found = transpose(nodes, linear, lin, sources, t)
             except NotLinear as exc:
-                raise native._NotNative(f"its {c.label} cannot be transposed: {exc}") from None
+                raise native.NotNative(f"its {c.label} cannot be transposed: {exc}") from None
             for k, s in enumerate(sources):
                 if found[s] is not None:
                     parts[k].append(found[s])
@@ -277,7 +284,7 @@ class Builder(native._Tracer):
                     t.add("make_loss", [fwd_heads[k]])])])
         for i, c_ref, c in losses:
             if shape(c_ref) != tuple(shapes[i]):
-                raise native._NotNative(f"its {c.label} returns a gradient of shape "
+                raise native.NotNative(f"its {c.label} returns a gradient of shape "
                                         f"{shape(c_ref)} for an input of shape "
                                         f"{tuple(shapes[i])}")
             m = t.add("make_loss", [t.add("elemwise_mul", [("in", i), t.add("BlockGrad",
@@ -329,7 +336,7 @@ def _pruned(nodes: list[dict], heads: list[tuple], n: int) -> native.NativeGraph
         keep.add(k)
         for r in nodes[k]["inputs"]:
             if r[0] == "in" and r[1] >= n:  # pragma: no cover - a rule left g in the graph
-                raise native._NotNative("its transposed gradient still reads the head gradient")
+                raise native.NotNative("its transposed gradient still reads the head gradient")
             if r[0] == "node":
                 stack.append(r[1])
     order = sorted(keep)
@@ -414,7 +421,7 @@ def mismatch(op, params, graph: native.NativeGraph, inputs: list[np.ndarray],
     got_out = [np.where(~np.isfinite(w) & ~np.isfinite(gv), w, gv) if gv.shape == w.shape
                and np.issubdtype(w.dtype, np.floating) else gv
                for gv, w in zip(got_out, want_out)]
-    if not native._close(got_out, want_out):
+    if not native.close(got_out, want_out):
         return "its graph does not give the forward's outputs"
     names = op.signature.inputs
     for i, (w, g) in enumerate(zip(want, got)):
@@ -432,21 +439,21 @@ def mismatch(op, params, graph: native.NativeGraph, inputs: list[np.ndarray],
 
 def training_graph(op: CustomOperator, params: dict[str, Any], shapes, dtypes,
                    values) -> native.NativeGraph:
-    """The training graph of an operator with its own gradient (raises ``native._NotNative``)."""
+    """The training graph of an operator with its own gradient (raises ``native.NotNative``)."""
     b = Builder(op, params)
     first = list(values) if values is not None else native.placeholders(shapes, dtypes, 1)
-    second = native._perturbed(first)
+    second = native.perturbed(first)
     rec1 = b.record(first, seed=5)
     b.check(rec1)
     rec2 = b.record(second, seed=6)
     b.check(rec2)
-    if native._structure(rec1) != native._structure(rec2):
-        raise native._NotNative("its graph, or its gradient closures' graph, depends on the "
+    if native.structure(rec1) != native.structure(rec2):
+        raise native.NotNative("its graph, or its gradient closures' graph, depends on the "
                                 "input values (control flow on values read from its inputs)")
     changed = [rec1.nodes[i]["name"] for i in rec1.free
-               if not native._same(rec1.free[i], rec2.free[i])]
+               if not native.same(rec1.free[i], rec2.free[i])]
     if changed:
-        raise native._NotNative("it or its gradient closures compute arrays from the inputs or "
+        raise native.NotNative("it or its gradient closures compute arrays from the inputs or "
                                 "the head gradient outside the recorded graph (detach(), "
                                 "backward() inside a closure, or arrays made from values read "
                                 "back); the graph would hold them as constants")
@@ -462,10 +469,10 @@ def training_graph(op: CustomOperator, params: dict[str, Any], shapes, dtypes,
     others = [v if name in fixed else w for name, v, w in zip(op.signature.inputs, first, third)]
     wrong = mismatch(op, params, graph, others)
     if wrong:
-        raise native._NotNative(f"{wrong} on other input values")
+        raise native.NotNative(f"{wrong} on other input values")
     graph.specialized = _generality(b, graph, shapes, first)
     if graph.specialized:
-        raise native._NotNative(f"its training graph holds only at the traced input shapes "
+        raise native.NotNative(f"its training graph holds only at the traced input shapes "
                                 f"({graph.specialized}); a hybridized block may see others")
     graph.dtype_generic = _dtype_generic(b, graph, shapes, dtypes, first)
     return graph
@@ -487,7 +494,7 @@ def _forward_alone(op, params, shapes, dtypes, first) -> native.NativeGraph | No
     if not op.need_top_grad:
         return None
     try:
-        plain = native._Tracer(op, params, native.TRAIN).graph(shapes, dtypes, first)
+        plain = native.Tracer(op, params, native.TRAIN).graph(shapes, dtypes, first)
     except Exception:  # noqa: BLE001 - the forward alone does not inline: transpose
         return None
     fixed = set(op.no_grad)
@@ -498,7 +505,7 @@ def _forward_alone(op, params, shapes, dtypes, first) -> native.NativeGraph | No
                        (np.sign(r.uniform(-1, 1, v.shape)) * 10 ** r.uniform(
                            *MAGNITUDES, v.shape)).astype(v.dtype)
                        for name, v in zip(op.signature.inputs, first)])
-    grown = next(iter(native._other_shapes(shapes)), None)
+    grown = next(iter(native.other_shapes(shapes)), None)
     if grown is not None:
         trials.append(_grown(first, grown))
     for k, values in enumerate(trials):
@@ -510,19 +517,19 @@ def _forward_alone(op, params, shapes, dtypes, first) -> native.NativeGraph | No
 
 def _generality(b: Builder, graph, shapes, first) -> str:
     tried = []
-    for other in native._other_shapes(shapes):
+    for other in native.other_shapes(shapes):
         values = _grown(first, other)
         try:
             alt = b.build(values, other)
         except Exception as exc:  # noqa: BLE001 - the op refuses this shape
-            tried.append(f"{native._shapes_text(other)}: {type(exc).__name__}")
+            tried.append(f"{native.shapes_text(other)}: {type(exc).__name__}")
             continue
-        diff = native._difference(graph, alt)
+        diff = native.difference(graph, alt)
         if diff:
-            return f"{diff} at input shapes {native._shapes_text(other)}"
+            return f"{diff} at input shapes {native.shapes_text(other)}"
         wrong = mismatch(b.op, b.params, graph, values)
         if wrong:
-            return f"{wrong} at input shapes {native._shapes_text(other)}"
+            return f"{wrong} at input shapes {native.shapes_text(other)}"
         return ""
     return ("not checked: the forward refused every other input shape tried ("
             + "; ".join(tried) + ")")
@@ -548,5 +555,5 @@ def _dtype_generic(b: Builder, graph, shapes, dtypes, first) -> bool:
         alt = b.build([v.astype(d) for v, d in zip(first, other)], shapes)
     except Exception:  # noqa: BLE001 - then calls are keyed by dtype
         return False
-    return not native._difference(graph, alt)
+    return not native.difference(graph, alt)
 

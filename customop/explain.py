@@ -7,7 +7,7 @@ from typing import Any
 import mxnet as mx
 import numpy as np
 
-from . import errors, native, splice
+from . import custom_grad, errors, native, splice
 from .export import block_graph
 from .operator import CustomOperator
 
@@ -130,7 +130,7 @@ def _explain_op(op: CustomOperator, inputs, params) -> OpReport:
     shapes = tuple(tuple(a) if v is None else v.shape for a, v in zip(arrays, values))
     dtypes = tuple(np.dtype(np.float32) if v is None else v.dtype for v in values)
     given = None if any(v is None for v in values) else values
-    verdicts = [native.native_graph(op, params, shapes, dtypes, p, given)
+    verdicts = [custom_grad.native_graph(op, params, shapes, dtypes, p, given)
                 for p in native.PURPOSES]
     return OpReport(errors.shown(op.op_type), shapes, dtypes, *verdicts)
 

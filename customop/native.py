@@ -28,7 +28,7 @@ import json
 import os
 import random
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -104,10 +104,14 @@ def static_reason(op: CustomOperator, purpose: str) -> str:
 
 def native_graph(op: CustomOperator, params: dict[str, Any], shapes: Sequence[Sequence[int]],
                  dtypes: Sequence[Any], purpose: str,
-                 values: Sequence[np.ndarray] | None = None) -> Verdict:
+                 values: Sequence[np.ndarray] | None = None,
+                 closures: Callable[..., NativeGraph] | None = None) -> Verdict:
     """The native graph of ``op`` at this signature for ``purpose``, or why there is none.
 
     ``values``: the inputs to trace on first (default: random placeholders).
+    ``closures(op, params, shapes, dtypes, values)``: builds the training graph of an op
+    with its own gradient (``customop.custom_grad.native_graph`` passes its own; without
+    it such an op keeps its ``Custom`` node in training).
     """
     if purpose not in PURPOSES:
         raise ValueError(f"purpose must be one of {PURPOSES}, got {purpose!r}")
@@ -116,7 +120,8 @@ def native_graph(op: CustomOperator, params: dict[str, Any], shapes: Sequence[Se
     key = (op, repr(sorted(params.items())), shapes, dtypes, purpose)
     found = _cache.get(key)
     if found is None or values is not None:
-        found = _cache[key] = _aside(_decide, op, dict(params), shapes, dtypes, purpose, values)
+        found = _cache[key] = _aside(_decide, op, dict(params), shapes, dtypes, purpose, values,
+                                     closures)
     return found
 
 
@@ -149,15 +154,16 @@ def _aside(fn, *args):
         random.setstate(py_state)
 
 
-def _decide(op, params, shapes, dtypes, purpose, values) -> Verdict:
+def _decide(op, params, shapes, dtypes, purpose, values, closures) -> Verdict:
     verdict = Verdict(errors.shown(op.op_type), purpose, shapes, dtypes)
     verdict.reason = static_reason(op, purpose)
     if not verdict.reason:
         try:
             if purpose == TRAIN and (op.grads or not op.need_top_grad):
-                from . import custom_grad  # its closures, transposed: see that module
-
-                verdict.graph = custom_grad.training_graph(op, params, shapes, dtypes, values)
+                if closures is None:
+                    raise _NotNative("its gradient is its own (def_grad or need_top_grad="
+                                     "False): customop.custom_grad builds its training graph")
+                verdict.graph = closures(op, params, shapes, dtypes, values)
             else:
                 verdict.graph = _Tracer(op, params, purpose).graph(shapes, dtypes, values)
         except _NotNative as exc:
@@ -621,3 +627,9 @@ def clear_cache() -> None:
     """Forget every traced graph (an operator redefined in place is traced again anyway)."""
     with _lock:
         _cache.clear()
+
+
+# ---- shared with customop.custom_grad (which checks training graphs the same way) ------------
+perturbed, structure, same, close = _perturbed, _structure, _same, _close
+difference, other_shapes, shapes_text = _difference, _other_shapes, _shapes_text
+Tracer, NotNative = _Tracer, _NotNative

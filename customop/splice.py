@@ -15,7 +15,7 @@ from typing import Any
 import mxnet as mx
 import numpy as np
 
-from . import errors, native, registry
+from . import custom_grad, errors, native, registry
 from . import params as _params
 
 
@@ -101,7 +101,7 @@ def inline(sym: mx.sym.Symbol, shapes: dict[str, tuple], dtypes: dict[str, Any],
             result.kept.append(Kept(node["name"], errors.shown(op.op_type), found))
             continue
         params = _params.decode_attrs({k: v for k, v in _attrs(node).items() if k != "op_type"})
-        verdict = native.native_graph(op, params, found[0], found[1], purpose)
+        verdict = custom_grad.native_graph(op, params, found[0], found[1], purpose)
         if verdict.graph is None:
             result.kept.append(Kept(node["name"], verdict.op_type, verdict.reason))
         else:

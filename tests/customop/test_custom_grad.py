@@ -84,7 +84,7 @@ shaped.def_grad(_shaped_grad)
 
 
 def graph(op, *shapes, **params):
-    verdict = native.native_graph(op, params, shapes, ["float32"] * len(shapes), TRAIN)
+    verdict = custom_grad.native_graph(op, params, shapes, ["float32"] * len(shapes), TRAIN)
     assert verdict.inlines, verdict.reason
     return verdict.graph
 
@@ -309,8 +309,8 @@ def test_the_graph_is_traced_once_per_signature(monkeypatch):
     monkeypatch.setattr(custom_grad, "training_graph",
                         lambda *a, **k: seen.append(a[2]) or original(*a, **k))
     for _ in range(3):
-        native.native_graph(surrogate, {}, [(2, 3)], ["float32"], TRAIN)
-    native.native_graph(surrogate, {}, [(4, 3)], ["float32"], TRAIN)
+        custom_grad.native_graph(surrogate, {}, [(2, 3)], ["float32"], TRAIN)
+    custom_grad.native_graph(surrogate, {}, [(4, 3)], ["float32"], TRAIN)
     assert seen == [((2, 3),), ((4, 3),)]
 
 

@@ -10,7 +10,7 @@ import pytest
 
 import customop
 from customop import customop as decorate
-from customop import native
+from customop import custom_grad, native
 from customop.native import EXPORT, TRAIN
 
 calls = {"square": 0}
@@ -126,7 +126,7 @@ def calls_cubed(x):
 
 def verdicts(op, shapes, dtypes=None, **params):
     dtypes = dtypes or ["float32"] * len(shapes)
-    return [native.native_graph(op, params, shapes, dtypes, p) for p in (TRAIN, EXPORT)]
+    return [custom_grad.native_graph(op, params, shapes, dtypes, p) for p in (TRAIN, EXPORT)]
 
 
 def test_box_decode_traces_to_its_operators_in_both_purposes():
