@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 import customop
-from customop import customop as decorate
 from customop import custom_grad, native
+from customop import customop as decorate
 from customop.native import EXPORT, TRAIN
 
 calls = {"square": 0}
