@@ -134,7 +134,8 @@ node, a hybridized call or an ``mx.nd.Custom`` call)
     its ``Custom`` node.
 
 ``inline`` (installed by the first Symbol call, or graph load, of an ``'mxnet'``-mode op
-that may inline in training: no ``def_grad``, ``need_top_grad=True``, no aux, ``inline=True``)
+that may inline in training: ``'mxnet'`` mode, no aux, ``inline=True``; ``def_grad`` ops
+too, their closures transposed by :mod:`customop.custom_grad`)
     Wraps ``Symbol.simple_bind``, ``Symbol.bind`` and ``CachedOp.__init__``.  A graph
     without a ``Custom`` node of such an op is bound or cached as before, after one
     ``debug_str`` per bind or CachedOp, never per call (measured: 0.04 ms on a
