@@ -1,4 +1,4 @@
-"""What a ``fork`` costs once a decorated op has run: the ``fork`` patch of customop/runtime.py.
+"""What a ``fork`` costs once a decorated op has run: the ``fork`` patch, customop/runtime/fork.py.
 
 Each row is a fresh process that forks a child (which exits at once) and waits
 for it, ``--forks`` times; the median fork+wait is printed.  Rows: no customop;

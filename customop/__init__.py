@@ -24,7 +24,6 @@ except ModuleNotFoundError as _exc:
 
 from typing import Any
 
-from . import inlining  # noqa: F401 (hands the inline patch its hooks; patches nothing)
 from .explain import explain
 from .export import NotInlinedError, export, to_onnx
 from .loading import imports, load_checkpoint

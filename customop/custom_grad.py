@@ -28,7 +28,9 @@ from typing import TYPE_CHECKING, Any
 import mxnet as mx
 import numpy as np
 
-from . import errors, gradients, native, runtime, trace
+from . import constants as consts
+from . import errors, gradients, graph_json, native, trace
+from .runtime import trace as hooks
 from .transpose import ZEROS, NotLinear, Transposer, transpose
 
 if TYPE_CHECKING:
@@ -148,9 +150,7 @@ class Builder(native.Tracer):
         if rec.skips_checks:
             # Its Custom node raises on bad values (labels out of range) in training today;
             # an inlined graph would take them silently until checks run inside graphs.
-            raise native.NotNative("its forward skips value checks while traced "
-                                    "(customop.is_tracing()); in training its Custom node "
-                                    "keeps them")
+            raise native.NotNative.of("closure-checks-skipped")
         closure_reads = rec.reads[rec.forward_reads:]
         rec.reads = rec.reads[:rec.forward_reads]
         try:
@@ -158,9 +158,7 @@ class Builder(native.Tracer):
         finally:
             rec.reads = rec.reads + closure_reads
         if closure_reads:
-            raise native.NotNative(f"its {self._reader(rec)} reads values back to Python "
-                                    f"(asnumpy, asscalar, bool) at {closure_reads[0]}; a graph "
-                                    "would keep what it read once")
+            raise native.NotNative.of("closure-reads", self._reader(rec), closure_reads[0])
 
     def _reader(self, rec: trace.Recording) -> str:
         first = rec.forward_reads
@@ -255,17 +253,14 @@ class Builder(native.Tracer):
                 elif not self.op.need_top_grad:
                     losses.append((i, h, c))
                 elif not is_zero(h):
-                    raise native.NotNative(
-                        f"its {c.label} gives input {self.op.signature.inputs[i]!r} a "
-                        "gradient that does not depend on the head gradient g: it is not "
-                        "linear in g (an output layer ignoring g declares "
-                        "need_top_grad=False)")
+                    raise native.NotNative.of("closure-constant", c.label,
+                                              repr(self.op.signature.inputs[i]))
             if not lin:
                 continue
             try:
                 found = transpose(nodes, linear, lin, sources, t)
             except NotLinear as exc:
-                raise native.NotNative(f"its {c.label} cannot be transposed: {exc}") from None
+                raise native.NotNative.of("closure-not-linear", c.label, exc) from None
             for k, s in enumerate(sources):
                 if found[s] is not None:
                     parts[k].append(found[s])
@@ -301,8 +296,8 @@ class Builder(native.Tracer):
 def _entry_signatures(frag: native.NativeGraph, shapes, dtypes) -> dict:
     """(shape, dtype) of every node output of ``frag`` at these input shapes."""
     names = [f"input{i}" for i in range(len(shapes))]
-    graph = native.to_json(frag, names)
-    sym = native.load(graph)
+    graph = graph_json.to_json(frag, names)
+    sym = graph_json.load(graph)
     internals = sym.get_internals()
     args = set(sym.list_inputs())
     _, out_shapes, _ = internals.infer_shape_partial(
@@ -356,7 +351,7 @@ def run_graph(graph: native.NativeGraph, inputs: list[np.ndarray], head_grads: l
               ) -> tuple[list[np.ndarray], list[np.ndarray | None]]:
     """The graph's outputs and MXNet's gradients of its inputs for these head gradients."""
     names = [f"input{i}" for i in range(len(inputs))]
-    sym = native.load(native.to_json(graph, names))
+    sym = graph_json.load(graph_json.to_json(graph, names))
     arrays = {nm: mx.nd.array(v, dtype=v.dtype) for nm, v in zip(names, inputs)}
     for a in arrays.values():
         if np.issubdtype(a.dtype, np.floating):
@@ -392,7 +387,7 @@ def closure_gradients(op, params, inputs: list[np.ndarray], head_grads=None):
     xs = [mx.nd.array(v, dtype=v.dtype) for v in inputs]
     # As traced: checks that read values back are skipped (is_tracing()), so placeholder
     # labels and scales compare like any other value.
-    with runtime.tracing(_Unrecorded()):
+    with hooks.tracing(_Unrecorded()):
         outs, saved = kernel.run_forward_saving(op, xs, dict(params))
         if callable(head_grads):
             head_grads = head_grads([o.asnumpy() for o in outs])
@@ -451,7 +446,7 @@ def training_graph(op: CustomOperator, params: dict[str, Any], shapes, dtypes,
         raise native.NotNative("its graph, or its gradient closures' graph, depends on the "
                                 "input values (control flow on values read from its inputs)")
     changed = [rec1.nodes[i]["name"] for i in rec1.free
-               if not native.same(rec1.free[i], rec2.free[i])]
+               if not consts.same(rec1.free[i], rec2.free[i])]
     if changed:
         raise native.NotNative("it or its gradient closures compute arrays from the inputs or "
                                 "the head gradient outside the recorded graph (detach(), "
@@ -469,7 +464,7 @@ def training_graph(op: CustomOperator, params: dict[str, Any], shapes, dtypes,
     others = [v if name in fixed else w for name, v, w in zip(op.signature.inputs, first, third)]
     wrong = mismatch(op, params, graph, others)
     if wrong:
-        raise native.NotNative(f"{wrong} on other input values")
+        raise native.NotNative.of("closure-differs", wrong)
     graph.specialized = _generality(b, graph, shapes, first)
     if graph.specialized:
         raise native.NotNative(f"its training graph holds only at the traced input shapes "

@@ -33,12 +33,15 @@ from typing import TYPE_CHECKING, Any
 
 import mxnet as mx
 import numpy as np
-from mxnet.base import _LIB, MXCallbackList, NDArrayHandle, c_array, c_handle_array, check_call
+from mxnet.base import NDArrayHandle
 from mxnet.ndarray import NDArray
 
 from . import errors, kernel, runtime
 from . import params as _params
 from .modes import NumpyMode
+from .runtime import aux as aux_patch
+from .runtime import callbacks
+from .runtime import trace as trace_hooks
 
 if TYPE_CHECKING:
     from .operator import CustomOperator
@@ -111,7 +114,7 @@ def call_ndarray(op: CustomOperator, inputs: list[Any], params: dict[str, Any]) 
             "graph; use 'function' or 'custom' there"))
     if op.signature.aux and path != "direct":
         path = "custom"  # the aux arrays must be inputs of MXNet's node (see the module doc)
-    tracing = runtime.tracing_now()
+    tracing = trace_hooks.tracing_now()
     if tracing is not None:  # called by a forward being traced (customop.native)
         tracing.inner.append(op)
         if op.mode == "mxnet" and not op.signature.aux:
@@ -162,13 +165,8 @@ def call_native(op: CustomOperator, nd_inputs: list[mx.nd.NDArray],
     return [_fresh(o, [*nd_inputs, *args]) for o in outs]
 
 
-_REQ = ("null", "write", "inplace", "add")
-_bwd_functype = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int, ctypes.c_int,
-                                 ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_int),
-                                 ctypes.c_int, ctypes.c_void_p)
-_del_functype = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)
-_alive: dict[int, Any] = {}  # callbacks MXNet still holds, by node
 _states: dict[int, _Recorded] = {}  # what each node's backward needs, by node
+_alive: dict[int, Any] = {}  # callbacks MXNet still holds, by node
 _counter = itertools.count()
 
 
@@ -191,7 +189,7 @@ def _backward(key, num_ograds, num_igrads, ptrs, reqs, is_train, _):
 def _run_backward(state, num_ograds, num_igrads, ptrs, reqs):
     op, mode, args, outs = state.op, state.op.mode_impl, state.args, state.outs
     try:
-        reqs = [_REQ[reqs[i]] for i in range(num_igrads)]
+        reqs = [callbacks.REQ[reqs[i]] for i in range(num_igrads)]
         igrads = [NDArray(ctypes.cast(ptrs[num_ograds + i], NDArrayHandle), writable=True)
                   for i in range(num_igrads)]
         g = None
@@ -236,24 +234,12 @@ def call_function(op: CustomOperator, nd_inputs: list[mx.nd.NDArray],
 
     state = _Recorded(op, args, outs, params, aux_nd, saved)
     key = next(_counter)
-    # MXNet holds the C callbacks until it calls delete; ctypes objects made with cast() sit
-    # in reference cycles, so they must not reach the arrays: they hold only plain functions
-    # of ``key``, and delete drops the one reference to the recorded state.
+    # MXNet holds the C callbacks until it calls delete; they hold only plain functions of
+    # ``key``, and delete drops the one reference to the recorded state.
     _states[key] = state
-    callbacks = [ctypes.cast(_bwd_functype(functools.partial(_backward, key)),
-                             ctypes.CFUNCTYPE(ctypes.c_int)),
-                 ctypes.cast(_del_functype(functools.partial(_delete, key)),
-                             ctypes.CFUNCTYPE(ctypes.c_int))]
-    context = MXCallbackList(
-        ctypes.c_int(len(callbacks)),
-        ctypes.cast(c_array(ctypes.CFUNCTYPE(ctypes.c_int), callbacks),
-                    ctypes.POINTER(ctypes.CFUNCTYPE(ctypes.c_int))),
-        ctypes.cast(c_array(ctypes.c_void_p, [None] * len(callbacks)),
-                    ctypes.POINTER(ctypes.c_void_p)))
-    _alive[key] = (context, callbacks)
-    check_call(_LIB.MXCustomFunctionRecord(
-        ctypes.c_int(len(nd_inputs)), c_handle_array(nd_inputs),
-        ctypes.c_int(len(nd_outs)), c_handle_array(nd_outs), ctypes.byref(context)))
+    _alive[key] = callbacks.record_function(nd_inputs, nd_outs,
+                                            functools.partial(_backward, key),
+                                            functools.partial(_delete, key))
     return nd_outs
 
 
@@ -262,8 +248,8 @@ def call_custom(op: CustomOperator, nd_inputs: list[mx.nd.NDArray],
     attrs = {k: _params.encode(v) for k, v in params.items()}
     if op.signature.aux:
         # installs the aux patches before the first call, which touch_aux depends on
-        runtime.use_aux(op.op_type, op.signature.aux)
-        runtime.touch_aux(nd_inputs[len(op.signature.inputs):], op.op_type)
+        aux_patch.use_aux(op.op_type, op.signature.aux)
+        aux_patch.touch_aux(nd_inputs[len(op.signature.inputs):], op.op_type)
     # The operator MXNet creates for this call finds its failure record by this key, so a
     # failure is ours to raise even when MXNet loses or mixes it up.
     key, call = errors.open_call()
@@ -275,7 +261,7 @@ def call_custom(op: CustomOperator, nd_inputs: list[mx.nd.NDArray],
     outs = [outs] if isinstance(outs, mx.nd.NDArray) else list(outs)
     outs = outs[:op.outputs.of(params)]
     if op.signature.aux:
-        runtime.note_recorded_aux(nd_inputs[len(op.signature.inputs):])
+        aux_patch.note_recorded_aux(nd_inputs[len(op.signature.inputs):])
     try:
         for o in outs:  # surface a forward error here, with its real type
             o.wait_to_read()

@@ -7,8 +7,7 @@ from typing import Any
 import mxnet as mx
 import numpy as np
 
-from . import custom_grad, errors, native, splice
-from .export import block_graph
+from . import custom_grad, errors, graph_json, native, splice
 from .operator import CustomOperator
 
 _WHERE = {native.TRAIN: "training (hybridized blocks, bound graphs)",
@@ -139,12 +138,7 @@ def _block_graph(block: mx.gluon.HybridBlock, inputs) -> tuple:
     if not inputs:
         raise TypeError("customop.explain(block, *inputs): pass example inputs for the "
                         "block's forward (their shapes and dtypes are what is traced)")
-    data, out = block_graph(block, inputs)
-    shapes = {d.name: a.shape for d, a in zip(data, inputs)}
-    dtypes = {d.name: a.dtype for d, a in zip(data, inputs)}
-    for name, param in block.collect_params().items():
-        if param._data is not None:
-            shapes[name], dtypes[name] = param.shape, param.dtype
+    _, out, shapes, dtypes = graph_json.block_signature(block, inputs)
     return out, shapes, dtypes
 
 
@@ -159,10 +153,10 @@ def _explain_graph(sym: mx.sym.Symbol, shapes, dtypes) -> GraphReport:
             said[(name, purpose)] = "inlines"
         for kept in result.kept:
             said[(kept.node, purpose)] = f"stays a Custom node: {kept.reason}"
-    graph = splice.graph_of(sym)
+    graph = graph_json.graph_of(sym)
     for node in graph["nodes"] if graph else []:
         if (node["name"], native.TRAIN) in said:
-            op_type = (node.get("attrs") or {}).get("op_type", "?")
+            op_type = graph_json.attrs(node).get("op_type", "?")
             report.nodes.append((node["name"], errors.shown(op_type),
                                  said[(node["name"], native.TRAIN)],
                                  said.get((node["name"], native.EXPORT), "?")))

@@ -9,7 +9,6 @@ written as that graph, and the files load with plain MXNet.
 """
 from __future__ import annotations
 
-import json
 import warnings
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,7 +16,7 @@ from typing import Any
 import mxnet as mx
 import numpy as np
 
-from . import native, registry, splice
+from . import graph_json, native, registry, splice
 
 CHOICES = ("raise", "warn")
 
@@ -88,19 +87,17 @@ def export(block: mx.gluon.HybridBlock, path: str, *inputs: Any, epoch: int = 0,
     if not inputs or not all(isinstance(a, mx.nd.NDArray) for a in inputs):
         raise TypeError("customop.export(block, path, *inputs): pass example inputs for the "
                         "block's forward as NDArrays (the ops are traced at their shapes)")
-    data, sym = block_graph(block, inputs)
+    data, sym, shapes, dtypes = graph_json.block_signature(block, inputs)
     if len(data) != len(inputs):
         raise TypeError(f"customop.export: the block's forward takes {len(data)} input(s), "
                         f"got {len(inputs)} example input(s)")
-    shapes = {d.name: a.shape for d, a in zip(data, inputs)}
-    dtypes = {d.name: a.dtype for d, a in zip(data, inputs)}
     params = {}
     for name, param in block.collect_params().items():
-        params[name] = param.data()
+        params[name] = param.data()  # raises for one never initialized
         shapes[name], dtypes[name] = param.shape, param.dtype
     found = splice.inline(sym, shapes, dtypes, native.EXPORT)
     kept = [str(k) for k in found.kept] if found is not None else []
-    kept += _foreign_custom(sym)
+    kept += graph_json.foreign(graph_json.parse(sym), registry.lookup)
     if kept:
         text = ("customop.export: these Custom nodes cannot be written as MXNet operators:\n  "
                 + "\n  ".join(kept))
@@ -127,20 +124,6 @@ def export(block: mx.gluon.HybridBlock, path: str, *inputs: Any, epoch: int = 0,
     inputs_at = {d.name: (tuple(a.shape), np.dtype(a.dtype)) for d, a in zip(data, inputs)}
     return Exported(symbol_file, params_file, inputs_at,
                     found.inlined if found is not None else [], kept)
-
-
-def block_graph(block: mx.gluon.HybridBlock, inputs) -> tuple:
-    """``(input symbols, output symbol)`` of ``block`` for these inputs, without hybridizing it.
-
-    A block not run yet runs once (imperatively unless hybridized, not recording), so that
-    its parameters finish their deferred initialization.
-    """
-    if not block._cached_graph:
-        with mx.autograd.pause():
-            block(*inputs)
-        if not block._cached_graph:
-            block._get_graph(*inputs)
-    return block._cached_graph
 
 
 ONNX_OPSET = 13  # the newest opset MXNet 1.9.1's converter has translations for
@@ -183,17 +166,3 @@ def to_onnx(exported: Exported, onnx_file: str) -> OnnxModel:
         node, _, index = name.rpartition("_output")
         outputs.append(next(n for n in (node + index, node, name) if n in written))
     return OnnxModel(onnx_file, names, outputs)
-
-
-def _foreign_custom(sym: mx.sym.Symbol) -> list[str]:
-    # Custom nodes no customop operator is registered for: hand-written CustomOps.
-    graph = json.loads(sym.tojson())
-    out = []
-    for node in graph["nodes"]:
-        if node.get("op") == "Custom":
-            attrs = node.get("attrs") or {}
-            if registry.lookup(attrs.get("op_type", "")) is None:
-                out.append(f"node {node['name']!r} (op_type {attrs.get('op_type')!r}): not a "
-                           "customop operator (a hand-written mx.operator.CustomOp)")
-    return out
-

@@ -9,25 +9,12 @@ imported before MXNet looks.
 from __future__ import annotations
 
 import importlib
-import json
 from typing import Any
 
 import mxnet as mx
 
 from . import registry
-
-
-def custom_op_types(symbol_json: str) -> list[str]:
-    """The ``op_type`` of every ``Custom`` node in a symbol's JSON text, in graph order."""
-    graph = json.loads(symbol_json)
-    seen: list[str] = []
-    for node in graph.get("nodes", []):
-        if node.get("op") == "Custom":
-            attrs = node.get("attrs") or node.get("attr") or node.get("param") or {}
-            op_type = attrs.get("op_type")
-            if op_type and op_type not in seen:
-                seen.append(op_type)
-    return seen
+from .graph_json import custom_op_types
 
 
 def ensure_registered(op_types: list[str], source: str) -> None:

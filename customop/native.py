@@ -8,9 +8,9 @@ node stays.  The purposes:
 * ``'train'``: hybridized blocks and bound graphs, which may be differentiated.
   MXNet's gradient of the graph must be the operator's: an automatic gradient
   differentiates the forward; ``def_grad`` closures and output layers
-  (``need_top_grad=False``) are transposed into the graph
-  (:mod:`customop.custom_grad`).  The graph must hold at every input shape the
-  block may see later (checked at other shapes).
+  (``need_top_grad=False``) are transposed into the graph by the builder
+  :mod:`customop.custom_grad` passes (``closures=``).  The graph must hold at
+  every input shape the block may see later (checked at other shapes).
 * ``'export'``: a deployed graph, inference only.  ``def_grad`` operators
   qualify too; the graph may be specialized to the exported shapes; arrays the
   forward builds become parameters of the exported model.
@@ -24,9 +24,6 @@ purpose.
 """
 from __future__ import annotations
 
-import json
-import os
-import random
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -35,17 +32,14 @@ from typing import TYPE_CHECKING, Any
 import mxnet as mx
 import numpy as np
 
-from . import errors, runtime, trace
+from . import constants as consts
+from . import errors, rules, trace
+from .graph_json import evaluate
+from .rules import EXPORT, PURPOSES, TRAIN
 
 if TYPE_CHECKING:
     from .operator import CustomOperator
 
-TRAIN, EXPORT = "train", "export"
-PURPOSES = (TRAIN, EXPORT)
-# MXNet operators with auxiliary states (moving statistics): in a graph these must be fed
-# by variables, and they update them in place.
-STATEFUL = frozenset({"BatchNorm", "BatchNorm_v1", "SyncBatchNorm", "_contrib_SyncBatchNorm"})
-_SMALL = 64  # elements: a constant up to this size may be written out node by node
 _lock = threading.RLock()
 _cache: dict[tuple, Verdict] = {}
 
@@ -64,8 +58,8 @@ class NativeGraph:
     heads: list[tuple]
     constants: dict[str, np.ndarray] = field(default_factory=dict)
     specialized: str = ""  # why the graph holds only at this signature ("" when it does not)
-    note: str = ""  # how a def_grad op's gradient is carried (customop.custom_grad)
     dtype_generic: bool = True
+    note: str = ""  # how a def_grad op's gradient is carried (customop.custom_grad)
 
     def operators(self) -> list[str]:
         return [n["op"] for n in self.nodes]
@@ -81,6 +75,7 @@ class Verdict:
     dtypes: tuple
     graph: NativeGraph | None = None
     reason: str = ""
+    rule: str = ""  # the name of the refusal (customop.rules), when a table entry refused it
 
     @property
     def inlines(self) -> bool:
@@ -89,17 +84,8 @@ class Verdict:
 
 def static_reason(op: CustomOperator, purpose: str) -> str:
     """Why ``op`` never inlines for ``purpose``, whatever its inputs ("" when it may)."""
-    if op.mode != "mxnet":
-        return ("a 'numpy'-mode operator: its forward runs on NumPy arrays, outside "
-                "MXNet's graph")
-    if not getattr(op, "inline", True):
-        return "declared inline=False"
-    if op.signature.aux:
-        return ("it has auxiliary states (aux=), which it updates in place; MXNet's own "
-                "operators cannot")
-    if runtime.disabled("trace"):
-        return "CUSTOMOP_RUNTIME_OFF keeps the trace hooks out"
-    return ""
+    found = rules.op_refusal(op, purpose)
+    return found.reason if found is not None else ""
 
 
 def native_graph(op: CustomOperator, params: dict[str, Any], shapes: Sequence[Sequence[int]],
@@ -117,62 +103,43 @@ def native_graph(op: CustomOperator, params: dict[str, Any], shapes: Sequence[Se
         raise ValueError(f"purpose must be one of {PURPOSES}, got {purpose!r}")
     shapes = tuple(tuple(int(d) for d in s) for s in shapes)
     dtypes = tuple(np.dtype(d) for d in dtypes)
-    key = (op, repr(sorted(params.items())), shapes, dtypes, purpose)
+    key = (op, repr(sorted(params.items())), shapes, dtypes, purpose, closures)
     found = _cache.get(key)
     if found is None or values is not None:
-        found = _cache[key] = _aside(_decide, op, dict(params), shapes, dtypes, purpose, values,
-                                     closures)
+        found = _cache[key] = trace.aside(_decide, op, dict(params), shapes, dtypes, purpose,
+                                          values, closures)
     return found
-
-
-_worker: Any = None  # a ThreadPoolExecutor of one thread, made on first use (per process)
-_worker_pid = 0
-
-
-def _aside(fn, *args):
-    """``fn(*args)`` on customop's trace thread, the caller's random streams kept.
-
-    Traces run forwards that may draw random numbers: MXNet's generators are per
-    thread (so the caller's stream is untouched there) and NumPy's and Python's
-    global ones are put back.  The caller's autograd state is untouched too.
-    """
-    global _worker, _worker_pid
-    if threading.current_thread().name.startswith("customop-trace"):
-        return fn(*args)
-    with _lock:
-        if _worker is None or _worker_pid != os.getpid():  # threads do not survive fork()
-            # imported here: on Python 3.8 importing concurrent.futures registers an atexit hook
-            from concurrent.futures import ThreadPoolExecutor
-
-            _worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="customop-trace")
-            _worker_pid = os.getpid()
-    np_state, py_state = np.random.get_state(), random.getstate()
-    try:
-        return _worker.submit(fn, *args).result()
-    finally:
-        np.random.set_state(np_state)
-        random.setstate(py_state)
 
 
 def _decide(op, params, shapes, dtypes, purpose, values, closures) -> Verdict:
     verdict = Verdict(errors.shown(op.op_type), purpose, shapes, dtypes)
-    verdict.reason = static_reason(op, purpose)
-    if not verdict.reason:
+    refused = rules.op_refusal(op, purpose)
+    if refused is not None:
+        verdict.reason, verdict.rule = refused.reason, refused.name
+    else:
         try:
             if purpose == TRAIN and (op.grads or not op.need_top_grad):
                 if closures is None:
-                    raise _NotNative("its gradient is its own (def_grad or need_top_grad="
-                                     "False): customop.custom_grad builds its training graph")
+                    raise _NotNative.of("own-gradient")
                 verdict.graph = closures(op, params, shapes, dtypes, values)
             else:
                 verdict.graph = _Tracer(op, params, purpose).graph(shapes, dtypes, values)
         except _NotNative as exc:
-            verdict.reason = str(exc)
+            verdict.reason, verdict.rule = str(exc), exc.rule
     return verdict
 
 
 class _NotNative(Exception):
-    """The reason an operator's forward does not stand in as a native graph."""
+    """The reason an operator's forward does not stand in as a native graph (and its rule)."""
+
+    def __init__(self, reason: str, rule: str = ""):
+        super().__init__(reason)
+        self.rule = rule
+
+    @classmethod
+    def of(cls, rule: str, *found: Any) -> _NotNative:
+        """The refusal ``rule`` of :data:`customop.rules.TRACE_REFUSALS`, filled in."""
+        return cls(rules.TRACE_REFUSALS[rule].format(*found), rule)
 
 
 def placeholders(shapes, dtypes, seed: int) -> list[np.ndarray]:
@@ -197,8 +164,7 @@ class _Tracer:
         try:
             return trace.record(self.op, list(values), self.params)
         except Exception as exc:  # noqa: BLE001 - any failure of the forward is the reason
-            raise _NotNative(f"its forward failed while being traced on placeholder "
-                             f"inputs: {type(exc).__name__}: {exc}") from None
+            raise _NotNative.of("forward-failed", f"{type(exc).__name__}: {exc}") from None
 
     def graph(self, shapes, dtypes, values) -> NativeGraph:
         first = list(values) if values is not None else placeholders(shapes, dtypes, 1)
@@ -208,52 +174,24 @@ class _Tracer:
         rec2 = self.record(second)
         self.check(rec2)
         if _structure(rec1) != _structure(rec2):
-            raise _NotNative("its graph depends on the input values (control flow on values "
-                             "read from its inputs)")
+            raise _NotNative.of("value-dependent")
         changed = [rec1.nodes[i]["name"] for i in rec1.free
-                   if not _same(rec1.free[i], rec2.free[i])]
+                   if not consts.same(rec1.free[i], rec2.free[i])]
         if changed:
-            raise _NotNative("it computes arrays from its inputs outside the recorded graph "
-                             "(detach(), or new arrays from values it read); the graph would "
-                             "hold them as constants")
+            raise _NotNative.of("outside-graph")
         graph = self.fragment(rec1, shapes)
         if not _close(evaluate(graph, second), rec2.outputs):
-            raise _NotNative("its recorded graph does not give its outputs on other input "
-                             "values")
+            raise _NotNative.of("other-outputs")
         if self.purpose == TRAIN:  # an export holds at the shapes it is exported with
             graph.specialized = self.generality(graph, shapes, dtypes, first)
             if graph.specialized:
-                raise _NotNative(f"its graph holds only at the traced input shapes "
-                                 f"({graph.specialized}); a hybridized block may see others")
+                raise _NotNative.of("shape-specialized", graph.specialized)
         return graph
 
     def check(self, rec: trace.Recording) -> None:
-        for inner in rec.inner:
-            reason = static_reason(inner, self.purpose)
-            if not reason and self.purpose == TRAIN and (inner.grads or not inner.need_top_grad):
-                # Its forward would be recorded into this graph and differentiated by MXNet.
-                reason = ("its gradient is its own (def_grad or need_top_grad=False); inside "
-                          "another op's forward MXNet would differentiate its forward instead")
-            if reason:
-                raise _NotNative(f"it calls customop {errors.shown(inner.op_type)!r}, which "
-                                 f"cannot be inlined: {reason}")
-        if rec.reads:
-            raise _NotNative(f"it reads values back to Python (asnumpy, asscalar, bool) at "
-                             f"{rec.reads[0]}; a graph would keep what it read once")
-        if rec.randoms:
-            raise _NotNative(f"it calls random operators ({', '.join(rec.randoms)})")
-        stateful = sorted({n["op"] for n in rec.nodes if n["op"] in STATEFUL})
-        if stateful:
-            raise _NotNative(f"it calls operators that update auxiliary states "
-                             f"({', '.join(stateful)})")
-        if rec.unknown_free:
-            raise _NotNative("it uses arrays whose values the trace could not read")
-        foreign = sorted({n["op"] for n in rec.nodes if n["op"] in ("_CustomFunction",
-                                                                       "Custom")})
-        if foreign:
-            raise _NotNative("it calls a custom operator that cannot be inlined itself "
-                             "(a 'numpy'-mode op, one with def_grad in training, or one with "
-                             "auxiliary states)")
+        found = rules.recorded_refusal(rec, self.purpose)
+        if found is not None:
+            raise _NotNative(found[1], found[0].name)
 
     def generality(self, graph: NativeGraph, shapes, dtypes, first) -> str:
         """"" when the graph holds at other shapes tried; else what differs."""
@@ -294,11 +232,11 @@ class _Tracer:
     def fragment(self, rec: trace.Recording, shapes) -> NativeGraph:
         nodes = [dict(n, attrs=dict(n["attrs"])) for n in rec.nodes]
         for n in nodes:
-            if n["op"] == "_copyto":  # astype() or a device copy: the graph runs on one device
-                dtype = n["attrs"].pop("__dtype__", None)
-                n["op"], n["attrs"] = ("Cast", {"dtype": dtype}) if dtype else ("_copy", {})
+            rewrite = rules.REWRITES.get(n["op"])
+            if rewrite is not None:
+                n["op"], n["attrs"] = rewrite(n["attrs"])
         slot = {node: i for i, node in enumerate(rec.inputs) if node is not None}
-        const, values = _folded(nodes, slot, rec.free, rec.heads)
+        const, values = consts.folded(nodes, slot, rec.free, rec.heads)
         out_nodes: list[dict[str, Any]] = []
         constants: dict[str, np.ndarray] = {}
         refs: dict[tuple[int, int], tuple] = {}
@@ -310,7 +248,7 @@ class _Tracer:
                 if j in slot:
                     found = ("in", slot[j])
                     if self._frozen(slot[j]):  # no gradient reaches it (MXNet would give one)
-                        found = _add(out_nodes, "BlockGrad", {}, [found])
+                        found = consts.add_node(out_nodes, "BlockGrad", {}, [found])
                 elif const[j]:
                     found = self._constant(values[(j, k)], out_nodes, constants, shapes,
                                            f"{nodes[j]['name']}_{k}")
@@ -327,7 +265,7 @@ class _Tracer:
             if (self.purpose == TRAIN and j in rec.paused and r[0] == "node"
                     and (into is None or into not in rec.paused)):
                 if r not in stopped:
-                    stopped[r] = _add(out_nodes, "BlockGrad", {}, [r])
+                    stopped[r] = consts.add_node(out_nodes, "BlockGrad", {}, [r])
                 r = stopped[r]
             return r
 
@@ -335,7 +273,7 @@ class _Tracer:
             if j in slot or const[j]:
                 continue
             if n["op"] == "null":
-                raise _NotNative("it uses an array the trace could not read")
+                raise _NotNative.of("unread-array")
             inputs = [leaving(e[0], e[1], j) for e in n["inputs"]]
             out_nodes.append({"op": n["op"], "name": n["name"], "attrs": n["attrs"],
                               "inputs": inputs})
@@ -344,7 +282,7 @@ class _Tracer:
         for j, k in rec.heads:
             r = leaving(j, k, None)
             if r[0] != "node" or out_nodes[r[1]]["op"] == "BlockGrad":
-                r = _add(out_nodes, "_copy", {}, [r])  # an input or a constant returned as is
+                r = consts.add_node(out_nodes, "_copy", {}, [r])  # an input or a constant as is
             heads.append(r)
         return NativeGraph(out_nodes, heads, constants)
 
@@ -359,10 +297,9 @@ class _Tracer:
             constants[name] = value
             return ("const", name)
         start = len(nodes)
-        expressed = _expressed(value, nodes, shapes)
+        expressed = consts.expressed(value, nodes, shapes)
         if expressed is None:
-            raise _NotNative(f"it builds a constant array of shape {value.shape} "
-                             f"({value.dtype}) that a graph cannot hold without a parameter")
+            raise _NotNative.of("constant-unheld", value.shape, value.dtype)
         # MXNet parses number attributes itself: the written constant must be exact.
         probe = NativeGraph([dict(n, inputs=[_shifted(r, start) for r in n["inputs"]])
                              for n in nodes[start:]], [_shifted(expressed, start)])
@@ -370,11 +307,10 @@ class _Tracer:
             got = evaluate(probe, [np.zeros(s, np.float32) for s in shapes])[0]
         except mx.base.MXNetError as exc:
             got = exc
-        if not isinstance(got, np.ndarray) or not _same(got.reshape(value.shape)
+        if not isinstance(got, np.ndarray) or not consts.same(got.reshape(value.shape)
                                                          if got.size == value.size else got,
                                                          value):
-            raise _NotNative(f"it builds a constant array of shape {value.shape} "
-                             f"({value.dtype}) that the graph cannot write exactly")
+            raise _NotNative.of("constant-inexact", value.shape, value.dtype)
         return expressed
 
 
@@ -382,171 +318,7 @@ def _shifted(r: tuple, start: int) -> tuple:
     return ("node", r[1] - start, r[2]) if r[0] == "node" else r
 
 
-def _add(nodes: list, op: str, attrs: dict, inputs: list) -> tuple:
-    nodes.append({"op": op, "name": f"{op.strip('_').lower()}{len(nodes)}", "attrs": attrs,
-                  "inputs": inputs})
-    return ("node", len(nodes) - 1, 0)
-
-
-# ---- constants ---------------------------------------------------------------------------------
-def _folded(nodes, slot, free, heads) -> tuple[list[bool], dict[tuple[int, int], np.ndarray]]:
-    """Values of the constant entries that non-constant nodes (or outputs) read.
-
-    An entry is constant when its node is a free variable, or an operator all of
-    whose inputs are constant; the latter are evaluated here, once.
-    """
-    const = [False] * len(nodes)
-    for j, n in enumerate(nodes):
-        if j in slot:
-            continue
-        const[j] = j in free or (n["op"] != "null" and bool(n["inputs"]) and all(
-            const[e[0]] for e in n["inputs"]))
-    wanted: list[tuple[int, int]] = []
-    for j, n in enumerate(nodes):
-        if not const[j]:
-            wanted += [(e[0], e[1]) for e in n["inputs"] if const[e[0]]]
-    wanted += [h for h in heads if const[h[0]]]
-    values: dict[tuple[int, int], np.ndarray] = {}
-    computed = [e for e in dict.fromkeys(wanted) if e[0] not in free]
-    for e in dict.fromkeys(wanted):
-        if e[0] in free:
-            values[e] = free[e[0]]
-    if computed:
-        graph = {"nodes": [], "heads": []}
-        index: dict[int, int] = {}
-        for j, n in enumerate(nodes):
-            if const[j]:
-                index[j] = len(graph["nodes"])
-                graph["nodes"].append({"op": n["op"], "name": f"n{j}", "attrs": n["attrs"],
-                                       "inputs": [[index[e[0]], e[1], 0] for e in n["inputs"]]})
-        graph["heads"] = [[index[j], k, 0] for j, k in computed]
-        args = {f"n{j}": mx.nd.array(free[j], dtype=free[j].dtype) for j in free if const[j]}
-        for e, out in zip(computed, _run(graph, args)):
-            values[e] = out
-    return const, values
-
-
-def _expressed(value: np.ndarray, nodes: list, shapes) -> tuple | None:
-    """Nodes that build ``value`` inside the graph (appended to ``nodes``), or None."""
-    dtype = np.dtype(value.dtype).name
-    flat = value.reshape(-1)
-    if flat.size == 0:
-        return None
-    if _same(flat, np.full_like(flat, flat[0])):
-        u = _number(flat[0])
-        like = next((i for i, s in enumerate(shapes) if tuple(s) == value.shape), None)
-        if like is not None and value.ndim:
-            ones = (1,) * value.ndim
-            full = _add(nodes, "_full", {"shape": str(ones), "value": u, "dtype": dtype}, [])
-            return _add(nodes, "broadcast_like", {}, [full, ("in", like)])
-        return _add(nodes, "_full", {"shape": str(value.shape or (1,)), "value": u,
-                                     "dtype": dtype}, [])
-    core = value
-    for axis in range(value.ndim):  # drop the axes it is constant along
-        first = np.take(core, [0], axis=axis)
-        if core.shape[axis] > 1 and _same(core, np.broadcast_to(first, core.shape)):
-            core = first
-    line = core.reshape(-1)
-    steps = np.diff(line.astype(np.float64))
-    if line.size > 1 and np.all(steps == steps[0]) and steps[0] != 0:
-        start, step = float(line[0]), float(steps[0])
-        node = _add(nodes, "_arange", {"start": _number(start), "stop": _number(
-            start + step * line.size), "step": _number(step), "repeat": "1",
-            "dtype": dtype}, [])
-    elif line.size <= _SMALL:
-        parts = [_add(nodes, "_full", {"shape": "(1,)", "value": _number(v), "dtype": dtype},
-                      []) for v in line]
-        node = parts[0] if len(parts) == 1 else _add(
-            nodes, "Concat", {"dim": "0", "num_args": str(len(parts))}, parts)
-    else:
-        return None
-    node = _add(nodes, "Reshape", {"shape": str(core.shape)}, [node])
-    if core.shape != value.shape:
-        node = _add(nodes, "broadcast_to", {"shape": str(value.shape)}, [node])
-    return node
-
-
-def _number(v: Any) -> str:
-    v = float(v)
-    return repr(v) if np.isfinite(v) else ("nan" if np.isnan(v) else
-                                           ("inf" if v > 0 else "-inf"))
-
-
-def _same(a: np.ndarray, b: np.ndarray) -> bool:
-    a, b = np.asarray(a), np.asarray(b)
-    if a.shape != b.shape or a.dtype != b.dtype:
-        return False
-    if np.issubdtype(a.dtype, np.floating):
-        return bool(np.array_equal(a, b, equal_nan=True))
-    return bool(np.array_equal(a, b))
-
-
-# ---- evaluating and comparing graphs ----------------------------------------------------------
-def to_json(graph: NativeGraph, input_names: Sequence[str],
-            const_names: dict[str, str] | None = None) -> dict[str, Any]:
-    """``graph`` as a standalone symbol JSON whose inputs are variables ``input_names``."""
-    nodes: list[dict[str, Any]] = []
-    index: dict[tuple, int] = {}
-
-    def entry(r):
-        if r[0] == "node":
-            return [index[("node", r[1])], r[2], 0]
-        if r not in index:
-            index[r] = len(nodes)
-            name = input_names[r[1]] if r[0] == "in" else (const_names or {}).get(r[1], r[1])
-            nodes.append({"op": "null", "name": name, "inputs": []})
-        return [index[r], 0, 0]
-
-    for k, n in enumerate(graph.nodes):
-        inputs = [entry(r) for r in n["inputs"]]
-        index[("node", k)] = len(nodes)
-        nodes.append({"op": n["op"], "name": n["name"], "attrs": dict(n["attrs"]),
-                      "inputs": inputs})
-    heads = [entry(r) for r in graph.heads]
-    return {"nodes": nodes, "heads": heads}
-
-
-def _run(graph: dict[str, Any], args: dict[str, mx.nd.NDArray]) -> list[np.ndarray]:
-    # A CachedOp (binding an executor prints MKLDNN notices), which needs an input.
-    n = len(graph["heads"])
-    graph = {"nodes": [*graph["nodes"], {"op": "null", "name": "_customop_unused",
-                                         "inputs": []}],
-             "heads": graph["heads"]}
-    graph["nodes"].append({"op": "_copy", "name": "_customop_unused_copy",
-                           "inputs": [[len(graph["nodes"]) - 1, 0, 0]]})
-    graph["heads"] = [*graph["heads"], [len(graph["nodes"]) - 1, 0, 0]]
-    args = dict(args, _customop_unused=mx.nd.zeros((1,)))
-    sym = load(graph)
-    with mx.autograd.pause():
-        outs = mx.nd.CachedOp(sym)(*[args[name] for name in sym.list_inputs()])
-    return [o.asnumpy() for o in outs[:n]]
-
-
-def load(graph: dict[str, Any]) -> mx.sym.Symbol:
-    """A Symbol from JSON nodes and heads (``arg_nodes`` and versions filled in)."""
-    nodes = [dict(n, attrs={k: str(v) for k, v in (n.get("attrs") or {}).items()})
-             for n in graph["nodes"]]
-    for n in nodes:
-        if not n["attrs"]:
-            n.pop("attrs")
-        n["inputs"] = [list(e) + [0] * (3 - len(e)) for e in n["inputs"]]
-    text = json.dumps({"nodes": nodes,
-                       "arg_nodes": [i for i, n in enumerate(nodes) if n["op"] == "null"],
-                       "heads": [list(h) + [0] * (3 - len(h)) for h in graph["heads"]],
-                       "attrs": {"mxnet_version": ["int", 10901]}})
-    return mx.sym.load_json(text)
-
-
-def evaluate(graph: NativeGraph, inputs: Sequence[np.ndarray],
-             constants: dict[str, np.ndarray] | None = None) -> list[np.ndarray]:
-    """``graph``'s outputs on these inputs (its constants, or those given)."""
-    names = [f"input{i}" for i in range(len(inputs))]
-    args = {n: mx.nd.array(v, dtype=v.dtype) for n, v in zip(names, inputs)}
-    for name, value in (constants if constants is not None else graph.constants).items():
-        args[name] = mx.nd.array(value, dtype=value.dtype)
-    return _run(to_json(graph, names), args)
-
-
+# ---- comparing graphs -------------------------------------------------------------------------
 def _close(got: list[np.ndarray], want: list[np.ndarray]) -> bool:
     if len(got) != len(want):
         return False
@@ -630,6 +402,6 @@ def clear_cache() -> None:
 
 
 # ---- shared with customop.custom_grad (which checks training graphs the same way) ------------
-perturbed, structure, same, close = _perturbed, _structure, _same, _close
+perturbed, structure, close = _perturbed, _structure, _close
 difference, other_shapes, shapes_text = _difference, _other_shapes, _shapes_text
 Tracer, NotNative = _Tracer, _NotNative

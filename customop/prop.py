@@ -21,6 +21,8 @@ from . import errors, kernel, runtime
 from . import params as _params
 from .inference import known
 from .input_shapes import unknown_ndim
+from .runtime import aux as aux_patch
+from .runtime import deps, release
 
 if TYPE_CHECKING:
     from .operator import CustomOperator
@@ -53,7 +55,7 @@ def register(op_type: str, lookup: Callable[[str], CustomOperator]) -> None:
             self.call = errors.take_call(kwargs.pop(errors.CALL_KEY, None))
             self.params, self.pkey = _decode_cached(kwargs)
             if op.signature.aux:
-                runtime.use_aux(op.op_type, op.signature.aux)
+                aux_patch.use_aux(op.op_type, op.signature.aux)
             else:
                 runtime.use()
                 runtime.note_graph_op(op)  # a loaded graph: bound or hybridized next
@@ -70,8 +72,8 @@ def register(op_type: str, lookup: Callable[[str], CustomOperator]) -> None:
                 self.bad_params = exc
             self.shapes: tuple | None = None
 
-        # before MXNet asks for the node's backward dependencies (``deps`` in customop.runtime)
-        _ref_holder = _adopting(lambda self, refs: runtime.adopt_prop(
+        # before MXNet asks for the node's backward dependencies (customop.runtime.deps)
+        _ref_holder = _adopting(lambda self, refs: deps.adopt_prop(
             refs, self.n_out, len(self.op.signature.inputs), self.op.need_top_grad))
 
         def list_arguments(self) -> list[str]:
@@ -202,16 +204,16 @@ class _Op(mx.operator.CustomOp):
         self.op, self.params, self.scalar = op, params, scalar
         self.call, self.reader, self.ctx = call, reader, ctx
         # MXNet's numbers of the arrays its backward reads, and how many arrays are numbered
-        self.dependencies = runtime.dependency_set(len(scalar), len(op.signature.inputs),
+        self.dependencies = deps.dependency_set(len(scalar), len(op.signature.inputs),
                                                    op.need_top_grad)
         self.saved: tuple | None = None
         # The last training forward's residuals, until its backward: MXNet runs the two as
         # separate callbacks of this one object (one per bound node, or per mx.nd.Custom call).
         self.residuals: dict[str, Any] | None = None
 
-    # what it holds is freed when MXNet deletes it (``release`` in customop.runtime; else it
+    # what it holds is freed when MXNet deletes it (customop.runtime.release; else it
     # waits for gc), and its backward reads this node's own dependencies (``deps``)
-    _ref_holder = _adopting(runtime.adopt_operator)
+    _ref_holder = _adopting(release.adopt_operator)
 
     def release(self) -> None:
         """MXNet deleted this operator: drop the residuals and host copies it kept."""

@@ -8,14 +8,13 @@ Symbol is unchanged).  Nodes it cannot inline stay, each with its reason.
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import Any
 
 import mxnet as mx
 import numpy as np
 
-from . import custom_grad, errors, native, registry
+from . import custom_grad, errors, graph_json, native, registry
 from . import params as _params
 
 
@@ -42,28 +41,10 @@ class Spliced:
     dtype_generic: bool = True
 
 
-def graph_of(sym: mx.sym.Symbol) -> dict[str, Any] | None:
-    """The symbol's JSON graph, or None when it holds no ``Custom`` node (cheap then)."""
-    # (debug_str: measured 7x cheaper than tojson on a 60-node graph, 0.02 ms)
-    if "Op:Custom," not in sym.debug_str():
-        return None
-    return json.loads(sym.tojson())
-
-
-def _attrs(node: dict[str, Any]) -> dict[str, str]:
-    return node.get("attrs") or node.get("attr") or node.get("param") or {}
-
-
 def candidates(graph: dict[str, Any], purpose: str) -> list[int]:
     """Nodes of ``graph`` that are ``Custom`` nodes of ours that may inline for ``purpose``."""
-    found = []
-    for i, node in enumerate(graph["nodes"]):
-        if node.get("op") != "Custom":
-            continue
-        op = registry.lookup(_attrs(node).get("op_type", ""))
-        if op is not None and not native.static_reason(op, purpose):
-            found.append(i)
-    return found
+    return [i for i, op in graph_json.ours(graph, registry.lookup)
+            if not native.static_reason(op, purpose)]
 
 
 def inline(sym: mx.sym.Symbol, shapes: dict[str, tuple], dtypes: dict[str, Any],
@@ -74,19 +55,17 @@ def inline(sym: mx.sym.Symbol, shapes: dict[str, tuple], dtypes: dict[str, Any],
     the graph holds no ``Custom`` node of ours.  ``purpose``: ``'train'`` or
     ``'export'`` (see :mod:`customop.native`).
     """
-    graph = graph if graph is not None else graph_of(sym)
+    graph = graph if graph is not None else graph_json.graph_of(sym)
     if graph is None:
         return None
     nodes = graph["nodes"]
-    ours = [i for i, n in enumerate(nodes) if n.get("op") == "Custom"
-            and registry.lookup(_attrs(n).get("op_type", "")) is not None]
+    ours = graph_json.ours(graph, registry.lookup)
     if not ours:
         return None
     result = Spliced(sym)
     wanted = candidates(graph, purpose)
-    for i in ours:
+    for i, op in ours:
         if i not in wanted:
-            op = registry.lookup(_attrs(nodes[i])["op_type"])
             result.kept.append(Kept(nodes[i]["name"], errors.shown(op.op_type),
                                     native.static_reason(op, purpose)))
     if not wanted:
@@ -95,12 +74,13 @@ def inline(sym: mx.sym.Symbol, shapes: dict[str, tuple], dtypes: dict[str, Any],
     graphs: dict[int, native.NativeGraph] = {}
     for i in wanted:
         node = nodes[i]
-        op = registry.lookup(_attrs(node)["op_type"])
+        op = registry.lookup(graph_json.attrs(node)["op_type"])
         found = signatures.get(i)
         if isinstance(found, str):
             result.kept.append(Kept(node["name"], errors.shown(op.op_type), found))
             continue
-        params = _params.decode_attrs({k: v for k, v in _attrs(node).items() if k != "op_type"})
+        params = _params.decode_attrs({k: v for k, v in graph_json.attrs(node).items()
+                                       if k != "op_type"})
         verdict = custom_grad.native_graph(op, params, found[0], found[1], purpose)
         if verdict.graph is None:
             result.kept.append(Kept(node["name"], verdict.op_type, verdict.reason))
@@ -109,7 +89,7 @@ def inline(sym: mx.sym.Symbol, shapes: dict[str, tuple], dtypes: dict[str, Any],
             result.dtype_generic &= verdict.graph.dtype_generic
     if graphs:
         new, result.constants = _spliced(graph, graphs)
-        result.symbol = native.load(new)
+        result.symbol = graph_json.load(new)
         result.inlined = [nodes[i]["name"] for i in graphs]
     return result
 
@@ -174,7 +154,7 @@ def _spliced(graph: dict[str, Any], graphs: dict[int, native.NativeGraph]
             continue
         inputs = [entry(e) for e in node["inputs"]]
         heads = _place(nodes, node["name"], inputs, graphs[i], constants,
-                       _attrs(node).get("__ctx_group__"))
+                       graph_json.attrs(node).get("__ctx_group__"))
         for k, h in enumerate(heads):
             where[(i, k)] = h
     out = {"nodes": nodes, "heads": [[*entry(h), 0] for h in graph["heads"]]}

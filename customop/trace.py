@@ -7,14 +7,15 @@ the graph, the values of the free variables (arrays the forward used without
 receiving them: constants it built, cached arrays, or values it computed while
 recording was paused), what it read back to Python, which random operators it
 called.  Whether the graph may stand in for the operator is decided in
-:mod:`customop.native`.
+:mod:`customop.native`.  Traces run on customop's own trace thread (:func:`aside`).
 """
 from __future__ import annotations
 
 import ctypes
 import json
 import os
-import re
+import random
+import threading
 import traceback
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -23,15 +24,13 @@ import mxnet as mx
 import numpy as np
 from mxnet.base import _LIB, check_call, py_str
 
-from . import kernel, runtime
+from . import kernel
+from .rules import RANDOM
+from .runtime import trace as hooks
 
 if TYPE_CHECKING:
     from .operator import CustomOperator
 
-# Operators whose outputs are not a function of their inputs.
-RANDOM = re.compile(r"^(_random_|_sample_|random_|sample_|_npi_(random|uniform|normal|gamma|"
-                    r"exponential|weibull|pareto|power|rayleigh|logistic|gumbel|laplace|"
-                    r"multinomial|choice|bernoulli))|^(Dropout|_shuffle|_np_shuffle)$")
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _MXNET = os.path.dirname(os.path.abspath(mx.__file__))
 _op_names: dict[int, list[str]] = {}
@@ -50,7 +49,7 @@ def is_tracing() -> bool:
         >>> customop.is_tracing()
         False
     """
-    log = runtime.tracing_now()
+    log = hooks.tracing_now()
     if log is not None:
         log.asked = True  # the forward skips what it would check: see custom_grad
     return log is not None
@@ -96,7 +95,7 @@ class Recording:
 
 
 class _Log:
-    """What the runtime's trace hooks report while one forward runs (see ``trace`` there)."""
+    """What the trace hooks report while one forward runs (:mod:`customop.runtime.trace`)."""
 
     def __init__(self):
         self.inputs: set[str] = set()  # the graph's names of the forward's inputs
@@ -126,7 +125,7 @@ class _Log:
         # MXNet names each recorded operator "node_<n>" from one counter: a probe
         # recorded now tells where the counter stands.
         probe = self._probe * 1
-        return _number(mx.autograd.get_symbol(probe).name)
+        return node_number(mx.autograd.get_symbol(probe).name)
 
     def invoked(self, handle: int, ndargs: Any, result: Any) -> None:
         outs = result if isinstance(result, (list, tuple)) else [result]
@@ -177,7 +176,7 @@ def record(op: CustomOperator, values: list[np.ndarray], params: dict[str, Any],
     log = _Log()
     log.inputs = {mx.autograd.get_symbol(x).name for x in xs}
     forward_reads = 0
-    with runtime.tracing(log), mx.autograd.record(train_mode=False):
+    with hooks.tracing(log), mx.autograd.record(train_mode=False):
         outs, saved = kernel.run_forward_saving(op, list(xs), dict(params), where="trace")
         if then is not None:
             forward_reads = len(log.reads)
@@ -228,10 +227,11 @@ def record(op: CustomOperator, values: list[np.ndarray], params: dict[str, Any],
                      forward_reads=forward_reads, skips_checks=log.asked,
                      inner=list(dict.fromkeys(log.inner)),
                      paused={i for i, n in enumerate(nodes) if any(
-                         lo < _number(n["name"]) < hi for lo, hi in log.regions)})
+                         lo < node_number(n["name"]) < hi for lo, hi in log.regions)})
 
 
-def _number(name: str) -> int:
+def node_number(name: str) -> int:
+    """The ``n`` of a recorded operator's graph name ``node_<n>`` (-1 for other names)."""
     head, _, tail = name.rpartition("_")
     return int(tail) if head == "node" and tail.isdigit() else -1
 
@@ -259,3 +259,34 @@ def _free_values(arrays: list[mx.nd.NDArray], wanted: set[str]) -> dict[str, np.
             if sym.get_children() is None:
                 found[name] = a.asnumpy()
     return found
+
+
+# ---- the trace thread ---------------------------------------------------------------------
+_worker_lock = threading.Lock()
+_worker: Any = None  # a ThreadPoolExecutor of one thread, made on first use (per process)
+_worker_pid = 0
+
+
+def aside(fn, *args):
+    """``fn(*args)`` on customop's trace thread, the caller's random streams kept.
+
+    Traces run forwards that may draw random numbers: MXNet's generators are per
+    thread (so the caller's stream is untouched there) and NumPy's and Python's
+    global ones are put back.  The caller's autograd state is untouched too.
+    """
+    global _worker, _worker_pid
+    if threading.current_thread().name.startswith("customop-trace"):
+        return fn(*args)
+    with _worker_lock:
+        if _worker is None or _worker_pid != os.getpid():  # threads do not survive fork()
+            # imported here: on Python 3.8 importing concurrent.futures registers an atexit hook
+            from concurrent.futures import ThreadPoolExecutor
+
+            _worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="customop-trace")
+            _worker_pid = os.getpid()
+    np_state, py_state = np.random.get_state(), random.getstate()
+    try:
+        return _worker.submit(fn, *args).result()
+    finally:
+        np.random.set_state(np_state)
+        random.setstate(py_state)

@@ -242,9 +242,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         import mxnet
 
-        from ..runtime import use_thread_isalive
+        from .. import runtime
 
-        use_thread_isalive()
+        runtime.install("isAlive")
         tool = os.path.join(os.path.dirname(mxnet.__file__), "tools", "launch.py")
         sys.argv = [tool, "-n", str(args.num_workers), "-s", str(servers), "--launcher",
                     args.launcher, *rest, *args.command]

@@ -152,3 +152,97 @@ def test_a_call_never_returns_into_the_operator_definition(how):
     assert back == []
     if how not in ("symbol", "executor"):  # nothing / MXNet's worker thread runs the forward
         assert any(callee == "kernel.py" for _, callee, _ in edges)
+
+
+def _reachable(start, graph):
+    seen, stack = set(), [start]
+    while stack:
+        for dep in graph.get(stack.pop(), ()):
+            if dep not in seen:
+                seen.add(dep)
+                stack.append(dep)
+    return seen
+
+
+@decorate("mxnet")
+def _inlined_square(x):
+    return x * x
+
+
+class _Squares(mx.gluon.HybridBlock):
+    def hybrid_forward(self, F, x):
+        return _inlined_square(x) + 1
+
+
+def _hybridized_first_call():
+    net = _Squares()
+    net.hybridize()
+    x = mx.nd.ones((4, 3))
+    x.attach_grad()
+    with mx.autograd.record():
+        y = net(x)
+    y.backward()
+    exe = _inlined_square(mx.sym.var("x")).simple_bind(mx.cpu(), x=(3,))
+    exe.forward(is_train=True)
+    exe.backward(mx.nd.ones((3,)))
+    mx.nd.waitall()
+
+
+def test_runtime_calls_out_only_into_modules_it_imports():
+    # The runtime is patched into MXNet far below the modules that use it. A call out of
+    # customop/runtime/ must go where an import of the calling module shows it goes: a
+    # module object or function handed over at run time (inlining.py once gave the runtime
+    # ``sys.modules[__name__]`` and the runtime called four functions on it) hides the call.
+    graph = {name: {m for m, _ in _run_time_imports(name, path) if m != name}
+             for name, path in _modules()}
+    module_of = {os.path.relpath(path, PKG): name for name, path in _modules()}
+    edges = _calls_between_files(_hybridized_first_call)
+    edges |= _calls_between_files(_recorded(_square, "custom"))
+    def in_runtime(file):
+        return file.split(os.sep)[0] in ("runtime", "runtime.py")
+
+    # The one protocol the runtime calls up through: the methods of the operator objects
+    # MXNet creates for our ops (mx.operator.CustomOp), which release and deps are handed
+    # with MXNet's callback table and call as MXNet's own callbacks would.
+    protocol = {("prop.py", "backward"), ("prop.py", "release")}
+    out = set()
+    for caller, callee, fn in edges:
+        if not in_runtime(caller) or in_runtime(callee) or (callee, fn) in protocol:
+            continue
+        source, target = module_of[caller], module_of[callee]
+        if target not in _reachable(source, graph):
+            out.add(f"{source} calls {target}.{fn} without importing it")
+    assert any(in_runtime(c) and not in_runtime(e) for c, e, _ in edges)  # the check ran
+    assert sorted(out) == []
+
+
+def test_no_module_hands_itself_over():
+    offenders = [name for name, path in _modules()
+                 if re.search(r"sys\.modules\[__name__\]", path.read_text())]
+    assert offenders == []
+
+
+def test_every_patch_is_a_module_of_the_runtime_with_its_reason_and_switch():
+    from customop import runtime
+
+    for name, module in runtime.PATCHES.items():
+        path = PKG / "runtime" / f"{module}.py"
+        text = path.read_text()
+        doc = ast.get_docstring(ast.parse(text))
+        assert f"CUSTOMOP_RUNTIME_OFF={name}``" in doc, name
+        assert "def install() -> None:" in text, name
+        assert f"``{name}``" in runtime.__doc__, name
+
+
+def test_the_layout_in_the_developers_guide_names_every_module():
+    text = (PKG.parent / "docs" / "development.md").read_text()
+    layout = text[text.index("## Layout"):]
+    layout = layout[:layout.index("\n## ", 1)] if "\n## " in layout[1:] else layout
+    missing = []
+    for _, path in _modules():
+        rel = path.relative_to(PKG)
+        shown = f"`{rel.parent.name}/`" if len(rel.parts) > 2 or rel.parent.name in (
+            "check", "distributed") else f"`{rel.name}`"
+        if shown not in layout:
+            missing.append(str(rel))
+    assert missing == []

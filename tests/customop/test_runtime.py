@@ -1,6 +1,6 @@
 """We are a guest: importing changes nothing, and what an op needs is installed when it is used.
 
-See ``customop/runtime.py`` for the list of patches.
+See ``customop/runtime/`` for the list of patches.
 """
 import json
 import subprocess
@@ -243,7 +243,7 @@ RELEASE = '''
     while len(registry) > before and time.monotonic() < deadline:
         time.sleep(0.01)
     print(json.dumps({"installed": runtime.installed(), "left in registry": len(registry) - before,
-                      "watched": len(runtime._watched),
+                      "watched": len(runtime.callbacks.watched),
                       "hand-written alive": sum(r() is not None for r in made)}))
 '''
 
@@ -294,7 +294,7 @@ def test_a_native_training_loop_gives_the_same_numbers(setup):
 
 def test_mxnets_fork_steps_that_the_fork_patch_runs_are_exported():
     # The fork patch calls two internal, C++-mangled functions of libmxnet.so (see
-    # customop/runtime.py): a build of MXNet without them must fail here, loudly.
+    # customop/runtime/fork.py): a build of MXNet without them must fail here, loudly.
     from mxnet.base import _LIB
 
     from customop import runtime

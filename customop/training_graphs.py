@@ -1,8 +1,8 @@
-"""Training graphs run our inlinable ops as MXNet's own operators: bound executors and CachedOps.
+"""Preparing training graphs: our inlinable ops inlined, the executor shown as the original.
 
 MXNet builds a graph's executor at ``Symbol.bind``/``simple_bind`` (shapes
 known) and a hybridized block's ``CachedOp`` before its first call (shapes known
-at that call).  At those moments the ``inline`` patch of :mod:`customop.runtime`
+at that call).  At those moments the ``inline`` patch (:mod:`customop.runtime.inline`)
 hands the graph here: each ``Custom`` node of an operator that inlines for
 training (:mod:`customop.native`) is replaced by its native graph
 (:mod:`customop.splice`), and the executor or CachedOp runs that graph.  What
@@ -13,8 +13,6 @@ CachedOp's inputs.  Graphs without such a node are left alone.
 from __future__ import annotations
 
 import copy
-import sys
-import threading
 import warnings
 import weakref
 from typing import Any
@@ -22,15 +20,10 @@ from typing import Any
 import mxnet as mx
 import numpy as np
 
-from . import native, runtime, splice
+from . import graph_json, native, runtime, splice
 
 
-def may_inline(op: Any) -> bool:
-    """Whether ``op`` may inline in training graphs (then the ``inline`` patch is needed)."""
-    return not native.static_reason(op, native.TRAIN)
-
-
-def _spliced(sym: mx.sym.Symbol, shapes: Any, dtypes: Any
+def spliced(sym: mx.sym.Symbol, shapes: Any, dtypes: Any
              ) -> splice.Spliced | None:
     """``sym`` inlined for training, or None when nothing in it inlines.
 
@@ -39,7 +32,7 @@ def _spliced(sym: mx.sym.Symbol, shapes: Any, dtypes: Any
     """
     if runtime.disabled("inline"):
         return None
-    graph = splice.graph_of(sym)
+    graph = graph_json.graph_of(sym)
     if graph is None or not splice.candidates(graph, native.TRAIN):
         return None
     if callable(shapes):
@@ -72,7 +65,7 @@ def simple_bind(original, sym, ctx, grad_req="write", type_dict=None, stype_dict
                 group2ctx=None, shared_arg_names=None, shared_exec=None, shared_buffer=None,
                 **shapes):
     """``Symbol.simple_bind`` of ``sym`` with its inlinable ops inlined."""
-    found = _spliced(sym, shapes, lambda: _default_dtypes(sym, type_dict))
+    found = spliced(sym, shapes, lambda: _default_dtypes(sym, type_dict))
     if found is None:
         return original(sym, ctx, grad_req, type_dict, stype_dict, group2ctx, shared_arg_names,
                         shared_exec, shared_buffer, **shapes)
@@ -105,7 +98,7 @@ def bind(original, sym, ctx, args, args_grad=None, grad_req="write", aux_states=
     arrays = {**arg_map, **aux_map}
     found = None
     if all(isinstance(a, mx.nd.NDArray) for a in arrays.values()):
-        found = _spliced(sym, lambda: {n: a.shape for n, a in arrays.items()},
+        found = spliced(sym, lambda: {n: a.shape for n, a in arrays.items()},
                          lambda: {n: a.dtype for n, a in arrays.items()})
     if found is None:
         return original(sym, ctx, args, args_grad, grad_req, aux_states, group2ctx, shared_exec)
@@ -147,77 +140,7 @@ class _Reshape:
         return present(new, self.original, self.inlined)
 
 
-# ---- hybridized blocks ----------------------------------------------------------------------
-class CachedPlan:
-    """What a CachedOp of a graph with inlinable ops runs, settled at its first call.
-
-    At the first call the input shapes are known: the graph is inlined and a
-    CachedOp of the inlined graph is made.  When its inputs come in the same
-    order and its graph holds for every input dtype, that CachedOp's handle is
-    moved into the one Gluon holds (``runtime.adopt``), so later calls cost what
-    MXNet's own cost; else each call reorders its inputs (and picks the graph of
-    its input dtypes).
-    """
-
-    def __init__(self, sym: mx.sym.Symbol, flags, graph: dict[str, Any]):
-        self.sym, self.flags, self.graph = sym, list(flags), graph
-        self.names = sym.list_inputs()
-        self.built: dict[Any, tuple[Any, list[int] | None]] = {}  # dtypes -> (CachedOp, order)
-        self.keyed = False
-        self.lock = threading.Lock()
-
-    def call(self, outer, args, kwargs):
-        key = tuple(a.dtype for a in args) if self.keyed else None
-        found = self.built.get(key)
-        if found is None:
-            with self.lock:
-                found = self.built.get(key) or self._build(outer, args)
-            if found is None:  # moved into ``outer``, which is a plain CachedOp again
-                return outer(*args, **kwargs)
-        inner, order = found
-        if order is not None:
-            args = [args[i] for i in order]
-        return inner(*args, **kwargs)
-
-    def _build(self, outer, args):
-        shapes = {n: a.shape for n, a in zip(self.names, args)}
-        dtypes = {n: a.dtype for n, a in zip(self.names, args)}
-        found = _spliced(self.sym, shapes, dtypes)
-        sym, order = self.sym, None
-        if found is not None:
-            sym = found.symbol.as_np_ndarray() if outer.is_np_sym else found.symbol
-            new = sym.list_inputs()
-            order = [self.names.index(n) for n in new]
-            if order == list(range(len(order))):
-                order = None
-            self.keyed = not found.dtype_generic
-        inner = runtime.inner_cached_op(sym, self._flags(sym.list_inputs()))
-        if not self.keyed and order is None:
-            runtime.adopt(outer, inner)
-            return None
-        key = tuple(a.dtype for a in args) if self.keyed else None
-        self.built[key] = (inner, order)
-        return inner, order
-
-    def _flags(self, names: list[str]) -> list:
-        # Gluon passes which inputs are data and which parameters, by position.
-        out = []
-        for key, value in self.flags:
-            if key in ("data_indices", "param_indices"):
-                chosen = {self.names[i] for i in value}
-                value = [i for i, n in enumerate(names) if n in chosen]
-            out.append((key, value))
-        return out
-
-
-def cached_plan(sym: mx.sym.Symbol, flags) -> CachedPlan | None:
-    """A plan for a new CachedOp of ``sym``, or None when nothing in it may inline."""
-    if runtime.disabled("inline"):
-        return None
-    graph = splice.graph_of(sym)
-    if graph is None or not splice.candidates(graph, native.TRAIN):
-        return None
-    return CachedPlan(sym, flags, graph)
-
-
-runtime.set_inline_hooks(sys.modules[__name__])
+def holds_inlinable(sym: mx.sym.Symbol) -> bool:
+    """Whether ``sym`` holds a ``Custom`` node of ours that may inline in training."""
+    graph = graph_json.graph_of(sym)
+    return graph is not None and bool(splice.candidates(graph, native.TRAIN))

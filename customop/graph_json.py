@@ -1,0 +1,168 @@
+"""Symbol graph JSON: loading and running it, node attributes, our Custom nodes, a block's graph.
+
+MXNet's graphs travel as JSON (``Symbol.tojson``, symbol files): ``nodes`` in
+topological order, each with ``op``, ``name``, its attributes (``attrs``; older
+files say ``attr`` or ``param``) and ``inputs`` as ``[node, output, version]``
+entries, and ``heads``.  A decorated op stands in a graph as an ``op: "Custom"``
+node whose ``op_type`` attribute names it.  Everything in customop that reads
+or writes that JSON (splicing native graphs in, export, explain, loading symbol
+files, the runtime's ``aux`` patch) does it through this module.
+"""
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import mxnet as mx
+import numpy as np
+
+
+def attrs(node: dict[str, Any]) -> dict[str, str]:
+    """A node's attributes, whatever the MXNet version that wrote it called them."""
+    return node.get("attrs") or node.get("attr") or node.get("param") or {}
+
+
+def parse(sym: mx.sym.Symbol) -> dict[str, Any]:
+    """``sym``'s graph as JSON."""
+    return json.loads(sym.tojson())
+
+
+def graph_of(sym: mx.sym.Symbol) -> dict[str, Any] | None:
+    """The symbol's JSON graph, or None when it holds no ``Custom`` node (cheap then)."""
+    # (debug_str: measured 7x cheaper than tojson on a 60-node graph, 0.02 ms)
+    if "Op:Custom," not in sym.debug_str():
+        return None
+    return parse(sym)
+
+
+def custom_nodes(graph: dict[str, Any]) -> list[tuple[int, dict[str, Any], str]]:
+    """``(index, node, op_type)`` of every ``Custom`` node of ``graph``, in graph order."""
+    return [(i, node, attrs(node).get("op_type", ""))
+            for i, node in enumerate(graph.get("nodes", [])) if node.get("op") == "Custom"]
+
+
+def ours(graph: dict[str, Any], lookup: Callable[[str], Any]) -> list[tuple[int, Any]]:
+    """``(index, operator)`` of the ``Custom`` nodes of decorated operators.
+
+    ``lookup``: op_type to operator or None (:func:`customop.registry.lookup`, which
+    sits above this module: the runtime's modules read graphs too).
+    """
+    found = []
+    for i, _, op_type in custom_nodes(graph):
+        op = lookup(op_type)
+        if op is not None:
+            found.append((i, op))
+    return found
+
+
+def foreign(graph: dict[str, Any], lookup: Callable[[str], Any]) -> list[str]:
+    """The ``Custom`` nodes no decorated operator stands behind (hand-written CustomOps)."""
+    return [f"node {node['name']!r} (op_type {attrs(node).get('op_type')!r}): not a "
+            "customop operator (a hand-written mx.operator.CustomOp)"
+            for _, node, op_type in custom_nodes(graph) if lookup(op_type) is None]
+
+
+def custom_op_types(symbol_json: str) -> list[str]:
+    """The ``op_type`` of every ``Custom`` node in a symbol's JSON text, in graph order."""
+    seen: list[str] = []
+    for _, _, op_type in custom_nodes(json.loads(symbol_json)):
+        if op_type and op_type not in seen:
+            seen.append(op_type)
+    return seen
+
+
+# ---- a block's graph --------------------------------------------------------------------------
+def block_graph(block: mx.gluon.HybridBlock, inputs) -> tuple:
+    """``(input symbols, output symbol)`` of ``block`` for these inputs, without hybridizing it.
+
+    A block not run yet runs once (imperatively unless hybridized, not recording), so that
+    its parameters finish their deferred initialization.
+    """
+    if not block._cached_graph:
+        with mx.autograd.pause():
+            block(*inputs)
+        if not block._cached_graph:
+            block._get_graph(*inputs)
+    return block._cached_graph
+
+
+def block_signature(block: mx.gluon.HybridBlock, inputs) -> tuple:
+    """``(input symbols, output symbol, shapes, dtypes)`` of ``block`` for these inputs.
+
+    ``shapes``/``dtypes`` by input name: the data inputs', then every initialized
+    parameter's (what :func:`customop.export` and :func:`customop.explain` trace at).
+    """
+    data, sym = block_graph(block, inputs)
+    shapes = {d.name: a.shape for d, a in zip(data, inputs)}
+    dtypes = {d.name: a.dtype for d, a in zip(data, inputs)}
+    for name, param in block.collect_params().items():
+        if param._data is not None:
+            shapes[name], dtypes[name] = param.shape, param.dtype
+    return data, sym, shapes, dtypes
+
+
+# ---- graphs of MXNet operators as JSON: written, loaded, run ------------------------------------
+def to_json(graph: Any, input_names: Sequence[str],
+            const_names: dict[str, str] | None = None) -> dict[str, Any]:
+    """``graph`` as a standalone symbol JSON whose inputs are variables ``input_names``."""
+    nodes: list[dict[str, Any]] = []
+    index: dict[tuple, int] = {}
+
+    def entry(r):
+        if r[0] == "node":
+            return [index[("node", r[1])], r[2], 0]
+        if r not in index:
+            index[r] = len(nodes)
+            name = input_names[r[1]] if r[0] == "in" else (const_names or {}).get(r[1], r[1])
+            nodes.append({"op": "null", "name": name, "inputs": []})
+        return [index[r], 0, 0]
+
+    for k, n in enumerate(graph.nodes):
+        inputs = [entry(r) for r in n["inputs"]]
+        index[("node", k)] = len(nodes)
+        nodes.append({"op": n["op"], "name": n["name"], "attrs": dict(n["attrs"]),
+                      "inputs": inputs})
+    heads = [entry(r) for r in graph.heads]
+    return {"nodes": nodes, "heads": heads}
+
+
+def run(graph: dict[str, Any], args: dict[str, mx.nd.NDArray]) -> list[np.ndarray]:
+    # A CachedOp (binding an executor prints MKLDNN notices), which needs an input.
+    n = len(graph["heads"])
+    graph = {"nodes": [*graph["nodes"], {"op": "null", "name": "_customop_unused",
+                                         "inputs": []}],
+             "heads": graph["heads"]}
+    graph["nodes"].append({"op": "_copy", "name": "_customop_unused_copy",
+                           "inputs": [[len(graph["nodes"]) - 1, 0, 0]]})
+    graph["heads"] = [*graph["heads"], [len(graph["nodes"]) - 1, 0, 0]]
+    args = dict(args, _customop_unused=mx.nd.zeros((1,)))
+    sym = load(graph)
+    with mx.autograd.pause():
+        outs = mx.nd.CachedOp(sym)(*[args[name] for name in sym.list_inputs()])
+    return [o.asnumpy() for o in outs[:n]]
+
+
+def load(graph: dict[str, Any]) -> mx.sym.Symbol:
+    """A Symbol from JSON nodes and heads (``arg_nodes`` and versions filled in)."""
+    nodes = [dict(n, attrs={k: str(v) for k, v in (n.get("attrs") or {}).items()})
+             for n in graph["nodes"]]
+    for n in nodes:
+        if not n["attrs"]:
+            n.pop("attrs")
+        n["inputs"] = [list(e) + [0] * (3 - len(e)) for e in n["inputs"]]
+    text = json.dumps({"nodes": nodes,
+                       "arg_nodes": [i for i, n in enumerate(nodes) if n["op"] == "null"],
+                       "heads": [list(h) + [0] * (3 - len(h)) for h in graph["heads"]],
+                       "attrs": {"mxnet_version": ["int", 10901]}})
+    return mx.sym.load_json(text)
+
+
+def evaluate(graph: Any, inputs: Sequence[np.ndarray],
+             constants: dict[str, np.ndarray] | None = None) -> list[np.ndarray]:
+    """``graph``'s outputs on these inputs (its constants, or those given)."""
+    names = [f"input{i}" for i in range(len(inputs))]
+    args = {n: mx.nd.array(v, dtype=v.dtype) for n, v in zip(names, inputs)}
+    for name, value in (constants if constants is not None else graph.constants).items():
+        args[name] = mx.nd.array(value, dtype=value.dtype)
+    return run(to_json(graph, names), args)

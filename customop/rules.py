@@ -1,0 +1,162 @@
+"""The native-graph rules: which ops and recorded forwards stay ``Custom`` nodes, and rewrites.
+
+An ``'mxnet'``-mode op stands in a graph as the MXNet operators its forward
+records (:mod:`customop.native`) unless a refusal below applies.  A rule is one
+entry of a table; :func:`customop.explain` shows the reason of the first entry
+that applies (its ``name`` is on the verdict, ``Verdict.rule``).  Adding a rule:
+one entry here and one test (tests/customop/test_rules.py: a case of its name).
+
+* :data:`OP_REFUSALS`: ``(name, test(op, purpose), reason)``; what the operator
+  declares, whatever its inputs (checked before anything is traced, and by the
+  ``inline`` patch to decide whether it is needed at all).
+* :data:`RECORDED_REFUSALS`: ``(name, test(recording, purpose), reason)``; what
+  one recorded run of the forward (:class:`customop.trace.Recording`) shows.  A
+  test returns what it found ("" or None when the rule does not apply), which
+  fills the ``{}`` of the reason.
+* :data:`TRACE_REFUSALS`: name -> reason, for what the method itself finds (a
+  recording that does not stand for the forward: see :mod:`customop.native`).
+* :data:`REWRITES`: by MXNet operator, how a recorded node is written into the
+  graph (``rewrite(attrs) -> (operator, attrs)``).
+
+Which recorded MXNet operators count as random (:data:`RANDOM`) or as updating
+auxiliary states (:data:`STATEFUL`) is here too.
+"""
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+from . import errors, runtime
+
+TRAIN, EXPORT = "train", "export"
+PURPOSES = (TRAIN, EXPORT)
+
+# MXNet operators whose outputs are not a function of their inputs.
+RANDOM = re.compile(r"^(_random_|_sample_|random_|sample_|_npi_(random|uniform|normal|gamma|"
+                    r"exponential|weibull|pareto|power|rayleigh|logistic|gumbel|laplace|"
+                    r"multinomial|choice|bernoulli))|^(Dropout|_shuffle|_np_shuffle)$")
+# MXNet operators with auxiliary states (moving statistics): in a graph these must be fed
+# by variables, and they update them in place.
+STATEFUL = frozenset({"BatchNorm", "BatchNorm_v1", "SyncBatchNorm", "_contrib_SyncBatchNorm"})
+
+
+class Refusal(NamedTuple):
+    """One reason an op keeps its ``Custom`` node: ``reason`` when ``test`` finds something."""
+
+    name: str
+    test: Callable[..., Any]
+    reason: str
+
+
+OP_REFUSALS = (
+    Refusal("numpy-mode", lambda op, purpose: op.mode != "mxnet",
+            "a 'numpy'-mode operator: its forward runs on NumPy arrays, outside MXNet's graph"),
+    Refusal("inline-false", lambda op, purpose: not getattr(op, "inline", True),
+            "declared inline=False"),
+    Refusal("aux-states", lambda op, purpose: bool(op.signature.aux),
+            "it has auxiliary states (aux=), which it updates in place; MXNet's own "
+            "operators cannot"),
+    Refusal("trace-off", lambda op, purpose: runtime.disabled("trace"),
+            "CUSTOMOP_RUNTIME_OFF keeps the trace hooks out"),
+)
+# (def_grad and need_top_grad=False ops inline in training too: their closures are traced and
+# transposed by customop.custom_grad, whose refusals are the "closure-*" TRACE_REFUSALS.)
+
+
+def op_refusal(op: Any, purpose: str) -> Refusal | None:
+    """The first entry of :data:`OP_REFUSALS` that applies to ``op`` for ``purpose``."""
+    return next((r for r in OP_REFUSALS if r.test(op, purpose)), None)
+
+
+def _inner_refused(rec: Any, purpose: str) -> str:
+    for inner in rec.inner:
+        found = op_refusal(inner, purpose)
+        if found is not None:
+            return f"{errors.shown(inner.op_type)!r}, which cannot be inlined: {found.reason}"
+        if purpose == TRAIN and (inner.grads or not inner.need_top_grad):
+            # its forward would be recorded into this graph and differentiated by MXNet
+            return (f"{errors.shown(inner.op_type)!r}, whose gradient is its own (def_grad or "
+                    "need_top_grad=False): inside another op's forward MXNet would "
+                    "differentiate its forward instead")
+    return ""
+
+
+def _stateful(rec: Any, purpose: str) -> str:
+    return ", ".join(sorted({n["op"] for n in rec.nodes if n["op"] in STATEFUL}))
+
+
+def _foreign_custom(rec: Any, purpose: str) -> bool:
+    return any(n["op"] in ("_CustomFunction", "Custom") for n in rec.nodes)
+
+
+RECORDED_REFUSALS = (
+    Refusal("inner-customop", _inner_refused, "it calls customop {}"),
+    Refusal("reads-values", lambda rec, purpose: rec.reads[0] if rec.reads else "",
+            "it reads values back to Python (asnumpy, asscalar, bool) at {}; a graph would "
+            "keep what it read once"),
+    Refusal("random", lambda rec, purpose: ", ".join(rec.randoms),
+            "it calls random operators ({})"),
+    Refusal("stateful", _stateful, "it calls operators that update auxiliary states ({})"),
+    Refusal("unknown-free", lambda rec, purpose: bool(rec.unknown_free),
+            "it uses arrays whose values the trace could not read"),
+    Refusal("foreign-custom", _foreign_custom,
+            "it calls a custom operator that cannot be inlined itself (a 'numpy'-mode op, "
+            "one with def_grad in training, or one with auxiliary states)"),
+)
+
+
+def recorded_refusal(rec: Any, purpose: str) -> tuple[Refusal, str] | None:
+    """The first entry of :data:`RECORDED_REFUSALS` that applies, and its reason filled in."""
+    for rule in RECORDED_REFUSALS:
+        found = rule.test(rec, purpose)
+        if found:
+            return rule, rule.reason.format(found)
+    return None
+
+
+# What the method of customop.native finds when a recording does not stand for the forward
+# (two traces compared, the graph evaluated at other values and shapes, constants written):
+# name -> reason, its {} filled with what was found.
+TRACE_REFUSALS = {
+    "forward-failed": "its forward failed while being traced on placeholder inputs: {}",
+    "value-dependent": "its graph depends on the input values (control flow on values read "
+                       "from its inputs)",
+    "outside-graph": "it computes arrays from its inputs outside the recorded graph (detach(), "
+                     "or new arrays from values it read); the graph would hold them as "
+                     "constants",
+    "other-outputs": "its recorded graph does not give its outputs on other input values",
+    "shape-specialized": "its graph holds only at the traced input shapes ({}); a hybridized "
+                         "block may see others",
+    "unread-array": "it uses an array the trace could not read",
+    "constant-unheld": "it builds a constant array of shape {} ({}) that a graph cannot hold "
+                       "without a parameter",
+    "constant-inexact": "it builds a constant array of shape {} ({}) that the graph cannot "
+                        "write exactly",
+    # an op with its own gradient (customop.custom_grad; transposition rules by MXNet
+    # operator: customop.transpose.TRANSPOSE)
+    "own-gradient": "its gradient is its own (def_grad or need_top_grad=False): "
+                    "customop.custom_grad builds its training graph",
+    "closure-checks-skipped": "its forward skips value checks while traced "
+                              "(customop.is_tracing()); in training its Custom node keeps them",
+    "closure-reads": "its {} reads values back to Python (asnumpy, asscalar, bool) at {}; a "
+                     "graph would keep what it read once",
+    "closure-not-linear": "its {} cannot be transposed: {}",
+    "closure-constant": "its {} gives input {} a gradient that does not depend on the head "
+                        "gradient g: it is not linear in g (an output layer ignoring g "
+                        "declares need_top_grad=False)",
+    "closure-differs": "{} on other input values",
+}
+
+
+def _copyto(attrs: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    # astype() or a device copy: the graph runs on one device (trace notes the dtype)
+    dtype = attrs.pop("__dtype__", None)
+    return ("Cast", {"dtype": dtype}) if dtype else ("_copy", {})
+
+
+REWRITES: dict[str, Callable[[dict[str, Any]], tuple[str, dict[str, Any]]]] = {
+    "_copyto": _copyto,
+}
+# Tables of other rules by MXNet operator (index-safety rewrites, transposition of gradient
+# closures) belong beside this one, keyed the same way.

@@ -1,0 +1,120 @@
+"""Every change customop makes to MXNet or Python: the index of patches, and installing them.
+
+Importing ``customop`` or ``ops`` changes nothing: registering an operator uses
+MXNet's own extension point (``mx.operator.register``).  Each fix below is a
+module of this package holding the patch, its measured reason and its
+off-switch name; it is installed lazily, by the feature that needs it, the
+first time it is used in a process (:func:`install`), and acts only on calls,
+graphs or tapes that hold our ops.  Set ``CUSTOMOP_RUNTIME_OFF`` to a
+comma-separated list of patch names (or ``all``) to keep a patch out; the
+feature then behaves as MXNet does.
+
+The index (:data:`PATCHES`: off-switch name -> module, and when it is installed):
+
+``errors`` (:mod:`.errors`)
+    our C callbacks' failures reach the caller that reads their arrays, named;
+    installed by the first call of a decorated op or the first graph that holds one.
+``fork`` (:mod:`.fork`)
+    ``fork()`` and exit never hang on a pending callback; the first call of a decorated op.
+``aux`` (:mod:`.aux`)
+    reads of our ops' aux arrays wait for their writes; the first op with aux states.
+``auxsync`` (:mod:`.auxsync`)
+    every device's copy of an aux state agrees after a step; installed with ``aux``.
+``release`` (:mod:`.release`)
+    an operator MXNet deletes frees what it holds at once; the first operator MXNet creates.
+``deps`` (:mod:`.deps`)
+    each custom node reads its own backward dependencies; the first graph node or
+    ``mx.nd.Custom`` call.
+``trace`` (:mod:`.trace`)
+    a forward recorded as MXNet operators; in place only while one is traced.
+``inline`` (:mod:`.inline`)
+    bound and hybridized graphs run inlinable ops as MXNet's operators; the first
+    Symbol call, or graph load, of an op that may inline in training.
+``isAlive`` (:mod:`.isalive`)
+    ``Thread.isAlive`` for MXNet's ``tools/launch.py``; ``launch --launcher ssh|mpi|...``.
+``excepthook`` (:func:`customop.distributed.launch.exit_on_error`)
+    an uncaught exception ends a ``dist_*`` worker with exit code 1; at start-up in
+    the workers of ``python -m customop.distributed.launch`` only (its public function,
+    not installed through :func:`install`).
+
+Every patch is installed the same way, :func:`install` with its name: the index names
+its module, imported then if need be, whose ``install()`` runs once.  The ``inline``
+module is imported only that way (and by :func:`note_graph_op`), because it uses modules
+that use this package (:mod:`customop.training_graphs`, :mod:`customop.native`): it
+imports them, so every call out of this package follows an import of the module that
+makes it (``tests/customop/test_layout.py`` checks).  The
+C callback tables MXNet builds for our ops, which ``release``, ``deps`` and the
+recorded function path of :mod:`customop.dispatch` write, are in :mod:`.callbacks`.
+"""
+from __future__ import annotations
+
+import importlib
+import os
+import threading
+from collections.abc import Callable
+from typing import Any
+
+# off-switch name -> the module of this package that holds the patch (its reason, install())
+PATCHES = {"errors": "errors", "fork": "fork", "aux": "aux", "auxsync": "auxsync",
+           "release": "release", "deps": "deps", "trace": "trace", "inline": "inline",
+           "isAlive": "isalive"}
+
+# MXNet's own pthread_atfork handlers (src/initialize.cc), which the ``fork`` patch runs;
+# internal, C++-mangled names:
+# tests/customop/test_runtime.py fails loudly if a build of MXNet lacks them.
+MXNET_FORK_STEPS = ("_ZN5mxnet22pthread_atfork_prepareEv", "_ZN5mxnet21pthread_atfork_parentEv")
+
+_installed: set = set()
+_lock = threading.Lock()
+
+
+def disabled(name: str) -> bool:
+    """Whether ``CUSTOMOP_RUNTIME_OFF`` keeps patch ``name`` out."""
+    off = {p.strip() for p in os.environ.get("CUSTOMOP_RUNTIME_OFF", "").split(",")}
+    return name in off or "all" in off
+
+
+def is_installed(name: str, installed: set = _installed) -> bool:
+    """Whether patch ``name`` is installed (the set bound: callbacks run at shutdown too)."""
+    return name in installed
+
+
+def installed() -> list[str]:
+    """The names of the patches installed in this process so far."""
+    return sorted(_installed)
+
+
+def _once(name: str, install: Callable[[], None]) -> None:
+    if name in _installed or disabled(name):
+        return
+    with _lock:
+        if name not in _installed:
+            install()
+            _installed.add(name)
+
+
+def patch(name: str) -> Any:
+    """The module of patch ``name`` (see :data:`PATCHES`), imported on first use."""
+    return importlib.import_module(f"{__name__}.{PATCHES[name]}")
+
+
+def install(name: str) -> None:
+    """Install patch ``name`` unless it is installed or switched off (idempotent)."""
+    if name not in _installed:
+        _once(name, patch(name).install)
+
+
+def use() -> None:
+    """A decorated op is being called or bound: install what every op needs (idempotent)."""
+    if "fork" in _installed and "errors" in _installed:  # the common case
+        return
+    install("errors")
+    install("fork")
+
+
+def note_graph_op(op: Any) -> None:
+    """``op`` is going into a graph: install ``inline`` if it may inline in training."""
+    if "inline" in _installed or not patch("inline").wanted(op):
+        return
+    use()
+    install("inline")

@@ -1,0 +1,90 @@
+"""MXNet's C callback tables for our ops: their types, their slots, the entries we put there.
+
+MXNet calls a Python operator through tables of C function pointers: one per
+prop (``CustomOpPropCallbacks``), one per operator (``CustomOpCallbacks``),
+each built by MXNet's ``creator`` / ``create_operator`` callbacks in
+``mxnet.operator``, and one per recorded function node
+(``MXCustomFunctionRecord``: backward and delete).  The ``release`` and
+``deps`` patches point slots of the first two at entries of ours; the
+``function`` path of :mod:`customop.dispatch` builds the third with
+:func:`record_function`.  All the C types and slot numbers are here (see
+``include/mxnet/c_api.h``), once.
+"""
+from __future__ import annotations
+
+import ctypes
+import itertools
+from collections.abc import Callable
+from typing import Any
+
+from mxnet.base import _LIB, MXCallbackList, c_array, c_handle_array, check_call
+
+# What MXNet's ``req`` codes mean (OpReqType).
+REQ = ("null", "write", "inplace", "add")
+FB_TYPE = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int, ctypes.POINTER(ctypes.c_void_p),
+                           ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_int),
+                           ctypes.c_int, ctypes.c_void_p)  # MXNet's CustomOpFBFunc
+DELETE_TYPE = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)  # CustomOpDelFunc (and functions')
+DEPS_TYPE = ctypes.CFUNCTYPE(ctypes.c_int, *[ctypes.POINTER(ctypes.c_int)] * 4,
+                             ctypes.POINTER(ctypes.POINTER(ctypes.c_int)),
+                             ctypes.c_void_p)  # MXNet's CustomOpBwdDepFunc
+FUNCTION_BACKWARD_TYPE = ctypes.CFUNCTYPE(
+    ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.POINTER(ctypes.c_void_p),
+    ctypes.POINTER(ctypes.c_int), ctypes.c_int, ctypes.c_void_p)  # CustomFunctionBwdFunc
+# MXNet's slots (include/mxnet/c_api.h): CustomOpCallbacks, CustomOpPropCallbacks
+OP_DELETE, OP_BACKWARD = 0, 2
+PROP_DECLARE_DEPS = 5
+
+watched: dict[int, tuple[Any, int, int | None]] = {}  # key -> (op, MXNet's deleter, context)
+keys = itertools.count(1)
+_entries: dict[str, tuple[Any, int]] = {}  # name -> (our C callback, its address), kept for good
+
+
+def entry(name: str, ctype: Any, fn: Callable) -> int:
+    """The address of a C callback of type ``ctype`` calling ``fn``, made once per name."""
+    if name not in _entries:
+        callback = ctype(fn)
+        _entries[name] = (callback, ctypes.cast(callback, ctypes.c_void_p).value)
+    return _entries[name][1]
+
+
+def slots(refs: Any, n: int) -> tuple[Any, Any] | None:
+    """The callback and context arrays of the table MXNet keeps in ``refs``.
+
+    ``refs`` is what MXNet's ``creator`` / ``create_operator`` callback stores as
+    ``obj._ref_holder`` (``[POINTER(MXCallbackList)]``); the arrays are of plain
+    addresses (no ctypes cycles).  None for another MXNet, or fewer than ``n`` slots.
+    """
+    if not (isinstance(refs, list) and len(refs) == 1
+            and isinstance(refs[0], ctypes.POINTER(MXCallbackList)) and refs[0]):
+        return None  # pragma: no cover - another MXNet
+    table = refs[0][0]
+    if table.num_callbacks < n or not table.callbacks or not table.contexts:
+        return None  # pragma: no cover - another MXNet
+    found = (ctypes.c_void_p * table.num_callbacks).from_address(
+        ctypes.addressof(table.callbacks.contents))
+    contexts = (ctypes.c_void_p * table.num_callbacks).from_address(
+        ctypes.addressof(table.contexts.contents))
+    return found, contexts
+
+
+def record_function(inputs: list, outputs: list, backward: Callable, delete: Callable) -> Any:
+    """Record one autograd node from ``inputs`` to ``outputs`` (``MXCustomFunctionRecord``).
+
+    ``backward(num_ograds, num_igrads, ptrs, reqs, is_train, context)`` and
+    ``delete(context)`` are its callbacks; MXNet holds them until it calls delete.
+    Returns what must be kept alive until then.  ctypes objects made with ``cast()``
+    sit in reference cycles, so ``backward`` and ``delete`` must not hold the arrays.
+    """
+    callbacks = [ctypes.cast(FUNCTION_BACKWARD_TYPE(backward), ctypes.CFUNCTYPE(ctypes.c_int)),
+                 ctypes.cast(DELETE_TYPE(delete), ctypes.CFUNCTYPE(ctypes.c_int))]
+    context = MXCallbackList(
+        ctypes.c_int(len(callbacks)),
+        ctypes.cast(c_array(ctypes.CFUNCTYPE(ctypes.c_int), callbacks),
+                    ctypes.POINTER(ctypes.CFUNCTYPE(ctypes.c_int))),
+        ctypes.cast(c_array(ctypes.c_void_p, [None] * len(callbacks)),
+                    ctypes.POINTER(ctypes.c_void_p)))
+    check_call(_LIB.MXCustomFunctionRecord(
+        ctypes.c_int(len(inputs)), c_handle_array(inputs),
+        ctypes.c_int(len(outputs)), c_handle_array(outputs), ctypes.byref(context)))
+    return context, callbacks

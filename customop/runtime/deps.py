@@ -1,0 +1,123 @@
+"""The ``deps`` patch: each custom node of ours reads its own backward dependencies.
+
+Off-switch: ``CUSTOMOP_RUNTIME_OFF=deps``; installed by the first graph node or
+``mx.nd.Custom`` call of one of our ops.
+
+MXNet's Python CustomOp layer keeps the backward dependencies that custom
+nodes declare in one process-wide set, ``mxnet.operator._registry.result_deps``:
+every node created anywhere (a Symbol built, a graph loaded, an ``mx.nd.Custom``
+call) overwrites it, and every custom node's backward reads it to decide
+which of its arrays exist.  A node whose backward does not read its output
+gradient (``need_top_grad=False``: an output layer) then meets another node's
+set, asks for the storage type of a gradient array that does not exist, and
+fails (measured: ``ops.softmax_ce`` + ``ops.smooth_l1`` in one hybridized block
+or bound Group, ``softmax_ce`` created first: ``Exception: unknown storage
+type: -1``, then ``MXNetError: Check failed: ...callbacks[kCustomOpBackward]``).
+For each prop of *ours* only, the declare-dependencies slot of the callback
+table MXNet made for it is pointed at a function that declares the same
+dependencies without writing that set; for each operator of ours, the
+backward slot is pointed at a copy of MXNet's backward entry that reads the
+operator's own dependencies.  Hand-written ops keep MXNet's entries, and
+the set stays what their own declarations made it.  Switched off, our
+nodes share MXNet's set again.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import sys
+import threading
+import traceback
+from typing import Any
+
+from mxnet.base import NDArrayHandle
+from mxnet.ndarray import _ndarray_cls
+from mxnet.ndarray.ndarray import _STORAGE_TYPE_DEFAULT, _STORAGE_TYPE_UNDEFINED
+
+from .. import errors, runtime
+from . import callbacks
+
+_lock = threading.Lock()
+_dep_kinds: list[tuple[int, int, bool]] = []  # context value - 1 -> (outputs, inputs, top grad)
+_dep_lists: dict[tuple[int, int, bool], Any] = {}  # those deps: (C int array, length), kept
+
+
+def backward_dependencies(n_out: int, n_in: int, need_top_grad: bool) -> list[int]:
+    """The arrays a backward reads, in MXNet's numbering: output gradients ``0..n_out-1``
+    (only with ``need_top_grad``), then inputs, then outputs (MXNet's default rule)."""
+    return [*(range(n_out) if need_top_grad else ()), *range(n_out, 2 * n_out + n_in)]
+
+
+@functools.lru_cache(maxsize=None)
+def dependency_set(n_out: int, n_in: int, need_top_grad: bool) -> tuple[frozenset, int]:
+    """:func:`backward_dependencies` as a set, and how many arrays MXNet numbers."""
+    return frozenset(backward_dependencies(n_out, n_in, need_top_grad)), 2 * n_out + n_in
+
+
+def _declare(out_grad, in_data, out_data, num_dep, deps, context):
+    # Our prop's dependencies, without writing MXNet's process-wide _registry.result_deps.
+    try:
+        kind = _dep_kinds[(context or 0) - 1]
+        found = _dep_lists.get(kind)
+        if found is None:
+            values = backward_dependencies(*kind)
+            found = _dep_lists.setdefault(kind, (
+                (ctypes.c_int * max(len(values), 1))(*values), len(values)))
+        num_dep[0] = found[1]
+        deps[0] = ctypes.cast(found[0], ctypes.POINTER(ctypes.c_int))
+    except Exception:  # noqa: BLE001 - a C callback must not raise
+        traceback.print_exc()
+        return False
+    return True
+
+
+def backward(num, arrays, tags, reqs, is_train, key, watched=callbacks.watched):
+    """MXNet's ``backward_entry``, reading this operator's own dependencies (the C callback
+    :func:`customop.runtime.release.adopt_operator` puts in an operator's backward slot)."""
+    entry = watched.get(key)
+    if entry is None:  # pragma: no cover - every key we hand out is watched
+        return False
+    op = entry[0]
+    try:
+        deps, n_arrays = op.dependencies
+        tensors: list[list[Any]] = [[] for _ in range(5)]
+        for i in range(num):
+            stype = (_STORAGE_TYPE_UNDEFINED if i in deps or i >= n_arrays
+                     else _STORAGE_TYPE_DEFAULT)
+            tensors[tags[i]].append(_ndarray_cls(ctypes.cast(arrays[i], NDArrayHandle),
+                                                 writable=tags[i] in (2, 4), stype=stype))
+        req = [callbacks.REQ[reqs[i]] for i in range(len(tensors[2]))]
+        with op.ctx:
+            op.backward(req=req, in_data=tensors[0], out_data=tensors[1],
+                        in_grad=tensors[2], out_grad=tensors[3], aux=tensors[4])
+    except Exception:  # noqa: BLE001 - a C callback must not raise; the op reported its own
+        if not errors.is_ours(sys.exc_info()[1]):
+            traceback.print_exc()
+        return False
+    return True
+
+
+def adopt_prop(refs: Any, n_out: int, n_in: int, need_top_grad: bool) -> None:
+    """MXNet created a prop of ours (one graph node or ``mx.nd.Custom`` call): install ``deps``.
+
+    ``refs``: what MXNet's ``creator`` callback stores as the prop's ``_ref_holder``.  Its
+    dependencies are declared without touching MXNet's ``_registry.result_deps``.
+    """
+    runtime.install("deps")
+    if not runtime.is_installed("deps"):
+        return
+    found = callbacks.slots(refs, callbacks.PROP_DECLARE_DEPS + 1)
+    if found is None:
+        return  # pragma: no cover - another MXNet
+    slots, contexts = found
+    kind = (n_out, n_in, bool(need_top_grad))
+    with _lock:
+        if kind not in _dep_kinds:
+            _dep_kinds.append(kind)
+    contexts[callbacks.PROP_DECLARE_DEPS] = _dep_kinds.index(kind) + 1
+    slots[callbacks.PROP_DECLARE_DEPS] = callbacks.entry("declare", callbacks.DEPS_TYPE,
+                                                         _declare)
+
+
+def install() -> None:
+    pass  # acts per prop and operator (adopt_*): nothing global to install

@@ -1,0 +1,71 @@
+"""The native-graph rules are tables: each refusal is one named entry, and verdicts name it."""
+import mxnet as mx
+import pytest
+
+import customop
+from customop import custom_grad, native, rules
+from customop.native import EXPORT, TRAIN
+
+
+@customop.customop("mxnet")
+def rules_reads(x):
+    return x * float(x.asnumpy().sum() > 0)
+
+
+@customop.customop("mxnet")
+def rules_noisy(x):
+    return x + mx.nd.random.uniform(shape=x.shape)
+
+
+@customop.customop("mxnet")
+def rules_own_gradient(x):
+    return x * 2
+
+
+rules_own_gradient.def_grad(lambda ans, x: lambda g: g * g)  # not linear in g
+
+
+@customop.customop("mxnet")
+def rules_detached(x):
+    return x + x.detach() * 2
+
+
+@customop.customop("numpy")
+def rules_numpy(x):
+    return x * 2
+
+
+def test_every_refusal_has_one_name_and_a_reason():
+    for table in (rules.OP_REFUSALS, rules.RECORDED_REFUSALS):
+        names = [r.name for r in table]
+        assert len(set(names)) == len(names)
+        assert all(r.reason and callable(r.test) for r in table)
+    names = [r.name for r in (*rules.OP_REFUSALS, *rules.RECORDED_REFUSALS)]
+    assert not set(names) & set(rules.TRACE_REFUSALS)
+
+
+@pytest.mark.parametrize("op, purpose, rule", [
+    (rules_numpy, TRAIN, "numpy-mode"),
+    (rules_own_gradient, TRAIN, "closure-not-linear"),
+    (rules_reads, EXPORT, "reads-values"),
+    (rules_noisy, EXPORT, "random"),
+    (rules_detached, TRAIN, "outside-graph"),
+])
+def test_a_verdict_names_the_entry_that_refused_and_explain_says_its_reason(op, purpose, rule):
+    verdict = custom_grad.native_graph(op, {}, [(3,)], ["float32"], purpose)
+    assert verdict.graph is None and verdict.rule == rule
+    reasons = {r.name: r.reason for r in (*rules.OP_REFUSALS, *rules.RECORDED_REFUSALS)}
+    reasons.update(rules.TRACE_REFUSALS)
+    assert verdict.reason.startswith(reasons[rule].split("{}")[0])
+    report = customop.explain(op, (3,))
+    assert verdict.reason in repr(report)
+
+
+def test_without_a_builder_an_op_with_its_own_gradient_keeps_its_node_in_training():
+    verdict = native.native_graph(rules_own_gradient, {}, [(3,)], ["float32"], TRAIN)
+    assert verdict.graph is None and verdict.rule == "own-gradient"
+
+
+def test_rewrites_are_keyed_by_mxnet_operator():
+    assert rules.REWRITES["_copyto"]({"__dtype__": "float16"}) == ("Cast", {"dtype": "float16"})
+    assert rules.REWRITES["_copyto"]({}) == ("_copy", {})
