@@ -8,7 +8,7 @@ DOCS_STAMP := $(VENV)/.docs-installed
 SPHINX := $(VENV)/bin/sphinx-build -W --keep-going -q -d docs/_build/doctrees
 
 .PHONY: venv demo test soak lint bench bench-detection bench-losses bench-dist bench-aux bench-isolation \
-	bench-residuals bench-fork bench-composed bench-native dist-demo notebooks docs clean
+	bench-residuals bench-fork bench-composed bench-native bench-rules dist-demo notebooks docs clean
 
 venv: $(STAMP)
 
@@ -62,6 +62,11 @@ bench-dist: $(STAMP)
 
 bench-aux: $(STAMP)
 	$(PY) benchmarks/aux_agreement.py
+
+# What each aux merge rule makes of center-loss centers on 2 devices (the aux-states how-to).
+bench-rules: $(STAMP)
+	$(PY) benchmarks/aux_rules.py --classes 4
+	$(PY) benchmarks/aux_rules.py --classes 64
 
 bench-isolation: $(STAMP)
 	$(PY) benchmarks/isolation.py

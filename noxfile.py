@@ -1,8 +1,10 @@
 """The test matrix: the full suite on Python 3.8-3.11, one venv per Python from the same pins;
 a pip install used as a user would, per Python; the documentation site (3.11).
 
-``deploy-3.11`` exports the two deployed models of issue 28 and checks them in two fresh
-venvs: plain MXNet without customop, and ONNX Runtime with a current NumPy (no MXNet).
+``deploy-3.11`` exports the deployed models (tests/deploy/models.py) and checks them in two
+fresh venvs: plain MXNet without customop (``SymbolBlock.imports``, ``Module``, and MXNet's
+C predict API from a C program compiled there with gcc), and ONNX Runtime with a current
+NumPy (no MXNet).
 
 ``bash .ci/run`` (CI) runs every session; ``.venv/bin/nox -s tests-3.9`` one of them; words
 after ``--`` replace the pytest arguments (``nox -s tests-3.10 -- -q tests/ops``).  Each
@@ -107,7 +109,8 @@ def docs(session: nox.Session) -> None:
 
 @nox.session(python=["3.11"])
 def deploy(session: nox.Session) -> None:
-    """Exported models run without customop: plain MXNet, and ONNX Runtime (no MXNet)."""
+    """Exported models run without customop: plain MXNet (SymbolBlock, Module, the C predict
+    API from C), and ONNX Runtime (no MXNet)."""
     session.install("-r", "requirements-dev.txt")
     session.install("--no-deps", "-e", ".")
     here = ROOT / "tests" / "deploy"

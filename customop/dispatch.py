@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import functools
 import itertools
 import threading
 from collections.abc import Iterator
@@ -39,6 +38,7 @@ from mxnet.ndarray import NDArray
 from . import errors, kernel, runtime
 from . import params as _params
 from .modes import NumpyMode
+from .outputs import OutputsSymbol
 from .runtime import aux as aux_patch
 from .runtime import callbacks
 from .runtime import trace as trace_hooks
@@ -165,9 +165,9 @@ def call_native(op: CustomOperator, nd_inputs: list[mx.nd.NDArray],
     return [_fresh(o, [*nd_inputs, *args]) for o in outs]
 
 
+_alive: dict[int, Any] = {}  # what MXNet's record of each node needs kept alive, by node
 _states: dict[int, _Recorded] = {}  # what each node's backward needs, by node
-_alive: dict[int, Any] = {}  # callbacks MXNet still holds, by node
-_counter = itertools.count()
+_counter = itertools.count(1)  # a node's key, its callbacks' context pointer (never NULL)
 
 
 class _Recorded:
@@ -179,7 +179,7 @@ class _Recorded:
         self.reader = threading.get_ident()  # records it, so runs (and reads) its backward
 
 
-def _backward(key, num_ograds, num_igrads, ptrs, reqs, is_train, _):
+def _backward(num_ograds, num_igrads, ptrs, reqs, is_train, key):
     state = _states.get(key)
     if state is None:
         return False
@@ -209,12 +209,14 @@ def _run_backward(state, num_ograds, num_igrads, ptrs, reqs):
     return True
 
 
-def _delete(key, _, states=_states, alive=_alive):
+def _delete(key, states=_states, alive=_alive):
     # The tables are bound as defaults: MXNet may free a node while the interpreter shuts
     # down, after this module's globals are gone.
     states.pop(key, None)
     alive.pop(key, None)
     return True
+
+
 
 
 def call_function(op: CustomOperator, nd_inputs: list[mx.nd.NDArray],
@@ -232,14 +234,11 @@ def call_function(op: CustomOperator, nd_inputs: list[mx.nd.NDArray],
     # would never be freed.
     args, outs, saved = _detached(args[:n]), _detached(outs), kernel.detached(saved)
 
-    state = _Recorded(op, args, outs, params, aux_nd, saved)
     key = next(_counter)
-    # MXNet holds the C callbacks until it calls delete; they hold only plain functions of
-    # ``key``, and delete drops the one reference to the recorded state.
-    _states[key] = state
-    _alive[key] = callbacks.record_function(nd_inputs, nd_outs,
-                                            functools.partial(_backward, key),
-                                            functools.partial(_delete, key))
+    # MXNet keeps the node until it calls delete, which drops the one reference to the
+    # recorded state; the callbacks (one pair for every node) reach it only through ``key``.
+    _states[key] = _Recorded(op, args, outs, params, aux_nd, saved)
+    _alive[key] = callbacks.record_function(nd_inputs, nd_outs, key, _backward, _delete)
     return nd_outs
 
 
@@ -300,6 +299,8 @@ def call_symbol(op: CustomOperator, arrays: list[Any], params: dict[str, Any],
         if node_name is not None:
             attrs["name"] = node_name
         sym = mx.sym.Custom(*arrays, op_type=op.op_type, **attrs)
+    if op.outputs.of(params) > 1:
+        sym.__class__ = OutputsSymbol  # s[-1] indexes as Python does
     return sym
 
 

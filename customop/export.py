@@ -9,14 +9,16 @@ written as that graph, and the files load with plain MXNet.
 """
 from __future__ import annotations
 
+import json
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import mxnet as mx
 import numpy as np
 
-from . import graph_json, native, registry, splice
+from . import export_graph, graph_json, native, registry, splice
 
 CHOICES = ("raise", "warn")
 
@@ -31,14 +33,22 @@ class Exported:
 
     symbol_file: str
     params_file: str
-    inputs: dict[str, tuple] = field(default_factory=dict)  # name -> (shape, dtype) exported at
+    # What a loader feeds: name -> (shape, dtype) exported at, in the forward's order; an
+    # input the graph does not read (a label that only shapes a loss's gradient) is left out.
+    inputs: dict[str, tuple] = field(default_factory=dict)
     inlined: list[str] = field(default_factory=list)
     kept: list[str] = field(default_factory=list)
+    outputs: list[str] = field(default_factory=list)  # what the loaders list, in order
+    # Why the graph holds at the exported input shapes only ([] when it does not); its
+    # inputs then carry those shapes, and loaders refuse others.
+    fixed: list[str] = field(default_factory=list)
+    # The inputs whose axis 0 is a batch the graph runs at any size of ([] when fixed).
+    batch_inputs: list[str] = field(default_factory=list)
 
 
 @dataclass
 class OnnxModel:
-    """What :func:`to_onnx` wrote: the file, its input and output names in MXNet's order."""
+    """What :func:`to_onnx` wrote: the file, its input and output names (the export's)."""
 
     file: str
     inputs: list[str]
@@ -46,17 +56,31 @@ class OnnxModel:
 
 
 def export(block: mx.gluon.HybridBlock, path: str, *inputs: Any, epoch: int = 0,
-           not_inlined: str = "raise") -> Exported:
+           not_inlined: str = "raise", input_names: Sequence[str] | None = None,
+           output_names: Sequence[str] | None = None) -> Exported:
     """Write ``path-symbol.json`` and ``path-%04d.params`` for deployment.
 
     Like ``block.export(path, epoch)``, with every ``'mxnet'``-mode operator of
     ours whose forward traces to MXNet operators written as those operators:
     the files load with plain MXNet (``mx.gluon.SymbolBlock.imports``, no
-    customop installed) and convert with ``mx.onnx.export_model``.  ``inputs``
-    are example inputs for the block's ``forward`` (NDArrays): the ops are
-    traced at their shapes and dtypes, so the exported graph is meant for
-    inputs of those shapes (arrays an op builds, such as ``ops.topk``'s
-    constants, are saved as parameters at those shapes).
+    customop installed), ``mx.mod.Module``, MXNet's C predict API, and convert
+    with :func:`to_onnx`.  ``inputs`` are example inputs for the block's
+    ``forward`` (NDArrays): the ops are traced at their shapes and dtypes.
+
+    ``input_names`` name the graph's inputs, one per input of the forward and in
+    its order (default: Gluon's ``data``/``data0``, ``data1``, ...);
+    ``output_names`` its outputs (default: Gluon's names; MXNet lists each as
+    ``<name>_output``).  The returned :class:`Exported` says what a loader
+    feeds (``inputs``: an input the graph does not read, such as a label that
+    only shapes a loss's gradient, is left out) and gets back (``outputs``).
+    Arrays an op builds are parameters (saved in the params file, with their
+    shapes and dtypes in the graph), never inputs.
+
+    The graph runs at other batch sizes where the math allows: arrays an op
+    builds that follow the batch size become operators of the input's shape, and
+    the export is checked at a larger batch.  Where an op fixes the shapes,
+    ``fixed`` names it and the graph checks each input's shape, so that every
+    loader refuses another shape with an error naming the op.
 
     Any ``Custom`` node that cannot be written as MXNet operators (a
     ``'numpy'``-mode op, an op with auxiliary states, a forward that reads
@@ -75,9 +99,12 @@ def export(block: mx.gluon.HybridBlock, path: str, *inputs: Any, epoch: int = 0,
         ...         return ops.box_decode(offsets, anchors)
         >>> net = Decode()
         >>> path = os.path.join(tempfile.mkdtemp(), 'decode')
-        >>> done = customop.export(net, path, mx.nd.zeros((1, 8, 4)), mx.nd.ones((1, 8, 4)))
+        >>> done = customop.export(net, path, mx.nd.zeros((1, 8, 4)), mx.nd.ones((1, 8, 4)),
+        ...                        input_names=['offsets', 'anchors'], output_names=['boxes'])
         >>> done.kept, '"Custom"' in open(done.symbol_file).read()
         ([], False)
+        >>> list(done.inputs), done.outputs, done.fixed
+        (['offsets', 'anchors'], ['boxes_output'], [])
     """
     if not_inlined not in CHOICES:
         raise ValueError(f"customop.export: not_inlined must be one of {CHOICES}, got "
@@ -91,6 +118,7 @@ def export(block: mx.gluon.HybridBlock, path: str, *inputs: Any, epoch: int = 0,
     if len(data) != len(inputs):
         raise TypeError(f"customop.export: the block's forward takes {len(data)} input(s), "
                         f"got {len(inputs)} example input(s)")
+    names = _input_names(input_names, [d.name for d in data])
     params = {}
     for name, param in block.collect_params().items():
         params[name] = param.data()  # raises for one never initialized
@@ -106,9 +134,19 @@ def export(block: mx.gluon.HybridBlock, path: str, *inputs: Any, epoch: int = 0,
                                   "nodes: loading the files then needs customop)")
         warnings.warn(text + "\nThey stay Custom nodes: loading the files needs customop.",
                       stacklevel=2)
-    if found is not None:
-        sym = found.symbol
-    constants = found.constants if found is not None else {}
+    def retrace(other: dict) -> Any:  # the splice at other data shapes
+        return splice.inline(sym, {**shapes, **other}, dtypes, native.EXPORT)
+
+    written = export_graph.deployable(sym, found, [d.name for d in data], names, list(inputs),
+                                      output_names, retrace)
+    sym, constants = written.symbol, written.constants
+    if found is not None and found.inlined and not written.fixed and written.batched:
+        why = _other_batch_differs(block, sym, params, constants, names, list(inputs),
+                                   [names[[d.name for d in data].index(n)]
+                                    for n in written.batched])
+        if why:
+            written.fixed.append(why)
+            sym = export_graph.guarded(sym, dict(zip(names, inputs)), "the_export")
     symbol_file, params_file = f"{path}-symbol.json", f"{path}-{epoch:04d}.params"
     arg_names, aux_names = set(sym.list_arguments()), set(sym.list_auxiliary_states())
     saved: dict[str, mx.nd.NDArray] = {}
@@ -121,9 +159,47 @@ def export(block: mx.gluon.HybridBlock, path: str, *inputs: Any, epoch: int = 0,
         saved[f"arg:{name}"] = mx.nd.array(value, dtype=value.dtype)
     sym.save(symbol_file)
     mx.nd.save(params_file, saved)
-    inputs_at = {d.name: (tuple(a.shape), np.dtype(a.dtype)) for d, a in zip(data, inputs)}
+    read = set(sym.list_inputs())
+    inputs_at = {n: (tuple(a.shape), np.dtype(a.dtype)) for n, a in zip(names, inputs)
+                 if n in read}
+    gluon = [d.name for d in data]
+    batched = [] if written.fixed else [names[gluon.index(n)] for n in written.batched]
     return Exported(symbol_file, params_file, inputs_at,
-                    found.inlined if found is not None else [], kept)
+                    found.inlined if found is not None else [], kept, sym.list_outputs(),
+                    written.fixed, [n for n in batched if n in read])
+
+
+def _other_batch_differs(block, sym, params, constants, names, inputs, batched) -> str:
+    """"" when the exported graph gives the block's outputs at a larger batch size too."""
+    longer = export_graph.longer_batch(names, inputs, batched)
+    size = longer[names.index(batched[0])].shape[0]
+    try:
+        with mx.autograd.pause():
+            want = block(*[mx.nd.array(a, dtype=a.dtype) for a in longer])
+    except Exception:  # noqa: BLE001 - the block itself refuses it: nothing to compare
+        return ""
+    want = [want] if isinstance(want, mx.nd.NDArray) else list(want)
+    try:
+        got = export_graph.run(sym, {**params, **constants, **dict(zip(names, longer))})
+    except mx.base.MXNetError as exc:
+        return f"the exported graph fails at batch size {size}: {str(exc).splitlines()[0]}"
+    if len(got) != len(want) or not all(
+            g.shape == w.shape and np.allclose(g, w.asnumpy(), rtol=1e-4, atol=1e-5,
+                                               equal_nan=True) for g, w in zip(got, want)):
+        return f"the exported graph gives other outputs than the block at batch size {size}"
+    return ""
+
+
+def _input_names(chosen, gluon: list[str]) -> list[str]:
+    if chosen is None:
+        return list(gluon)
+    chosen = [chosen] if isinstance(chosen, str) else list(chosen)
+    if len(chosen) != len(gluon) or not all(isinstance(n, str) and n for n in chosen):
+        raise ValueError(f"customop.export: input_names must name each of the {len(gluon)} "
+                         f"input(s) of the block's forward, in its order; got {chosen!r}")
+    if len(set(chosen)) != len(chosen):
+        raise ValueError(f"customop.export: input_names must differ; got {chosen!r}")
+    return chosen
 
 
 ONNX_OPSET = 13  # the newest opset MXNet 1.9.1's converter has translations for
@@ -133,12 +209,14 @@ def to_onnx(exported: Exported, onnx_file: str) -> OnnxModel:
     """Convert :func:`export`'s files to ONNX with ``mx.onnx.export_model``.
 
     Needs the ``onnx`` package (``pip install 'customop[onnx]'``).  Inputs are
-    given at the shapes and dtypes the model was exported with.  MXNet 1.9.1's
+    given at the shapes and dtypes the model was exported with, the batch axis
+    of ``exported.batch_inputs`` left open.  MXNet 1.9.1's
     converter writes opset-13 operators but declares the newest opset the
     installed ``onnx`` knows (19 for onnx 1.14.1), and ONNX Runtime then
     rejects its ``Split`` nodes; the file written here declares opset 13.  The
-    ONNX model takes its inputs, and names its outputs, as ``inputs`` and
-    ``outputs`` say (in the order of the MXNet graph's outputs).
+    ONNX model's inputs and outputs are named and ordered as ``exported.inputs``
+    and ``exported.outputs`` (the converter's names and order are replaced, and
+    the parameters it lists as inputs are left out).
 
     Example:
         >>> import customop  # doctest: +SKIP
@@ -149,20 +227,59 @@ def to_onnx(exported: Exported, onnx_file: str) -> OnnxModel:
     import onnx
     from mxnet.onnx import export_model
 
-    sym = mx.sym.load(exported.symbol_file)
-    names = [n for n in sym.list_inputs() if n in exported.inputs]
-    export_model(exported.symbol_file, exported.params_file,
-                 [exported.inputs[n][0] for n in names], [exported.inputs[n][1] for n in names],
-                 onnx_file)
+    with open(exported.symbol_file, encoding="utf-8") as f:
+        graph = json.load(f)
+    # the shape checks have no ONNX translation; an ONNX model of fixed shapes checks them
+    sym = graph_json.load(export_graph.unguarded(graph))
+    in_graph = [n for n in sym.list_inputs() if n in exported.inputs]  # the converter's order
+    shapes = [tuple(exported.inputs[n][0]) for n in in_graph]
+    dtypes = [exported.inputs[n][1] for n in in_graph]
+    saved = mx.nd.load(exported.params_file)
+    saved = saved if isinstance(saved, dict) else {}
+    params = [{k[4:]: v for k, v in saved.items() if k.startswith("arg:")},
+              {k[4:]: v for k, v in saved.items() if k.startswith("aux:")}]
+    batch = set(exported.batch_inputs)
+    try:
+        if batch and not exported.fixed:  # the batch axis left open, as in the MXNet graph
+            export_model(sym, params, shapes, dtypes, onnx_file, dynamic=True,
+                         dynamic_input_shapes=[(None,) + s[1:] if n in batch else s
+                                               for n, s in zip(in_graph, shapes)])
+        else:
+            batch = set()
+    except Exception:  # noqa: BLE001 - a converter that needs the shapes: the exported ones
+        batch = set()
+    if not batch:
+        export_model(sym, params, shapes, dtypes, onnx_file)
     model = onnx.load(onnx_file)
     for opset in model.opset_import:
         if opset.domain in ("", "ai.onnx") and opset.version > ONNX_OPSET:
             opset.version = ONNX_OPSET
+    names = list(exported.outputs) or sym.list_outputs()
+    _onnx_names(model, list(exported.inputs), sym.list_outputs(), names)
     onnx.checker.check_model(model)
     onnx.save(model, onnx_file)
-    written = {o.name for o in model.graph.output}
-    outputs = []
-    for name in sym.list_outputs():  # the converter names an output <node><index>, or <node>
+    return OnnxModel(onnx_file, list(exported.inputs), names)
+
+
+def _onnx_names(model: Any, inputs: list[str], mxnet_outputs: list[str],
+                names: list[str]) -> None:
+    """The ONNX graph's inputs as the export lists them (its order, constants left out:
+    MXNet's converter lists its initializers as inputs too), and its outputs renamed."""
+    graph = model.graph
+    by_name = {i.name: i for i in graph.input}
+    ordered = [by_name[n] for n in inputs if n in by_name]
+    del graph.input[:]
+    graph.input.extend(ordered)
+    written = [o.name for o in graph.output]
+    renames = {}
+    for k, name in enumerate(mxnet_outputs):  # the converter names output <node><index>|<node>
         node, _, index = name.rpartition("_output")
-        outputs.append(next(n for n in (node + index, node, name) if n in written))
-    return OnnxModel(onnx_file, names, outputs)
+        old = next(n for n in (node + index, node, name, written[k]) if n in written)
+        if old != names[k]:
+            renames[old] = names[k]
+    for node in graph.node:
+        node.input[:] = [renames.get(n, n) for n in node.input]
+        node.output[:] = [renames.get(n, n) for n in node.output]
+    for out in graph.output:
+        out.name = renames.get(out.name, out.name)
+

@@ -6,7 +6,8 @@ files say ``attr`` or ``param``) and ``inputs`` as ``[node, output, version]``
 entries, and ``heads``.  A decorated op stands in a graph as an ``op: "Custom"``
 node whose ``op_type`` attribute names it.  Everything in customop that reads
 or writes that JSON (splicing native graphs in, export, explain, loading symbol
-files, the runtime's ``aux`` patch) does it through this module.
+files, the runtime's ``aux`` patch) does it through this module; the rewrites of an
+exported graph (names, batch sizes, shape checks) are :mod:`customop.export_graph`'s.
 """
 from __future__ import annotations
 
@@ -166,3 +167,53 @@ def evaluate(graph: Any, inputs: Sequence[np.ndarray],
     for name, value in (constants if constants is not None else graph.constants).items():
         args[name] = mx.nd.array(value, dtype=value.dtype)
     return run(to_json(graph, names), args)
+
+
+# ---- reordering and pruning (customop.export_graph's rewrites) --------------------------------
+def toposorted(graph: dict[str, Any]) -> dict[str, Any]:
+    """``graph`` with its nodes in an order where every node comes after its inputs
+    (the old order wherever it already was)."""
+    nodes = graph["nodes"]
+    order: list[int] = []
+    state = [0] * len(nodes)  # 0 new, 1 on the stack, 2 placed
+    for root in range(len(nodes)):
+        stack = [(root, 0)]
+        while stack:
+            i, k = stack.pop()
+            if state[i] == 2:
+                continue
+            state[i] = 1
+            ins = nodes[i]["inputs"]
+            if k < len(ins):
+                stack.append((i, k + 1))
+                j = ins[k][0]
+                if state[j] == 0:
+                    stack.append((j, 0))
+                continue
+            state[i] = 2
+            order.append(i)
+    where = {old: new for new, old in enumerate(order)}
+    out = dict(graph)
+    out["nodes"] = [dict(nodes[i], inputs=[[where[e[0]], e[1], 0] for e in nodes[i]["inputs"]])
+                    for i in order]
+    out["heads"] = [[where[h[0]], h[1], 0] for h in graph["heads"]]
+    out["arg_nodes"] = [i for i, n in enumerate(out["nodes"]) if n["op"] == "null"]
+    out.pop("node_row_ptr", None)
+    return out
+
+
+def reachable(graph: dict[str, Any]) -> dict[str, Any]:
+    """``graph`` without the nodes its heads do not read (an input a loss dropped)."""
+    nodes = graph["nodes"]
+    seen, stack = set(), [h[0] for h in graph["heads"]]
+    while stack:
+        i = stack.pop()
+        if i not in seen:
+            seen.add(i)
+            stack += [e[0] for e in nodes[i]["inputs"]]
+    keep = sorted(seen)
+    where = {old: new for new, old in enumerate(keep)}
+    out = dict(graph, nodes=[dict(nodes[i], inputs=[[where[e[0]], e[1], 0]
+                                                     for e in nodes[i]["inputs"]]) for i in keep])
+    out["heads"] = [[where[h[0]], h[1], 0] for h in graph["heads"]]
+    return out

@@ -17,9 +17,11 @@ with shape ``()``).  So an input that nothing gives is named here: an
 """
 from __future__ import annotations
 
+import contextlib
 import numbers
+import threading
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, Tuple  # noqa: UP035 - Tuple: evaluated at run time on Python 3.8
 
 import mxnet as mx
@@ -27,6 +29,22 @@ import mxnet as mx
 from . import errors
 
 Shape = Tuple[int, ...]  # noqa: UP006
+
+
+_collected = threading.local()  # .notes: a list while Gluon infers shapes on this thread
+
+
+@contextlib.contextmanager
+def collecting() -> Iterator[list[str]]:
+    """Within the block, the shape passes of our ops on this thread list what to do about each
+    input whose shape stays unknown (the ``gluonshape`` patch of :mod:`customop.runtime` names
+    the first in Gluon's deferred-initialization error)."""
+    outer = getattr(_collected, "notes", None)
+    _collected.notes = []
+    try:
+        yield _collected.notes
+    finally:
+        _collected.notes = outer
 
 
 class InputShapeWarning(UserWarning):
@@ -136,6 +154,21 @@ class InputShapes:
         for name, shape in zip(self.inputs, shapes):
             if unknown_ndim(shape):
                 warnings.warn(self.unknown_message(name), InputShapeWarning, stacklevel=2)
+
+    def note_unknown(self, shapes: list[Shape]) -> None:
+        """Inside :func:`collecting`, list each input not fully known with what to do about it
+        (a Gluon Parameter of shape ``(10, 0)`` among them, which :meth:`warn_unknown` leaves
+        out)."""
+        notes = getattr(_collected, "notes", None)
+        if notes is None:
+            return
+        for name, shape in zip(self.inputs, shapes):
+            if not known(shape):
+                dims = ", ".join("?" if not 0 < int(d) < 2**31 - 1 else str(int(d))
+                                 for d in shape)
+                given = "" if unknown_ndim(shape) else f" (given ({dims}))"
+                notes.append(self.unknown_message(name).replace(
+                    "its shape is unknown:", f"its shape is unknown{given}:", 1))
 
     def __bool__(self) -> bool:
         return bool(self.fns)

@@ -58,6 +58,7 @@ class CustomOperator:
         self.user_infer_type = infer_type
         self.input_shapes = InputShapes(infer_input_shape, self.signature.inputs,
                                         self.signature.aux, self.op_type)
+        self._check_shape_functions()
         # As declared (an int, or a function of the parameters); op.outputs.of(params) counts.
         self.user_num_outputs, self.user_outputs = num_outputs, outputs
         counted = _count_returns(fn) if num_outputs is None and outputs is None else 1
@@ -144,6 +145,8 @@ class CustomOperator:
             if names[a] in self.no_grad:
                 raise self.error(ValueError, f"input {names[a]!r} is declared no_grad (it "
                                  "gets no gradient); drop it from no_grad to give it one")
+        self.signature.check_helper(fn, "gradient maker", ["ans", *self.signature.arrays],
+                                    residuals=True)
         group = gradients.Joint.of(argnums) if joint else None
         for a in argnums:
             self.grads[a] = fn
@@ -155,6 +158,19 @@ class CustomOperator:
         for variant in self.variants.values():
             variant.adopt_grads()
         return self
+
+    def _check_shape_functions(self) -> None:
+        # Each is called with the input shapes (never the aux states') and the parameters a
+        # call sets, by keyword: a mismatch raises here, not at the first call that sets one.
+        sig, inputs = self.signature, self.signature.inputs
+        helpers = [("infer_shape", self.user_infer_shape), ("infer_type", self.user_infer_type),
+                   *[(f"the shape function of aux state {n!r}", f)
+                     for n, f in self.aux_shape_fns.items()],
+                   *[(f"infer_input_shape for input {n!r}", f)
+                     for n, f in self.input_shapes.fns.items()]]
+        for what, fn in helpers:
+            if fn is not None:
+                sig.check_helper(fn, what, inputs)
 
     def _output_spec(self) -> dict[str, Any]:
         # What another operator of the same outputs (a twin, a variant) is declared with: the

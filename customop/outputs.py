@@ -14,6 +14,8 @@ import numbers
 from collections.abc import Callable
 from typing import Any
 
+import mxnet as mx
+
 from . import errors
 from .gradients import keywords
 from .signature import Signature
@@ -157,3 +159,28 @@ def _names_problem(names: tuple) -> str:
 
 def _shown(params: dict[str, Any]) -> str:
     return ", ".join(f"{k}={v!r}" for k, v in params.items()) or "none"
+
+
+class OutputsSymbol(mx.sym.Symbol):
+    """The Symbol of one of our nodes with several outputs: ``s[-1]`` is its last output.
+
+    MXNet's ``Symbol.__getitem__`` hands a negative index to C as an unsigned int
+    (measured: ``Check failed: index < nreturn (4294967295 vs. 2)``, also for its own
+    ``mx.sym.topk(ret_typ='both')``).  Only our nodes' Symbols get this class (their
+    ``__class__`` is set where the node is made); every other Symbol keeps MXNet's.
+    """
+
+    __slots__ = ()
+
+    def __getitem__(self, index):
+        """``s[i]`` as Python indexes: negative ``i`` from the end, ``IndexError`` outside."""
+        if isinstance(index, numbers.Integral) and not isinstance(index, bool):
+            count = len(self)
+            if not -count <= index < count:
+                raise IndexError(f"output index {index} is out of range for a node with "
+                                 f"{count} outputs ({', '.join(self.list_outputs())})")
+            index = int(index) % count
+        return super().__getitem__(index)
+
+    def __repr__(self) -> str:
+        return super().__repr__().replace(type(self).__name__, "Symbol", 1)

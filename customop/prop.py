@@ -95,6 +95,7 @@ def register(op_type: str, lookup: Callable[[str], CustomOperator]) -> None:
             n_aux = len(self.op.signature.aux)
             if not all(known(s) for s in shapes):
                 self.op.input_shapes.warn_unknown(list(shapes))
+                self.op.input_shapes.note_unknown(list(shapes))
                 return [list(s) for s in shapes], [()] * self.n_out, self._aux_if_known(shapes)
             self.shapes = shapes
             metas = self._guarded(self.op.inference.outputs, self.pkey, self.params, shapes, None)

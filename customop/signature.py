@@ -146,3 +146,58 @@ class Signature:
         if missing:
             raise TypeError(f"customop {self.op!r} is missing required parameter(s) "
                             f"{', '.join(map(repr, missing))}.")
+
+    def check_helper(self, fn: Callable, what: str, heads: list[str],
+                     residuals: bool = False) -> None:
+        """Raise ``TypeError`` now unless ``fn`` (an ``infer_shape``, an aux shape function, a
+        gradient maker...) takes the arguments ``heads`` positionally and every operator
+        parameter by name or through ``**params``, as calls will pass them.
+
+        Without this check a helper that forgot a parameter fails only when a call first
+        passes that parameter (MXNet passes only the parameters a call sets), far from the
+        mistake: ``ws() got an unexpected keyword argument 'scale'``.  ``residuals``: other
+        keywords reach it too (a gradient maker's residuals), so more may be required.
+        """
+        try:
+            sig = inspect.signature(fn)
+        except (TypeError, ValueError):
+            return  # a builtin or C callable: nothing to read
+        ps = list(sig.parameters.values())
+        title = f"{what} {_name_of(fn)}()"
+        var_kw = any(p.kind == p.VAR_KEYWORD for p in ps)
+        by_name = {p.name for p in ps if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+        names = self.param_names
+        head = ", ".join(heads)
+        defaults = [*self.required, *(f"{k}={v!r}" for k, v in self.defaults.items())]
+        for name in names:
+            if not var_kw and name not in by_name:
+                raise TypeError(
+                    f"customop {self.op!r}: {title} does not take the operator's parameter "
+                    f"{name!r}, which calls pass to it by keyword (parameters: "
+                    f"{', '.join(names)}); name every parameter or end its signature with "
+                    f"**params: def {_plain(fn)}({head}{', ' if head else ''}*, "
+                    f"{', '.join(defaults)}) or def {_plain(fn)}({head}"
+                    f"{', ' if head else ''}**params)")
+        # Every parameter set, and only the required ones (a call that sets none of the
+        # others passes none of them; a gradient maker gets the defaults it names).
+        calls = [names] if residuals else [names, self.required]
+        for given in calls:
+            try:
+                bind = sig.bind_partial if residuals else sig.bind
+                bind(*[None] * len(heads), **{n: None for n in given})
+            except TypeError as exc:
+                raise TypeError(
+                    f"customop {self.op!r}: {title} cannot be called as calls call it, with "
+                    f"({head}) positionally and the parameters a call sets "
+                    f"({', '.join(given) or 'none'}) by keyword: {exc}; give the parameters "
+                    f"the operator's defaults (def {_plain(fn)}({head}{', ' if head else ''}*, "
+                    f"{', '.join(defaults)})) or take **params") from None
+
+
+def _name_of(fn: Callable) -> str:
+    return getattr(fn, "__name__", None) or repr(fn)
+
+
+def _plain(fn: Callable) -> str:
+    name = getattr(fn, "__name__", "fn")
+    return name if name.isidentifier() else "fn"

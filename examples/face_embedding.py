@@ -54,6 +54,20 @@ class FaceHead(mx.gluon.HybridBlock):
         return probs, F.make_loss(centers), F.BlockGrad(embedding)
 
 
+class FaceInference(mx.gluon.HybridBlock):
+    """The trained head at inference, as deployed (``customop.export``): (class
+    probabilities, embedding) of each face.  ``ops.softmax_ce``'s label only shapes its
+    gradient: the exported graph does not take it."""
+
+    def __init__(self, head, **kwargs):
+        super().__init__(**kwargs)
+        self.head = head
+
+    def hybrid_forward(self, F, descriptor, identity):
+        embedding = self.head.embed(descriptor)
+        return ops.softmax_ce(self.head.classify(embedding), identity), embedding
+
+
 def make_block():
     """A fresh head (a fixed prefix: every copy has the same parameter names)."""
     return FaceHead(prefix="face_")

@@ -103,6 +103,27 @@ class RCNNHead(mx.gluon.HybridBlock):
         return probs, F.make_loss(box_loss), F.BlockGrad(label), F.BlockGrad(keep)
 
 
+class RCNNDetect(mx.gluon.HybridBlock):
+    """The trained head at inference, as deployed (``customop.export``): per image, the
+    proposals refined by the predicted offsets and kept by non-maximum suppression,
+    ``[class, probability, x1, y1, x2, y2]`` (-1 rows for the others)."""
+
+    def __init__(self, head, **kwargs):
+        super().__init__(**kwargs)
+        self.head = head
+
+    def hybrid_forward(self, F, roi_feat, proposals):
+        hidden = self.head.hidden(roi_feat)                                # (B, P, HIDDEN)
+        probs = F.softmax(self.head.cls(hidden), axis=-1)
+        foreground = F.slice_axis(probs, axis=-1, begin=1, end=None)
+        boxes = ops.box_decode(self.head.box(hidden), proposals, std0=0.1, std1=0.1, std2=0.2,
+                               std3=0.2, format="corner")
+        # the best class and its probability (topk, not max/pick: those do not convert to ONNX)
+        probability, best = F.topk(foreground, axis=-1, k=1, ret_typ="both")
+        dets = F.concat(best + 1, probability, boxes, dim=-1)
+        return ops.box_nms(dets, overlap_thresh=0.5, valid_thresh=0.05, force_suppress=True)
+
+
 def make_block():
     """A fresh head (a fixed prefix: every copy has the same parameter names)."""
     return RCNNHead(prefix="rcnn_")

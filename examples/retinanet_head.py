@@ -76,6 +76,32 @@ class RetinaHead(mx.gluon.HybridBlock):
         return F.make_loss(cls_loss + F.broadcast_div(box_loss, F.maximum(F.sum(samples > 0), 1)))
 
 
+class RetinaDetect(mx.gluon.HybridBlock):
+    """The trained head at inference, as deployed (``customop.export``): per image, the
+    boxes kept by non-maximum suppression ``[class, score, x1, y1, x2, y2]`` (-1 rows for
+    the others) and the indices of the ``k`` best scores."""
+
+    def __init__(self, head, k=5, **kwargs):
+        super().__init__(**kwargs)
+        self.head, self.k = head, k
+        with self.name_scope():
+            self.anchors = self.params.get_constant("anchors", head.anchors.data().expand_dims(0))
+
+    def hybrid_forward(self, F, feat, anchors):
+        head = self.head
+        cls_pred = F.reshape(F.transpose(head.cls(feat), (0, 2, 3, 1)), (0, -1, head.num_class))
+        box_pred = F.reshape(F.transpose(head.box(feat), (0, 2, 3, 1)), (0, -1, 4))
+        scores = F.sigmoid(cls_pred)
+        boxes = ops.box_decode(box_pred, anchors, std0=0.1, std1=0.1, std2=0.2, std3=0.2,
+                               format="corner")
+        # the best class and its score (topk, not max/pick: those do not convert to ONNX)
+        score, best = F.topk(scores, axis=2, k=1, ret_typ="both")
+        dets = F.concat(best + 1, score, boxes, dim=2)
+        kept = ops.box_nms(dets, overlap_thresh=0.5, valid_thresh=0.05, force_suppress=True)
+        return kept, ops.topk(F.reshape(F.slice_axis(kept, axis=2, begin=1, end=2), (0, -1)),
+                              k=self.k)
+
+
 def make_block():
     """A fresh head over this example's anchors (a fixed prefix: every copy has the same names)."""
     return RetinaHead(make_anchors(), prefix="retina_")

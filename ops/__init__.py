@@ -30,9 +30,9 @@ from .topk import topk
 from .wing_loss import WingLoss, wing_loss
 
 __all__ = [
-    # losses (issue 10)
+    # losses
     "focal_loss", "FocalLoss", "smooth_l1", "SmoothL1Loss", "wing_loss", "WingLoss",
     "center_loss", "CenterLoss", "softmax_ce", "SoftmaxCE", "tile",
-    # detection (issue 11)
+    # detection
     "topk", "arr_pick", "box_iou", "box_nms", "box_encode", "box_decode", "ohem_sampler",
 ]

@@ -56,6 +56,12 @@ def center_loss(data, label, centers, *, num_class, alpha=0.5, scale=1.0):
     leave them out: MXNet creates ``<name>_centers`` (zeros), saved with the model's aux
     params; with NDArrays pass them; :class:`CenterLoss` owns them in Gluon.
 
+    On several devices (or ``dist_sync`` workers) each copy moves with its own shard and
+    the copies are merged after every step by the rule ``'sum'``: exact for a class seen on
+    one device only, too far for a class seen on several (each shard divides by its own
+    :math:`1 + n_j`).  No merge rule reproduces one device on the whole batch; the
+    aux-states how-to gives the measured table (``benchmarks/aux_rules.py``).
+
     Parameters
     ----------
     data : float array, shape ``(N, feature_dim)``

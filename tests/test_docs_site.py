@@ -91,3 +91,44 @@ def test_the_cli_help_the_site_shows_is_the_clis():
     page = (DOCS / "api" / "check.md").read_text()
     assert "_generated/check_help.txt" in page
     assert "_write_cli_help" in (DOCS / "conf.py").read_text()
+
+
+def test_no_page_cites_internal_issue_numbers():
+    # The changelog keeps its history; every other page, BENCHMARKS.md (included by the
+    # Benchmarks page) and the docstrings the API pages show are read by users who cannot
+    # look our issue numbers up.
+    check = _check_site()
+    sources = [ROOT / "BENCHMARKS.md", ROOT / "README.md",
+               *(p for p in DOCS.rglob("*.md") if p.name != "changelog.md"
+                 and "_build" not in p.parts),
+               *(ROOT / "customop").rglob("*.py"), *(ROOT / "ops").glob("*.py")]
+    cited = {str(p.relative_to(ROOT)): check.issue_mentions(p.read_text()) for p in sources}
+    assert not {k: v for k, v in cited.items() if v}
+
+
+def test_check_site_fails_on_issue_numbers_and_repeated_toc_entries(tmp_path):
+    check = _check_site()
+    assert check.issue_mentions("<h2>Losses (issue 10)</h2><p>Before issue-19 was closed</p>")
+    assert check.issue_mentions("<h2>Targets (issue #4)</h2>")
+    assert check.issue_mentions("<p>as in (#12)</p>")
+    assert not check.issue_mentions("<p>MXNet issue #8801; color: &#123; <a href='#12'>x</a>"
+                                     "</p><script>var issue = 10;</script>")
+    index = ('<div class="toctree-wrapper compound"><ul><li><a href="api/index.html">API '
+             'reference</a><ul><li><a href="api/check.html">customop.check</a></li><li><a '
+             'href="api/index.html#customop-check"><code>customop.check</code></a></li></ul>'
+             '</li></ul></div>')
+    assert check.repeated_toc_entries(index) == ["customop.check"]
+    assert check.repeated_toc_entries(index.replace("customop.check</code>", "x</code>")) == []
+    # the site's check reports both (main() exits 1 with them)
+    site = tmp_path / "html"
+    site.mkdir()
+    (site / "index.html").write_text(index)
+    (site / "operators.html").write_text("<h2>Losses (issue 10)</h2>")
+    (site / "changelog.html").write_text("<p>issue 10 closed</p>")
+    problems = check.page_problems(site)
+    assert len(problems) == 2, problems
+    assert "operators.html cites internal issue numbers: Losses (issue 10)" in problems[0]
+    assert "lists customop.check more than once" in problems[1]
+    (site / "operators.html").write_text("<h2>Losses</h2>")
+    (site / "index.html").write_text(index.replace("customop.check</code>", "x</code>"))
+    assert check.page_problems(site) == []

@@ -9,9 +9,10 @@ it``), and the state's **merge rule** (``aux={'name': (shape_fn, rule)}``, one o
 
 * ``'sum'`` (the default): the deltas are added up.  For an additive update (a
   running count or sum) that is exactly what one device computes on the whole
-  batch; updates that normalise per batch (a center loss divides each class's
-  step by ``1 + n_j``, with ``n_j`` counted per device) agree up to that
-  normalisation.  Wrong for a counter of steps: it advances once per copy.
+  batch.  An update normalised per shard (a center loss divides each class's
+  step by ``1 + n_j``, with ``n_j`` counted per device) is reproduced by no rule:
+  ``benchmarks/aux_rules.py`` measures how far each lands.  Wrong for a counter
+  of steps: it advances once per copy.
 * ``'mean'``: their mean over every copy (a running average each device moves
   with its own shard; a step counter every copy advances alike).
 * ``'first'``: the first device's (worker 0's) delta, as if the others had not

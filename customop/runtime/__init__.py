@@ -30,6 +30,9 @@ The index (:data:`PATCHES`: off-switch name -> module, and when it is installed)
 ``inline`` (:mod:`.inline`)
     bound and hybridized graphs run inlinable ops as MXNet's operators; the first
     Symbol call, or graph load, of an op that may inline in training.
+``gluonshape`` (:mod:`.gluonshape`)
+    Gluon's deferred initialization names the op and input whose shape stays unknown;
+    the first Symbol call of one of our ops.
 ``isAlive`` (:mod:`.isalive`)
     ``Thread.isAlive`` for MXNet's ``tools/launch.py``; ``launch --launcher ssh|mpi|...``.
 ``excepthook`` (:func:`customop.distributed.launch.exit_on_error`)
@@ -57,7 +60,7 @@ from typing import Any
 # off-switch name -> the module of this package that holds the patch (its reason, install())
 PATCHES = {"errors": "errors", "fork": "fork", "aux": "aux", "auxsync": "auxsync",
            "release": "release", "deps": "deps", "trace": "trace", "inline": "inline",
-           "isAlive": "isalive"}
+           "gluonshape": "gluonshape", "isAlive": "isalive"}
 
 # MXNet's own pthread_atfork handlers (src/initialize.cc), which the ``fork`` patch runs;
 # internal, C++-mangled names:
@@ -113,7 +116,10 @@ def use() -> None:
 
 
 def note_graph_op(op: Any) -> None:
-    """``op`` is going into a graph: install ``inline`` if it may inline in training."""
+    """``op`` is going into a graph: install ``gluonshape``, and ``inline`` if it may inline
+    in training."""
+    if "gluonshape" not in _installed:
+        install("gluonshape")
     if "inline" in _installed or not patch("inline").wanted(op):
         return
     use()

@@ -17,7 +17,7 @@ import itertools
 from collections.abc import Callable
 from typing import Any
 
-from mxnet.base import _LIB, MXCallbackList, c_array, c_handle_array, check_call
+from mxnet.base import _LIB, MXCallbackList, c_handle_array, check_call
 
 # What MXNet's ``req`` codes mean (OpReqType).
 REQ = ("null", "write", "inplace", "add")
@@ -68,23 +68,30 @@ def slots(refs: Any, n: int) -> tuple[Any, Any] | None:
     return found, contexts
 
 
-def record_function(inputs: list, outputs: list, backward: Callable, delete: Callable) -> Any:
+def record_function(inputs: list, outputs: list, key: int, backward: Callable,
+                    delete: Callable) -> Any:
     """Record one autograd node from ``inputs`` to ``outputs`` (``MXCustomFunctionRecord``).
 
-    ``backward(num_ograds, num_igrads, ptrs, reqs, is_train, context)`` and
-    ``delete(context)`` are its callbacks; MXNet holds them until it calls delete.
-    Returns what must be kept alive until then.  ctypes objects made with ``cast()``
-    sit in reference cycles, so ``backward`` and ``delete`` must not hold the arrays.
+    ``backward(num_ograds, num_igrads, ptrs, reqs, is_train, key)`` and
+    ``delete(key)`` serve every node: one pair of C callbacks is made for the
+    process, and MXNet hands them the node's ``key`` (an int > 0) as their
+    context pointer.  (A pair made per node cost ~25 us and left ctypes objects
+    in reference cycles for the collector: ``cast()`` makes them refer to
+    themselves.)  Returns what must be kept alive until MXNet calls delete.
     """
-    callbacks = [ctypes.cast(FUNCTION_BACKWARD_TYPE(backward), ctypes.CFUNCTYPE(ctypes.c_int)),
-                 ctypes.cast(DELETE_TYPE(delete), ctypes.CFUNCTYPE(ctypes.c_int))]
-    context = MXCallbackList(
-        ctypes.c_int(len(callbacks)),
-        ctypes.cast(c_array(ctypes.CFUNCTYPE(ctypes.c_int), callbacks),
-                    ctypes.POINTER(ctypes.CFUNCTYPE(ctypes.c_int))),
-        ctypes.cast(c_array(ctypes.c_void_p, [None] * len(callbacks)),
-                    ctypes.POINTER(ctypes.c_void_p)))
+    table = _function_tables.get((backward, delete))
+    if table is None:
+        table = _function_tables[(backward, delete)] = ctypes.cast(
+            (ctypes.c_void_p * 2)(entry(f"function-backward {id(backward)}",
+                                        FUNCTION_BACKWARD_TYPE, backward),
+                                  entry(f"function-delete {id(delete)}", DELETE_TYPE, delete)),
+            ctypes.POINTER(ctypes.CFUNCTYPE(ctypes.c_int)))
+    contexts = (ctypes.c_void_p * 2)(key, key)
+    record = MXCallbackList(2, table, ctypes.cast(contexts, ctypes.POINTER(ctypes.c_void_p)))
     check_call(_LIB.MXCustomFunctionRecord(
         ctypes.c_int(len(inputs)), c_handle_array(inputs),
-        ctypes.c_int(len(outputs)), c_handle_array(outputs), ctypes.byref(context)))
-    return context, callbacks
+        ctypes.c_int(len(outputs)), c_handle_array(outputs), ctypes.byref(record)))
+    return record, contexts
+
+
+_function_tables: dict[tuple[Callable, Callable], Any] = {}  # (backward, delete) -> C table

@@ -2,7 +2,7 @@
 
 MXNet keeps the backward dependencies custom nodes declare in one process-wide set that
 the last node created overwrites, and every custom node's backward reads it (``deps`` in
-customop/runtime.py).  Each test here builds one graph holding an output layer, a loss of
+customop/runtime/deps.py).  Each test here builds one graph holding an output layer, a loss of
 ours with ``need_top_grad=False``, a two-output op, an op whose optional input is left
 out, a ``'numpy'`` op, ops with aux states, a twin and a generator without inputs; builds
 its nodes in both orders; creates more custom Symbols (ours and hand-written) between

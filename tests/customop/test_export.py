@@ -60,25 +60,40 @@ def test_plain_mxnet_loads_them_without_customop(exported):
     run = subprocess.run([sys.executable, "-c", BLOCKED, str(DEPLOY / "run_plain_mxnet.py"),
                           str(out)], cwd=str(out), capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stdout + run.stderr
-    assert run.stdout.count("equals the original block") == len(exported[1])
+    cases = [(e["name"], c) for e in exported[1] for c in e["cases"]]
+    assert run.stdout.count("equals the original block") + run.stdout.count(" refused ") == \
+        len(cases)
 
 
-def test_onnx_conversion_is_valid_and_the_classifier_runs_in_onnx_reference(exported):
+def test_onnx_conversion_is_valid_and_the_models_run_in_onnx_reference(exported):
     import onnx
     from onnx.reference import ReferenceEvaluator
 
     out, listed = exported
     for entry in listed:
+        if "onnx" not in entry:
+            continue
         model = onnx.load(str(out / entry["onnx"]))
         onnx.checker.check_model(model)
         assert [o.version for o in model.opset_import if o.domain in ("", "ai.onnx")] == [13]
         assert "NonMaxSuppression" in {n.op_type for n in model.graph.node} or \
             entry["name"] != "postprocess"
-    entry = listed[1]
-    saved = np.load(out / "classifier.npz")
-    got = ReferenceEvaluator(onnx.load(str(out / entry["onnx"]))).run(
-        entry["onnx_outputs"], {n: saved[f"input_{n}"] for n in entry["onnx_inputs"]})
-    np.testing.assert_allclose(got[0], saved["output_0"], rtol=1e-5, atol=1e-6)
+    # onnx's reference evaluator runs the models without NonMaxSuppression (its NMS raises
+    # IndexError on these, onnx 1.14.1); ONNX Runtime runs them all in the deploy session
+    ran = []
+    for entry in listed:
+        model = onnx.load(str(out / entry["onnx"])) if "onnx" in entry else None
+        if model is None or "NonMaxSuppression" in {n.op_type for n in model.graph.node}:
+            continue
+        assert [i.name for i in model.graph.input] == entry["inputs"], entry["name"]
+        assert [o.name for o in model.graph.output] == entry["outputs"], entry["name"]
+        saved = np.load(out / f"{entry['name']}.npz")
+        got = ReferenceEvaluator(model).run(
+            entry["outputs"], {n: saved[f"exported/input_{n}"] for n in entry["inputs"]})
+        for k, g in enumerate(got):
+            np.testing.assert_allclose(g, saved[f"exported/output_{k}"], rtol=1e-5, atol=1e-6)
+        ran.append(entry["name"])
+    assert {"classifier", "example_face", "op_topk", "op_tile"} <= set(ran), ran
 
 
 @decorate("numpy")

@@ -211,3 +211,77 @@ def test_a_0d_input_under_numpy_shapes_is_not_taken_for_an_unknown_one():
         net = Twice()
         net.hybridize()
         assert float(net(mx.np.array(3.0))) == 6.0
+
+
+class _Deferred(mx.gluon.HybridBlock):
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.weight = self.params.get("weight", shape=(3, 0), allow_deferred_init=True)
+
+    def hybrid_forward(self, F, x, weight):
+        return no_inference(x, weight)
+
+
+@pytest.mark.parametrize("hybridize", [False, True], ids=["nd", "hybridized"])
+@pytest.mark.parametrize("filters", ["ignore", "always", "default"])
+def test_gluon_deferred_initialisation_names_the_op_the_input_and_the_fix(hybridize, filters):
+    # MXNet's own text: "list index out of range" under -W ignore (Gluon reads the first
+    # warning it recorded, and none was), the Parameter alone with warnings on.
+    net = _Deferred()
+    net.initialize()
+    if hybridize:
+        net.hybridize()
+    with warnings.catch_warnings():
+        warnings.simplefilter(filters)
+        with pytest.raises(ValueError) as info:
+            net(mx.nd.ones((4, 5)))
+    msg = str(info.value)
+    assert msg.startswith("Deferred initialization failed because shape cannot be inferred. "
+                          "customop 'tests.input_shapes.unknown' (input 'weight'): its shape is "
+                          "unknown (given (3, ?))"), msg
+    assert "give its Gluon Parameter a full shape" in msg
+    assert "infer_input_shape={'weight': lambda data, weight, **params: <shape>}" in msg
+    # the process goes on: with the full shape it runs
+    net.weight.shape = (3, 5)
+    net.initialize(force_reinit=True)
+    assert net(mx.nd.ones((4, 5))).shape == (4, 3)
+
+
+@pytest.mark.parametrize("off", ["", "gluonshape"])
+def test_gluon_deferred_initialisation_under_w_ignore_in_a_fresh_process(off):
+    import os
+    import subprocess
+    import sys
+    import textwrap
+    from pathlib import Path
+    code = textwrap.dedent('''
+        import mxnet as mx
+        from customop import customop
+        @customop('mxnet')
+        def linear(data, weight):
+            return mx.nd.dot(data, weight, transpose_b=True)
+        class Net(mx.gluon.HybridBlock):
+            def __init__(self, **kw):
+                super().__init__(**kw)
+                with self.name_scope():
+                    self.weight = self.params.get('weight', shape=(10, 0),
+                                                  allow_deferred_init=True)
+            def hybrid_forward(self, F, x, weight):
+                return linear(x, weight)
+        net = Net()
+        net.initialize()
+        try:
+            net(mx.nd.ones((4, 5)))
+        except ValueError as e:
+            print(e)
+    ''')
+    out = subprocess.run([sys.executable, "-W", "ignore", "-c", code], capture_output=True,
+                         text=True, timeout=120, cwd=Path(__file__).resolve().parents[2],
+                         env={**os.environ, "CUSTOMOP_RUNTIME_OFF": off})
+    if off:  # MXNet's own message: Gluon reads the first recorded warning, and none was
+        assert out.stdout.strip() == ("Deferred initialization failed because shape cannot be "
+                                      "inferred. list index out of range"), out.stderr[-2000:]
+    else:
+        assert "customop '__main__.linear' (input 'weight'): its shape is unknown (given " \
+            "(10, ?))" in out.stdout, out.stdout + out.stderr[-2000:]

@@ -48,7 +48,8 @@ def _want(x, at=1):
 def test_a_symbol_call_returns_one_node_with_every_output(op):
     s = op(mx.sym.var("x"), at=1, name="cut")
     native = mx.sym.topk(mx.sym.var("x"), ret_typ="both", name="top")
-    assert type(s) is type(native) is mx.sym.Symbol
+    # a Symbol as MXNet's are (its subclass only indexes s[-1] as Python does)
+    assert isinstance(s, mx.sym.Symbol) and type(native) is mx.sym.Symbol
     assert len(s) == 2 and s.list_outputs() == ["cut_low", "cut_high"]
     assert s[1].list_outputs() == ["cut_high"] and s["cut_low"].list_outputs() == ["cut_low"]
     assert [o.list_outputs() for o in s] == [["cut_low"], ["cut_high"]]
@@ -194,3 +195,35 @@ def test_variants_and_twins_keep_the_count_and_the_names():
     assert named_pair(mx.sym.var("x"), name="n").list_outputs() == ["n_p", "n_q"]
     assert named_pair(mx.sym.var("x"), mx.sym.var("b"), name="m").list_outputs() == ["m_p", "m_q"]
     assert split_at.mxnet.outputs.names({}) == ("low", "high")
+
+
+def test_a_negative_index_on_a_several_output_symbol_indexes_as_python_does():
+    # MXNet's Symbol.__getitem__ passes -1 to C as 4294967295 ("Check failed: index <
+    # nreturn"), for its own multi-output operators too; our nodes index as Python does.
+    @customop("numpy", name="tests.outputs.negative_index", outputs=("low", "high"))
+    def split_sign(x):
+        return np.minimum(x, 0), np.maximum(x, 0)
+
+    s = split_sign(mx.sym.var("x"), name="sp")
+    assert s[-1].list_outputs() == ["sp_high"] == s[1].list_outputs()
+    assert s[-2].list_outputs() == ["sp_low"]
+    for bad in (2, -3):
+        with pytest.raises(IndexError, match=f"output index {bad} is out of range for a node "
+                           "with 2 outputs"):
+            s[bad]
+    low, high = s
+    assert [o.list_outputs() for o in (low, high)] == [["sp_low"], ["sp_high"]]
+    out = mx.sym.Group([s[-1] * 2, s[0]]).simple_bind(mx.cpu(), x=(3,)).forward(
+        x=mx.nd.array([-1.0, 0.5, 2.0]))
+    np.testing.assert_allclose(out[0].asnumpy(), [0.0, 1.0, 4.0])
+    np.testing.assert_allclose(out[1].asnumpy(), [-1.0, 0.0, 0.0])
+    # MXNet's own Symbols keep MXNet's class and behaviour
+    assert type(mx.sym.topk(mx.sym.var("x"), ret_typ="both")) is mx.sym.Symbol
+    assert type(split_sign(mx.sym.var("y"))[0]) is mx.sym.Symbol
+
+    class Block(mx.gluon.HybridBlock):
+        def hybrid_forward(self, F, x):
+            return split_sign(x)[-1]
+    net = Block()
+    net.hybridize()
+    np.testing.assert_allclose(net(mx.nd.array([-1.0, 3.0])).asnumpy(), [0.0, 3.0])

@@ -414,7 +414,7 @@ def _recorder(how):
 def test_a_thousand_recorded_calls_free_their_residuals_without_the_cycle_collector(
         how, differentiated):
     # MXNet's operator objects sit in reference cycles with its ctypes callbacks: a residual
-    # they held would wait for gc (see ``release`` in customop/runtime.py)
+    # they held would wait for gc (see customop/runtime/release.py)
     x, call = _recorder(how)
     call()  # builds the hybridized graph: outside the count
     mx.nd.waitall()  # its forward runs on MXNet's thread, maybe after this returns

@@ -34,6 +34,7 @@ SNAPSHOT = textwrap.dedent('''
             "CachedOp.__call__": mx.nd.CachedOp.__call__,
             "Symbol.bind": mx.sym.Symbol.bind,
             "Symbol.simple_bind": mx.sym.Symbol.simple_bind,
+            "Symbol.infer_shape": mx.sym.Symbol.infer_shape,
             "NDArray.asnumpy": mx.nd.NDArray.asnumpy,
             "register._imperative_invoke": mx.ndarray.register._imperative_invoke,
             "RecordingStateScope.__enter__": mx.autograd._RecordingStateScope.__enter__,
@@ -155,7 +156,8 @@ def test_after_an_aux_op_is_used_only_its_own_graphs_wait():
             "unrelated cachedop": type(net._cached_op).__name__,
         }))
     '''))
-    assert result == {"installed": ["aux", "auxsync", "deps", "errors", "fork", "release"],
+    assert result == {"installed": ["aux", "auxsync", "deps", "errors", "fork", "gluonshape",
+                                    "release"],
                       "aux executor": "_AuxExecutor", "aux cachedop": "_AuxCachedOp",
                       "unrelated executor": "Executor", "unrelated cachedop": "CachedOp"}
 
@@ -183,6 +185,7 @@ def test_the_inline_patch_comes_with_the_first_graph_of_an_op_that_inlines():
     '''))
     assert ["inline" in step for step in result["steps"]] == [False, False, True]
     assert {"Symbol.bind", "Symbol.simple_bind", "CachedOp.__init__"} <= set(result["changed"])
+    assert ["gluonshape" in step for step in result["steps"]] == [False, True, True]
     assert "Executor.__init__" not in result["changed"]
     assert result["inlined"] and result["trace hooks back"]
     assert not result["unrelated executor"] and result["unrelated cachedop"] == "CachedOp"
@@ -253,7 +256,7 @@ def test_release_frees_only_our_operators_and_mxnet_still_deletes_them(off):
     result = _run(RELEASE, env={"CUSTOMOP_RUNTIME_OFF": off})
     # MXNet's own deleter ran for every operator (ours through the release hook), and a
     # hand-written CustomOp is left to the cycle collector, as MXNet leaves it
-    installed = sorted({"deps", "errors", "fork", "release"} - set(off.split(",")))
+    installed = sorted({"deps", "errors", "fork", "gluonshape", "release"} - set(off.split(",")))
     assert result == {"installed": installed,
                       "left in registry": 0, "watched": 0, "hand-written alive": 5}
 
