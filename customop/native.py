@@ -6,9 +6,11 @@ symbol JSON whose inputs are the operator's inputs) or the reason the ``Custom``
 node stays.  The purposes:
 
 * ``'train'``: hybridized blocks and bound graphs, which may be differentiated.
-  Only operators whose gradient MXNet would compute anyway (an automatic
-  gradient, or none) qualify, and the graph must hold at every input shape the
-  block may see later (checked at other shapes).
+  MXNet's gradient of the graph must be the operator's: an automatic gradient
+  differentiates the forward; ``def_grad`` closures and output layers
+  (``need_top_grad=False``) are transposed into the graph by the builder
+  :mod:`customop.custom_grad` passes (``closures=``).  The graph must hold at
+  every input shape the block may see later (checked at other shapes).
 * ``'export'``: a deployed graph, inference only.  ``def_grad`` operators
   qualify too; the graph may be specialized to the exported shapes; arrays the
   forward builds become parameters of the exported model.
@@ -23,7 +25,7 @@ purpose.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -59,6 +61,7 @@ class NativeGraph:
     checks: int = 0  # customop.require conditions carried as NaN poisoning
     guards: list[str] = field(default_factory=list)  # operators given index guards
     dtype_generic: bool = True
+    note: str = ""  # how a def_grad op's gradient is carried (customop.custom_grad)
 
     def operators(self) -> list[str]:
         return [n["op"] for n in self.nodes]
@@ -89,31 +92,40 @@ def static_reason(op: CustomOperator, purpose: str) -> str:
 
 def native_graph(op: CustomOperator, params: dict[str, Any], shapes: Sequence[Sequence[int]],
                  dtypes: Sequence[Any], purpose: str,
-                 values: Sequence[np.ndarray] | None = None) -> Verdict:
+                 values: Sequence[np.ndarray] | None = None,
+                 closures: Callable[..., NativeGraph] | None = None) -> Verdict:
     """The native graph of ``op`` at this signature for ``purpose``, or why there is none.
 
     ``values``: the inputs to trace on first (default: random placeholders).
+    ``closures(op, params, shapes, dtypes, values)``: builds the training graph of an op
+    with its own gradient (``customop.custom_grad.native_graph`` passes its own; without
+    it such an op keeps its ``Custom`` node in training).
     """
     if purpose not in PURPOSES:
         raise ValueError(f"purpose must be one of {PURPOSES}, got {purpose!r}")
     shapes = tuple(tuple(int(d) for d in s) for s in shapes)
     dtypes = tuple(np.dtype(d) for d in dtypes)
-    key = (op, repr(sorted(params.items())), shapes, dtypes, purpose)
+    key = (op, repr(sorted(params.items())), shapes, dtypes, purpose, closures)
     found = _cache.get(key)
     if found is None or values is not None:
         found = _cache[key] = trace.aside(_decide, op, dict(params), shapes, dtypes, purpose,
-                                          values)
+                                          values, closures)
     return found
 
 
-def _decide(op, params, shapes, dtypes, purpose, values) -> Verdict:
+def _decide(op, params, shapes, dtypes, purpose, values, closures) -> Verdict:
     verdict = Verdict(errors.shown(op.op_type), purpose, shapes, dtypes)
     refused = rules.op_refusal(op, purpose)
     if refused is not None:
         verdict.reason, verdict.rule = refused.reason, refused.name
     else:
         try:
-            verdict.graph = _Tracer(op, params, purpose).graph(shapes, dtypes, values)
+            if purpose == TRAIN and (op.grads or not op.need_top_grad):
+                if closures is None:
+                    raise _NotNative.of("own-gradient")
+                verdict.graph = closures(op, params, shapes, dtypes, values)
+            else:
+                verdict.graph = _Tracer(op, params, purpose).graph(shapes, dtypes, values)
         except _NotNative as exc:
             verdict.reason, verdict.rule = str(exc), exc.rule
     return verdict
@@ -430,3 +442,9 @@ def clear_cache() -> None:
     """Forget every traced graph (an operator redefined in place is traced again anyway)."""
     with _lock:
         _cache.clear()
+
+
+# ---- shared with customop.custom_grad (which checks training graphs the same way) ------------
+perturbed, structure, close = _perturbed, _structure, _close
+difference, other_shapes, shapes_text = _difference, _other_shapes, _shapes_text
+Tracer, NotNative = _Tracer, _NotNative
