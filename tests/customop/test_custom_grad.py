@@ -247,7 +247,7 @@ checked.def_grad(lambda ans, x: lambda g: g * 3)
 
 
 @pytest.mark.parametrize("op, words", [
-    (checked, ["skips value checks", "is_tracing"]),
+    (checked, ["is_tracing", "customop.require"]),
     (squared_g, ["multiplies two values that both depend on the head gradient"]),
     (shifted_g, ["'_plus_scalar'", "affine"]),
     (sqrt_g, ["'sqrt'", "no transposition rule"]),
@@ -257,7 +257,8 @@ checked.def_grad(lambda ans, x: lambda g: g * 3)
 ])
 def test_what_cannot_be_transposed_keeps_its_node_and_says_why(op, words):
     report = customop.explain(op, (3,))
-    assert not report.inlines and report.exports
+    # a forward that asks is_tracing() may skip a check: it keeps its node in exports too
+    assert not report.inlines and report.exports == (op is not checked)
     reason = report.train.reason
     if op not in (rerecords, checked):
         assert "gradient closure <lambda>" in reason and __file__ in reason, reason
