@@ -29,7 +29,7 @@ import mxnet as mx
 import numpy as np
 
 from . import constants as consts
-from . import errors, gradients, graph_json, native, trace
+from . import errors, gradients, graph_json, guards, native, rules, trace
 from .runtime import trace as hooks
 from .transpose import ZEROS, NotLinear, Transposer, transpose
 
@@ -467,7 +467,7 @@ def training_graph(op: CustomOperator, params: dict[str, Any], shapes, dtypes,
         raise native.NotNative(f"its training graph holds only at the traced input shapes "
                                 f"({graph.specialized}); a hybridized block may see others")
     graph.dtype_generic = _dtype_generic(b, graph, shapes, dtypes, first)
-    return native.guarded(graph, rec1.guarded)
+    return guards.guarded(graph, rec1.guarded, rules.INDEX_GUARDS)
 
 
 MAGNITUDES = (-2.0, 3.0)  # log10 range of the values closure and MXNet's gradient meet on

@@ -20,7 +20,7 @@ from typing import Any
 import mxnet as mx
 import numpy as np
 
-from . import export_graph, graph_json, native, registry, runtime, splice
+from . import export_batch, export_graph, graph_json, native, registry, runtime, splice
 
 CHOICES = ("raise", "warn")
 
@@ -181,7 +181,7 @@ def export(block: mx.gluon.HybridBlock, path: str, *inputs: Any, epoch: int = 0,
 
 def _other_batch_differs(block, sym, params, constants, names, inputs, batched) -> str:
     """"" when the exported graph gives the block's outputs at a larger batch size too."""
-    longer = export_graph.longer_batch(names, inputs, batched)
+    longer = export_batch.longer_batch(names, inputs, batched)
     size = longer[names.index(batched[0])].shape[0]
     try:
         with mx.autograd.pause():

@@ -23,8 +23,8 @@ the node stays as it is).  The formulas use operators MXNet's ONNX converter kno
 """
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+import dataclasses
+from typing import Any, Callable  # noqa: UP035 - Callable[...] evaluated at run time (3.8)
 
 import numpy as np
 
@@ -103,3 +103,42 @@ def box_encode(node: dict, add: Add, dtypes: list[Any]) -> list[Ref] | None:
     safe = add("Cast", {"dtype": np.dtype(dtypes[-1] or np.float32).name}, [safe])
     op = add(node["op"], node["attrs"], [samples, safe, anchors, refs, means, stds])
     return _poisoned(add, [op, ("node", op[1], 1)], dtypes[:2], bad)
+
+
+def guarded(graph: Any, dtypes: dict[str, list], table: dict[str, Callable[..., Any]]) -> Any:
+    """``graph`` (a :class:`customop.native.NativeGraph`) with the index guards of ``table``
+    (``customop.rules.INDEX_GUARDS``) around the kernels they name.
+
+    Applied once the graph is verified (a guard turns an out-of-range index into NaN
+    where the forward run in Python would have read a clipped value).  ``dtypes``: by
+    node name, the dtypes of its outputs and of its index input, as traced.
+    """
+    if not any(n["op"] in table for n in graph.nodes):
+        return graph
+    nodes: list[dict[str, Any]] = []
+    moved: dict[int, int] = {}  # old node -> new node, for nodes kept as they are
+    rewritten: dict[int, list[tuple]] = {}  # old node -> the entries of its outputs
+
+    def remap(r: tuple) -> tuple:
+        if r[0] != "node":
+            return r
+        return rewritten[r[1]][r[2]] if r[1] in rewritten else ("node", moved[r[1]], r[2])
+
+    def add(op: str, attrs: dict, inputs: list) -> tuple:
+        nodes.append({"op": op, "name": f"guard{len(nodes)}_{op.strip('_').lower()}",
+                      "attrs": dict(attrs), "inputs": list(inputs)})
+        return ("node", len(nodes) - 1, 0)
+
+    for k, n in enumerate(graph.nodes):
+        node = dict(n, inputs=[remap(r) for r in n["inputs"]])
+        rule = table.get(n["op"])
+        outs = None
+        if rule is not None and n["name"] in dtypes:
+            outs = rule(node, add, dtypes[n["name"]])
+        if outs is None:
+            nodes.append(node)
+            moved[k] = len(nodes) - 1
+        else:
+            rewritten[k] = outs
+    return dataclasses.replace(graph, nodes=nodes, heads=[remap(r) for r in graph.heads],
+                               guards=sorted({graph.nodes[k]["op"] for k in rewritten}))

@@ -33,7 +33,7 @@ import mxnet as mx
 import numpy as np
 
 from . import constants as consts
-from . import errors, rules, trace
+from . import errors, guards, rules, trace
 from .graph_json import evaluate
 from .rules import EXPORT, PURPOSES, TRAIN
 
@@ -189,7 +189,7 @@ class _Tracer:
             graph.specialized = self.generality(graph, shapes, dtypes, first)
             if graph.specialized:
                 raise _NotNative.of("shape-specialized", graph.specialized)
-        return guarded(graph, rec1.guarded)
+        return guards.guarded(graph, rec1.guarded, rules.INDEX_GUARDS)
 
     def check(self, rec: trace.Recording) -> None:
         found = rules.recorded_refusal(rec, self.purpose)
@@ -315,46 +315,6 @@ class _Tracer:
                                                          value):
             raise _NotNative.of("constant-inexact", value.shape, value.dtype)
         return expressed
-
-
-def guarded(graph: NativeGraph, dtypes: dict[str, list]) -> NativeGraph:
-    """``graph`` with the index guards of :mod:`customop.guards` around the kernels they name.
-
-    Applied once the graph is verified (a guard turns an out-of-range index into NaN
-    where the forward run in Python would have read a clipped value).  ``dtypes``: by
-    node name, the dtypes of its outputs and of its index input, as traced.
-    """
-    if not any(n["op"] in rules.INDEX_GUARDS for n in graph.nodes):
-        return graph
-    nodes: list[dict[str, Any]] = []
-    moved: dict[int, int] = {}  # old node -> new node, for nodes kept as they are
-    rewritten: dict[int, list[tuple]] = {}  # old node -> the entries of its outputs
-
-    def remap(r: tuple) -> tuple:
-        if r[0] != "node":
-            return r
-        return rewritten[r[1]][r[2]] if r[1] in rewritten else ("node", moved[r[1]], r[2])
-
-    def add(op: str, attrs: dict, inputs: list) -> tuple:
-        nodes.append({"op": op, "name": f"guard{len(nodes)}_{op.strip('_').lower()}",
-                      "attrs": dict(attrs), "inputs": list(inputs)})
-        return ("node", len(nodes) - 1, 0)
-
-    for k, n in enumerate(graph.nodes):
-        node = dict(n, inputs=[remap(r) for r in n["inputs"]])
-        rule = rules.INDEX_GUARDS.get(n["op"])
-        outs = None
-        if rule is not None and n["name"] in dtypes:
-            outs = rule(node, add, dtypes[n["name"]])
-        if outs is None:
-            nodes.append(node)
-            moved[k] = len(nodes) - 1
-        else:
-            rewritten[k] = outs
-    return NativeGraph(nodes, [remap(r) for r in graph.heads], graph.constants,
-                       specialized=graph.specialized, dtype_generic=graph.dtype_generic,
-                       checks=graph.checks,
-                       guards=sorted({graph.nodes[k]["op"] for k in rewritten}))
 
 
 def _shifted(r: tuple, start: int) -> tuple:

@@ -44,7 +44,10 @@ STATEFUL = frozenset({"BatchNorm", "BatchNorm_v1", "SyncBatchNorm", "_contrib_Sy
 
 
 class Refusal(NamedTuple):
-    """One reason an op keeps its ``Custom`` node: ``reason`` when ``test`` finds something."""
+    """One reason an op keeps its ``Custom`` node: ``reason`` when ``test`` finds something.
+
+    A reason says what stopped the op and, where the user can change it, what to do.
+    """
 
     name: str
     test: Callable[..., Any]
@@ -53,14 +56,16 @@ class Refusal(NamedTuple):
 
 OP_REFUSALS = (
     Refusal("numpy-mode", lambda op, purpose: op.mode != "mxnet",
-            "a 'numpy'-mode operator: its forward runs on NumPy arrays, outside MXNet's graph"),
+            "a 'numpy'-mode operator: its forward runs on NumPy arrays, outside MXNet's graph; "
+            "its 'mxnet'-mode twin, written with mx.nd operators, can inline"),
     Refusal("inline-false", lambda op, purpose: not getattr(op, "inline", True),
-            "declared inline=False"),
+            "declared inline=False (leave it out to inline the op)"),
     Refusal("aux-states", lambda op, purpose: bool(op.signature.aux),
             "it has auxiliary states (aux=), which it updates in place; MXNet's own "
             "operators cannot"),
     Refusal("trace-off", lambda op, purpose: runtime.disabled("trace"),
-            "CUSTOMOP_RUNTIME_OFF keeps the trace hooks out"),
+            "CUSTOMOP_RUNTIME_OFF keeps the trace hooks out (take 'trace' out of it to "
+            "inline)"),
 )
 # (def_grad and need_top_grad=False ops inline in training too: their closures are traced and
 # transposed by customop.custom_grad, whose refusals are the "closure-*" TRACE_REFUSALS.)
@@ -102,10 +107,12 @@ RECORDED_REFUSALS = (
             "it reads values back to Python (asnumpy, asscalar, bool) at {}; a graph would "
             "keep what it read once (a value check: write it with customop.require)"),
     Refusal("random", lambda rec, purpose: ", ".join(rec.randoms),
-            "it calls random operators ({})"),
+            "it calls random operators ({}); draw the random values outside the op and "
+            "pass them in as an input"),
     Refusal("stateful", _stateful, "it calls operators that update auxiliary states ({})"),
     Refusal("unknown-free", lambda rec, purpose: bool(rec.unknown_free),
-            "it uses arrays whose values the trace could not read"),
+            "it uses arrays whose values the trace could not read; build them inside the "
+            "forward from its inputs, or pass them in as inputs"),
     Refusal("foreign-custom", _foreign_custom,
             "it calls a custom operator that cannot be inlined itself (a 'numpy'-mode op, "
             "one with def_grad in training, or one with auxiliary states)"),
@@ -127,18 +134,20 @@ def recorded_refusal(rec: Any, purpose: str) -> tuple[Refusal, str] | None:
 TRACE_REFUSALS = {
     "forward-failed": "its forward failed while being traced on placeholder inputs: {}",
     "value-dependent": "its graph depends on the input values (control flow on values read "
-                       "from its inputs)",
+                       "from its inputs); compute every branch and choose with mx.nd.where",
     "outside-graph": "it computes arrays from its inputs outside the recorded graph (detach(), "
                      "or new arrays from values it read); the graph would hold them as "
-                     "constants",
+                     "constants: compute them with MXNet operators on the inputs",
     "other-outputs": "its recorded graph does not give its outputs on other input values",
     "shape-specialized": "its graph holds only at the traced input shapes ({}); a hybridized "
-                         "block may see others",
+                         "block may see others: write shapes with reshape's 0/-1 codes or "
+                         "shape operators (zeros_like, broadcast_like), not numbers read "
+                         "from x.shape",
     "unread-array": "it uses an array the trace could not read",
     "constant-unheld": "it builds a constant array of shape {} ({}) that a graph cannot hold "
-                       "without a parameter",
+                       "without a parameter; pass it in as an input",
     "constant-inexact": "it builds a constant array of shape {} ({}) that the graph cannot "
-                        "write exactly",
+                        "write exactly; pass it in as an input",
     # an op with its own gradient (customop.custom_grad; transposition rules by MXNet
     # operator: customop.transpose.TRANSPOSE)
     "own-gradient": "its gradient is its own (def_grad or need_top_grad=False): "
