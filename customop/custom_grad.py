@@ -421,7 +421,8 @@ def mismatch(op, params, graph: native.NativeGraph, inputs: list[np.ndarray],
         w = np.zeros_like(inputs[i]) if w is None else np.asarray(w).reshape(inputs[i].shape)
         g = np.zeros_like(inputs[i]) if g is None else g.reshape(inputs[i].shape)
         tol = tolerance or _tolerance(inputs[i].dtype)
-        scale = max(1.0, float(np.nanmax(np.abs(w))) if w.size else 1.0)
+        finite = np.abs(w[np.isfinite(w)])
+        scale = max(1.0, float(finite.max()) if finite.size else 1.0)
         if not np.allclose(g, w, rtol=tol, atol=tol * scale, equal_nan=True):
             return (f"MXNet's gradient of its transposed closure differs from the closure's for "
                     f"input {names[i]!r} (max difference {np.nanmax(np.abs(g - w)):.3g})")
@@ -432,7 +433,8 @@ def training_graph(op: CustomOperator, params: dict[str, Any], shapes, dtypes,
                    values) -> native.NativeGraph:
     """The training graph of an operator with its own gradient (raises ``native.NotNative``)."""
     b = Builder(op, params)
-    first = list(values) if values is not None else native.placeholders(shapes, dtypes, 1)
+    first = list(values) if values is not None else passing(
+        op, params, native.placeholders(shapes, dtypes, 1))
     second = native.perturbed(first)
     rec1 = b.record(first, seed=5)
     b.check(rec1)
@@ -468,6 +470,32 @@ def training_graph(op: CustomOperator, params: dict[str, Any], shapes, dtypes,
                                 f"({graph.specialized}); a hybridized block may see others")
     graph.dtype_generic = _dtype_generic(b, graph, shapes, dtypes, first)
     return guards.guarded(graph, rec1.guarded, rules.INDEX_GUARDS)
+
+
+def passing(op, params, first: list[np.ndarray]) -> list[np.ndarray]:
+    """``first`` with the inputs that get no gradient (labels, indices, scales) set so that
+    the op's own checks pass, when placeholders fail them.
+
+    The closures are compared with MXNet's gradient on these values (the fixed inputs
+    keep them): on values that fail a ``customop.require`` check, the forward raises
+    in Python and the graph gives NaN, which compares nothing.  Tried in order: the
+    placeholders, then every fixed input all 1, all 0, alternating 0 and 1.  When none
+    passes, ``first`` is returned and the comparison names the failure.  Only the
+    signature decides (never the values a graph will see): the verdict is cached by it.
+    """
+    fixed = [i for i, (name, v) in enumerate(zip(op.signature.inputs, first))
+             if name in op.no_grad or not np.issubdtype(v.dtype, np.floating)]
+    fills = [lambda v: np.ones_like(v), lambda v: np.zeros_like(v),
+             lambda v: (np.arange(v.size) % 2).reshape(v.shape).astype(v.dtype)]
+    candidates = [list(first)] + ([[fill(v) if i in fixed else v for i, v in enumerate(first)]
+                                   for fill in fills] if fixed else [])
+    for values in candidates:
+        try:
+            closure_gradients(op, params, values, lambda outs: [np.ones_like(o) for o in outs])
+        except Exception:  # noqa: BLE001 - a check failed on these values: try the next
+            continue
+        return values
+    return list(first)
 
 
 MAGNITUDES = (-2.0, 3.0)  # log10 range of the values closure and MXNet's gradient meet on

@@ -96,7 +96,9 @@ def native_graph(op: CustomOperator, params: dict[str, Any], shapes: Sequence[Se
                  closures: Callable[..., NativeGraph] | None = None) -> Verdict:
     """The native graph of ``op`` at this signature for ``purpose``, or why there is none.
 
-    ``values``: the inputs to trace on first (default: random placeholders).
+    ``values``: the inputs to trace on first (default: random placeholders).  A verdict
+    traced on given values is not cached: the cached verdict, which every graph uses, is a
+    function of the operator, its parameters and the signature only, whatever ran before.
     ``closures(op, params, shapes, dtypes, values)``: builds the training graph of an op
     with its own gradient (``customop.custom_grad.native_graph`` passes its own; without
     it such an op keeps its ``Custom`` node in training).
@@ -106,10 +108,12 @@ def native_graph(op: CustomOperator, params: dict[str, Any], shapes: Sequence[Se
     shapes = tuple(tuple(int(d) for d in s) for s in shapes)
     dtypes = tuple(np.dtype(d) for d in dtypes)
     key = (op, repr(sorted(params.items())), shapes, dtypes, purpose, closures)
+    if values is not None:
+        return trace.aside(_decide, op, dict(params), shapes, dtypes, purpose, values, closures)
     found = _cache.get(key)
-    if found is None or values is not None:
+    if found is None:
         found = _cache[key] = trace.aside(_decide, op, dict(params), shapes, dtypes, purpose,
-                                          values, closures)
+                                          None, closures)
     return found
 
 

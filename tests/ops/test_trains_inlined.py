@@ -25,12 +25,13 @@ def _boxes(*shape):
 
 LABELS = np.array([[1, 0, 2, -1, 3], [0, 0, 1, 1, 2]], "f")
 # name -> (op, inputs, params, whether training graphs inline it).  The losses check their
-# values with customop.require, so they inline (a failed check is NaN in the graph);
+# values with customop.require, so they inline (a failed check is NaN in the graph); the
+# normalizer's closure, -sum(g * ans) / normalizer, is MXNet's gradient of the forward;
 # box_encode's guarded matches reshape to the traced batch, so it keeps its node in training.
 CASES = {
     "focal_loss": (ops.focal_loss, [rng.randn(2, 5, 3).astype("f"), LABELS], {}, True),
     "focal_loss_normalizer": (ops.focal_loss, [rng.randn(2, 5, 3).astype("f"), LABELS,
-                                               np.array([3.0], "f")], dict(gamma=1.5), False),
+                                               np.array([3.0], "f")], dict(gamma=1.5), True),
     "smooth_l1": (ops.smooth_l1, [rng.randn(4, 3).astype("f"), np.array([2.0], "f")], {},
                   True),
     "smooth_l1_weight": (ops.smooth_l1, [rng.randn(4, 3).astype("f"), np.array([1.5], "f"),
