@@ -132,6 +132,10 @@ class Builder(native.Tracer):
                     if not isinstance(grad, mx.nd.NDArray):
                         raise native.NotNative(f"its {c.label} returns a "
                                                 f"{type(grad).__name__}, not an NDArray")
+                    if log.poison is not None and np.issubdtype(grad.dtype, np.floating):
+                        # a failed require() check: NaN gradients, not only NaN outputs
+                        grad = mx.nd.broadcast_mul(grad, log.poison.astype(grad.dtype,
+                                                                           copy=False))
                     heads.append(grad)
                     self.picks.append((i, c))
             return gs, heads

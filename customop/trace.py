@@ -110,6 +110,7 @@ class _Log:
         self.guarded: list[tuple[mx.nd.NDArray, list[np.dtype]]] = []  # see rules.INDEX_GUARDS
         self.regions: list[tuple[int, int]] = []  # node numbers recorded inside pause()
         self.inner: list[Any] = []  # decorated ops the forward called (dispatch reports them)
+        self.poison: Any = None  # checks.factor of the forward's require() conditions
         self._depth = 0
         self._start = 0
         self._probe = mx.nd.zeros((1,))
@@ -191,12 +192,19 @@ def record(op: CustomOperator, values: list[np.ndarray], params: dict[str, Any],
         # its require() checks become part of the graph: NaN outputs where they fail; a check
         # of an input the outputs do not read is left out (a graph that does not read it
         # cannot be fed a wrong one: softmax_ce's label, which only shapes the gradient)
+        # (with closures, a training graph: they may read what the outputs do not, as
+        # softmax_ce's gradient reads its label, so every check is kept)
         read = set().union(*(_graph_inputs(o) for o in outs)) & log.inputs
-        conditions[:] = [c for c in conditions if set(_graph_inputs(c.ok)) & log.inputs <= read]
-        outs = checks.poisoned(outs, conditions)
+        if then is None:
+            conditions[:] = [c for c in conditions
+                             if set(_graph_inputs(c.ok)) & log.inputs <= read]
+        log.poison = checks.factor(conditions)
+        outs = checks.poisoned(outs, conditions, log.poison)
         n_conditions = len(conditions)
         forward_reads = len(log.reads)
-        if then is not None:  # the closures see the poisoned outputs: NaN gradients too
+        if then is not None:
+            # the closures see the poisoned outputs, and multiply what they give by
+            # log.poison: a failed check makes the gradients NaN too
             more_in, more_out = then(xs, outs, saved, log)
             xs, outs = [*xs, *more_in], [*outs, *more_out]
     names = [mx.autograd.get_symbol(x).name for x in xs]

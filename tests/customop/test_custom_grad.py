@@ -326,3 +326,33 @@ def test_check_grad_compares_the_inlined_graph_with_the_custom_node():
     assert both.passed and both.max_abs_err < 1e-5
     with pytest.raises(AssertionError, match="symbolic vs numeric"):
         check_grad(surrogate, x)  # the closure is wrong: one call says so
+
+
+@decorate("mxnet", no_grad=("label",))
+def labelled(data, label):
+    customop.require((label >= 0) * (label < data.shape[1]) * (label == mx.nd.round(label)),
+                     "label", "must be a class index")
+    return mx.nd.broadcast_add(data * 2, mx.nd.expand_dims(label, 1) * 0)
+
+
+labelled.def_grad(lambda ans, data, label: lambda g: g * 3)  # a surrogate: MXNet's is 2 g
+
+
+def test_the_verdict_depends_on_the_signature_only():
+    # Placeholder labels (uniform in [0.1, 1)) fail the check: the closure is compared on
+    # labels that pass it, so a graph inlines whether or not explain (with the user's
+    # values) ran first, and a verdict traced on given values is never the cached one.
+    native.clear_cache()
+    shapes, dtypes = [(4, 3), (4,)], ["float32"] * 2
+    given = [rng.randn(4, 3).astype("f"), np.array([0, 2, 1, 1], "f")]
+    on_values = custom_grad.native_graph(labelled, {}, shapes, dtypes, TRAIN, given)
+    cached = custom_grad.native_graph(labelled, {}, shapes, dtypes, TRAIN)
+    assert cached is not on_values and cached.inlines and on_values.inlines, cached.reason
+    assert customop.explain(labelled, *given).train is cached
+    g = rng.randn(4, 3).astype("f")
+    outs, grads = custom_grad.run_graph(cached.graph, given, [g])
+    np.testing.assert_allclose(outs[0], 2 * given[0].astype("f8"), rtol=1e-6)
+    np.testing.assert_allclose(grads[0], 3 * g.astype("f8"), rtol=1e-6)
+    outs, grads = custom_grad.run_graph(cached.graph, [given[0], np.array([0, 3, 1, 1], "f")],
+                                        [g])
+    assert np.isnan(outs[0]).all() and np.isnan(grads[0]).all()
