@@ -32,8 +32,8 @@ from typing import TYPE_CHECKING, Any
 import mxnet as mx
 import numpy as np
 
+from . import compare, errors, guards, rules, trace
 from . import constants as consts
-from . import errors, guards, rules, trace
 from .graph_json import evaluate
 from .rules import EXPORT, PURPOSES, TRAIN
 
@@ -179,7 +179,7 @@ class _Tracer:
         self.check(rec1)
         rec2 = self.record(second)
         self.check(rec2)
-        if _structure(rec1) != _structure(rec2):
+        if compare.structure(rec1) != compare.structure(rec2):
             raise _NotNative.of("value-dependent")
         changed = [rec1.nodes[i]["name"] for i in rec1.free
                    if not consts.same(rec1.free[i], rec2.free[i])]
@@ -187,7 +187,7 @@ class _Tracer:
             raise _NotNative.of("outside-graph")
         graph = self.fragment(rec1, shapes)
         graph.checks = rec1.checks
-        if not _close(evaluate(graph, second), rec2.outputs):
+        if not compare.close(evaluate(graph, second), rec2.outputs):
             raise _NotNative.of("other-outputs")
         if self.purpose == TRAIN:  # an export holds at the shapes it is exported with
             graph.specialized = self.generality(graph, shapes, dtypes, first)
@@ -212,10 +212,10 @@ class _Tracer:
             except (_NotNative, Exception) as exc:  # noqa: BLE001 - the op refuses this shape
                 tried.append(f"{_shapes_text(other)}: {type(exc).__name__}")
                 continue
-            diff = _difference(graph, alt)
+            diff = compare.difference(graph, alt)
             if diff:
                 return f"{diff} at input shapes {_shapes_text(other)}"
-            if not _close(evaluate(graph, values, alt.constants), rec.outputs):
+            if not compare.close(evaluate(graph, values, alt.constants), rec.outputs):
                 return f"other outputs at input shapes {_shapes_text(other)}"
             graph.dtype_generic = self.dtype_generic(graph, dtypes, first)
             return ""
@@ -233,7 +233,7 @@ class _Tracer:
             alt = self.fragment(rec, [v.shape for v in first])
         except Exception:  # noqa: BLE001 - then calls are keyed by dtype
             return False
-        return not _difference(graph, alt)
+        return not compare.difference(graph, alt)
 
     # ---- the recorded graph as a NativeGraph ------------------------------------------------
     def fragment(self, rec: trace.Recording, shapes) -> NativeGraph:
@@ -325,48 +325,6 @@ def _shifted(r: tuple, start: int) -> tuple:
     return ("node", r[1] - start, r[2]) if r[0] == "node" else r
 
 
-# ---- comparing graphs -------------------------------------------------------------------------
-def _close(got: list[np.ndarray], want: list[np.ndarray]) -> bool:
-    if len(got) != len(want):
-        return False
-    for g, w in zip(got, want):
-        g = g.reshape(w.shape) if g.size == w.size else g
-        if g.shape != w.shape:
-            return False
-        if np.issubdtype(w.dtype, np.floating):
-            tol = 1e-2 if w.dtype == np.float16 else 1e-5
-            if not np.allclose(g, w, rtol=tol, atol=tol * 0.1, equal_nan=True):
-                return False
-        elif not np.array_equal(g, w):
-            return False
-    return True
-
-
-def _structure(rec: trace.Recording) -> list:
-    return [(n["op"], sorted(n["attrs"].items()), n["inputs"], i in rec.free)
-            for i, n in enumerate(rec.nodes)] + [rec.heads, rec.inputs]
-
-
-def _difference(a: NativeGraph, b: NativeGraph) -> str:
-    """The first difference between two graphs of one operator ("" when they are alike)."""
-    if len(a.nodes) != len(b.nodes):
-        return f"{len(a.nodes)} operators, {len(b.nodes)}"
-    for x, y in zip(a.nodes, b.nodes):
-        if x["op"] != y["op"] or x["inputs"] != y["inputs"]:
-            return f"operator {x['op']} becomes {y['op']}"
-        if x["attrs"] != y["attrs"]:
-            key = next(k for k in sorted(set(x["attrs"]) | set(y["attrs"]))
-                       if x["attrs"].get(k) != y["attrs"].get(k))
-            return f"{x['op']} {key}={x['attrs'].get(key)} becomes {y['attrs'].get(key)}"
-    if a.heads != b.heads:
-        return "other outputs"
-    for name, value in a.constants.items():
-        other = b.constants.get(name)
-        if other is None or other.shape != value.shape or other.dtype != value.dtype:
-            return f"a constant of shape {value.shape}"
-    return ""
-
-
 def _perturbed(values: list[np.ndarray]) -> list[np.ndarray]:
     """Other values of the same signature: negative, zero and positive numbers."""
     out = placeholders([v.shape for v in values], [v.dtype for v in values], 2)
@@ -409,6 +367,5 @@ def clear_cache() -> None:
 
 
 # ---- shared with customop.custom_grad (which checks training graphs the same way) ------------
-perturbed, structure, close = _perturbed, _structure, _close
-difference, other_shapes, shapes_text = _difference, _other_shapes, _shapes_text
+perturbed, other_shapes, shapes_text = _perturbed, _other_shapes, _shapes_text
 Tracer, NotNative = _Tracer, _NotNative

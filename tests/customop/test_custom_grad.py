@@ -1,7 +1,7 @@
 """Issue 33 item 1: def_grad closures are traced with g as a variable and transposed into graphs.
 
 References are written from the formula in float64 NumPy (never from our output);
-the training graph is run by MXNet (``custom_grad.run_graph``: a CachedOp under
+the training graph is run by MXNet (``closure_values.run_graph``: a CachedOp under
 ``autograd.record``) and its gradients compared with them.
 """
 import mxnet as mx
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import customop
-from customop import custom_grad, native, residuals, transpose
+from customop import closure_values, custom_grad, native, residuals, transpose
 from customop import customop as decorate
 
 TRAIN = native.TRAIN
@@ -90,7 +90,7 @@ def graph(op, *shapes, **params):
 
 
 def mx_grads(op, inputs, heads, **params):
-    return custom_grad.run_graph(graph(op, *[x.shape for x in inputs], **params), inputs, heads)
+    return closure_values.run_graph(graph(op, *[x.shape for x in inputs], **params), inputs, heads)
 
 
 def test_a_single_closure_is_transposed():
@@ -106,7 +106,7 @@ def test_a_closure_equal_to_mxnets_gradient_trains_as_the_forward_alone():
     found = graph(square, (3, 4))
     assert found.operators() == ["broadcast_mul"] and "equals" in found.note
     x, g = rng.randn(3, 4).astype("f"), rng.randn(3, 4).astype("f")
-    _, grads = custom_grad.run_graph(found, [x], [g])
+    _, grads = closure_values.run_graph(found, [x], [g])
     np.testing.assert_allclose(grads[0], 2 * x.astype("f8") * g, rtol=1e-5, atol=1e-6)
 
 
@@ -123,7 +123,7 @@ def test_a_closure_that_differs_only_on_large_values_is_transposed():
     assert not found.note
     x = np.array([[-9, -3, -1, 0], [0.5, 2, 2.6, 4], [10, 20, -30, 1]], "f")
     g = rng.randn(3, 4).astype("f")
-    _, grads = custom_grad.run_graph(found, [x], [g])
+    _, grads = closure_values.run_graph(found, [x], [g])
     np.testing.assert_allclose(grads[0], np.clip(2 * x.astype("f8"), -5, 5) * g, rtol=1e-5)
 
 
@@ -154,7 +154,7 @@ def test_an_output_layer_ignores_the_head_gradient():
     ops = graph(xent, (4, 3), (4,)).operators()
     assert "make_loss" in ops  # MakeLoss ignores its head gradient (measured on MXNet 1.9.1)
     for heads in ([np.ones((4, 3), "f")], [rng.randn(4, 3).astype("f") * 7]):
-        outs, grads = custom_grad.run_graph(graph(xent, (4, 3), (4,)), [data, label], heads)
+        outs, grads = closure_values.run_graph(graph(xent, (4, 3), (4,)), [data, label], heads)
         np.testing.assert_allclose(outs[0], p, rtol=1e-5)
         np.testing.assert_allclose(grads[0], want, rtol=1e-5, atol=1e-6)
 
@@ -350,9 +350,9 @@ def test_the_verdict_depends_on_the_signature_only():
     assert cached is not on_values and cached.inlines and on_values.inlines, cached.reason
     assert customop.explain(labelled, *given).train is cached
     g = rng.randn(4, 3).astype("f")
-    outs, grads = custom_grad.run_graph(cached.graph, given, [g])
+    outs, grads = closure_values.run_graph(cached.graph, given, [g])
     np.testing.assert_allclose(outs[0], 2 * given[0].astype("f8"), rtol=1e-6)
     np.testing.assert_allclose(grads[0], 3 * g.astype("f8"), rtol=1e-6)
-    outs, grads = custom_grad.run_graph(cached.graph, [given[0], np.array([0, 3, 1, 1], "f")],
+    outs, grads = closure_values.run_graph(cached.graph, [given[0], np.array([0, 3, 1, 1], "f")],
                                         [g])
     assert np.isnan(outs[0]).all() and np.isnan(grads[0]).all()
