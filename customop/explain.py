@@ -94,6 +94,8 @@ def explain(target: Any, *inputs: Any, **params: Any) -> OpReport | GraphReport:
     says, for training (hybridized blocks and bound graphs) and for a deploy
     export (:func:`customop.export`), whether each op inlines as the MXNet
     operators its forward calls, or stays a ``Custom`` node, and the reason.
+    Only the inputs' shapes and dtypes count: the answer is the verdict every
+    graph gets at that signature, traced on placeholder values.
 
     Example:
         >>> import mxnet as mx
