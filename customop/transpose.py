@@ -18,8 +18,7 @@ both depend on ``g``, an added constant, ``sqrt(g)``).
 """
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from typing import Any, Callable  # noqa: UP035 - Callable[...] evaluated at run time (3.8)
 
 import numpy as np
 
