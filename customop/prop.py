@@ -24,7 +24,7 @@ from . import params as _params
 from .inference import known
 from .input_shapes import unknown_ndim
 from .runtime import aux as aux_patch
-from .runtime import deps, release, shapes
+from .runtime import deps, names, release, shapes
 
 if TYPE_CHECKING:
     from .operator import CustomOperator
@@ -74,8 +74,8 @@ def register(op_type: str, lookup: Callable[[str], CustomOperator]) -> None:
                 self.bad_params = exc
             self.shapes: tuple | None = None
 
-        # before MXNet asks for the node's backward dependencies or shapes
-        # (customop.runtime.deps, customop.runtime.shapes)
+        # before MXNet asks for the node's names, backward dependencies or shapes
+        # (customop.runtime.names, .deps, .shapes)
         _ref_holder = _adopting(lambda self, refs: _adopt_prop(self, refs))
 
         def list_arguments(self) -> list[str]:
@@ -172,6 +172,7 @@ def register(op_type: str, lookup: Callable[[str], CustomOperator]) -> None:
 def _adopt_prop(prop: Any, refs: Any) -> None:
     deps.adopt_prop(refs, prop.n_out, len(prop.op.signature.inputs), prop.op.need_top_grad)
     shapes.adopt_prop(refs, prop, _shape_props, _infer_shape_entry)
+    names.adopt_prop(refs, prop)
 
 
 _shape_props: dict[int, Any] = {}  # context key -> weakref to a prop (customop.runtime.shapes)

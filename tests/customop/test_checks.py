@@ -286,3 +286,29 @@ def test_concurrent_binds_of_one_symbol_holding_our_ops_work():
 def test_concurrent_binds_soak_4_threads_200_binds_10_rounds():
     # measured without the 'shapes' patch: 17 of 4,000 binds failed (garbage shapes)
     assert _binds(10, 200) == "FAILED 0 []"
+
+
+NAMES = textwrap.dedent("""
+    import sys, threading
+    import mxnet as mx
+    import ops
+    sym = ops.focal_loss(mx.sym.var("p"), mx.sym.var("lab"))
+    want, bad = sym.list_outputs(), []
+    def work():
+        for _ in range(int(sys.argv[1])):
+            if sym.list_outputs() != want:
+                bad.append(1)
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    [t.start() for t in threads]
+    [t.join() for t in threads]
+    print("BAD", len(bad))
+""")
+
+
+def test_threads_listing_one_symbols_outputs_read_whole_names():
+    # MXNet's list_outputs_entry keeps the names it hands C++ in one slot per prop: without
+    # the 'names' patch this crashed (segmentation fault) or read garbage names
+    done = subprocess.run([sys.executable, "-c", NAMES, "5000"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300, env={**os.environ, "PYTHONPATH": ROOT})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "BAD 0"
