@@ -4,6 +4,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 
 import mxnet as mx
 import numpy as np
@@ -312,3 +313,30 @@ def test_threads_listing_one_symbols_outputs_read_whole_names():
                           text=True, timeout=300, env={**os.environ, "PYTHONPATH": ROOT})
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip().splitlines()[-1] == "BAD 0"
+
+
+@decorate("numpy", name="tests.checks.widens")
+def widens(x):
+    return x.astype(np.float64) if x.shape[0] > 3 else x * 1
+
+
+def test_type_inference_reads_the_shapes_of_its_own_threads_shape_inference():
+    # threads binding one Symbol at other shapes share its props: each thread's type pass
+    # must see the shapes its own shape pass settled
+    sym = widens(mx.sym.var("x"))
+    shaped, other_done, dtypes = threading.Event(), threading.Event(), []
+
+    def bind_at_4():
+        sym.infer_shape(x=(4,))
+        shaped.set()
+        other_done.wait(60)
+        dtypes.append(sym.infer_type(x=np.float32)[1][0])
+
+    thread = threading.Thread(target=bind_at_4)
+    thread.start()
+    shaped.wait(60)
+    sym.infer_shape(x=(2,))  # another thread's shape pass, at another shape, in between
+    other_done.set()
+    thread.join(60)
+    assert dtypes == [np.float64]
+    assert sym.infer_type(x=np.float32)[1][0] == np.float32
