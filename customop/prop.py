@@ -24,7 +24,7 @@ from . import params as _params
 from .inference import known
 from .input_shapes import unknown_ndim
 from .runtime import aux as aux_patch
-from .runtime import deps, names, release, shapes
+from .runtime import binds, deps, names, release, shapes
 
 if TYPE_CHECKING:
     from .operator import CustomOperator
@@ -176,6 +176,7 @@ def _adopt_prop(prop: Any, refs: Any) -> None:
     deps.adopt_prop(refs, prop.n_out, len(prop.op.signature.inputs), prop.op.need_top_grad)
     shapes.adopt_prop(refs, prop, _shape_props, _infer_shape_entry)
     names.adopt_prop(refs, prop)
+    binds.adopt_prop(prop.op.op_type)
 
 
 _shape_props: dict[int, Any] = {}  # context key -> weakref to a prop (customop.runtime.shapes)
