@@ -23,13 +23,15 @@ is bound under one process-wide lock; any other graph is bound at once, after
 one ``debug_str``, as MXNet binds it (binds of MXNet's own graphs from several
 threads stay as unsafe as MXNet makes them: set ``MXNET_SUBGRAPH_BACKEND=NONE``,
 or bind from one thread).  With it, 10 such runs of our Symbol (5 inlined, 5 with
-``inline`` off) gave 0 failed binds of 80,000 and no aborted process.  Switched off,
+``inline`` off) gave 0 failed binds of 80,000 and no aborted process.  A child
+forked while a thread of the parent binds starts with a free lock.  Switched off,
 binds of our graphs run concurrently again.
 """
 from __future__ import annotations
 
 import contextlib
 import functools
+import os
 import threading
 from typing import Any
 
@@ -62,7 +64,14 @@ def holds_ours(sym: mx.sym.Symbol) -> bool:
                                      in graph_json.custom_nodes(graph))
 
 
+def _new_lock() -> None:
+    # a child forked while another thread of the parent was binding would wait forever
+    global _lock
+    _lock = threading.RLock()
+
+
 def install() -> None:
+    os.register_at_fork(after_in_child=_new_lock)
     simple_bind, bind = mx.sym.Symbol.simple_bind, mx.sym.Symbol.bind
 
     def simple_bind_(self, *args, **kwargs):

@@ -340,3 +340,37 @@ def test_type_inference_reads_the_shapes_of_its_own_threads_shape_inference():
     thread.join(60)
     assert dtypes == [np.float64]
     assert sym.infer_type(x=np.float32)[1][0] == np.float32
+
+
+FORK_WHILE_BINDING = textwrap.dedent("""
+    import os, signal, threading
+    import mxnet as mx
+    import ops
+    from customop.runtime import binds
+    sym = ops.focal_loss(mx.sym.var("p"), mx.sym.var("lab"))
+    held, release = threading.Event(), threading.Event()
+    def bind_in_parent():  # holds the bind lock across the fork, as a bind would
+        with binds._lock:
+            held.set()
+            release.wait(60)
+    thread = threading.Thread(target=bind_in_parent)
+    thread.start()
+    held.wait(60)
+    pid = os.fork()
+    if pid == 0:
+        signal.alarm(60)
+        exe = sym.simple_bind(mx.cpu(), grad_req="null", p=(2, 8, 3), lab=(2, 8))
+        os._exit(0 if exe.outputs[0].shape == (2, 8, 3) else 3)
+    release.set()
+    thread.join()
+    print("CHILD", os.waitpid(pid, 0)[1])
+""")
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="os.fork: POSIX only")
+def test_a_child_forked_while_the_parent_binds_our_graph_can_bind_it():
+    done = subprocess.run([sys.executable, "-c", FORK_WHILE_BINDING], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": ROOT})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "CHILD 0"
