@@ -81,10 +81,10 @@ def tests(session: nox.Session) -> None:
 
 @nox.session(python=PYTHONS)
 def install(session: nox.Session) -> None:
-    """A user's `pip install '.[cpu,notebooks]'` (and `docs` on 3.11), unpinned, used outside
+    """A user's `pip install '.[cpu,notebooks,onnx]'` (and `docs` on 3.11), unpinned, used outside
     the checkout: README blocks, docstring examples, the example script, the notebooks."""
     docs = session.python == DOCS_PYTHON  # Sphinx 9.0, the site's, needs 3.11
-    session.install(f".[cpu,notebooks{',docs' if docs else ''}]")
+    session.install(f".[cpu,notebooks,onnx{',docs' if docs else ''}]")
     session.run("python", "-m", "pip", "check")
     with tempfile.TemporaryDirectory(prefix="customop-install-") as work:
         shutil.copy(ROOT / ".ci" / "install_check.py", work)

@@ -5,7 +5,8 @@ Runs the same unrelated models in fresh processes: without customop; with
 auxiliary states, the case that once made every model synchronous) trained
 a step elsewhere in the process; and after a hybridized block whose op was
 inlined (the ``inline`` patch wraps ``bind``/``simple_bind`` and
-``CachedOp.__init__``; the unrelated models are built after it).  For each it
+``CachedOp.__init__``; the unrelated models are built after it), and after one whose
+``def_grad`` op inlined (``ops.box_encode``, its closure transposed: issue 33).  For each it
 prints the step time of a hybridized Gluon MLP and of a Module-style bound
 executor (forward+backward, then a wait), and how long ``block(x)`` /
 ``exe.forward()`` take to *return* (MXNet runs asynchronously: a call that
@@ -55,6 +56,22 @@ with mx.autograd.record():
     y = decode(d, mx.nd.ones((1, 8, 4)))
 y.backward()
 d.grad.wait_to_read()
+assert "inline" in runtime.installed()
+""",
+    "a def_grad op inlined in a block elsewhere": """
+import customop, ops
+from customop import custom_grad, runtime
+class Encode(mx.gluon.HybridBlock):  # issue 33: its closure transposed into the graph
+    def hybrid_forward(self, F, s, m, a, r, means, stds):
+        return ops.box_encode(s, m, a, r, means, stds)[0]
+encode = Encode()
+encode.hybridize()
+a = mx.nd.array([[[0, 0, 4, 4], [1, 1, 6, 5]]]); a.attach_grad()
+with mx.autograd.record():
+    y = encode(mx.nd.array([[1, 1]]), mx.nd.array([[0, 0]]), a,
+               mx.nd.array([[[0, 0, 5, 5]]]), mx.nd.zeros((4,)), mx.nd.ones((4,)))
+y.backward()
+a.grad.wait_to_read()
 assert "inline" in runtime.installed()
 """,
 }

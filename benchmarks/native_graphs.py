@@ -9,23 +9,26 @@ turn: one untimed lead-in call, then four timed ones; every call synchronised):
    (``CUSTOMOP_RUNTIME_OFF=inline`` while the block is built), and the same
    composition written natively (``x * x`` on NDArrays records ``broadcast_mul``;
    ``F``'s ``x * x`` in a graph is ``elemwise_mul``, shown too); at 10, 1e3 and
-   1e6 elements.  A ``def_grad`` twin (always a
-   ``Custom`` node in training) is shown for reference.
+   1e6 elements.  A ``def_grad`` twin (issue 33: its closure is MXNet's gradient, so the
+   forward stands alone) and a surrogate-gradient twin (``3 x g``: its closure transposed
+   into the graph), each inlined and as a ``Custom`` node.
 2. Inference latency of a detection post-processing block (``ops.box_decode`` ->
    ``ops.box_nms`` -> ``ops.topk``): with ``Custom`` nodes; hybridized with
-   training inlining (``box_decode`` and ``box_nms`` inlined, ``topk`` keeps its
-   node: its gradient is its own); exported with ``customop.export`` and loaded by
-   ``SymbolBlock.imports`` (every op inlined); and the same composition written
-   with MXNet's own operators.  With ``--onnxruntime PYTHON`` (an interpreter with
-   onnxruntime, e.g. ``.venv-ort/bin/python`` made by ``make bench-native``), the
-   exported model converted by ``customop.to_onnx`` is timed there too, for
-   information (another runtime, another process).
+   training inlining (all three inlined since issue 33); exported with
+   ``customop.export`` and loaded by ``SymbolBlock.imports`` (every op inlined); and the
+   same composition written with MXNet's own operators.  With ``--onnxruntime PYTHON``
+   (an interpreter with onnxruntime, e.g. ``.venv-ort/bin/python`` made by
+   ``make bench-native``), the exported model converted by ``customop.to_onnx`` is timed
+   there too, for information (another runtime, another process).
 3. A training step (forward, backward, ``Trainer.step``, a wait) of the
    RetinaNet-style head of ``examples/retinanet_head.py`` (``ops.box_iou``,
    ``ops.box_encode``, ``ops.focal_loss``, ``ops.smooth_l1``), before (every op a
    ``Custom`` node) and after (the default: ``box_iou`` inlined; the other three
    keep their nodes, their gradients being their own), beside
    ``benchmarks/composed.py``'s head written with MXNet's operators.
+4. A hybridized training step of each example head (``examples/``: RetinaNet-style,
+   Faster R-CNN-style, face embedding), its ops as ``Custom`` nodes and with the default
+   inlining.
 
 Outputs (and, for the head, the loss) are compared with the native variant's before timing.
 """
@@ -65,6 +68,15 @@ def square_def_grad(x):
 
 
 square_def_grad.def_grad(lambda ans, x: lambda g: 2 * x * g)
+
+
+@decorate("mxnet", name="bench.square_surrogate")
+def square_surrogate(x):
+    return x * x
+
+
+# not MXNet's gradient of x * x (a surrogate): its training graph carries the transposed closure
+square_surrogate.def_grad(lambda ans, x: lambda g: 3 * x * g)
 
 
 class Fn(mx.gluon.HybridBlock):
@@ -139,8 +151,13 @@ def training_table(repeat):
                 "inlined, no signature lookup": without_lookup(
                     built(lambda F, v: square(v), [x], record=True)),
                 "Custom node": built(lambda F, v: square(v), [x], inline=False, record=True),
+                "def_grad inlined": built(lambda F, v: square_def_grad(v), [x], record=True),
                 "def_grad (Custom node)": built(lambda F, v: square_def_grad(v), [x],
-                                                record=True)}
+                                                inline=False, record=True),
+                "surrogate def_grad, transposed": built(lambda F, v: square_surrogate(v), [x],
+                                                        record=True),
+                "surrogate def_grad (Custom node)": built(lambda F, v: square_surrogate(v),
+                                                          [x], inline=False, record=True)}
         want = None
         for label, net in nets.items():
             with mx.autograd.record():
@@ -149,7 +166,9 @@ def training_table(repeat):
             got = (y.asnumpy(), x.grad.asnumpy())
             if want is None:
                 want = got
-            assert all(np.allclose(a, b, rtol=1e-6) for a, b in zip(got, want)), label
+            scale = 1.5 if label.startswith("surrogate") else 1.0  # its gradient is 3x, not 2x
+            assert np.allclose(got[0], want[0], rtol=1e-6), label
+            assert np.allclose(got[1], want[1] * scale, rtol=1e-6), label
 
         def step(net, x=x):
             def run():
@@ -213,7 +232,7 @@ def postprocess_table(repeat, images, anchors, onnxruntime):
     imported.hybridize(static_alloc=True, static_shape=True)
     nets = {"native composition": hybrid(PostProcess(native=True)),
             "Custom nodes": hybrid(PostProcess(), inline=False),
-            "hybridized (box_decode, box_nms inlined)": hybrid(PostProcess()),
+            "hybridized (all inlined for training)": hybrid(PostProcess()),
             "exported (all inlined), SymbolBlock.imports": imported}
     want = nets["native composition"](*inputs).asnumpy()
     for label, net in nets.items():
@@ -259,7 +278,7 @@ def head_table(turns, batch=2, channels=8, size=4, num_gt=2):
     finally:
         os.environ.pop("CUSTOMOP_RUNTIME_OFF")
     heads = {"native": heads["native"], "before: Custom nodes": before,
-             "after: box_iou inlined": heads["ours"]}
+             "after (default inlining)": heads["ours"]}
     want = composed.loss_and_grads(heads["native"], data)[0]
     for label, head in heads.items():
         assert np.allclose(composed.loss_and_grads(head, data)[0], want, rtol=1e-5), label
@@ -271,6 +290,49 @@ def head_table(turns, batch=2, channels=8, size=4, num_gt=2):
     anchors = size * size * len(retinanet_head.SIZES)
     return [[f"{batch}x{channels}x{size}x{size}, {anchors} anchors", k, f"{m:.3f}",
              f"{m / base:.2f}x"] for k, m in med.items()]
+
+
+def examples_table(turns):
+    """A hybridized training step of each example head: Custom nodes vs default inlining."""
+    import four_paths
+
+    rows = []
+    for name in ("retinanet_head", "faster_rcnn_head", "face_embedding"):
+        module = __import__(name)
+        state = np.random.get_state()
+        batch = [mx.nd.array(a) for a in module.make_batches(1)[0]]
+        np.random.set_state(state)
+        params = four_paths.initial_params(module.make_block)
+        nets, trainers = {}, {}
+        for label, inline in (("before: Custom nodes", False), ("after: default inlining", True)):
+            old = os.environ.pop("CUSTOMOP_RUNTIME_OFF", None)
+            if not inline:
+                os.environ["CUSTOMOP_RUNTIME_OFF"] = "inline"
+            try:
+                net = four_paths._fresh(module.make_block, params)
+                net.hybridize()
+                trainer = mx.gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.0})
+                four_paths._gluon_step(net, trainer, [a.asnumpy() for a in batch])
+            finally:
+                os.environ.pop("CUSTOMOP_RUNTIME_OFF", None)
+                if old is not None:
+                    os.environ["CUSTOMOP_RUNTIME_OFF"] = old
+            nets[label], trainers[label] = net, trainer
+
+        def step(net, trainer, batch=batch):
+            def run():
+                with mx.autograd.record():
+                    outs = four_paths._outputs(net(*batch))
+                mx.autograd.backward(outs)
+                trainer.step(1)
+                mx.nd.waitall()
+            return run
+
+        med = round_robin([(label, step(nets[label], trainers[label])) for label in nets],
+                          turns)
+        base = med["before: Custom nodes"]
+        rows += [[name, label, f"{m:.3f}", f"{m / base:.2f}x"] for label, m in med.items()]
+    return rows
 
 
 ORT_TIMING = """
@@ -297,20 +359,38 @@ def main(argv=None):
     parser.add_argument("--images", type=int, default=2)
     parser.add_argument("--anchors", type=int, default=1000)
     parser.add_argument("--quick", action="store_true", help="the small head only")
+    parser.add_argument("--tables", default="1,2,3,4", help="which tables, e.g. 1,4")
     parser.add_argument("--onnxruntime", default=None,
                         help="a Python with onnxruntime (no MXNet needed) to time ONNX there")
     args = parser.parse_args(argv)
     when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     print(f"python {platform.python_version()}, mxnet {mx.__version__}, {os.cpu_count()} "
           f"CPUs, load {os.getloadavg()[0]:.1f}, {when}")
-    print("\nHybridized forward+backward of a decorated x*x (median ms per step)\n")
-    print_table(["elements", "variant", "median ms", "vs native"], training_table(args.repeat),
-                args.markdown)
+    tables = {int(t) for t in args.tables.split(",")}
+    if 1 in tables:
+        print("\nHybridized forward+backward of a decorated x*x (median ms per step)\n")
+        print_table(["elements", "variant", "median ms", "vs native"],
+                    training_table(args.repeat), args.markdown)
+    if 2 in tables:
+        postprocess(args)
+    if 3 in tables:
+        heads(args)
+    if 4 in tables:
+        print("\nThe example heads (examples/), one hybridized training step, before and "
+              "after (median ms)\n")
+        print_table(["example", "variant", "median ms", "vs before"],
+                    examples_table(args.repeat // 2), args.markdown)
+
+
+def postprocess(args):
     print(f"\nPost-processing block inference, {args.images} images x {args.anchors} anchors "
           f"(median ms per call)\n")
     print_table(["variant", "median ms", "vs native"],
                 postprocess_table(max(args.repeat // 4, 20), args.images, args.anchors,
                                   args.onnxruntime), args.markdown)
+
+
+def heads(args):
     print("\nRetinaNet-style head (examples/retinanet_head.py), one training step "
           "(median ms)\n")
     rows = head_table(args.repeat // 2)

@@ -162,19 +162,27 @@ def flag(conditions: Sequence[Condition]) -> Any:
     return mx.nd.BlockGrad(1 - out)
 
 
-def poisoned(outputs: Sequence[Any], conditions: Sequence[Condition]) -> list[Any]:
+def factor(conditions: Sequence[Condition]) -> Any:
+    """``flag / flag``: a 1-element NDArray, 1 when the checks hold, ``0 / 0 = NaN`` when one
+    fails (None without any).  No gradient flows into it."""
+    ok = flag(conditions)
+    return None if ok is None else ok / ok
+
+
+def poisoned(outputs: Sequence[Any], conditions: Sequence[Condition],
+             nan_or_one: Any = None) -> list[Any]:
     """``outputs`` with every floating array NaN where ``conditions`` fail, as MXNet operators.
 
-    ``flag / flag`` is 1 when the checks hold and ``0 / 0 = NaN`` when one fails;
-    each floating output is multiplied by it (its gradient too: a failed check
-    poisons the gradient as well).  Integer outputs are returned as they are.
+    Each floating output is multiplied by :func:`factor` (or by ``nan_or_one``, that
+    factor made already), so its gradient too: a failed check poisons the gradient
+    as well.  Integer outputs are returned as they are.
     """
     import mxnet as mx
 
-    ok = flag(conditions)
-    if ok is None:
+    if nan_or_one is None:
+        nan_or_one = factor(conditions)
+    if nan_or_one is None:
         return list(outputs)
-    nan_or_one = ok / ok
     out = []
     for o in outputs:
         if isinstance(o, mx.nd.NDArray) and np.issubdtype(o.dtype, np.floating):

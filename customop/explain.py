@@ -7,7 +7,7 @@ from typing import Any
 import mxnet as mx
 import numpy as np
 
-from . import errors, graph_json, native, splice
+from . import custom_grad, errors, graph_json, native, splice
 from .operator import CustomOperator
 
 _WHERE = {native.TRAIN: "training (hybridized blocks, bound graphs)",
@@ -72,6 +72,8 @@ def _said(verdict: native.Verdict) -> str:
     names = sorted(set(ops))
     shown = ", ".join(names[:6]) + (", ..." if len(names) > 6 else "")
     said = f"inlines as {len(ops)} MXNet operator{'s' if len(ops) != 1 else ''} ({shown})"
+    if verdict.graph.note:
+        said += f"; {verdict.graph.note}"
     if verdict.graph.checks:
         n = verdict.graph.checks
         said += (f"; its customop.require checks ({n}) make the outputs NaN when one "
@@ -92,6 +94,8 @@ def explain(target: Any, *inputs: Any, **params: Any) -> OpReport | GraphReport:
     says, for training (hybridized blocks and bound graphs) and for a deploy
     export (:func:`customop.export`), whether each op inlines as the MXNet
     operators its forward calls, or stays a ``Custom`` node, and the reason.
+    Only the inputs' shapes and dtypes count: the answer is the verdict every
+    graph gets at that signature, traced on placeholder values.
 
     Example:
         >>> import mxnet as mx
@@ -99,10 +103,11 @@ def explain(target: Any, *inputs: Any, **params: Any) -> OpReport | GraphReport:
         >>> from customop import ops
         >>> customop.explain(ops.box_decode, (2, 10, 4), (1, 10, 4)).inlines
         True
-        >>> print(customop.explain(ops.topk, (2, 10), k=3))  # doctest: +ELLIPSIS
-        customop 'ops.topk' at (2, 10) float32
-          training (hybridized blocks, bound graphs): stays a Custom node: its gradient is ...
-          deploy export (customop.export): inlines as ... MXNet operators (...)
+        >>> print(customop.explain(ops.center_loss, (4, 3), (4,), (5, 3), num_class=5))
+        ... # doctest: +ELLIPSIS
+        customop 'ops.center_loss' at (4, 3) float32, (4,) float32, (5, 3) float32
+          training (hybridized blocks, bound graphs): stays a Custom node: it has auxiliary ...
+          deploy export (customop.export): stays a Custom node: it has auxiliary states ...
     """
     if isinstance(target, CustomOperator):
         return _explain_op(target, inputs, params)
@@ -134,8 +139,9 @@ def _explain_op(op: CustomOperator, inputs, params) -> OpReport:
         values.append(a)
     shapes = tuple(tuple(a) if v is None else v.shape for a, v in zip(arrays, values))
     dtypes = tuple(np.dtype(np.float32) if v is None else v.dtype for v in values)
-    given = None if any(v is None for v in values) else values
-    verdicts = [native.native_graph(op, params, shapes, dtypes, p, given)
+    # The verdict graphs get at this signature (traced on placeholders, cached): the values
+    # given only say the shapes and dtypes, so explain never answers otherwise than a graph.
+    verdicts = [custom_grad.native_graph(op, params, shapes, dtypes, p)
                 for p in native.PURPOSES]
     return OpReport(errors.shown(op.op_type), shapes, dtypes, *verdicts)
 

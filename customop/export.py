@@ -234,7 +234,12 @@ def to_onnx(exported: Exported, onnx_file: str) -> OnnxModel:
         >>> customop.to_onnx(done, 'model.onnx').inputs  # doctest: +SKIP
         ['data']
     """
-    import onnx
+    try:
+        import onnx
+    except ImportError as exc:
+        raise ImportError("customop.to_onnx needs the 'onnx' package: pip install "
+                          "'customop[onnx]' (onnx 1.14.1, the version measured beside "
+                          "mxnet 1.9.1)") from exc
     from mxnet.onnx import export_model
 
     runtime.install("onnxops")  # translations of operators MXNet's converter lacks
@@ -242,7 +247,8 @@ def to_onnx(exported: Exported, onnx_file: str) -> OnnxModel:
     with open(exported.symbol_file, encoding="utf-8") as f:
         graph = json.load(f)
     # the shape checks have no ONNX translation; an ONNX model of fixed shapes checks them
-    sym = graph_json.load(_one_hot_in_range(_reversed_named(export_graph.unguarded(graph))))
+    sym = graph_json.load(_one_hot_in_range(_reversed_named(_digit_free_names(
+        export_graph.unguarded(graph)))))
     in_graph = [n for n in sym.list_inputs() if n in exported.inputs]  # the converter's order
     shapes = [tuple(exported.inputs[n][0]) for n in in_graph]
     dtypes = [exported.inputs[n][1] for n in in_graph]
@@ -288,6 +294,19 @@ def _reversed_named(graph: dict) -> dict:
         marker = _REVERSED.get(node["op"])
         if marker and not node["name"].startswith(marker):
             node["name"] = f"{marker}_{node['name']}"
+    return graph
+
+
+def _digit_free_names(graph: dict) -> dict:
+    """``graph`` with each operator node's name that ends in a digit ended by ``_``.
+
+    The converter names a node's outputs ``<name>0``, ``<name>1``, ... when it has several,
+    so a node ``op_node_1`` with two outputs wrote ``op_node_10``, the name of another node
+    (ONNX's checker: "Graph must be in single static assignment (SSA) form").
+    """
+    for node in graph["nodes"]:
+        if node["op"] != "null" and node["name"][-1:].isdigit():
+            node["name"] += "_"
     return graph
 
 

@@ -6,9 +6,11 @@ symbol JSON whose inputs are the operator's inputs) or the reason the ``Custom``
 node stays.  The purposes:
 
 * ``'train'``: hybridized blocks and bound graphs, which may be differentiated.
-  Only operators whose gradient MXNet would compute anyway (an automatic
-  gradient, or none) qualify, and the graph must hold at every input shape the
-  block may see later (checked at other shapes).
+  MXNet's gradient of the graph must be the operator's: an automatic gradient
+  differentiates the forward; ``def_grad`` closures and output layers
+  (``need_top_grad=False``) are transposed into the graph by the builder
+  :mod:`customop.custom_grad` passes (``closures=``).  The graph must hold at
+  every input shape the block may see later (checked at other shapes).
 * ``'export'``: a deployed graph, inference only.  ``def_grad`` operators
   qualify too; the graph may be specialized to the exported shapes; arrays the
   forward builds become parameters of the exported model.
@@ -23,15 +25,15 @@ purpose.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import mxnet as mx
 import numpy as np
 
+from . import compare, errors, guards, rules, trace
 from . import constants as consts
-from . import errors, guards, rules, trace
 from .graph_json import evaluate
 from .rules import EXPORT, PURPOSES, TRAIN
 
@@ -59,6 +61,7 @@ class NativeGraph:
     checks: int = 0  # customop.require conditions carried as NaN poisoning
     guards: list[str] = field(default_factory=list)  # operators given index guards
     dtype_generic: bool = True
+    note: str = ""  # how a def_grad op's gradient is carried (customop.custom_grad)
 
     def operators(self) -> list[str]:
         return [n["op"] for n in self.nodes]
@@ -89,31 +92,44 @@ def static_reason(op: CustomOperator, purpose: str) -> str:
 
 def native_graph(op: CustomOperator, params: dict[str, Any], shapes: Sequence[Sequence[int]],
                  dtypes: Sequence[Any], purpose: str,
-                 values: Sequence[np.ndarray] | None = None) -> Verdict:
+                 values: Sequence[np.ndarray] | None = None,
+                 closures: Callable[..., NativeGraph] | None = None) -> Verdict:
     """The native graph of ``op`` at this signature for ``purpose``, or why there is none.
 
-    ``values``: the inputs to trace on first (default: random placeholders).
+    ``values``: the inputs to trace on first (default: random placeholders).  A verdict
+    traced on given values is not cached: the cached verdict, which every graph uses, is a
+    function of the operator, its parameters and the signature only, whatever ran before.
+    ``closures(op, params, shapes, dtypes, values)``: builds the training graph of an op
+    with its own gradient (``customop.custom_grad.native_graph`` passes its own; without
+    it such an op keeps its ``Custom`` node in training).
     """
     if purpose not in PURPOSES:
         raise ValueError(f"purpose must be one of {PURPOSES}, got {purpose!r}")
     shapes = tuple(tuple(int(d) for d in s) for s in shapes)
     dtypes = tuple(np.dtype(d) for d in dtypes)
-    key = (op, repr(sorted(params.items())), shapes, dtypes, purpose)
+    key = (op, repr(sorted(params.items())), shapes, dtypes, purpose, closures)
+    if values is not None:
+        return trace.aside(_decide, op, dict(params), shapes, dtypes, purpose, values, closures)
     found = _cache.get(key)
-    if found is None or values is not None:
+    if found is None:
         found = _cache[key] = trace.aside(_decide, op, dict(params), shapes, dtypes, purpose,
-                                          values)
+                                          None, closures)
     return found
 
 
-def _decide(op, params, shapes, dtypes, purpose, values) -> Verdict:
+def _decide(op, params, shapes, dtypes, purpose, values, closures) -> Verdict:
     verdict = Verdict(errors.shown(op.op_type), purpose, shapes, dtypes)
     refused = rules.op_refusal(op, purpose)
     if refused is not None:
         verdict.reason, verdict.rule = refused.reason, refused.name
     else:
         try:
-            verdict.graph = _Tracer(op, params, purpose).graph(shapes, dtypes, values)
+            if purpose == TRAIN and (op.grads or not op.need_top_grad):
+                if closures is None:
+                    raise _NotNative.of("own-gradient")
+                verdict.graph = closures(op, params, shapes, dtypes, values)
+            else:
+                verdict.graph = _Tracer(op, params, purpose).graph(shapes, dtypes, values)
         except _NotNative as exc:
             verdict.reason, verdict.rule = str(exc), exc.rule
     return verdict
@@ -163,7 +179,7 @@ class _Tracer:
         self.check(rec1)
         rec2 = self.record(second)
         self.check(rec2)
-        if _structure(rec1) != _structure(rec2):
+        if compare.structure(rec1) != compare.structure(rec2):
             raise _NotNative.of("value-dependent")
         changed = [rec1.nodes[i]["name"] for i in rec1.free
                    if not consts.same(rec1.free[i], rec2.free[i])]
@@ -171,7 +187,7 @@ class _Tracer:
             raise _NotNative.of("outside-graph")
         graph = self.fragment(rec1, shapes)
         graph.checks = rec1.checks
-        if not _close(evaluate(graph, second), rec2.outputs):
+        if not compare.close(evaluate(graph, second), rec2.outputs):
             raise _NotNative.of("other-outputs")
         if self.purpose == TRAIN:  # an export holds at the shapes it is exported with
             graph.specialized = self.generality(graph, shapes, dtypes, first)
@@ -196,10 +212,10 @@ class _Tracer:
             except (_NotNative, Exception) as exc:  # noqa: BLE001 - the op refuses this shape
                 tried.append(f"{_shapes_text(other)}: {type(exc).__name__}")
                 continue
-            diff = _difference(graph, alt)
+            diff = compare.difference(graph, alt)
             if diff:
                 return f"{diff} at input shapes {_shapes_text(other)}"
-            if not _close(evaluate(graph, values, alt.constants), rec.outputs):
+            if not compare.close(evaluate(graph, values, alt.constants), rec.outputs):
                 return f"other outputs at input shapes {_shapes_text(other)}"
             graph.dtype_generic = self.dtype_generic(graph, dtypes, first)
             return ""
@@ -217,7 +233,7 @@ class _Tracer:
             alt = self.fragment(rec, [v.shape for v in first])
         except Exception:  # noqa: BLE001 - then calls are keyed by dtype
             return False
-        return not _difference(graph, alt)
+        return not compare.difference(graph, alt)
 
     # ---- the recorded graph as a NativeGraph ------------------------------------------------
     def fragment(self, rec: trace.Recording, shapes) -> NativeGraph:
@@ -309,48 +325,6 @@ def _shifted(r: tuple, start: int) -> tuple:
     return ("node", r[1] - start, r[2]) if r[0] == "node" else r
 
 
-# ---- comparing graphs -------------------------------------------------------------------------
-def _close(got: list[np.ndarray], want: list[np.ndarray]) -> bool:
-    if len(got) != len(want):
-        return False
-    for g, w in zip(got, want):
-        g = g.reshape(w.shape) if g.size == w.size else g
-        if g.shape != w.shape:
-            return False
-        if np.issubdtype(w.dtype, np.floating):
-            tol = 1e-2 if w.dtype == np.float16 else 1e-5
-            if not np.allclose(g, w, rtol=tol, atol=tol * 0.1, equal_nan=True):
-                return False
-        elif not np.array_equal(g, w):
-            return False
-    return True
-
-
-def _structure(rec: trace.Recording) -> list:
-    return [(n["op"], sorted(n["attrs"].items()), n["inputs"], i in rec.free)
-            for i, n in enumerate(rec.nodes)] + [rec.heads, rec.inputs]
-
-
-def _difference(a: NativeGraph, b: NativeGraph) -> str:
-    """The first difference between two graphs of one operator ("" when they are alike)."""
-    if len(a.nodes) != len(b.nodes):
-        return f"{len(a.nodes)} operators, {len(b.nodes)}"
-    for x, y in zip(a.nodes, b.nodes):
-        if x["op"] != y["op"] or x["inputs"] != y["inputs"]:
-            return f"operator {x['op']} becomes {y['op']}"
-        if x["attrs"] != y["attrs"]:
-            key = next(k for k in sorted(set(x["attrs"]) | set(y["attrs"]))
-                       if x["attrs"].get(k) != y["attrs"].get(k))
-            return f"{x['op']} {key}={x['attrs'].get(key)} becomes {y['attrs'].get(key)}"
-    if a.heads != b.heads:
-        return "other outputs"
-    for name, value in a.constants.items():
-        other = b.constants.get(name)
-        if other is None or other.shape != value.shape or other.dtype != value.dtype:
-            return f"a constant of shape {value.shape}"
-    return ""
-
-
 def _perturbed(values: list[np.ndarray]) -> list[np.ndarray]:
     """Other values of the same signature: negative, zero and positive numbers."""
     out = placeholders([v.shape for v in values], [v.dtype for v in values], 2)
@@ -390,3 +364,8 @@ def clear_cache() -> None:
     """Forget every traced graph (an operator redefined in place is traced again anyway)."""
     with _lock:
         _cache.clear()
+
+
+# ---- shared with customop.custom_grad (which checks training graphs the same way) ------------
+perturbed, other_shapes, shapes_text = _perturbed, _other_shapes, _shapes_text
+Tracer, NotNative = _Tracer, _NotNative

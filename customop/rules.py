@@ -66,12 +66,9 @@ OP_REFUSALS = (
     Refusal("trace-off", lambda op, purpose: runtime.disabled("trace"),
             "CUSTOMOP_RUNTIME_OFF keeps the trace hooks out (take 'trace' out of it to "
             "inline)"),
-    Refusal("own-gradient", lambda op, purpose: purpose == TRAIN and bool(op.grads),
-            "its gradient is its own (def_grad); a graph of MXNet operators would "
-            "differentiate the forward instead (exports inline it)"),
-    Refusal("no-top-grad", lambda op, purpose: purpose == TRAIN and not op.need_top_grad,
-            "need_top_grad=False: an output layer whose gradient is its own (exports inline it)"),
 )
+# (def_grad and need_top_grad=False ops inline in training too: their closures are traced and
+# transposed by customop.custom_grad, whose refusals are the "closure-*" TRACE_REFUSALS.)
 
 
 def op_refusal(op: Any, purpose: str) -> Refusal | None:
@@ -84,6 +81,11 @@ def _inner_refused(rec: Any, purpose: str) -> str:
         found = op_refusal(inner, purpose)
         if found is not None:
             return f"{errors.shown(inner.op_type)!r}, which cannot be inlined: {found.reason}"
+        if purpose == TRAIN and (inner.grads or not inner.need_top_grad):
+            # its forward would be recorded into this graph and differentiated by MXNet
+            return (f"{errors.shown(inner.op_type)!r}, whose gradient is its own (def_grad or "
+                    "need_top_grad=False): inside another op's forward MXNet would "
+                    "differentiate its forward instead")
     return ""
 
 
@@ -146,6 +148,17 @@ TRACE_REFUSALS = {
                        "without a parameter; pass it in as an input",
     "constant-inexact": "it builds a constant array of shape {} ({}) that the graph cannot "
                         "write exactly; pass it in as an input",
+    # an op with its own gradient (customop.custom_grad; transposition rules by MXNet
+    # operator: customop.transpose.TRANSPOSE)
+    "own-gradient": "its gradient is its own (def_grad or need_top_grad=False): "
+                    "customop.custom_grad builds its training graph",
+    "closure-reads": "its {} reads values back to Python (asnumpy, asscalar, bool) at {}; a "
+                     "graph would keep what it read once",
+    "closure-not-linear": "its {} cannot be transposed: {}",
+    "closure-constant": "its {} gives input {} a gradient that does not depend on the head "
+                        "gradient g: it is not linear in g (an output layer ignoring g "
+                        "declares need_top_grad=False)",
+    "closure-differs": "{} on other input values",
 }
 
 

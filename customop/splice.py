@@ -14,7 +14,7 @@ from typing import Any
 import mxnet as mx
 import numpy as np
 
-from . import errors, graph_json, native, registry
+from . import custom_grad, errors, graph_json, native, registry
 from . import params as _params
 
 
@@ -81,7 +81,7 @@ def inline(sym: mx.sym.Symbol, shapes: dict[str, tuple], dtypes: dict[str, Any],
             continue
         params = _params.decode_attrs({k: v for k, v in graph_json.attrs(node).items()
                                        if k != "op_type"})
-        verdict = native.native_graph(op, params, found[0], found[1], purpose)
+        verdict = custom_grad.native_graph(op, params, found[0], found[1], purpose)
         if verdict.graph is None:
             result.kept.append(Kept(node["name"], verdict.op_type, verdict.reason))
         else:

@@ -94,6 +94,7 @@ class Recording:
     asked: list[str] = field(default_factory=list)  # where the forward called is_tracing()
     checks: int = 0  # customop.require conditions the graph carries (as NaN poisoning)
     guarded: dict[str, list] = field(default_factory=dict)  # node -> dtypes (rules.INDEX_GUARDS)
+    forward_reads: int = 0  # reads[:forward_reads] happened in the forward (then: closures)
 
 
 class _Log:
@@ -109,6 +110,7 @@ class _Log:
         self.guarded: list[tuple[mx.nd.NDArray, list[np.dtype]]] = []  # see rules.INDEX_GUARDS
         self.regions: list[tuple[int, int]] = []  # node numbers recorded inside pause()
         self.inner: list[Any] = []  # decorated ops the forward called (dispatch reports them)
+        self.poison: Any = None  # checks.factor of the forward's require() conditions
         self._depth = 0
         self._start = 0
         self._probe = mx.nd.zeros((1,))
@@ -167,11 +169,15 @@ def _caller() -> str:
 
 
 def record(op: CustomOperator, values: list[np.ndarray], params: dict[str, Any],
-           ctx: mx.Context | None = None) -> Recording:
+           ctx: mx.Context | None = None, then: Any = None) -> Recording:
     """Run ``op``'s forward on ``values`` under ``record()`` and read its graph back.
 
     What the forward computes inside ``mx.autograd.pause()`` is recorded too
     (those nodes are listed in ``paused``): the graph is the whole computation.
+    ``then(xs, outs, saved)``, called in the same recording after the forward,
+    returns more variables (appended to the inputs) and more arrays (appended to
+    the outputs): the gradient closures traced with the head gradient as a
+    variable (:mod:`customop.custom_grad`).
     """
     ctx = ctx or mx.cpu()
     xs = [mx.nd.array(v, ctx=ctx, dtype=v.dtype) for v in values]
@@ -179,15 +185,28 @@ def record(op: CustomOperator, values: list[np.ndarray], params: dict[str, Any],
         x.attach_grad()
     log = _Log()
     log.inputs = {mx.autograd.get_symbol(x).name for x in xs}
+    forward_reads = 0
     with hooks.tracing(log), mx.autograd.record(train_mode=False), \
             checks.collecting() as conditions:
-        outs = kernel.run_forward(op, list(xs), dict(params), where="trace")
+        outs, saved = kernel.run_forward_saving(op, list(xs), dict(params), where="trace")
         # its require() checks become part of the graph: NaN outputs where they fail; a check
         # of an input the outputs do not read is left out (a graph that does not read it
         # cannot be fed a wrong one: softmax_ce's label, which only shapes the gradient)
+        # (with closures, a training graph: they may read what the outputs do not, as
+        # softmax_ce's gradient reads its label, so every check is kept)
         read = set().union(*(_graph_inputs(o) for o in outs)) & log.inputs
-        conditions[:] = [c for c in conditions if set(_graph_inputs(c.ok)) & log.inputs <= read]
-        outs = checks.poisoned(outs, conditions)
+        if then is None:
+            conditions[:] = [c for c in conditions
+                             if set(_graph_inputs(c.ok)) & log.inputs <= read]
+        log.poison = checks.factor(conditions)
+        outs = checks.poisoned(outs, conditions, log.poison)
+        n_conditions = len(conditions)
+        forward_reads = len(log.reads)
+        if then is not None:
+            # the closures see the poisoned outputs, and multiply what they give by
+            # log.poison: a failed check makes the gradients NaN too
+            more_in, more_out = then(xs, outs, saved, log)
+            xs, outs = [*xs, *more_in], [*outs, *more_out]
     names = [mx.autograd.get_symbol(x).name for x in xs]
     symbols: list[Any] = []
     for o in outs:
@@ -228,8 +247,9 @@ def record(op: CustomOperator, values: list[np.ndarray], params: dict[str, Any],
     return Recording(nodes=nodes, inputs=inputs, free=free, heads=heads,
                      outputs=[o.asnumpy() for o in outs], reads=log.reads,
                      randoms=sorted(set(log.randoms)), unknown_free=unknown,
-                     asked=list(log.asked), checks=len(conditions),
+                     asked=list(log.asked), checks=n_conditions,
                      guarded={_graph_name(o): d for o, d in log.guarded},
+                     forward_reads=forward_reads,
                      inner=list(dict.fromkeys(log.inner)),
                      paused={i for i, n in enumerate(nodes) if any(
                          lo < node_number(n["name"]) < hi for lo, hi in log.regions)})

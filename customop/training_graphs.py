@@ -82,7 +82,9 @@ def simple_bind(original, sym, ctx, grad_req="write", type_dict=None, stype_dict
 def _all_shapes(sym: mx.sym.Symbol, shapes: dict[str, tuple]) -> dict[str, tuple]:
     # The shapes the original graph infers for every input: an op's infer_input_shape= (a
     # weight's shape from its parameters) leaves with its Custom node.
-    args, _, aux = sym.infer_shape_partial(**shapes)
+    # (simple_bind takes shapes of names the graph lacks, ignored: so are they here)
+    inputs = set(sym.list_inputs())
+    args, _, aux = sym.infer_shape_partial(**{k: v for k, v in shapes.items() if k in inputs})
     found = {n: tuple(s) for n, s in zip(sym.list_arguments(), args or [])
              if s and all(d > 0 for d in s)}
     found.update((n, tuple(s)) for n, s in zip(sym.list_auxiliary_states(), aux or [])

@@ -77,11 +77,12 @@ def _tile_numpy(data, *, reps):
     return np.tile(data, reps)
 
 
-def _grad(ans, data, *, reps):  # the same reshape and sum on NDArrays and NumPy arrays
+def _grad(ans, data, *, reps):  # the tiled array viewed interleaved, the copies summed
     reps, shape = _layout(data.shape, reps)
     view, axes = _interleaved(shape, reps)
     return lambda g: g.reshape(view).sum(axis=axes).reshape(data.shape)
 
 
-tile.def_grad(_grad)
+# The 'mxnet' op's gradient is MXNet's own (tile's backward sums the copies the same way):
+# training graphs then run mx.nd.tile forward and backward, at any input shape.
 tile.numpy.def_grad(_grad)

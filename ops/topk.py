@@ -4,7 +4,7 @@ from __future__ import annotations
 import mxnet as mx
 import numpy as np
 
-from customop import customop
+from customop import customop, residuals
 
 from . import _checks
 
@@ -61,6 +61,9 @@ def _cached(key, size, make):
 
 
 def _const_like(x, value):
+    if mx.autograd.is_recording():  # traced (a pause records then): a graph at any shape
+        one = mx.nd.array([value], x.context, dtype=x.dtype).reshape((1,) * x.ndim)
+        return mx.nd.broadcast_like(one, x)
     return _cached((float(value), x.shape, np.dtype(x.dtype).name, str(x.context)), x.size,
                    lambda: mx.nd.broadcast_to(mx.nd.array(
                        [value], x.context, dtype=x.dtype).reshape((1,) * x.ndim), x.shape))
@@ -68,6 +71,11 @@ def _const_like(x, value):
 
 def _row_offsets(rows, length, x):
     """``[[0], [length], [2 length], ...]`` (int64): row starts in the flattened data."""
+    if mx.autograd.is_recording():  # traced: computed from x's shape, at any shape
+        table = mx.nd.reshape(x, shape=(-1, 0), reverse=True)  # (rows, length)
+        row = mx.nd.contrib.arange_like(table, axis=0).astype("int64")
+        size = mx.nd.max(mx.nd.contrib.arange_like(table, axis=1)).astype("int64") + 1
+        return mx.nd.broadcast_mul(mx.nd.reshape(row, shape=(-1, 1)), size.reshape((1, 1)))
     return _cached(("offsets", (rows, length), "int64", str(x.context)), rows,
                    lambda: mx.nd.array(np.arange(rows, dtype=np.int64)[:, None] * length,
                                        x.context, dtype="int64"))
@@ -76,7 +84,7 @@ def _row_offsets(rows, length, x):
 def _to_last(x, axis):
     """``x`` with ``axis`` moved last (flattened for ``axis=None``), and the permutation."""
     if axis is None:
-        return x.reshape((-1,)), None
+        return mx.nd.reshape(x, shape=(-1,)), None  # (the operator: graphs keep the -1)
     axis = axis % x.ndim
     perm = [*(i for i in range(x.ndim) if i != axis), axis]
     return (x if axis == x.ndim - 1 else x.transpose(perm)), perm
@@ -89,6 +97,11 @@ def _from_last(y, perm):
 
 
 def _topk_nd(data, k, axis, ret_typ, is_ascend, dtype, do_sort):
+    return _topk_parts(data, k, axis, ret_typ, is_ascend, dtype, do_sort)[0]
+
+
+def _topk_parts(data, k, axis, ret_typ, is_ascend, dtype, do_sort):
+    """The result, and where the values sit in the flattened (axis-last) data (or None)."""
     length = _check(data.shape, k, axis, ret_typ, is_ascend, dtype, do_sort)
     k = length if k < 1 else k
     x, perm = _to_last(data, axis)
@@ -97,16 +110,19 @@ def _topk_nd(data, k, axis, ret_typ, is_ascend, dtype, do_sort):
         key = _nan_largest(x)
         if ret_typ == "mask":
             mask = mx.nd.topk(key, axis=-1, k=k, ret_typ="mask", is_ascend=is_ascend)
-            return _from_last(mask.astype(data.dtype, copy=False), perm).reshape(data.shape)
+            mask = _from_last(mask.astype(data.dtype, copy=False), perm)
+            return mx.nd.reshape_like(mask, data), None
         pos = mx.nd.topk(key, axis=-1, k=k, ret_typ="indices", is_ascend=is_ascend,
                          dtype="int64")
         if not do_sort:
             pos = mx.nd.sort(pos, axis=-1)
-        flat = mx.nd.broadcast_add(pos.reshape((rows, k)), _row_offsets(rows, length, x))
+        flat = mx.nd.broadcast_add(mx.nd.reshape(pos, shape=(-1, k)),
+                                   _row_offsets(rows, length, key))
     if ret_typ == "indices":
-        return _from_last(pos.astype(dtype), perm)
-    value = _from_last(mx.nd.take(x.reshape((-1,)), flat).reshape(pos.shape), perm)
-    return value if ret_typ == "value" else (value, _from_last(pos.astype(dtype), perm))
+        return _from_last(pos.astype(dtype), perm), None
+    value = _from_last(mx.nd.reshape_like(mx.nd.take(mx.nd.reshape(x, shape=(-1,)), flat), pos),
+                       perm)
+    return (value if ret_typ == "value" else (value, _from_last(pos.astype(dtype), perm))), flat
 
 
 def _topk_np(data, k, axis, ret_typ, is_ascend, dtype, do_sort):
@@ -202,7 +218,8 @@ def topk(data, *, k=1, axis=-1, ret_typ="value", is_ascend=False, dtype="float32
         >>> v, i = ops.topk(a, k=3, ret_typ='both', do_sort=False); i.asnumpy().tolist()
         [[1.0, 3.0, 4.0]]
     """
-    return _topk_nd(data, k, axis, ret_typ, is_ascend, dtype, do_sort)
+    result, flat = _topk_parts(data, k, axis, ret_typ, is_ascend, dtype, do_sort)
+    return result if flat is None else residuals(result, flat=flat)
 
 
 @topk.twin("numpy")
@@ -212,18 +229,18 @@ def _topk_numpy(data, *, k=1, axis=-1, ret_typ="value", is_ascend=False, dtype="
 
 
 def _topk_grad_nd(ans, data, k=1, axis=-1, ret_typ="value", is_ascend=False,
-                  dtype="float32", do_sort=True):
-    # Only 'value' carries a gradient; 'indices' (computed unrecorded) must not be backpropagated.
+                  dtype="float32", do_sort=True, flat=None):
+    # The head gradient scattered back to the selected positions (``flat``, the forward's):
+    # linear in g, so training graphs transpose it into a gather (customop's custom_grad).
     def grad(g):
         if ret_typ not in ("value", "both"):
             return data.zeros_like()
         g = g[0] if ret_typ == "both" else g
-        x = data.copy()
-        x.attach_grad()
-        with mx.autograd.record():
-            value = _topk_nd(x, k, axis, "value", is_ascend, dtype, do_sort)
-        value.backward(g)
-        return x.grad
+        gl, perm = _to_last(g, axis)
+        picked = mx.nd.scatter_nd(mx.nd.reshape(gl, shape=(-1,)),
+                                  mx.nd.reshape(flat, shape=(1, -1)), shape=(data.size,))
+        return mx.nd.reshape_like(_from_last(mx.nd.reshape_like(picked, _to_last(data, axis)[0]),
+                                             perm), data)
     return grad
 
 

@@ -39,6 +39,21 @@ def test_four_sgd_steps_give_the_same_losses_on_every_path(name, numpy_rng_kept)
     assert want[2] < want[0] and want[3] < want[1], want
 
 
+@pytest.mark.parametrize("name", ["retinanet_head", "faster_rcnn_head", "face_embedding"])
+def test_four_sgd_steps_are_the_same_with_inlining_switched_off(name, numpy_rng_kept,
+                                                                 monkeypatch):
+    # Issue 33 item 4: ops with their own gradients inline in training (their closures
+    # transposed); with CUSTOMOP_RUNTIME_OFF=inline every op is a Custom node again.
+    module = importlib.import_module(name)
+    state = np.random.get_state()
+    inlined = module.train_every_path()
+    np.random.set_state(state)
+    monkeypatch.setenv("CUSTOMOP_RUNTIME_OFF", "inline")
+    custom = module.train_every_path()
+    for path in four_paths.PATHS:
+        np.testing.assert_allclose(inlined[path], custom[path], rtol=1e-5, err_msg=path)
+
+
 def test_the_face_head_starts_at_the_loss_of_its_formula():
     face = importlib.import_module("face_embedding")
     net = face.make_block()

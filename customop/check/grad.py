@@ -128,9 +128,14 @@ def check_grad(op: Any, *inputs: Any, argnums: Sequence[int | str] | None = None
     heads_list, heads_text = _heads(target.run64(with_float64(arrays)), arrays, output_layer,
                                     loss, num_heads, seed)
 
-    results = _run_comparisons(target, arrays, wrt, tols, heads_list, loss, ctx) if wrt else {}
+    results, inlined = (_run_comparisons(target, arrays, wrt, tols, heads_list, loss, ctx)
+                        if wrt else ({}, False))
     report = GradReport(target.label, heads_text,
                         _rows(target.names, arrays, wrt, results, skip))
+    if inlined:
+        report.notes.append("symbolic: the bound graph ran as MXNet's own operators (inlined, "
+                            "gradient closures transposed; customop.explain); imperative: "
+                            "the Custom node")
     if target.run_nd is None and wrt:
         report.notes.append("no imperative check: the symbol has auxiliary states")
     if not report.passed and output_layer and loss is None:
@@ -161,7 +166,7 @@ def _run_comparisons(target, arrays, wrt, tols, heads_list, loss, ctx):
                     found = row(names[i], arrays[i], comparison, tols[i],
                                 grads[got][i], grads[want][i])
                     results[i, comparison] = worse(results.get((i, comparison)), found)
-    return results
+    return results, hasattr(ex, "customop_inlined")
 
 
 def _rows(names, arrays, wrt, results, no_grad=frozenset()) -> list[GradRow]:

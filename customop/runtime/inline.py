@@ -1,8 +1,9 @@
 """The ``inline`` patch: bound executors and hybridized blocks run inlinable ops as MXNet's own.
 
 Off-switch: ``CUSTOMOP_RUNTIME_OFF=inline``; installed by the first Symbol call, or
-graph load, of an ``'mxnet'``-mode op that may inline in training: no ``def_grad``,
-``need_top_grad=True``, no aux, ``inline=True``.
+graph load, of an ``'mxnet'``-mode op that may inline in training: no aux,
+``inline=True`` (``def_grad`` ops too: their closures are transposed,
+:mod:`customop.custom_grad`).
 
 Wraps ``Symbol.simple_bind``, ``Symbol.bind`` and ``CachedOp.__init__``.  A graph
 without a ``Custom`` node of such an op is bound or cached as before, after one

@@ -10,6 +10,7 @@ import json
 import os
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import mxnet as mx
@@ -81,6 +82,36 @@ def test_the_onnx_model_uses_the_same_names(tmp_path):
     assert [o.name for o in model.graph.output] == done.outputs
     batch = [d.dim_param or d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim]
     assert batch[0] != inputs[0].shape[0] and batch[1:] == list(inputs[0].shape[1:])
+
+
+FIRST_EXPORT = """
+import sys, customop
+from tests.deploy import models
+name, block, inputs, options, _ = next(models.models())
+done = customop.export(block, sys.argv[1], *inputs, **options)
+print(customop.to_onnx(done, sys.argv[1] + '.onnx').inputs)
+"""
+
+
+def test_a_fresh_process_first_export_converts_to_onnx(tmp_path):
+    # In a new process the inlined nodes are numbered from 0: postprocess's multi-output
+    # node_1 had its outputs named node_10, node_11 by the converter, beside node_10 itself
+    # ("Graph must be in single static assignment (SSA) form"); later in a process it passed.
+    pytest.importorskip("onnx")
+    run = subprocess.run([sys.executable, "-c", FIRST_EXPORT, str(tmp_path / "p")],
+                         cwd=str(ROOT), capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.strip().splitlines()[-1] == "['offsets', 'scores', 'anchors']"
+
+
+def test_to_onnx_without_onnx_says_which_extra_to_install(tmp_path, monkeypatch):
+    name, block, inputs, options, _ = next(models.models())
+    done = customop.export(block, str(tmp_path / "p"), *inputs, **options)
+    monkeypatch.setitem(sys.modules, "onnx", None)  # what `import onnx` meets when absent
+    with pytest.raises(ImportError, match=r"customop.to_onnx needs the 'onnx' package: "
+                                          r"pip install 'customop\[onnx\]'"):
+        customop.to_onnx(done, str(tmp_path / "p.onnx"))
+    assert not (tmp_path / "p.onnx").exists()
 
 
 def test_a_label_the_graph_does_not_read_is_not_an_input(tmp_path):

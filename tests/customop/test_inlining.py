@@ -30,6 +30,14 @@ cubed.def_grad(lambda ans, x: lambda g: 3 * x * x * g)
 
 
 @decorate("mxnet")
+def squashed(x):
+    return x * 2
+
+
+squashed.def_grad(lambda ans, x: lambda g: g * g)  # not linear in g: keeps its Custom node
+
+
+@decorate("mxnet")
 def flipped(x, w):
     return mx.nd.broadcast_mul(w, x) + 0.5  # reads w first: the graph lists w first
 
@@ -116,11 +124,12 @@ def test_the_custom_path_still_runs_with_inlining_switched_off(monkeypatch):
     assert calls["affine"] >= 1
 
 
-def test_def_grad_ops_keep_their_custom_node_and_gradient(monkeypatch):
+def test_def_grad_ops_inline_with_their_own_gradient(monkeypatch):
+    # Issue 33: the closure is transposed into the graph (customop.custom_grad).
     inlined, net = trained(lambda F, h: cubed(h), [[ROWS]], monkeypatch)
     calls["cubed"] = 0
     step(net, ROWS)
-    assert calls["cubed"] >= 1  # still the Custom node: its gradient is its own
+    assert calls["cubed"] == 0  # neither the forward nor the closure runs in Python
     custom, _ = trained(lambda F, h: cubed(h), [[ROWS]], monkeypatch, inline=False)
     assert_same(inlined, custom)
 
@@ -143,7 +152,7 @@ def test_graphs_of_several_ops_and_ops_that_stay_custom(monkeypatch):
 
     def fn(F, h, a):
         boxes = ops.box_decode(h.slice_axis(axis=-1, begin=0, end=4), a)
-        return cubed(affine(boxes, F.ones((1, 1, 4)))) * 0.01
+        return squashed(cubed(affine(boxes, F.ones((1, 1, 4))))) * 0.01
 
     xs = [np.random.RandomState(5).randn(2, 4, 5).astype("f"), anchors]
     inlined, net = trained(fn, [xs], monkeypatch)
@@ -151,7 +160,7 @@ def test_graphs_of_several_ops_and_ops_that_stay_custom(monkeypatch):
     assert_same(inlined, custom)
     report = customop.explain(net, *[mx.nd.array(x) for x in xs])
     kept = report.kept["train"]
-    assert len(kept) == 1 and len(report.nodes) == 3 and not report.kept["export"]
+    assert len(kept) == 1 and len(report.nodes) == 4 and not report.kept["export"]
 
 
 def test_bound_graphs_keep_names_order_and_reshape(monkeypatch):

@@ -3,7 +3,7 @@ import mxnet as mx
 import pytest
 
 import customop
-from customop import native, rules
+from customop import custom_grad, native, rules
 from customop.native import EXPORT, TRAIN
 
 
@@ -22,7 +22,7 @@ def rules_own_gradient(x):
     return x * 2
 
 
-rules_own_gradient.def_grad(lambda ans, x: lambda g: 2 * g)
+rules_own_gradient.def_grad(lambda ans, x: lambda g: g * g)  # not linear in g
 
 
 @customop.customop("mxnet")
@@ -53,7 +53,7 @@ def test_every_refusal_has_one_name_and_a_reason():
 
 @pytest.mark.parametrize("op, purpose, rule", [
     (rules_numpy, TRAIN, "numpy-mode"),
-    (rules_own_gradient, TRAIN, "own-gradient"),
+    (rules_own_gradient, TRAIN, "closure-not-linear"),
     (rules_reads, EXPORT, "reads-values"),
     (rules_old_advice, TRAIN, "asks-is-tracing"),
     (rules_old_advice, EXPORT, "asks-is-tracing"),
@@ -61,13 +61,18 @@ def test_every_refusal_has_one_name_and_a_reason():
     (rules_detached, TRAIN, "outside-graph"),
 ])
 def test_a_verdict_names_the_entry_that_refused_and_explain_says_its_reason(op, purpose, rule):
-    verdict = native.native_graph(op, {}, [(3,)], ["float32"], purpose)
+    verdict = custom_grad.native_graph(op, {}, [(3,)], ["float32"], purpose)
     assert verdict.graph is None and verdict.rule == rule
     reasons = {r.name: r.reason for r in (*rules.OP_REFUSALS, *rules.RECORDED_REFUSALS)}
     reasons.update(rules.TRACE_REFUSALS)
     assert verdict.reason.startswith(reasons[rule].split("{}")[0])
     report = customop.explain(op, (3,))
     assert verdict.reason in repr(report)
+
+
+def test_without_a_builder_an_op_with_its_own_gradient_keeps_its_node_in_training():
+    verdict = native.native_graph(rules_own_gradient, {}, [(3,)], ["float32"], TRAIN)
+    assert verdict.graph is None and verdict.rule == "own-gradient"
 
 
 def test_rewrites_are_keyed_by_mxnet_operator():

@@ -16,6 +16,13 @@
 
 #include <mxnet/c_predict_api.h>
 
+/* From c_api.h (which needs more than C99).  Python's mxnet calls it at exit; a program
+   that exits without it lets the engine's destructor join worker threads that still flush
+   their thread-local bulk state: measured 4 aborts ("vector::reserve", "corrupted size vs.
+   prev_size", "terminate called without an active exception") and 1 hang in 690 runs of
+   these models under load, all after every output was written; 0 in 690 with the call. */
+int MXNotifyShutdown(void);
+
 static char *slurp(const char *path, long *size) {
   FILE *f = fopen(path, "rb");
   if (!f) {
@@ -98,6 +105,7 @@ int main(int argc, char **argv) {
     free(out);
   }
   CHECK(MXPredFree(pred));
+  CHECK(MXNotifyShutdown());
   free(json);
   free(params);
   return 0;
