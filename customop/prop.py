@@ -24,7 +24,7 @@ from . import params as _params
 from .inference import known
 from .input_shapes import unknown_ndim
 from .runtime import aux as aux_patch
-from .runtime import deps, release, shapes
+from .runtime import binds, deps, names, release, shapes
 
 if TYPE_CHECKING:
     from .operator import CustomOperator
@@ -72,10 +72,12 @@ def register(op_type: str, lookup: Callable[[str], CustomOperator]) -> None:
                 self.out_names = op.outputs.names(self.params)
             except Exception as exc:
                 self.bad_params = exc
-            self.shapes: tuple | None = None
+            # thread -> the input shapes its last shape inference settled, read by its type
+            # inference: threads binding one Symbol at other shapes share this prop
+            self.shapes: dict[int, tuple] = {}
 
-        # before MXNet asks for the node's backward dependencies or shapes
-        # (customop.runtime.deps, customop.runtime.shapes)
+        # before MXNet asks for the node's names, backward dependencies or shapes
+        # (customop.runtime.names, .deps, .shapes)
         _ref_holder = _adopting(lambda self, refs: _adopt_prop(self, refs))
 
         def list_arguments(self) -> list[str]:
@@ -99,7 +101,7 @@ def register(op_type: str, lookup: Callable[[str], CustomOperator]) -> None:
                 self.op.input_shapes.warn_unknown(list(shapes))
                 self.op.input_shapes.note_unknown(list(shapes))
                 return [list(s) for s in shapes], [()] * self.n_out, self._aux_if_known(shapes)
-            self.shapes = shapes
+            self.shapes[threading.get_ident()] = shapes
             metas = self._guarded(self.op.inference.outputs, self.pkey, self.params, shapes, None)
             aux = self._guarded(kernel.aux_shapes, self.op, list(shapes), self.params) \
                 if n_aux else []
@@ -122,11 +124,12 @@ def register(op_type: str, lookup: Callable[[str], CustomOperator]) -> None:
             dtypes = tuple(np.dtype(t if t is not None else like if name in inferred else
                                     np.float32)
                            for name, t in zip(self.op.signature.inputs, in_type))
-            if self.shapes is None:
+            shapes = self.shapes.get(threading.get_ident())
+            if shapes is None:
                 out = self._guarded(self.op.inference.dtypes_only, self.params, dtypes)
             else:
                 metas = self._guarded(self.op.inference.outputs, self.pkey, self.params,
-                                      self.shapes, dtypes)
+                                      shapes, dtypes)
                 out = [m.dtype for m in metas]
             aux = [kernel.aux_dtype_for(dtypes).type] * len(self.op.signature.aux)
             return [d.type for d in dtypes], [np.dtype(d).type for d in out], aux
@@ -172,6 +175,8 @@ def register(op_type: str, lookup: Callable[[str], CustomOperator]) -> None:
 def _adopt_prop(prop: Any, refs: Any) -> None:
     deps.adopt_prop(refs, prop.n_out, len(prop.op.signature.inputs), prop.op.need_top_grad)
     shapes.adopt_prop(refs, prop, _shape_props, _infer_shape_entry)
+    names.adopt_prop(refs, prop)
+    binds.adopt_prop(prop.op.op_type)
 
 
 _shape_props: dict[int, Any] = {}  # context key -> weakref to a prop (customop.runtime.shapes)

@@ -21,6 +21,7 @@ import mxnet as mx
 import numpy as np
 
 from . import graph_json, native, runtime, splice
+from .runtime import binds
 
 
 def spliced(sym: mx.sym.Symbol, shapes: Any, dtypes: Any
@@ -71,8 +72,10 @@ def simple_bind(original, sym, ctx, grad_req="write", type_dict=None, stype_dict
                         shared_exec, shared_buffer, **shapes)
     if isinstance(grad_req, (list, tuple)):
         grad_req = dict(zip(sym.list_arguments(), grad_req))
-    exe = original(found.symbol, ctx, grad_req, type_dict, stype_dict, group2ctx,
-                   shared_arg_names, shared_exec, shared_buffer, **_all_shapes(sym, shapes))
+    all_shapes = _all_shapes(sym, shapes)
+    with binds.serialized():  # MXNet's binds race (customop.runtime.binds)
+        exe = original(found.symbol, ctx, grad_req, type_dict, stype_dict, group2ctx,
+                       shared_arg_names, shared_exec, shared_buffer, **all_shapes)
     return present(exe, sym, found.symbol)
 
 
@@ -108,8 +111,9 @@ def bind(original, sym, ctx, args, args_grad=None, grad_req="write", aux_states=
         args_grad = {n: g for n, g in zip(names, args_grad) if g is not None}
     if isinstance(grad_req, (list, tuple)):
         grad_req = dict(zip(names, grad_req))
-    exe = original(found.symbol, ctx, arg_map, args_grad, grad_req, aux_map, group2ctx,
-                   shared_exec)
+    with binds.serialized():  # MXNet's binds race (customop.runtime.binds)
+        exe = original(found.symbol, ctx, arg_map, args_grad, grad_req, aux_map, group2ctx,
+                       shared_exec)
     return present(exe, sym, found.symbol)
 
 

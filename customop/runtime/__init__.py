@@ -28,6 +28,12 @@ The index (:data:`PATCHES`: off-switch name -> module, and when it is installed)
 ``shapes`` (:mod:`.shapes`)
     concurrent binds of one Symbol read the shapes our props answered, not freed memory;
     the first graph node or ``mx.nd.Custom`` call.
+``names`` (:mod:`.names`)
+    concurrent users of one Symbol read the names our props answered, not freed memory;
+    the first graph node or ``mx.nd.Custom`` call.
+``binds`` (:mod:`.binds`)
+    binds of graphs holding our ops run one at a time (MXNet's subgraph pass races);
+    the first graph node or ``mx.nd.Custom`` call.
 ``trace`` (:mod:`.trace`)
     a forward recorded as MXNet operators; in place only while one is traced.
 ``inline`` (:mod:`.inline`)
@@ -65,9 +71,9 @@ from typing import Any
 
 # off-switch name -> the module of this package that holds the patch (its reason, install())
 PATCHES = {"errors": "errors", "fork": "fork", "aux": "aux", "auxsync": "auxsync",
-           "release": "release", "deps": "deps", "shapes": "shapes", "trace": "trace",
-           "inline": "inline", "gluonshape": "gluonshape", "isAlive": "isalive",
-           "onnxops": "onnxops"}
+           "release": "release", "deps": "deps", "shapes": "shapes", "names": "names",
+           "binds": "binds", "trace": "trace", "inline": "inline", "gluonshape": "gluonshape",
+           "isAlive": "isalive", "onnxops": "onnxops"}
 
 # MXNet's own pthread_atfork handlers (src/initialize.cc), which the ``fork`` patch runs;
 # internal, C++-mangled names:
@@ -130,4 +136,5 @@ def note_graph_op(op: Any) -> None:
     if "inline" in _installed or not patch("inline").wanted(op):
         return
     use()
+    install("binds")  # first: its lock then wraps MXNet's own bind, inside inline's wrapper
     install("inline")

@@ -6,7 +6,7 @@ each built by MXNet's ``creator`` / ``create_operator`` callbacks in
 ``mxnet.operator``, and one per recorded function node
 (``MXCustomFunctionRecord``: backward and delete).  The ``release`` and
 ``deps`` patches point slots of the first two at entries of ours (``shapes`` one slot
-of a prop's); the
+of a prop's, ``names`` three); the
 ``function`` path of :mod:`customop.dispatch` builds the third with
 :func:`record_function`.  All the C types and slot numbers are here (see
 ``include/mxnet/c_api.h``), once.
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ctypes
 import itertools
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -29,6 +30,8 @@ DELETE_TYPE = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)  # CustomOpDelFunc
 DEPS_TYPE = ctypes.CFUNCTYPE(ctypes.c_int, *[ctypes.POINTER(ctypes.c_int)] * 4,
                              ctypes.POINTER(ctypes.POINTER(ctypes.c_int)),
                              ctypes.c_void_p)  # MXNet's CustomOpBwdDepFunc
+LIST_TYPE = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_void_p),
+                             ctypes.c_void_p)  # MXNet's CustomOpListFunc (char***)
 INFER_SHAPE_TYPE = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int, ctypes.POINTER(ctypes.c_int),
                                     ctypes.POINTER(ctypes.POINTER(ctypes.c_int)),
                                     ctypes.c_void_p)  # MXNet's CustomOpInferShapeFunc
@@ -37,19 +40,28 @@ FUNCTION_BACKWARD_TYPE = ctypes.CFUNCTYPE(
     ctypes.POINTER(ctypes.c_int), ctypes.c_int, ctypes.c_void_p)  # CustomFunctionBwdFunc
 # MXNet's slots (include/mxnet/c_api.h): CustomOpCallbacks, CustomOpPropCallbacks
 OP_DELETE, OP_BACKWARD = 0, 2
+PROP_LIST_ARGUMENTS, PROP_LIST_OUTPUTS, PROP_LIST_AUX = 1, 2, 3
 PROP_INFER_SHAPE, PROP_DECLARE_DEPS = 4, 5
 
 watched: dict[int, tuple[Any, int, int | None]] = {}  # key -> (op, MXNet's deleter, context)
 keys = itertools.count(1)
 _entries: dict[str, tuple[Any, int]] = {}  # name -> (our C callback, its address), kept for good
+_entries_lock = threading.Lock()
 
 
 def entry(name: str, ctype: Any, fn: Callable) -> int:
     """The address of a C callback of type ``ctype`` calling ``fn``, made once per name."""
-    if name not in _entries:
-        callback = ctype(fn)
-        _entries[name] = (callback, ctypes.cast(callback, ctypes.c_void_p).value)
-    return _entries[name][1]
+    found = _entries.get(name)
+    if found is None:
+        # under a lock: two threads making the first of a name would otherwise each hand
+        # out their callback's address, and the one replaced in the table would be freed
+        with _entries_lock:
+            found = _entries.get(name)
+            if found is None:
+                callback = ctype(fn)
+                found = _entries[name] = (callback,
+                                          ctypes.cast(callback, ctypes.c_void_p).value)
+    return found[1]
 
 
 def slots(refs: Any, n: int) -> tuple[Any, Any] | None:

@@ -156,8 +156,8 @@ def test_after_an_aux_op_is_used_only_its_own_graphs_wait():
             "unrelated cachedop": type(net._cached_op).__name__,
         }))
     '''))
-    assert result == {"installed": ["aux", "auxsync", "deps", "errors", "fork", "gluonshape",
-                                    "release", "shapes"],
+    assert result == {"installed": ["aux", "auxsync", "binds", "deps", "errors", "fork",
+                                    "gluonshape", "names", "release", "shapes"],
                       "aux executor": "_AuxExecutor", "aux cachedop": "_AuxCachedOp",
                       "unrelated executor": "Executor", "unrelated cachedop": "CachedOp"}
 
@@ -256,7 +256,8 @@ def test_release_frees_only_our_operators_and_mxnet_still_deletes_them(off):
     result = _run(RELEASE, env={"CUSTOMOP_RUNTIME_OFF": off})
     # MXNet's own deleter ran for every operator (ours through the release hook), and a
     # hand-written CustomOp is left to the cycle collector, as MXNet leaves it
-    installed = sorted({"deps", "errors", "fork", "gluonshape", "release", "shapes"}
+    installed = sorted({"binds", "deps", "errors", "fork", "gluonshape", "names", "release",
+                        "shapes"}
                        - set(off.split(",")))
     assert result == {"installed": installed,
                       "left in registry": 0, "watched": 0, "hand-written alive": 5}

