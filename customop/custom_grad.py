@@ -291,7 +291,13 @@ class Builder(native.Tracer):
             else:
                 out_heads[0] = t.add("broadcast_add", [h, t.add("zeros_like", [
                     t.add("sum", [m])])])
-        return _pruned(nodes, out_heads, self.n)
+        full = _pruned(nodes, out_heads, self.n)
+        if out_heads != fwd_heads:
+            # What a graph runs where none of the closures' inputs can need a gradient: the
+            # forward alone (its coefficients would be computed in every forward for nothing).
+            full.forward_only = _pruned(nodes, fwd_heads, self.n)
+            full.differentiates = tuple(sorted(self.owned))
+        return full
 
 
 def _entry_signatures(frag: native.NativeGraph, shapes, dtypes) -> dict:
@@ -388,4 +394,6 @@ def training_graph(op: CustomOperator, params: dict[str, Any], shapes, dtypes,
         raise native.NotNative(f"its training graph holds only at the traced input shapes "
                                 f"({graph.specialized}); a hybridized block may see others")
     graph.dtype_generic = on_values.dtype_generic(b, graph, shapes, dtypes, first)
+    if graph.forward_only is not None:
+        graph.forward_only = guards.guarded(graph.forward_only, rec1.guarded, rules.INDEX_GUARDS)
     return guards.guarded(graph, rec1.guarded, rules.INDEX_GUARDS)
