@@ -186,6 +186,10 @@ def poisoned(outputs: Sequence[Any], conditions: Sequence[Condition],
     out = []
     for o in outputs:
         if isinstance(o, mx.nd.NDArray) and np.issubdtype(o.dtype, np.floating):
-            o = mx.nd.broadcast_mul(o, nan_or_one.astype(o.dtype, copy=False))
+            f = nan_or_one.astype(o.dtype, copy=False)
+            # spread to o's shape first: the backward of a broadcast_mul by a (1,) array
+            # reduces over o for the factor (measured: 3x the cost of an elemwise_mul's)
+            f = mx.nd.broadcast_like(mx.nd.reshape(f, shape=(1,) * o.ndim), o)
+            o = mx.nd.elemwise_mul(o, f)
         out.append(o)
     return out
