@@ -151,11 +151,14 @@ def flag(conditions: Sequence[Condition]) -> Any:
         return None
     parts = []
     for c in conditions:
-        # any element 0: failed (written with operators MXNet's ONNX converter knows)
+        # any element 0: failed (written with operators MXNet's ONNX converter knows; as few
+        # as can be, each one an operator call in every step of a graph)
         # (no reshape to (-1,): MXNet would record the traced length, and the graph would
         # hold at that shape only)
-        failed = mx.nd.max(c.ok == 0).reshape((1,)).astype("float32")
-        parts.append(failed)
+        failed = mx.nd.max(c.ok == 0)
+        if failed.shape != (1,):
+            failed = failed.reshape((1,))
+        parts.append(failed.astype("float32", copy=False))
     out = parts[0]
     for p in parts[1:]:
         out = mx.nd.maximum(out, p)

@@ -93,10 +93,11 @@ def box_encode(samples, matches, anchors, refs, means, stds, *, legacy_box=False
     with mx.autograd.pause():
         m = mx.nd.slice_axis(mx.nd.shape_array(refs), axis=0, begin=1, end=2)
         m = mx.nd.reshape(m.astype(matches.dtype), shape=(1, 1))
-        ok = (1 - (samples > 0.5)) + (1 - (matches < 0)) * mx.nd.broadcast_lesser(matches, m) \
-            * (matches == mx.nd.floor(matches))
-        nan_or_one = mx.nd.expand_dims(ok / ok, axis=2).astype(anchors.dtype)
-        matches = mx.nd.broadcast_minimum(mx.nd.maximum(matches, 0), m - 1)
+        clipped = mx.nd.broadcast_minimum(mx.nd.maximum(matches, 0), m - 1)
+        # in range: clipping left it as it is (NaN never equals); an integer: floor leaves it
+        ok = (1 - (samples > 0.5)) + (clipped == matches) * (matches == mx.nd.floor(matches))
+        nan_or_one = mx.nd.expand_dims(ok / ok, axis=2).astype(anchors.dtype, copy=False)
+        matches = clipped
     if not legacy_box:  # MXNet's kernel, for bit-equal outputs; gradients: _encode_grad
         outs = mx.nd.contrib.box_encode(samples, matches, anchors, refs, means, stds)
     else:
