@@ -295,7 +295,16 @@ class Builder(native.Tracer):
         if out_heads != fwd_heads:
             # What a graph runs where none of the closures' inputs can need a gradient: the
             # forward alone (its coefficients would be computed in every forward for nothing).
-            full.forward_only = _pruned(nodes, fwd_heads, self.n)
+            # (its inputs' BlockGrad nodes pass nothing there: none can need a gradient)
+            through = {k: nd["inputs"][0] for k, nd in enumerate(nodes) if nd["op"] ==
+                       "BlockGrad" and nd["inputs"][0][0] == "in" and nd["inputs"][0][1]
+                       in self.owned}
+
+            def past(r):
+                return through.get(r[1], r) if r[0] == "node" else r
+
+            plain = [dict(nd, inputs=[past(r) for r in nd["inputs"]]) for nd in nodes]
+            full.forward_only = _pruned(plain, [past(h) for h in fwd_heads], self.n)
             full.differentiates = tuple(sorted(self.owned))
         return full
 
