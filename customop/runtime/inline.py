@@ -120,6 +120,10 @@ class CachedPlan:
     of it; a signature where nothing inlines runs a CachedOp of the original
     graph (``Custom`` nodes).  A graph traced for one signature never runs at
     another it was not settled for.  A repeated signature costs one dict lookup.
+    Where a ``def_grad`` op can run its forward alone (none of its differentiated
+    inputs can need a gradient), the graph also depends on which inputs feeding it
+    autograd records in this call (:func:`needs_grad`: one C call per such input,
+    none when not recording).
     """
 
     is_np_sym = False  # the CachedOp's graph is a NumPy-API Symbol (set by the patch)
