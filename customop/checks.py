@@ -192,7 +192,9 @@ def poisoned(outputs: Sequence[Any], conditions: Sequence[Condition],
             f = nan_or_one.astype(o.dtype, copy=False)
             # spread to o's shape first: the backward of a broadcast_mul by a (1,) array
             # reduces over o for the factor (measured: 3x the cost of an elemwise_mul's)
-            f = mx.nd.broadcast_like(mx.nd.reshape(f, shape=(1,) * o.ndim), o)
+            if o.ndim != 1:
+                f = mx.nd.reshape(f, shape=(1,) * o.ndim)
+            f = mx.nd.broadcast_like(f, o)
             o = mx.nd.elemwise_mul(o, f)
         out.append(o)
     return out
