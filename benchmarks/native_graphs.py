@@ -23,8 +23,8 @@ turn: one untimed lead-in call, then four timed ones; every call synchronised):
 3. A training step (forward, backward, ``Trainer.step``, a wait) of the
    RetinaNet-style head of ``examples/retinanet_head.py`` (``ops.box_iou``,
    ``ops.box_encode``, ``ops.focal_loss``, ``ops.smooth_l1``), before (every op a
-   ``Custom`` node) and after (the default: ``box_iou`` inlined; the other three
-   keep their nodes, their gradients being their own), beside
+   ``Custom`` node) and after (the default: all four inlined; ``box_encode``'s inputs
+   need no gradient there, so it runs its forward alone), beside
    ``benchmarks/composed.py``'s head written with MXNet's operators.
 4. A hybridized training step of each example head (``examples/``: RetinaNet-style,
    Faster R-CNN-style, face embedding), its ops as ``Custom`` nodes and with the default

@@ -187,7 +187,7 @@ class Builder(native.Tracer):
         for nd in nodes:
             linear.append(any(r in sources or (r[0] == "node" and linear[r[1]])
                               for r in nd["inputs"]))
-        known = _entry_signatures(frag, [*shapes, *out_shapes],
+        known = graph_json.entry_signatures(frag, [*shapes, *out_shapes],
                                   [*self.in_dtypes, *out_dtypes])
         fwd_heads = list(frag.heads[:n_out])
 
@@ -272,12 +272,14 @@ class Builder(native.Tracer):
                                                                    num_args=len(parts[k]))
                 h = t.add("elemwise_add", [h, hk])
             out_heads.append(h)
+        alone = list(fwd_heads)  # the heads where no closure's input needs a gradient
         if not self.op.need_top_grad and self.auto:
             # An output layer's automatic gradient is that of the sum of its outputs.
             for k in range(len(out_heads)):
                 stop = t.add("BlockGrad", [fwd_heads[k]])
                 out_heads[k] = t.add("elemwise_add", [stop, t.add("zeros_like", [
                     t.add("make_loss", [fwd_heads[k]])])])
+            alone = list(out_heads)
         for i, c_ref, c in losses:
             if shape(c_ref) != tuple(shapes[i]):
                 raise native.NotNative(f"its {c.label} returns a gradient of shape "
@@ -291,35 +293,22 @@ class Builder(native.Tracer):
             else:
                 out_heads[0] = t.add("broadcast_add", [h, t.add("zeros_like", [
                     t.add("sum", [m])])])
-        return _pruned(nodes, out_heads, self.n)
+        full = _pruned(nodes, out_heads, self.n)
+        if out_heads != alone:
+            # What a graph runs where none of the closures' inputs can need a gradient: the
+            # forward alone (its coefficients would be computed in every forward for nothing).
+            # (its inputs' BlockGrad nodes pass nothing there: none can need a gradient)
+            through = {k: nd["inputs"][0] for k, nd in enumerate(nodes) if nd["op"] ==
+                       "BlockGrad" and nd["inputs"][0][0] == "in" and nd["inputs"][0][1]
+                       in self.owned}
 
+            def past(r):
+                return through.get(r[1], r) if r[0] == "node" else r
 
-def _entry_signatures(frag: native.NativeGraph, shapes, dtypes) -> dict:
-    """(shape, dtype) of every node output of ``frag`` at these input shapes."""
-    names = [f"input{i}" for i in range(len(shapes))]
-    graph = graph_json.to_json(frag, names)
-    sym = graph_json.load(graph)
-    internals = sym.get_internals()
-    args = set(sym.list_inputs())
-    _, out_shapes, _ = internals.infer_shape_partial(
-        **{nm: tuple(s) for nm, s in zip(names, shapes) if nm in args})
-    _, out_types, _ = internals.infer_type_partial(
-        **{nm: np.dtype(d) for nm, d in zip(names, dtypes) if nm in args})
-    # (list_outputs names each visible output "<node>_<output name>"; some operators have
-    # hidden outputs, so the graph's node_row_ptr does not index these lists)
-    wanted = {nd["name"]: k for k, nd in enumerate(frag.nodes)}
-    counts: dict[int, int] = {}
-    found: dict[tuple[int, int], tuple] = {}
-    for pos, label in enumerate(internals.list_outputs()):
-        node, _, _ = label.rpartition("_output")
-        k = wanted.get(node)
-        if k is None:
-            continue
-        out = counts.get(k, 0)
-        counts[k] = out + 1
-        s = out_shapes[pos]
-        found[(k, out)] = (tuple(s) if s is not None else None, out_types[pos])
-    return found
+            plain = [dict(nd, inputs=[past(r) for r in nd["inputs"]]) for nd in nodes]
+            full.forward_only = _pruned(plain, [past(h) for h in alone], self.n)
+            full.differentiates = tuple(sorted(self.owned))
+        return full
 
 
 def _pruned(nodes: list[dict], heads: list[tuple], n: int) -> native.NativeGraph:
@@ -388,4 +377,6 @@ def training_graph(op: CustomOperator, params: dict[str, Any], shapes, dtypes,
         raise native.NotNative(f"its training graph holds only at the traced input shapes "
                                 f"({graph.specialized}); a hybridized block may see others")
     graph.dtype_generic = on_values.dtype_generic(b, graph, shapes, dtypes, first)
+    if graph.forward_only is not None:
+        graph.forward_only = guards.guarded(graph.forward_only, rec1.guarded, rules.INDEX_GUARDS)
     return guards.guarded(graph, rec1.guarded, rules.INDEX_GUARDS)

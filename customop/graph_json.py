@@ -227,3 +227,32 @@ def reachable(graph: dict[str, Any]) -> dict[str, Any]:
                                                      for e in nodes[i]["inputs"]]) for i in keep])
     out["heads"] = [[where[h[0]], h[1], 0] for h in graph["heads"]]
     return out
+
+
+def entry_signatures(frag: Any, shapes, dtypes) -> dict:
+    """(shape, dtype) of every node output of ``frag`` (a :class:`customop.native.NativeGraph`)
+    at these input shapes and dtypes, by ``(node, output)``."""
+    names = [f"input{i}" for i in range(len(shapes))]
+    graph = to_json(frag, names)
+    sym = load(graph)
+    internals = sym.get_internals()
+    args = set(sym.list_inputs())
+    _, out_shapes, _ = internals.infer_shape_partial(
+        **{nm: tuple(s) for nm, s in zip(names, shapes) if nm in args})
+    _, out_types, _ = internals.infer_type_partial(
+        **{nm: np.dtype(d) for nm, d in zip(names, dtypes) if nm in args})
+    # (list_outputs names each visible output "<node>_<output name>"; some operators have
+    # hidden outputs, so the graph's node_row_ptr does not index these lists)
+    wanted = {nd["name"]: k for k, nd in enumerate(frag.nodes)}
+    counts: dict[int, int] = {}
+    found: dict[tuple[int, int], tuple] = {}
+    for pos, label in enumerate(internals.list_outputs()):
+        node, _, _ = label.rpartition("_output")
+        k = wanted.get(node)
+        if k is None:
+            continue
+        out = counts.get(k, 0)
+        counts[k] = out + 1
+        s = out_shapes[pos]
+        found[(k, out)] = (tuple(s) if s is not None else None, out_types[pos])
+    return found

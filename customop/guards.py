@@ -90,8 +90,44 @@ def pick(node: dict, add: Add, dtypes: list[Any]) -> list[Ref] | None:
     return _poisoned(add, [add(node["op"], attrs, node["inputs"])], dtypes, bad)
 
 
-def box_encode(node: dict, add: Add, dtypes: list[Any]) -> list[Ref] | None:
+def _clipped(of: Callable[[Ref], Any], index: Ref, data: Ref, axis: int) -> bool:
+    # Whether ``index`` is broadcast_minimum(maximum(i, 0), length of data's axis - 1), as a
+    # forward that makes its own indices safe writes it (ops.box_encode): nothing to guard.
+    node = of(_unblocked(of, index))
+    if node is None or node["op"] != "broadcast_minimum":
+        return False
+    low, high = (of(r) for r in node["inputs"])
+    if low is None or high is None or (low["op"], high["op"]) != ("_maximum_scalar",
+                                                                  "_minus_scalar"):
+        return False
+    if float(low["attrs"].get("scalar", "nan")) != 0 or float(high["attrs"]["scalar"]) != 1:
+        return False
+    length = of(high["inputs"][0])
+    while length is not None and length["op"] in ("Cast", "Reshape"):
+        length = of(length["inputs"][0])
+    if length is None or length["op"] != "slice_axis" or (
+            {k: str(v) for k, v in length["attrs"].items()}
+            != {"axis": "0", "begin": str(axis), "end": str(axis + 1)}):
+        return False
+    shape = of(length["inputs"][0])
+    return (shape is not None and shape["op"] == "shape_array"
+            and _unblocked(of, shape["inputs"][0]) == _unblocked(of, data))
+
+
+def _unblocked(of: Callable[[Ref], Any], ref: Ref) -> Ref:
+    # the entry a chain of BlockGrad nodes passes on (the same values)
+    while of(ref) is not None and of(ref)["op"] == "BlockGrad":
+        ref = of(ref)["inputs"][0]
+    return ref
+
+
+def box_encode(node: dict, add: Add, dtypes: list[Any], of: Callable[[Ref], Any] | None = None
+               ) -> list[Ref] | None:
     samples, matches, anchors, refs, means, stds = node["inputs"]
+    if of is not None and _clipped(of, matches, refs, 1):
+        # matches already clipped into [0, M) (the forward poisons what it clipped itself)
+        op = add(node["op"], node["attrs"], node["inputs"])
+        return [op, ("node", op[1], 1)]
     length = _length(add, refs, 1)
     positive = add("Cast", {"dtype": "float64"}, [add("_greater_scalar", {"scalar": "0.5"},
                                                       [samples])])
@@ -124,6 +160,9 @@ def guarded(graph: Any, dtypes: dict[str, list], table: dict[str, Callable[..., 
             return r
         return rewritten[r[1]][r[2]] if r[1] in rewritten else ("node", moved[r[1]], r[2])
 
+    def of(r: tuple) -> dict[str, Any] | None:  # the (new) node of an entry
+        return nodes[r[1]] if r[0] == "node" else None
+
     def add(op: str, attrs: dict, inputs: list) -> tuple:
         nodes.append({"op": op, "name": f"guard{len(nodes)}_{op.strip('_').lower()}",
                       "attrs": dict(attrs), "inputs": list(inputs)})
@@ -134,7 +173,8 @@ def guarded(graph: Any, dtypes: dict[str, list], table: dict[str, Callable[..., 
         rule = table.get(n["op"])
         outs = None
         if rule is not None and n["name"] in dtypes:
-            outs = rule(node, add, dtypes[n["name"]])
+            outs = (rule(node, add, dtypes[n["name"]], of=of) if rule is box_encode
+                    else rule(node, add, dtypes[n["name"]]))
         if outs is None:
             nodes.append(node)
             moved[k] = len(nodes) - 1

@@ -62,6 +62,10 @@ class NativeGraph:
     guards: list[str] = field(default_factory=list)  # operators given index guards
     dtype_generic: bool = True
     note: str = ""  # how a def_grad op's gradient is carried (customop.custom_grad)
+    # A def_grad op's graph without its transposed closures, for graphs where none of the
+    # inputs ``differentiates`` (by index) can need a gradient (customop.splice).
+    forward_only: NativeGraph | None = None
+    differentiates: tuple = ()
 
     def operators(self) -> list[str]:
         return [n["op"] for n in self.nodes]

@@ -24,12 +24,13 @@ from . import graph_json, native, runtime, splice
 from .runtime import binds
 
 
-def spliced(sym: mx.sym.Symbol, shapes: Any, dtypes: Any
-             ) -> splice.Spliced | None:
+def spliced(sym: mx.sym.Symbol, shapes: Any, dtypes: Any, grads: set[str] | None = None
+            ) -> splice.Spliced | None:
     """``sym`` inlined for training, or None when nothing in it inlines.
 
     ``shapes``, ``dtypes``: by input name, or functions giving them (called only when the
     graph holds an op that may inline: a graph without one costs one ``debug_str``).
+    ``grads``: the inputs that can need a gradient (None: any; see :func:`splice.inline`).
     """
     if runtime.disabled("inline"):
         return None
@@ -41,7 +42,7 @@ def spliced(sym: mx.sym.Symbol, shapes: Any, dtypes: Any
     if callable(dtypes):
         dtypes = dtypes()
     try:
-        found = splice.inline(sym, shapes, dtypes, native.TRAIN, graph=graph)
+        found = splice.inline(sym, shapes, dtypes, native.TRAIN, graph=graph, grads=grads)
     except Exception as exc:  # noqa: BLE001 - the graph still runs, as Custom nodes
         warnings.warn(f"customop: the graph keeps its Custom nodes; inlining failed with "
                       f"{type(exc).__name__}: {exc}", RuntimeWarning, stacklevel=4)
@@ -66,17 +67,30 @@ def simple_bind(original, sym, ctx, grad_req="write", type_dict=None, stype_dict
                 group2ctx=None, shared_arg_names=None, shared_exec=None, shared_buffer=None,
                 **shapes):
     """``Symbol.simple_bind`` of ``sym`` with its inlinable ops inlined."""
-    found = spliced(sym, shapes, lambda: _default_dtypes(sym, type_dict))
+    if isinstance(grad_req, (list, tuple)):
+        grad_req = dict(zip(sym.list_arguments(), grad_req))
+    grads = wanting(sym, grad_req)
+    found = spliced(sym, shapes, lambda: _default_dtypes(sym, type_dict), grads)
     if found is None:
         return original(sym, ctx, grad_req, type_dict, stype_dict, group2ctx, shared_arg_names,
                         shared_exec, shared_buffer, **shapes)
-    if isinstance(grad_req, (list, tuple)):
-        grad_req = dict(zip(sym.list_arguments(), grad_req))
     all_shapes = _all_shapes(sym, shapes)
     with binds.serialized():  # MXNet's binds race (customop.runtime.binds)
         exe = original(found.symbol, ctx, grad_req, type_dict, stype_dict, group2ctx,
                        shared_arg_names, shared_exec, shared_buffer, **all_shapes)
-    return present(exe, sym, found.symbol)
+    return present(exe, sym, found.symbol, grads)
+
+
+def wanting(sym: mx.sym.Symbol, grad_req: Any, args_grad: Any = True) -> set[str]:
+    """The arguments of ``sym`` a bind with ``grad_req`` (and ``args_grad``) gives gradients."""
+    names = sym.list_arguments()
+    if args_grad is None:
+        return set()
+    if isinstance(args_grad, dict):
+        names = [n for n in names if args_grad.get(n) is not None]
+    if isinstance(grad_req, str):
+        return set(names) if grad_req != "null" else set()
+    return {n for n in names if grad_req.get(n, "null") != "null"}
 
 
 def _all_shapes(sym: mx.sym.Symbol, shapes: dict[str, tuple]) -> dict[str, tuple]:
@@ -102,23 +116,23 @@ def bind(original, sym, ctx, args, args_grad=None, grad_req="write", aux_states=
                else dict(aux_states or {}))
     arrays = {**arg_map, **aux_map}
     found = None
+    grad_map = ({n: g for n, g in zip(names, args_grad) if g is not None}
+                if isinstance(args_grad, (list, tuple)) else args_grad)
+    req = dict(zip(names, grad_req)) if isinstance(grad_req, (list, tuple)) else grad_req
+    grads = wanting(sym, req, grad_map)
     if all(isinstance(a, mx.nd.NDArray) for a in arrays.values()):
         found = spliced(sym, lambda: {n: a.shape for n, a in arrays.items()},
-                         lambda: {n: a.dtype for n, a in arrays.items()})
+                        lambda: {n: a.dtype for n, a in arrays.items()}, grads)
     if found is None:
         return original(sym, ctx, args, args_grad, grad_req, aux_states, group2ctx, shared_exec)
-    if isinstance(args_grad, (list, tuple)):
-        args_grad = {n: g for n, g in zip(names, args_grad) if g is not None}
-    if isinstance(grad_req, (list, tuple)):
-        grad_req = dict(zip(names, grad_req))
     with binds.serialized():  # MXNet's binds race (customop.runtime.binds)
-        exe = original(found.symbol, ctx, arg_map, args_grad, grad_req, aux_map, group2ctx,
+        exe = original(found.symbol, ctx, arg_map, grad_map, req, aux_map, group2ctx,
                        shared_exec)
-    return present(exe, sym, found.symbol)
+    return present(exe, sym, found.symbol, grads)
 
 
 def present(exe: mx.executor.Executor, original: mx.sym.Symbol,
-            inlined: mx.sym.Symbol) -> mx.executor.Executor:
+            inlined: mx.sym.Symbol, grads: set[str] | None = None) -> mx.executor.Executor:
     """Make an executor of ``inlined`` look like one of ``original`` (names, order, reshape)."""
     args, aux = inlined.list_arguments(), inlined.list_auxiliary_states()
     order = [args.index(n) for n in original.list_arguments()]
@@ -130,7 +144,7 @@ def present(exe: mx.executor.Executor, original: mx.sym.Symbol,
     exe._symbol = copy.deepcopy(original)
     exe._arg_dict = exe._grad_dict = exe._aux_dict = exe._output_dict = None
     exe.customop_inlined = inlined  # the graph the executor runs
-    exe.reshape = _Reshape(weakref.ref(exe), original, inlined)
+    exe.reshape = _Reshape(weakref.ref(exe), original, inlined, grads)
     return exe
 
 
@@ -144,8 +158,8 @@ class _Reshape:
     shape stays.
     """
 
-    def __init__(self, exe, original, inlined):
-        self.exe, self.original, self.inlined = exe, original, inlined
+    def __init__(self, exe, original, inlined, grads):
+        self.exe, self.original, self.inlined, self.grads = exe, original, inlined, grads
 
     def __call__(self, partial_shaping=False, allow_up_sizing=False, **kwargs):
         exe = self.exe()
@@ -159,11 +173,11 @@ class _Reshape:
                   for n, s in zip([*names, *aux_names], [*(args or []), *(aux or [])])}
         dtypes = {n: a.dtype for n, a in current.items()}
         checked(self.original, shapes, dtypes)
-        found = spliced(self.original, shapes, dtypes)
+        found = spliced(self.original, shapes, dtypes, self.grads)
         if found is not None and (graph_json.anonymous(found.symbol)
                                   == graph_json.anonymous(self.inlined)):
             new = mx.executor.Executor.reshape(exe, partial_shaping, allow_up_sizing, **kwargs)
-            return present(new, self.original, self.inlined)
+            return present(new, self.original, self.inlined, self.grads)
 
         def same_or_new(arrays):
             return {n: a if a.shape == shapes[n] else mx.nd.zeros(shapes[n], a.context, a.dtype)

@@ -96,10 +96,11 @@ def focal_loss(pred, label, normalizer=None, *, alpha=0.25, gamma=2.0,
     _check(pred, label, normalizer, alpha, gamma, normalization, ignore_label)
     num_class = pred.shape[-1]
     label = label.astype(pred.dtype, copy=False)
-    # (operators MXNet's ONNX converter knows: no >=, <=, !=)
-    bad = ((label < 0) + (label > num_class) + (1 - (label == mx.nd.floor(label)))) \
-        * (1 - (label == ignore_label))
-    _checks.require(bad == 0, "label", _label_message(num_class, ignore_label))
+    # an integer in [0, C] is what clipping its floor leaves unchanged (NaN equals nothing);
+    # as few operators as can be (each one runs in every step of a graph), ones MXNet's ONNX
+    # converter knows (no >=, <=, !=)
+    ok = (label == mx.nd.clip(mx.nd.floor(label), 0, num_class)) + (label == ignore_label)
+    _checks.require(ok, "label", _label_message(num_class, ignore_label))
     t, valid = _targets_nd(label, num_class, ignore_label)
     sp_pos = mx.nd.Activation(pred, act_type="softrelu")  # -log(1 - p)
     sp_neg = mx.nd.Activation(-pred, act_type="softrelu")  # -log p

@@ -69,6 +69,24 @@ def inner_cached_op(sym, flags) -> mx.nd.CachedOp:
 
 _buffers = threading.local()  # .out: this thread's ctypes out-parameters for signature()
 _get_shape, _get_dtype = _LIB.MXNDArrayGetShapeEx, _LIB.MXNDArrayGetDType
+_get_symbol, _free_symbol = _LIB.MXAutogradGetSymbol, _LIB.MXSymbolFree
+
+
+def _in_autograd(arr) -> bool:
+    # Whether autograd can carry a gradient to ``arr``: it has one attached or was recorded
+    # (MXNet keeps a node for it; measured: 2 us, 20 us for an array without one).
+    handle = ctypes.c_void_p()
+    if _get_symbol(arr.handle, ctypes.byref(handle)) != 0:
+        return False
+    _free_symbol(handle)
+    return True
+
+
+def needs_grad(args, which) -> tuple:
+    """Which of ``args[i]`` (``i`` in ``which``) can get a gradient from this call."""
+    if not mx.autograd.is_recording():
+        return (False,) * len(which)
+    return tuple(_in_autograd(args[i]) for i in which)
 
 
 def signature(args, which) -> tuple:
@@ -102,6 +120,10 @@ class CachedPlan:
     of it; a signature where nothing inlines runs a CachedOp of the original
     graph (``Custom`` nodes).  A graph traced for one signature never runs at
     another it was not settled for.  A repeated signature costs one dict lookup.
+    Where a ``def_grad`` op can run its forward alone (none of its differentiated
+    inputs can need a gradient), the graph also depends on which inputs feeding it
+    autograd records in this call (:func:`needs_grad`: one C call per such input,
+    none when not recording).
     """
 
     is_np_sym = False  # the CachedOp's graph is a NumPy-API Symbol (set by the patch)
@@ -121,20 +143,47 @@ class CachedPlan:
         if found is None:
             with self.lock:
                 found = self.built.get(key) or self._build(key, args)
+        if isinstance(found, _ByGrads):
+            mask = needs_grad(args, found.inputs)
+            by_mask = found.built.get(mask)
+            if by_mask is None:
+                with self.lock:
+                    by_mask = found.built.get(mask) or self._build(key, args, found, mask)
+            found = by_mask
         inner, order = found
         if order is not None:
             args = [args[i] for i in order]
         return inner(*args, **kwargs)
 
-    def _build(self, key, args):
+    def _build(self, key, args, by_grads=None, mask=None):
         if not all(d > 0 for i in self.data for d in args[i].shape) and self.by_graph:
             # An empty batch fails in MXNet's own passes as it does for native blocks
             # (documented with that baseline): it runs the graph settled first, unchecked.
             return next(iter(self.by_graph.values()))
         shapes = {n: a.shape for n, a in zip(self.names, args)}
         dtypes = {n: a.dtype for n, a in zip(self.names, args)}
-        training_graphs.checked(self.sym, shapes, dtypes)
-        found = training_graphs.spliced(self.sym, shapes, dtypes)
+        if by_grads is None:
+            training_graphs.checked(self.sym, shapes, dtypes)
+            everything = range(len(self.names))
+            grads = {self.names[i] for i, m in zip(everything, needs_grad(args, everything))
+                     if m}
+        else:
+            grads = {self.names[i] for i, m in zip(by_grads.inputs, mask) if m}
+        found = training_graphs.spliced(self.sym, shapes, dtypes, grads)
+        built = self._cached(found)
+        if by_grads is not None:
+            by_grads.built[mask] = built
+            return built
+        if found is not None and found.switches:
+            # which graph runs depends on which of these inputs can need a gradient
+            which = [i for i, n in enumerate(self.names) if n in found.switches]
+            by_grads = self.built[key] = _ByGrads(which)
+            by_grads.built[tuple(self.names[i] in grads for i in which)] = built
+            return by_grads
+        self.built[key] = built
+        return built
+
+    def _cached(self, found):
         sym, order = self.sym, None
         if found is not None:
             sym = found.symbol.as_np_ndarray() if self.is_np_sym else found.symbol
@@ -146,7 +195,6 @@ class CachedPlan:
         if built is None:
             inner = inner_cached_op(sym, self._flags(sym.list_inputs()))
             built = self.by_graph[shape] = (inner, order)
-        self.built[key] = built
         return built
 
     def _flags(self, names: list[str]) -> list:
@@ -158,6 +206,16 @@ class CachedPlan:
                 value = [i for i, n in enumerate(names) if n in chosen]
             out.append((key, value))
         return out
+
+
+class _ByGrads:
+    """Graphs of one signature by which of ``inputs`` can need a gradient: a ``def_grad`` op
+    none of whose differentiated inputs can runs its forward alone (:func:`splice.inline`)."""
+
+    __slots__ = ("inputs", "built")
+
+    def __init__(self, inputs: list[int]):
+        self.inputs, self.built = inputs, {}
 
 
 def cached_plan(sym: mx.sym.Symbol, flags) -> CachedPlan | None:

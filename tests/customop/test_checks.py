@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import customop
-from customop import checks, dispatch, native, runtime
+from customop import checks, custom_grad, dispatch, native, runtime
 from customop import customop as decorate
 from customop.native import EXPORT, TRAIN
 
@@ -164,6 +164,21 @@ def test_box_encode_in_a_native_graph_never_reads_outside_refs(tmp_path):
             np.testing.assert_array_equal(g[:, :2], w[:, :2])
         for o in net(s, bad, a, r, means, stds):
             assert np.isnan(o.asnumpy()).all()
+
+
+def test_box_encode_whose_forward_clips_its_matches_itself_is_not_guarded_twice():
+    # ops.box_encode clips its matches into [0, M) with shape operators and poisons what it
+    # clipped: the guard adds nothing (its bad matches give NaN rows: test_checked_paths)
+    shapes = [(2, 5), (2, 5), (2, 5, 4), (2, 3, 4), (4,), (4,)]
+    from customop import ops
+
+    for op, clips in ((encode, 0), (ops.box_encode, 1)):
+        for purpose in (TRAIN, EXPORT):
+            graph = custom_grad.native_graph(op, {}, shapes, ["float32"] * 6, purpose).graph
+            assert graph.guards == ["_contrib_box_encode"]
+            assert graph.operators().count("shape_array") == 1
+            assert graph.operators().count("broadcast_minimum") == 1
+            assert graph.operators().count("_maximum_scalar") == clips
 
 
 # ---- new signatures ----------------------------------------------------------------------

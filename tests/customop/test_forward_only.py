@@ -1,0 +1,86 @@
+"""Issue 33 item 5: a def_grad op runs its forward alone where no input can need a gradient.
+
+Its transposed closure (the coefficients of ``J v``) would otherwise be computed in
+every forward for nothing.  Which inputs can need one: at bind, those with a
+``grad_req`` other than ``'null'`` (and a gradient array); in a hybridized block, per
+call, those autograd records (an attached gradient, or an array recorded from one).
+References are written from the formula (the surrogate gradient ``3 x g``).
+"""
+import mxnet as mx
+import numpy as np
+
+from customop import customop as decorate
+from customop.runtime import inline
+
+
+@decorate("mxnet", name="test_forward_only.surrogate")
+def surrogate(x, y):
+    return x * x + y
+
+
+# not MXNet's gradient of the forward: the training graph carries the transposed closure
+surrogate.def_grad(lambda ans, x, y: lambda g: 3 * x * g)
+
+
+class Block(mx.gluon.HybridBlock):
+    def hybrid_forward(self, F, x, y, w):
+        # y reaches the op only through a comparison and broadcast_like's shape input
+        return surrogate(x, F.broadcast_like((y > 0) * 1.0, w) + w)
+
+
+def _arrays():
+    rng = np.random.RandomState(4)
+    return [rng.uniform(-1, 1, (3, 4)).astype("f") for _ in range(3)]
+
+
+def test_hybridized_forward_alone_then_gradients_where_an_input_needs_them():
+    x, y, w = _arrays()
+    net = Block()
+    net.hybridize()
+    xs = [mx.nd.array(a) for a in (x, y, w)]
+    with mx.autograd.record():  # nothing needs a gradient: the forward alone
+        out = net(*xs)
+    np.testing.assert_allclose(out.asnumpy(), x * x + (y > 0) + w, rtol=1e-6)
+    plan = inline._plans[id(net._cached_op)]
+    (by_grads,) = plan.built.values()
+    assert isinstance(by_grads, inline._ByGrads)
+    assert [plan.names[i] for i in by_grads.inputs] == ["data0"]
+    assert list(by_grads.built) == [(False,)]
+    g = np.random.RandomState(5).uniform(-1, 1, x.shape).astype("f")
+    for attach in (True, False):  # x with a gradient, or recorded from one
+        leaf = mx.nd.array(x)
+        leaf.attach_grad()
+        with mx.autograd.record():
+            given = leaf if attach else leaf * 1
+            out = net(given, *xs[1:])
+        out.backward(mx.nd.array(g))
+        np.testing.assert_allclose(leaf.grad.asnumpy(), 3 * x * g, rtol=1e-5)
+    assert sorted(by_grads.built) == [(False,), (True,)]
+    (a, _), (b, _) = by_grads.built.values()
+    assert a is not b
+    with mx.autograd.pause():  # not recording: nothing can need a gradient
+        net(*xs)
+    assert len(by_grads.built) == 2
+
+
+def _bound(grad_req):
+    x, y, _ = _arrays()
+    sym = surrogate(mx.sym.var("x"), mx.sym.var("y"))
+    exe = sym.simple_bind(mx.cpu(), grad_req=grad_req, x=x.shape, y=y.shape)
+    exe.arg_dict["x"][:] = x
+    exe.arg_dict["y"][:] = y
+    return exe, x, y
+
+
+def test_bound_with_null_grad_req_runs_the_forward_alone():
+    alone, x, y = _bound({"x": "null", "y": "write"})
+    full, _, _ = _bound("write")
+    n_alone = len(alone.customop_inlined.get_internals().list_outputs())
+    n_full = len(full.customop_inlined.get_internals().list_outputs())
+    assert n_alone < n_full
+    for exe in (alone, full):
+        out = exe.forward(is_train=True)[0]
+        np.testing.assert_allclose(out.asnumpy(), x * x + y, rtol=1e-6)
+    g = np.random.RandomState(6).uniform(-1, 1, x.shape).astype("f")
+    full.backward(mx.nd.array(g))
+    np.testing.assert_allclose(full.grad_dict["x"].asnumpy(), 3 * x * g, rtol=1e-5)
