@@ -8,7 +8,7 @@ DOCS_STAMP := $(VENV)/.docs-installed
 SPHINX := $(VENV)/bin/sphinx-build -W --keep-going -q -d docs/_build/doctrees
 
 .PHONY: venv demo test soak lint bench bench-detection bench-losses bench-dist bench-aux bench-isolation \
-	bench-residuals bench-fork bench-composed bench-native bench-rules dist-demo notebooks docs clean
+	bench-residuals bench-fork bench-binds bench-composed bench-native bench-rules dist-demo notebooks docs clean
 
 venv: $(STAMP)
 
@@ -76,6 +76,9 @@ bench-residuals: $(STAMP)
 
 bench-fork: $(STAMP)
 	$(PY) benchmarks/fork_cost.py
+
+bench-binds: $(STAMP)
+	$(PY) benchmarks/bind_cost.py
 
 bench-composed: $(STAMP)
 	$(PY) benchmarks/composed.py

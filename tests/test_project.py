@@ -127,6 +127,7 @@ def test_benchmark_runs_and_checks_its_variants():
     ("detection.py", ["--repeat", "1", "--images", "1", "--anchors", "2000"], "ohem_sampler"),
     ("residuals.py", ["--quick"], "arc_margin"),
     ("fork_cost.py", ["--forks", "3", "--rounds", "1"], "fork patch"),
+    ("bind_cost.py", ["--binds", "1", "--rounds", "1"], "binds patch"),
     ("aux_rules.py", ["--steps", "1", "--markdown"], "| 'local' |"),
     ("native_graphs.py", ["--repeat", "4", "--images", "1", "--anchors", "200", "--quick"],
      "exported (all inlined)"),

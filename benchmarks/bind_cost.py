@@ -1,0 +1,108 @@
+"""What binding a graph without our ops costs once one of our ops ran: the ``binds`` patch.
+
+The patch (customop/runtime/binds.py) wraps ``Symbol.simple_bind``/``Symbol.bind`` so that
+graphs holding our ops bind one at a time; any other graph pays one look at its JSON for
+a ``Custom`` node of ours, then binds as MXNet binds it.  Each row is a fresh process that
+builds ResNet-50 v1 (Gluon's model zoo, hybridized, exported as a Symbol) and binds it
+``--binds`` times for inference at batch 1; the median bind is printed, and where the
+patch is installed, the median time of its look for our nodes in that graph (what it adds
+to each bind: whole binds vary by more than that from process to process).  Rows: no
+customop; an op of ours called first (``binds`` installed); the same with
+``CUSTOMOP_RUNTIME_OFF=binds``.
+
+``python benchmarks/bind_cost.py [--binds 20] [--rounds 3] [--markdown]``
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from benchmarks.tables import print_table  # noqa: E402
+
+USE_OP = """
+import customop
+from customop import customop as decorate
+@decorate('mxnet')
+def square(x):
+    return x * x
+square(mx.sym.var("x")).simple_bind(mx.cpu(), x=(4,), grad_req="null").forward()
+from customop import runtime
+assert runtime.is_installed("binds") or "binds" in os.environ.get("CUSTOMOP_RUNTIME_OFF", "")
+"""
+SETUPS = [
+    ("without customop", "", {}),
+    ("an op of ours called (binds patch)", USE_OP, {}),
+    ("an op of ours called, CUSTOMOP_RUNTIME_OFF=binds", USE_OP,
+     {"CUSTOMOP_RUNTIME_OFF": "binds"}),
+]
+MEASURE = """
+import json, os, sys, time
+def runtime_installed():
+    return sys.modules["customop.runtime"].installed() if "customop.runtime" in sys.modules else []
+import mxnet as mx
+from mxnet.gluon.model_zoo import vision
+{setup}
+net = vision.resnet50_v1()
+net.initialize()
+net.hybridize()
+sym = net(mx.sym.var("data"))
+times = []
+for _ in range({binds} + 1):
+    start = time.perf_counter()
+    sym.simple_bind(mx.cpu(), data=(1, 3, 224, 224), grad_req="null")
+    times.append(time.perf_counter() - start)
+times = sorted(times[1:])
+check = []
+if "binds" in runtime_installed():
+    from customop.runtime import binds
+    for _ in range({binds} + 1):
+        start = time.perf_counter()
+        binds.holds_ours(sym)
+        check.append(time.perf_counter() - start)
+    check = sorted(check[1:])
+print(json.dumps([times[len(times) // 2] * 1e3, check[len(check) // 2] * 1e3 if check else None]))
+"""
+
+
+def run(setup: str, env: dict, binds: int) -> list:
+    code = MEASURE.format(setup=setup, binds=binds)
+    done = subprocess.run([sys.executable, "-c", code], cwd=str(ROOT), capture_output=True,
+                          text=True, env={**os.environ, **env}, check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--binds", type=int, default=20)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--markdown", action="store_true")
+    args = parser.parse_args(argv)
+    ms = {name: [] for name, _, _ in SETUPS}
+    checks = {name: [] for name, _, _ in SETUPS}
+    for _ in range(args.rounds):  # alternating rounds: load drifts act on every row alike
+        for name, setup, env in SETUPS:
+            bind_ms, check_ms = run(setup, env, args.binds)
+            ms[name].append(bind_ms)
+            if check_ms is not None:
+                checks[name].append(check_ms)
+    base = statistics.median(ms[SETUPS[0][0]])
+    rows = []
+    for name, v in ms.items():
+        bind_ms = statistics.median(v)
+        check = (f"{statistics.median(checks[name]):.2f} "
+                 f"({statistics.median(checks[name]) / bind_ms:.1%} of a bind)"
+                 if checks[name] else "-")
+        rows.append([name, f"{bind_ms:.1f}", f"{bind_ms / base:.3f}", check])
+    print_table(["process", "ResNet-50 simple_bind ms (median)", "x",
+                 "the patch's look for our nodes, ms"], rows, args.markdown)
+
+
+if __name__ == "__main__":
+    main()
