@@ -57,15 +57,16 @@ def arr_pick(arr, indicate, *, num):
         [[1.0, 3.0, 5.0, 7.0, 9.0], [11.0, 13.0, 15.0, 17.0, 19.0]]
     """
     length = _check(arr, indicate, num)
-    b, m, _ = arr.shape
     ctx = arr.context
     with mx.autograd.pause():
-        rank = mx.nd.arange(length - 1, -1, -1, ctx=ctx, dtype="float64").reshape((1, 1, -1))
-        key = mx.nd.broadcast_add((indicate != 0).astype("float64") * length, rank)
+        rank = mx.nd.arange(length - 1, -1, -1, ctx=ctx, dtype="int32").reshape((1, 1, -1))
+        key = mx.nd.broadcast_add((indicate != 0).astype("int32") * length, rank)
         pos = _topk_nd(key, num, -1, "indices", False, "int64", False)  # (B, 1, num)
-        base = (mx.nd.arange(b * m, ctx=ctx, dtype="int64") * length).reshape((b, m, 1))
-        flat = mx.nd.broadcast_add(base, pos)
-    return mx.nd.take(arr.reshape((-1,)), flat)
+        # row starts b * M * L + m * L, from arr's shape (not the traced B and M): a graph
+        # of it serves any batch
+        row = mx.nd.contrib.arange_like(mx.nd.slice_axis(arr, axis=2, begin=0, end=1))
+        flat = mx.nd.broadcast_add(row.astype("int64") * length, pos)
+    return mx.nd.take(mx.nd.reshape(arr, shape=(-1,)), flat)
 
 
 @arr_pick.twin("numpy")

@@ -54,7 +54,7 @@ CASES = {
                    True),
     "box_iou": (ops.box_iou, [_boxes(3, 2), _boxes(4, 2)], {}, True),
     "arr_pick": (ops.arr_pick, [rng.randn(2, 3, 8).astype("f"),
-                                (rng.rand(2, 1, 8) > 0.5).astype("f")], dict(num=3), False),
+                                (rng.rand(2, 1, 8) > 0.5).astype("f")], dict(num=3), True),
 }
 
 
