@@ -99,26 +99,29 @@ def ohem_sampler(conf_data, conf_target, conf_weight, *, ratio=3.0, min_neg=0, i
     _check(conf_data, conf_target, conf_weight, ratio, min_neg, ignore_label, loss_type,
            from_logits)
     f64 = "float64"
-    weight_shape = conf_weight.shape
-    conf_weight = conf_weight.reshape(conf_target.shape)
+    # Shapes come from the arrays through operators (reshape_like, slice_axis, 0 and -1 in
+    # mx.nd.reshape), never as numbers: a graph of it serves any batch size.
+    weight = conf_weight
+    conf_weight = mx.nd.reshape_like(conf_weight, conf_target)
     if from_logits:
-        loss = -mx.nd.log_softmax(conf_data, axis=-1)[:, :, 0].astype(f64)
-    else:  # -p0 ranks as -log p0 does
-        loss = -conf_data[:, :, 0].astype(f64)
+        conf_data = mx.nd.log_softmax(conf_data, axis=-1)
+    # -p0 ranks as -log p0 does
+    loss = -mx.nd.reshape(mx.nd.slice_axis(conf_data, axis=2, begin=0, end=1),
+                          shape=(0, 0)).astype(f64)
     usable = (conf_weight > 0) * (conf_target != ignore_label)
     pos = (usable * (conf_target > 0)).astype(f64)
     neg = (usable * (conf_target == 0)).astype(f64)
     wanted = mx.nd.maximum(mx.nd.floor(pos.sum(axis=1) * ratio), float(min_neg))
-    num_neg = mx.nd.minimum(wanted, neg.sum(axis=1)).reshape((-1, 1))  # (B, 1)
-    key = mx.nd.where(neg, loss, mx.nd.full(loss.shape, -np.inf, loss.context, f64))
+    num_neg = mx.nd.reshape(mx.nd.minimum(wanted, neg.sum(axis=1)), shape=(-1, 1))  # (B, 1)
+    key = mx.nd.where(neg, loss, mx.nd.log(mx.nd.zeros_like(loss)))  # -inf off the negatives
     ranked = mx.nd.sort(key, axis=1, is_ascend=False)
-    cut = mx.nd.pick(ranked, mx.nd.maximum(num_neg - 1, 0).reshape((-1,)), axis=1,
+    cut = mx.nd.pick(ranked, mx.nd.reshape(mx.nd.maximum(num_neg - 1, 0), shape=(-1,)), axis=1,
                      keepdims=True)  # the num_neg-th largest loss
     above = neg * mx.nd.broadcast_greater(key, cut)
     at_cut = neg * mx.nd.broadcast_equal(key, cut)
     room = num_neg - above.sum(axis=1, keepdims=True)  # ties at the cut: lowest index first
     kept_ties = at_cut * mx.nd.broadcast_lesser_equal(mx.nd.cumsum(at_cut, axis=1), room)
-    return (pos + above + kept_ties).astype(conf_weight.dtype).reshape(weight_shape)
+    return mx.nd.reshape_like((pos + above + kept_ties).astype(weight.dtype), weight)
 
 
 @ohem_sampler.twin("numpy")
