@@ -73,8 +73,12 @@ def _row_offsets(rows, length, x):
     """``[[0], [length], [2 length], ...]`` (int64): row starts in the flattened data."""
     if mx.autograd.is_recording():  # traced: computed from x's shape, at any shape
         table = mx.nd.reshape(x, shape=(-1, 0), reverse=True)  # (rows, length)
-        row = mx.nd.contrib.arange_like(table, axis=0).astype("int64")
-        size = mx.nd.max(mx.nd.contrib.arange_like(table, axis=1)).astype("int64") + 1
+        # counted in float64 (exact to 2**53), on one column and one row: in x's dtype,
+        # float16 counts wrong past 2048 rows
+        column = mx.nd.slice_axis(table, axis=1, begin=0, end=1).astype("float64")
+        first = mx.nd.slice_axis(table, axis=0, begin=0, end=1).astype("float64")
+        row = mx.nd.contrib.arange_like(column, axis=0).astype("int64")
+        size = mx.nd.max(mx.nd.contrib.arange_like(first, axis=1)).astype("int64") + 1
         return mx.nd.broadcast_mul(mx.nd.reshape(row, shape=(-1, 1)), size.reshape((1, 1)))
     return _cached(("offsets", (rows, length), "int64", str(x.context)), rows,
                    lambda: mx.nd.array(np.arange(rows, dtype=np.int64)[:, None] * length,

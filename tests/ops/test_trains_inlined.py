@@ -191,3 +191,23 @@ def test_an_inlined_training_step_reads_nothing_back_to_the_host(case, monkeypat
         step()
         step()
     assert reads == [], f"{case}: {reads}"
+
+
+@pytest.mark.parametrize("case", ["topk_rows", "topk_row_length", "arr_pick"])
+def test_inlined_row_offsets_count_exactly_in_float16_past_2048(case):
+    # The traced graphs count rows with arange_like; in float16 it counts exactly to 2048
+    # only (3000 rows gave wrong picks, and topk's out-of-range offsets corrupted the heap).
+    r = np.random.RandomState(5)
+    if case == "arr_pick":
+        x = (r.rand(4, 1500, 4) * 100).astype("float16")
+        mark = np.zeros((4, 1, 4), "float16")
+        mark[:, :, [1, 3]] = 1
+        op, inputs, params, want = ops.arr_pick, [x, mark], dict(num=2), x[:, :, [1, 3]]
+    else:
+        x = r.rand(*((3000, 5) if case == "topk_rows" else (2, 3000))).astype("float16")
+        op, inputs, params = ops.topk, [x], dict(k=2)
+        want = -np.sort(-x, axis=1)[:, :2]
+    net = _Block(op, params)
+    net.hybridize()
+    got = net(*[mx.nd.array(a, dtype=a.dtype) for a in inputs]).asnumpy()
+    np.testing.assert_array_equal(got, want)
