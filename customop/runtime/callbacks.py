@@ -64,6 +64,15 @@ def entry(name: str, ctype: Any, fn: Callable) -> int:
     return found[1]
 
 
+def adopting(patch: str, refs: Any, n: int) -> tuple[Any, Any] | None:
+    """Install ``patch`` (a prop or operator of ours was created); then :func:`slots` of
+    ``refs``, or None when ``patch`` is switched off or MXNet's table differs."""
+    from .. import runtime  # (the package imports this module's users, not this module)
+
+    runtime.install(patch)
+    return slots(refs, n) if runtime.is_installed(patch) else None
+
+
 def slots(refs: Any, n: int) -> tuple[Any, Any] | None:
     """The callback and context arrays of the table MXNet keeps in ``refs``.
 

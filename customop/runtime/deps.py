@@ -34,7 +34,7 @@ from mxnet.base import NDArrayHandle
 from mxnet.ndarray import _ndarray_cls
 from mxnet.ndarray.ndarray import _STORAGE_TYPE_DEFAULT, _STORAGE_TYPE_UNDEFINED
 
-from .. import errors, runtime
+from .. import errors
 from . import callbacks
 
 _lock = threading.Lock()
@@ -103,12 +103,9 @@ def adopt_prop(refs: Any, n_out: int, n_in: int, need_top_grad: bool) -> None:
     ``refs``: what MXNet's ``creator`` callback stores as the prop's ``_ref_holder``.  Its
     dependencies are declared without touching MXNet's ``_registry.result_deps``.
     """
-    runtime.install("deps")
-    if not runtime.is_installed("deps"):
-        return
-    found = callbacks.slots(refs, callbacks.PROP_DECLARE_DEPS + 1)
+    found = callbacks.adopting("deps", refs, callbacks.PROP_DECLARE_DEPS + 1)
     if found is None:
-        return  # pragma: no cover - another MXNet
+        return  # switched off, or another MXNet
     slots, contexts = found
     kind = (n_out, n_in, bool(need_top_grad))
     with _lock:

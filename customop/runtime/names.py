@@ -29,7 +29,7 @@ import traceback
 import weakref
 from typing import Any
 
-from .. import errors, runtime
+from .. import errors
 from . import callbacks
 
 _props: dict[int, Any] = {}  # context key -> weak reference to a prop of ours
@@ -69,12 +69,9 @@ def adopt_prop(refs: Any, prop: Any) -> None:
 
     ``refs``: what MXNet's ``creator`` callback stores as the prop's ``_ref_holder``.
     """
-    runtime.install("names")
-    if not runtime.is_installed("names"):
-        return
-    found = callbacks.slots(refs, callbacks.PROP_LIST_AUX + 1)
+    found = callbacks.adopting("names", refs, callbacks.PROP_LIST_AUX + 1)
     if found is None:
-        return  # pragma: no cover - another MXNet
+        return  # switched off, or another MXNet
     slots, contexts = found
     key = next(callbacks.keys)
     _props[key] = weakref.ref(prop, lambda _, key=key: _props.pop(key, None))

@@ -20,7 +20,6 @@ from __future__ import annotations
 import weakref
 from typing import Any
 
-from .. import runtime
 from . import callbacks
 
 
@@ -33,12 +32,9 @@ def adopt_prop(refs: Any, prop: Any, props: dict[int, Any], entry: Any) -> None:
     buffers it hands MXNet alive until the same thread's next call (in
     :mod:`customop.prop`, which calls the prop).
     """
-    runtime.install("shapes")
-    if not runtime.is_installed("shapes"):
-        return
-    found = callbacks.slots(refs, callbacks.PROP_INFER_SHAPE + 1)
+    found = callbacks.adopting("shapes", refs, callbacks.PROP_INFER_SHAPE + 1)
     if found is None:
-        return  # pragma: no cover - another MXNet
+        return  # switched off, or another MXNet
     slots, contexts = found
     key = next(callbacks.keys)
     props[key] = weakref.ref(prop, lambda _, key=key: props.pop(key, None))
