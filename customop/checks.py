@@ -141,28 +141,25 @@ def is_collecting() -> bool:
 
 
 def flag(conditions: Sequence[Condition]) -> Any:
-    """A 1-element float32 NDArray: 1 when every condition holds, else 0 (None without any).
-
-    Recorded with the forward, it is part of the graph; no gradient flows into it.
-    """
+    """A 1-element float32 NDArray, non-zero when every condition holds and 0 when one fails
+    (None without any).  Recorded with the forward, it is part of the graph; no gradient
+    flows into it."""
     import mxnet as mx
 
     if not conditions:
         return None
-    parts = []
+    out = None
     for c in conditions:
-        # any element 0: failed (written with operators MXNet's ONNX converter knows; as few
-        # as can be, each one an operator call in every step of a graph)
-        # (no reshape to (-1,): MXNet would record the traced length, and the graph would
-        # hold at that shape only)
-        failed = mx.nd.max(c.ok == 0)
-        if failed.shape != (1,):
-            failed = failed.reshape((1,))
-        parts.append(failed.astype("float32", copy=False))
-    out = parts[0]
-    for p in parts[1:]:
-        out = mx.nd.maximum(out, p)
-    return mx.nd.BlockGrad(1 - out)
+        # a condition holds when its least element is non-zero, as where the forward runs in
+        # Python (min: one operator, each one an operator call in every step of a graph; and
+        # one the ONNX converter knows) (no reshape to (-1,): MXNet would record the traced
+        # length, and the graph would hold at that shape only)
+        least = mx.nd.min(c.ok)
+        if least.shape != (1,):
+            least = least.reshape((1,))
+        least = least.astype("float32", copy=False)
+        out = least if out is None else mx.nd.minimum(out, least)
+    return mx.nd.BlockGrad(out)
 
 
 def factor(conditions: Sequence[Condition]) -> Any:

@@ -19,7 +19,8 @@ The rules are one table keyed by MXNet operator, ``customop.rules.INDEX_GUARDS``
 a rule gets the node, a way to add nodes and the traced dtypes of its outputs and
 index input, and returns the entries that stand for the node's outputs (None:
 the node stays as it is).  The formulas use operators MXNet's ONNX converter knows
-(``shape_array``, ``slice_axis``, comparisons without ``>=``/``!=``).
+(``shape_array``, ``slice_axis``, ``_contrib_arange_like``, comparisons without
+``>=``/``!=``).
 """
 from __future__ import annotations
 
@@ -91,27 +92,28 @@ def pick(node: dict, add: Add, dtypes: list[Any]) -> list[Ref] | None:
 
 
 def _clipped(of: Callable[[Ref], Any], index: Ref, data: Ref, axis: int) -> bool:
-    # Whether ``index`` is broadcast_minimum(maximum(i, 0), length of data's axis - 1), as a
-    # forward that makes its own indices safe writes it (ops.box_encode): nothing to guard.
+    # Whether ``index`` is broadcast_minimum(maximum(i, 0), max(arange_like(data, axis))), the
+    # last index of data's axis, as a forward that makes its own indices safe writes it
+    # (ops.box_encode): nothing to guard.
     node = of(_unblocked(of, index))
     if node is None or node["op"] != "broadcast_minimum":
         return False
-    low, high = (of(r) for r in node["inputs"])
-    if low is None or high is None or (low["op"], high["op"]) != ("_maximum_scalar",
-                                                                  "_minus_scalar"):
+    low, high = (of(_cast_away(of, r)) for r in node["inputs"])
+    if low is None or high is None or (low["op"], high["op"]) != ("_maximum_scalar", "max"):
         return False
-    if float(low["attrs"].get("scalar", "nan")) != 0 or float(high["attrs"]["scalar"]) != 1:
+    if float(low["attrs"].get("scalar", "nan")) != 0 or high["attrs"]:
         return False
-    length = of(high["inputs"][0])
-    while length is not None and length["op"] in ("Cast", "Reshape"):
-        length = of(length["inputs"][0])
-    if length is None or length["op"] != "slice_axis" or (
-            {k: str(v) for k, v in length["attrs"].items()}
-            != {"axis": "0", "begin": str(axis), "end": str(axis + 1)}):
-        return False
-    shape = of(length["inputs"][0])
-    return (shape is not None and shape["op"] == "shape_array"
-            and _unblocked(of, shape["inputs"][0]) == _unblocked(of, data))
+    count = of(_cast_away(of, high["inputs"][0]))
+    return (count is not None and count["op"] == "_contrib_arange_like"
+            and {k: str(v) for k, v in count["attrs"].items()} == {"axis": str(axis)}
+            and _unblocked(of, count["inputs"][0]) == _unblocked(of, data))
+
+
+def _cast_away(of: Callable[[Ref], Any], ref: Ref) -> Ref:
+    # the entry a chain of Cast nodes converts (the same integers: indices and lengths)
+    while of(ref) is not None and of(ref)["op"] == "Cast":
+        ref = of(ref)["inputs"][0]
+    return ref
 
 
 def _unblocked(of: Callable[[Ref], Any], ref: Ref) -> Ref:

@@ -21,7 +21,9 @@ one entry here and one test (tests/customop/test_rules.py: a case of its name).
   indices is made safe (NaN outputs for an index out of range; :mod:`customop.guards`).
 
 Which recorded MXNet operators count as random (:data:`RANDOM`) or as updating
-auxiliary states (:data:`STATEFUL`) is here too.
+auxiliary states (:data:`STATEFUL`) is here too, and which pass a gradient to which
+inputs (:data:`NO_GRADIENT`, :data:`PASS_GRADIENT`: :mod:`customop.splice` and
+:mod:`customop.tidy` read them).
 """
 from __future__ import annotations
 
@@ -41,6 +43,40 @@ RANDOM = re.compile(r"^(_random_|_sample_|random_|sample_|_npi_(random|uniform|n
 # MXNet operators with auxiliary states (moving statistics): in a graph these must be fed
 # by variables, and they update them in place.
 STATEFUL = frozenset({"BatchNorm", "BatchNorm_v1", "SyncBatchNorm", "_contrib_SyncBatchNorm"})
+
+
+# MXNet operators that pass no gradient to the inputs listed (None: to any), measured or read
+# in MXNet 1.9.1 (no FGradient, zero gradients, or shapes only): a def_grad op's input reached
+# from a variable only through them needs no gradient.
+NO_GRADIENT: dict[str, tuple | None] = {
+    "BlockGrad": None, "argmax": None, "argmin": None, "argsort": None, "shape_array": None,
+    "size_array": None, "zeros_like": None, "ones_like": None, "_contrib_arange_like": None,
+    "broadcast_like": (1,), "reshape_like": (1,),
+    **{op: None for op in ("_greater", "_greater_equal", "_lesser", "_lesser_equal", "_equal",
+                           "_not_equal", "broadcast_greater", "broadcast_greater_equal",
+                           "broadcast_lesser", "broadcast_lesser_equal", "broadcast_equal",
+                           "broadcast_not_equal", "_greater_scalar", "_greater_equal_scalar",
+                           "_lesser_scalar", "_lesser_equal_scalar", "_equal_scalar",
+                           "_not_equal_scalar", "floor", "ceil", "round", "rint", "fix",
+                           "sign")},
+    "one_hot": None,
+}
+
+
+# MXNet operators that pass a gradient, from the head gradient only (an FGradient in MXNet
+# 1.9.1; with NO_GRADIENT's, each checked by tests/customop/test_tidy.py): a BlockGrad above a
+# subgraph of only these and NO_GRADIENT operators, that reaches no variable, stops nothing;
+# one below which only these and NO_GRADIENT operators lead to no head, too (customop.tidy).
+PASS_GRADIENT = frozenset({
+    "BlockGrad", "Cast", "Reshape", "expand_dims", "slice_axis", "clip", "abs", "exp", "log",
+    "min", "max", "sum", "where", "_full", "_zeros", "_ones",
+    "elemwise_add", "elemwise_sub", "elemwise_mul", "elemwise_div", "broadcast_add",
+    "broadcast_sub", "broadcast_mul", "broadcast_div", "broadcast_minimum", "broadcast_maximum",
+    "_plus_scalar", "_minus_scalar", "_rminus_scalar", "_mul_scalar", "_div_scalar",
+    "_rdiv_scalar", "_maximum_scalar", "_minimum_scalar", "_power_scalar", "negative", "_copy",
+    "transpose", "Activation", "sigmoid", "relu", "square", "sqrt", "smooth_l1", "pick", "take",
+    "Concat", "batch_dot", "mean", "_contrib_box_iou",
+})
 
 
 class Refusal(NamedTuple):

@@ -14,7 +14,7 @@ from typing import Any
 import mxnet as mx
 import numpy as np
 
-from . import custom_grad, errors, graph_json, native, registry
+from . import custom_grad, errors, graph_json, native, registry, rules, tidy
 from . import params as _params
 
 
@@ -44,23 +44,6 @@ class Spliced:
     switches: set[str] = field(default_factory=set)
 
 
-# MXNet operators that pass no gradient to the inputs listed (None: to any), measured or read
-# in MXNet 1.9.1 (no FGradient, zero gradients, or shapes only): a def_grad op's input reached
-# from a variable only through them needs no gradient.
-NO_GRADIENT: dict[str, tuple | None] = {
-    "BlockGrad": None, "argmax": None, "argmin": None, "argsort": None, "shape_array": None,
-    "size_array": None, "zeros_like": None, "ones_like": None, "_contrib_arange_like": None,
-    "broadcast_like": (1,), "reshape_like": (1,),
-    **{op: None for op in ("_greater", "_greater_equal", "_lesser", "_lesser_equal", "_equal",
-                           "_not_equal", "broadcast_greater", "broadcast_greater_equal",
-                           "broadcast_lesser", "broadcast_lesser_equal", "broadcast_equal",
-                           "broadcast_not_equal", "_greater_scalar", "_greater_equal_scalar",
-                           "_lesser_scalar", "_lesser_equal_scalar", "_equal_scalar",
-                           "_not_equal_scalar", "floor", "ceil", "round", "rint", "fix",
-                           "sign")},
-}
-
-
 def gradient_sources(graph: dict[str, Any], entries: list) -> set[str]:
     """Names of the variables of ``graph`` from which a gradient can reach ``entries``."""
     nodes, found, seen = graph["nodes"], set(), set()
@@ -74,11 +57,11 @@ def gradient_sources(graph: dict[str, Any], entries: list) -> set[str]:
         if node["op"] == "null":
             found.add(node["name"])
             continue
-        if node["op"] not in NO_GRADIENT:
+        if node["op"] not in rules.NO_GRADIENT:
             stack += [e[0] for e in node["inputs"]]
-        elif NO_GRADIENT[node["op"]] is not None:
+        elif rules.NO_GRADIENT[node["op"]] is not None:
             stack += [e[0] for k, e in enumerate(node["inputs"])
-                      if k not in NO_GRADIENT[node["op"]]]
+                      if k not in rules.NO_GRADIENT[node["op"]]]
     return found
 
 
@@ -139,7 +122,7 @@ def inline(sym: mx.sym.Symbol, shapes: dict[str, tuple], dtypes: dict[str, Any],
                     graphs[i] = verdict.graph.forward_only
     if graphs:
         new, result.constants = _spliced(graph, graphs)
-        result.symbol = graph_json.load(new)
+        result.symbol = graph_json.load(tidy.tidied(new))
         result.inlined = [nodes[i]["name"] for i in graphs]
     return result
 

@@ -88,14 +88,14 @@ def box_encode(samples, matches, anchors, refs, means, stds, *, legacy_box=False
     # A positive sample's match must index refs; MXNet's kernel reads refs[matches] without a
     # bound check, so it gets indices clipped into range, and an anchor whose match was not
     # valid gets NaN targets and mask (1 / 0 * 0), on the device: no read back on any path.
-    # M is read with shape operators, not refs.shape[1]: the training graph then serves any
-    # batch size and number of reference boxes (a number would specialize it to the traced M).
+    # M - 1 is read with operators (the last of 0..M-1), not from refs.shape[1]: the training
+    # graph then serves any batch size and number of reference boxes (a number would
+    # specialize it to the traced M); two operators, each a call in every training step.
     with mx.autograd.pause():
-        m = mx.nd.slice_axis(mx.nd.shape_array(refs), axis=0, begin=1, end=2)
-        m = mx.nd.reshape(m.astype(matches.dtype), shape=(1, 1))
-        clipped = mx.nd.broadcast_minimum(mx.nd.maximum(matches, 0), m - 1)
-        # in range: clipping left it as it is (NaN never equals); an integer: floor leaves it
-        ok = (1 - (samples > 0.5)) + (clipped == matches) * (matches == mx.nd.floor(matches))
+        last = mx.nd.max(mx.nd.contrib.arange_like(refs, axis=1)).astype(matches.dtype, copy=False)
+        clipped = mx.nd.broadcast_minimum(mx.nd.maximum(matches, 0), last)
+        # in range and an integer: the floor of the clipped match is the match (NaN never equals)
+        ok = (1 - (samples > 0.5)) + (mx.nd.floor(clipped) == matches)
         nan_or_one = mx.nd.expand_dims(ok / ok, axis=2).astype(anchors.dtype, copy=False)
         matches = clipped
     if not legacy_box:  # MXNet's kernel, for bit-equal outputs; gradients: _encode_grad

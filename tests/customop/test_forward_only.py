@@ -84,3 +84,38 @@ def test_bound_with_null_grad_req_runs_the_forward_alone():
     g = np.random.RandomState(6).uniform(-1, 1, x.shape).astype("f")
     full.backward(mx.nd.array(g))
     np.testing.assert_allclose(full.grad_dict["x"].asnumpy(), 3 * x * g, rtol=1e-5)
+
+
+class ParamBlock(mx.gluon.HybridBlock):
+    """The op's differentiated input is a parameter: asked whether it has a gradient attached
+    (one cheap C call), not whether it was recorded."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.p = self.params.get("p", shape=(3, 4))
+
+    def hybrid_forward(self, F, y, p):
+        return surrogate(p, y)
+
+
+def test_a_parameter_gets_the_full_graph_while_its_grad_req_is_not_null():
+    x, y, _ = _arrays()
+    net = ParamBlock()
+    net.initialize()
+    net.p.set_data(mx.nd.array(x))
+    net.hybridize()
+    g = np.random.RandomState(7).uniform(-1, 1, x.shape).astype("f")
+    with mx.autograd.record():
+        out = net(mx.nd.array(y))
+    out.backward(mx.nd.array(g))
+    np.testing.assert_allclose(out.asnumpy(), x * x + y, rtol=1e-6)
+    np.testing.assert_allclose(net.p.grad().asnumpy(), 3 * x * g, rtol=1e-5)
+    plan = inline._plans[id(net._cached_op)]
+    (by_grads,) = plan.built.values()
+    assert list(by_grads.built) == [(True,)]
+    net.p.grad_req = "null"  # frozen (fine-tuning): the forward alone, the same values
+    with mx.autograd.record():
+        out = net(mx.nd.array(y))
+    np.testing.assert_allclose(out.asnumpy(), x * x + y, rtol=1e-6)
+    assert sorted(by_grads.built) == [(False,), (True,)]

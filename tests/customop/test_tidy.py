@@ -1,0 +1,154 @@
+"""The spliced graph's clean-up: BlockGrad nodes that stop no gradient are dropped.
+
+Each is an operator call in every step of a graph.  The rule rests on two tables of
+``customop.splice``, checked here against this MXNet build: every operator of
+``NO_GRADIENT`` and ``PASS_GRADIENT`` takes a gradient on its output (MXNet fails at
+bind for one that does not: "non-differentiable because it didn't register FGradient").
+"""
+import json
+
+import mxnet as mx
+import numpy as np
+import pytest
+
+from customop import graph_json, ops, rules, tidy, training_graphs
+from customop.runtime import inline
+
+X = mx.sym.var("x")
+W = mx.sym.var("w")
+_ONE_INPUT = {
+    "argmax": lambda: mx.sym.argmax(X, axis=1), "argmin": lambda: mx.sym.argmin(X, axis=1),
+    "argsort": lambda: mx.sym.argsort(X), "shape_array": lambda: mx.sym.shape_array(X),
+    "size_array": lambda: mx.sym.size_array(X), "zeros_like": lambda: mx.sym.zeros_like(X),
+    "ones_like": lambda: mx.sym.ones_like(X),
+    "_contrib_arange_like": lambda: mx.sym.contrib.arange_like(X),
+    "BlockGrad": lambda: mx.sym.BlockGrad(X), "Cast": lambda: mx.sym.Cast(X, dtype="float64"),
+    "Reshape": lambda: mx.sym.reshape(X, (-1,)), "expand_dims": lambda: mx.sym.expand_dims(X, 0),
+    "slice_axis": lambda: mx.sym.slice_axis(X, axis=1, begin=0, end=2),
+    "clip": lambda: mx.sym.clip(X, 0, 1), "abs": lambda: mx.sym.abs(X),
+    "exp": lambda: mx.sym.exp(X), "log": lambda: mx.sym.log(X), "min": lambda: mx.sym.min(X),
+    "max": lambda: mx.sym.max(X), "sum": lambda: mx.sym.sum(X),
+    "where": lambda: mx.sym.where(X > 0, X, X), "one_hot": lambda: mx.sym.one_hot(X, 3),
+    "_full": lambda: mx.sym.full((1,), 3.0), "_zeros": lambda: mx.sym.zeros((1,)),
+    "_ones": lambda: mx.sym.ones((1,)),
+    "broadcast_like": lambda: mx.sym.broadcast_like(mx.sym.sum(X, axis=1, keepdims=True), X),
+    "_power_scalar": lambda: X ** 2, "negative": lambda: mx.sym.negative(X),
+    "_copy": lambda: mx.sym._internal._copy(X),
+    "transpose": lambda: mx.sym.transpose(X), "sigmoid": lambda: mx.sym.sigmoid(X),
+    "Activation": lambda: mx.sym.Activation(X, act_type="softrelu"),
+    "relu": lambda: mx.sym.relu(X), "square": lambda: mx.sym.square(X),
+    "sqrt": lambda: mx.sym.sqrt(X), "smooth_l1": lambda: mx.sym.smooth_l1(X, scalar=1.0),
+    "pick": lambda: mx.sym.pick(X, mx.sym.argmax(X, axis=1), axis=1),
+    "take": lambda: mx.sym.take(X, mx.sym.argmax(X, axis=1)),
+    "Concat": lambda: mx.sym.concat(X, X, dim=1),
+    "batch_dot": lambda: mx.sym.batch_dot(mx.sym.expand_dims(X, 0), mx.sym.expand_dims(X, 0),
+                                          transpose_b=True),
+    "mean": lambda: mx.sym.mean(X),
+    "_contrib_box_iou": lambda: mx.sym.contrib.box_iou(X, X),
+    "reshape_like": lambda: mx.sym.reshape_like(X, X),
+}
+_BINARY = {"elemwise_add", "elemwise_sub", "elemwise_mul", "elemwise_div", "broadcast_add",
+           "broadcast_sub", "broadcast_mul", "broadcast_div", "broadcast_minimum",
+           "broadcast_maximum", "_greater", "_greater_equal", "_lesser", "_lesser_equal",
+           "_equal", "_not_equal", "broadcast_greater", "broadcast_greater_equal",
+           "broadcast_lesser", "broadcast_lesser_equal", "broadcast_equal",
+           "broadcast_not_equal"}
+_SCALAR = {"_plus_scalar", "_minus_scalar", "_rminus_scalar", "_mul_scalar", "_div_scalar",
+           "_rdiv_scalar", "_maximum_scalar", "_minimum_scalar", "_greater_scalar",
+           "_greater_equal_scalar", "_lesser_scalar", "_lesser_equal_scalar", "_equal_scalar",
+           "_not_equal_scalar"}
+_UNARY = {"floor", "ceil", "round", "rint", "fix", "sign"}
+
+
+def _made(op):
+    if op in _ONE_INPUT:
+        return _ONE_INPUT[op]()
+    make = getattr(mx.sym._internal, op, None) or getattr(mx.sym, op)
+    if op in _BINARY:
+        return make(X, X)
+    if op in _SCALAR:
+        return make(X, scalar=0.5)
+    assert op in _UNARY, f"no test graph for {op}: add one"
+    return make(X)
+
+
+@pytest.mark.parametrize("op", sorted(set(rules.NO_GRADIENT) | rules.PASS_GRADIENT))
+def test_each_operator_of_the_tables_takes_a_gradient_on_its_output(op):
+    y = _made(op)
+    assert json.loads(y.tojson())["nodes"][-1]["op"] == op
+    # (x as an argument of every graph, also of operators without inputs)
+    loss = mx.sym.broadcast_mul(mx.sym.sum(mx.sym.Cast(y, dtype="float32")), W) + 0 * mx.sym.sum(X)
+    exe = loss.simple_bind(mx.cpu(), x=(2, 4), w=(1,), grad_req="write")
+    exe.arg_dict["x"][:] = np.arange(8).reshape(2, 4) / 8 + 0.1
+    exe.forward(is_train=True)
+    exe.backward(mx.nd.ones((1,)))
+    assert np.isfinite(exe.grad_dict["w"].asnumpy()).all()
+
+
+def _graph(sym):
+    return json.loads(sym.tojson())
+
+
+def test_a_block_grad_above_values_no_gradient_reaches_is_dropped_and_others_stay():
+    picked = mx.sym.BlockGrad(mx.sym.argmax(X, axis=1) + 1)  # argmax: no gradient passes
+    flag = mx.sym.BlockGrad(mx.sym.min(X > 0))               # a check's flag
+    stops = mx.sym.BlockGrad(X * 2)                          # x's gradient: must stay
+    compared = mx.sym.BlockGrad(X * 3) > 0                   # no gradient comes back
+    # make_loss makes a gradient of its own, even under zeros_like: this BlockGrad stays
+    lossy = mx.sym.zeros_like(mx.sym.make_loss(mx.sym.broadcast_mul(mx.sym.BlockGrad(X * 5), W)))
+    out = mx.sym.Group([mx.sym.broadcast_mul(picked, W), mx.sym.broadcast_mul(flag, W),
+                        mx.sym.broadcast_mul(stops, W), mx.sym.broadcast_mul(compared, W),
+                        lossy, mx.sym.BlockGrad(X)])  # a head stays
+    graph = _graph(out)
+    cleaned = tidy.idle_block_grads(graph)
+    ops = [n["op"] for n in cleaned["nodes"]]
+    assert ops.count("BlockGrad") == 3
+    before, after = graph_json.load(graph), graph_json.load(cleaned)
+    assert after.list_arguments() == before.list_arguments()
+    assert after.list_outputs() == before.list_outputs()
+    x = mx.nd.array(np.arange(8).reshape(2, 4) - 3.5)
+    w = mx.nd.array([2.0])
+    grads = []
+    for sym in (before, after):
+        exe = sym.bind(mx.cpu(), {"x": x, "w": w}, args_grad={"x": mx.nd.zeros((2, 4)),
+                                                               "w": mx.nd.zeros((1,))})
+        outs = [o.asnumpy() for o in exe.forward(is_train=True)]
+        exe.backward([mx.nd.ones(o.shape) for o in outs])
+        grads.append((outs, exe.grad_dict["x"].asnumpy(), exe.grad_dict["w"].asnumpy()))
+    for a, b in zip(*grads):
+        for p, q in zip(a if isinstance(a, list) else [a], b if isinstance(b, list) else [b]):
+            np.testing.assert_array_equal(p, q)
+    np.testing.assert_array_equal(grads[0][1], np.zeros((2, 4)))  # every path stopped
+
+
+class _ConstantSigma(mx.gluon.HybridBlock):
+    def __init__(self, sigma, **kwargs):
+        super().__init__(**kwargs)
+        self.sigma = sigma
+
+    def hybrid_forward(self, F, x):
+        return ops.smooth_l1(x, F.full((1,), self.sigma)) * 1
+
+
+def _inlined_ops(net, x):
+    plan = inline._plans[id(net._cached_op)]
+    shapes, dtypes = {"data": x.shape}, {"data": x.dtype}
+    found = training_graphs.spliced(plan.sym, shapes, dtypes, set())
+    return [n["op"] for n in json.loads(found.symbol.tojson())["nodes"]]
+
+
+@pytest.mark.parametrize("sigma", [3.0, -1.0, float("nan")])
+def test_a_check_of_constants_is_evaluated_once_where_it_holds_and_kept_where_it_fails(sigma):
+    x = np.linspace(-2, 2, 12, dtype="float32").reshape(3, 4)
+    net = _ConstantSigma(sigma)
+    net.hybridize()
+    got = net(mx.nd.array(x)).asnumpy()
+    ops_run = _inlined_ops(net, x)
+    if sigma > 0:  # sigma > 0 holds: no condition left in the graph, the same loss
+        s2 = sigma * sigma
+        want = np.where(np.abs(x) < 1 / s2, 0.5 * s2 * x * x, np.abs(x) - 0.5 / s2)
+        np.testing.assert_allclose(got, want, rtol=1e-6)
+        assert "min" not in ops_run and "_greater_scalar" not in ops_run, ops_run
+    else:  # fails on every call: NaN, as any failed check in a native graph
+        assert np.isnan(got).all()
+        assert "min" in ops_run, ops_run
