@@ -59,7 +59,7 @@ NO_GRADIENT: dict[str, tuple | None] = {
                            "_lesser_scalar", "_lesser_equal_scalar", "_equal_scalar",
                            "_not_equal_scalar", "floor", "ceil", "round", "rint", "fix",
                            "sign")},
-    "one_hot": None,
+    "one_hot": None, "_contrib_box_encode": None, "_contrib_box_decode": None,
 }
 
 

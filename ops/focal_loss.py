@@ -98,8 +98,12 @@ def focal_loss(pred, label, normalizer=None, *, alpha=0.25, gamma=2.0,
     label = label.astype(pred.dtype, copy=False)
     # an integer in [0, C] is what clipping its floor leaves unchanged (NaN equals nothing);
     # as few operators as can be (each one runs in every step of a graph), ones MXNet's ONNX
-    # converter knows (no >=, <=, !=)
-    ok = (label == mx.nd.clip(mx.nd.floor(label), 0, num_class)) + (label == ignore_label)
+    # converter knows (no >=, <=, !=); an ignore_label next to [0, C] widens the range
+    if -1 <= ignore_label <= num_class + 1:
+        low, high = min(ignore_label, 0), max(ignore_label, num_class)
+        ok = label == mx.nd.clip(mx.nd.floor(label), low, high)
+    else:
+        ok = (label == mx.nd.clip(mx.nd.floor(label), 0, num_class)) + (label == ignore_label)
     _checks.require(ok, "label", _label_message(num_class, ignore_label))
     t, valid = _targets_nd(label, num_class, ignore_label)
     sp_pos = mx.nd.Activation(pred, act_type="softrelu")  # -log(1 - p)

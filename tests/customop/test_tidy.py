@@ -45,6 +45,11 @@ _ONE_INPUT = {
                                           transpose_b=True),
     "mean": lambda: mx.sym.mean(X),
     "_contrib_box_iou": lambda: mx.sym.contrib.box_iou(X, X),
+    "_contrib_box_encode": lambda: mx.sym.contrib.box_encode(
+        mx.sym.ones((1, 2)), mx.sym.zeros((1, 2)), mx.sym.expand_dims(X, 0),
+        mx.sym.expand_dims(X, 0), mx.sym.zeros((4,)), mx.sym.ones((4,)))[0],
+    "_contrib_box_decode": lambda: mx.sym.contrib.box_decode(mx.sym.expand_dims(X, 0),
+                                                             mx.sym.expand_dims(X, 0)),
     "reshape_like": lambda: mx.sym.reshape_like(X, X),
 }
 _BINARY = {"elemwise_add", "elemwise_sub", "elemwise_mul", "elemwise_div", "broadcast_add",

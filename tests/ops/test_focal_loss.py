@@ -252,3 +252,28 @@ def test_bad_labels_in_a_bound_graph_fail_and_the_executor_recovers(inline, monk
     ex.forward(is_train=False, pred=np.zeros((2, 3, 4)), label=np.ones((2, 3)))
     np.testing.assert_allclose(ex.outputs[0].asnumpy().sum(),
                                reference(np.zeros((2, 3, 4)), np.ones((2, 3))).sum(), rtol=1e-6)
+
+
+class _Loss(mx.gluon.HybridBlock):
+    def __init__(self, ignore_label, **kwargs):
+        super().__init__(**kwargs)
+        self.ignore_label = ignore_label
+
+    def hybrid_forward(self, F, pred, label):
+        return ops.focal_loss(pred, label, ignore_label=self.ignore_label)
+
+
+@pytest.mark.parametrize("ignore_label", [-1, 0, 5, 6, 255, -3])
+def test_the_inlined_label_check_takes_each_valid_label_and_no_other(ignore_label):
+    # C = 4: valid labels are 0..4 and ignore_label; the graph's check is one clip where
+    # ignore_label lies next to [0, C] and a clip plus an equality elsewhere
+    pred = mx.nd.array(np.random.RandomState(3).randn(1, 1, 4))
+    net = _Loss(ignore_label)
+    net.hybridize()
+    valid = sorted({0, 1, 2, 3, 4, ignore_label})
+    for value in valid:
+        assert np.isfinite(net(pred, mx.nd.array([[value]])).asnumpy()).all(), value
+    bad = {v for v in (-2, -1, 5, 6, 7, 254, 256, ignore_label - 1, ignore_label + 1)
+           if v not in valid} | {0.5, ignore_label + 0.5, float("nan"), float("inf")}
+    for value in sorted(bad):
+        assert np.isnan(net(pred, mx.nd.array([[value]])).asnumpy()).all(), value
