@@ -85,6 +85,24 @@ def require(cond: Any, arg: str, message: str) -> None:
         raise ValueError(_text(arg, message))
 
 
+def nan_unless(x: Any, cond: Any, arg: str, message: str) -> Any:
+    """``x``, checked: :func:`require` ``(cond, arg, message)``, whose failure inside a native
+    graph makes all of ``x`` NaN instead of the op's outputs.
+
+    For an op where a small array (a normalizer, a scale) reaches every element of every
+    floating output and of every gradient: its check then costs one multiply of that array
+    in each step instead of one per output (no ``broadcast_like`` to each).  Where the
+    forward runs in Python it raises as :func:`require` does and returns ``x`` unchanged.
+    """
+    import mxnet as mx
+
+    if not (is_collecting() and _is_nd(cond)):
+        require(cond, arg, message)
+        return x
+    nan_or_one = factor([Condition(cond, arg, message)]).astype(x.dtype, copy=False)
+    return mx.nd.broadcast_mul(x, nan_or_one)
+
+
 def _is_nd(cond: Any) -> bool:
     import mxnet as mx
 

@@ -22,6 +22,7 @@ import mxnet as mx
 import numpy as np
 
 import customop
+from customop import checks
 
 
 def fail(op: str, arg: str, msg: str, cls: type = ValueError) -> Exception:
@@ -32,6 +33,12 @@ def require(ok: mx.nd.NDArray, arg: str, msg: str) -> None:
     """Every element of ``ok`` must be non-zero: else ``customop '<op>': <arg> <msg>`` where
     the forward runs in Python, NaN outputs in a native graph (see ``customop.require``)."""
     customop.require(ok, arg, msg)
+
+
+def nan_unless(x: mx.nd.NDArray, ok: mx.nd.NDArray, arg: str, msg: str) -> mx.nd.NDArray:
+    """``x``, checked by ``require(ok, arg, msg)``; in a native graph a failure makes ``x`` NaN
+    (``x`` must reach every output element and gradient: see ``customop.checks.nan_unless``)."""
+    return checks.nan_unless(x, ok, arg, msg)
 
 
 # ---- parameters ----------------------------------------------------------------------------

@@ -104,13 +104,14 @@ def focal_loss(pred, label, normalizer=None, *, alpha=0.25, gamma=2.0,
         ok = label == mx.nd.clip(mx.nd.floor(label), low, high)
     else:
         ok = (label == mx.nd.clip(mx.nd.floor(label), 0, num_class)) + (label == ignore_label)
-    _checks.require(ok, "label", _label_message(num_class, ignore_label))
     t, valid = _targets_nd(label, num_class, ignore_label)
     sp_pos = mx.nd.Activation(pred, act_type="softrelu")  # -log(1 - p)
     sp_neg = mx.nd.Activation(-pred, act_type="softrelu")  # -log p
     pos = t * alpha * mx.nd.exp(-gamma * sp_pos)  # alpha t (1 - p)^gamma
     neg = (1 - t) * (1 - alpha) * mx.nd.exp(-gamma * sp_neg)  # (1 - alpha)(1 - t) p^gamma
-    z = _normalizer_nd(label, valid, normalizer, normalization, pred)
+    z = _normalizer_nd(label, valid, normalizer, normalization, ignore_label, pred)
+    # z divides every loss and gradient element: a bad label makes it NaN, so all of them
+    z = _checks.nan_unless(z, ok, "label", _label_message(num_class, ignore_label))
     loss = mx.nd.broadcast_div(mx.nd.broadcast_mul(pos * sp_neg + neg * sp_pos, valid), z)
     return residuals(loss, pos=pos, neg=neg, sp_pos=sp_pos, sp_neg=sp_neg, valid=valid, z=z)
 
@@ -144,13 +145,18 @@ def _targets_np(label, num_class, ignore_label, dtype):
     return t, valid
 
 
-def _normalizer_nd(label, valid, normalizer, normalization, like):
+def _normalizer_nd(label, valid, normalizer, normalization, ignore_label, like):
     ones = (1,) * like.ndim
     if normalizer is not None:
         return normalizer.reshape(ones)
     if normalization == "none":
         return mx.nd.ones(ones, ctx=like.context, dtype=like.dtype)
-    counted = valid if normalization == "valid" else valid * (label >= 1).expand_dims(-1)
+    if normalization == "valid":
+        counted = valid
+    elif ignore_label < 1:  # the positives: ignored labels are not among them
+        counted = label >= 1
+    else:
+        counted = valid * (label >= 1).expand_dims(-1)
     return mx.nd.maximum(counted.sum(), 1).reshape(ones)
 
 
