@@ -94,8 +94,10 @@ def box_encode(samples, matches, anchors, refs, means, stds, *, legacy_box=False
     with mx.autograd.pause():
         last = mx.nd.max(mx.nd.contrib.arange_like(refs, axis=1)).astype(matches.dtype, copy=False)
         clipped = mx.nd.broadcast_minimum(mx.nd.maximum(matches, 0), last)
-        # in range and an integer: the floor of the clipped match is the match (NaN never equals)
-        ok = (1 - (samples > 0.5)) + (mx.nd.floor(clipped) == matches)
+        # in range and an integer: the floor of the clipped match is the match (NaN never
+        # equals); a sample that is not positive compares its floor with itself
+        floor = mx.nd.floor(clipped)
+        ok = floor == mx.nd.where(samples > 0.5, matches, floor)
         nan_or_one = mx.nd.expand_dims(ok / ok, axis=2).astype(anchors.dtype, copy=False)
         matches = clipped
     if not legacy_box:  # MXNet's kernel, for bit-equal outputs; gradients: _encode_grad
