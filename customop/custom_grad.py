@@ -288,7 +288,7 @@ class Builder(native.Tracer):
             m = t.add("make_loss", [t.add("elemwise_mul", [("in", i), t.add("BlockGrad",
                                                                                 [c_ref])])])
             h = out_heads[0]
-            if shape(out_heads[0]) == tuple(shapes[i]):
+            if out_shapes[0] == tuple(shapes[i]):  # (out_heads[0] is shaped like it)
                 out_heads[0] = t.add("elemwise_add", [h, t.add("zeros_like", [m])])
             else:
                 out_heads[0] = t.add("broadcast_add", [h, t.add("zeros_like", [

@@ -8,6 +8,7 @@ References are written from the formula (the surrogate gradient ``3 x g``).
 """
 import mxnet as mx
 import numpy as np
+import pytest
 
 from customop import customop as decorate
 from customop.runtime import inline
@@ -119,3 +120,48 @@ def test_a_parameter_gets_the_full_graph_while_its_grad_req_is_not_null():
         out = net(mx.nd.array(y))
     np.testing.assert_allclose(out.asnumpy(), x * x + y, rtol=1e-6)
     assert sorted(by_grads.built) == [(False,), (True,)]
+
+
+@decorate("mxnet", name="test_forward_only.output_layer", need_top_grad=False)
+def output_layer(x, y):
+    return mx.nd.sigmoid(x + y)
+
+
+# x: its own gradient (an output layer's: no head gradient); y: the automatic one, that of the
+# sum of the outputs, sigmoid'(x + y)
+output_layer.def_grad(lambda ans, x, y: lambda _: ans - 0.5, argnum=0)
+
+
+class OutputBlock(mx.gluon.HybridBlock):
+    def hybrid_forward(self, F, x, y):
+        return output_layer(x, y)
+
+
+@pytest.mark.parametrize("inline_on", [True, False])
+def test_an_output_layer_with_an_automatic_input_trains_alone_and_in_full(inline_on,
+                                                                         monkeypatch):
+    if not inline_on:
+        monkeypatch.setenv("CUSTOMOP_RUNTIME_OFF", "inline")
+    x, y, _ = _arrays()
+    s = 1 / (1 + np.exp(-(x.astype("f8") + y)))
+    net = OutputBlock()
+    net.hybridize()
+    head = mx.nd.array(np.full(x.shape, 7.0))  # ignored: an output layer
+    for needs in ("y", "x", "xy"):  # y alone: x's closure is not needed, the forward alone
+        xs = [mx.nd.array(a) for a in (x, y)]
+        for name, arr in zip("xy", xs):
+            if name in needs:
+                arr.attach_grad()
+        with mx.autograd.record():
+            out = net(*xs)
+        out.backward(head)
+        np.testing.assert_allclose(out.asnumpy(), s, rtol=1e-5)
+        if "x" in needs:
+            np.testing.assert_allclose(xs[0].grad.asnumpy(), s - 0.5, rtol=1e-5, atol=1e-6)
+        if "y" in needs:
+            np.testing.assert_allclose(xs[1].grad.asnumpy(), s * (1 - s), rtol=1e-5)
+    planned = id(net._cached_op) in inline._plans
+    assert planned == inline_on
+    if inline_on:
+        (by_grads,) = inline._plans[id(net._cached_op)].built.values()
+        assert sorted(by_grads.built) == [(False,), (True,)]
