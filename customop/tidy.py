@@ -31,8 +31,9 @@ _CONSTANT_SOURCES = frozenset({"_full", "_zeros", "_ones", "_arange"})
 
 
 def tidied(graph: dict[str, Any]) -> dict[str, Any]:
-    """``graph`` (nodes and heads) without checks of constants that hold and idle BlockGrads."""
-    return idle_block_grads(constant_checks(graph))
+    """``graph`` (nodes and heads) without checks of constants that hold, idle BlockGrads,
+    and with 1-element constants as scalars."""
+    return idle_block_grads(constant_scalars(constant_checks(graph)))
 
 
 def idle_block_grads(graph: dict[str, Any]) -> dict[str, Any]:
@@ -85,6 +86,48 @@ def constant_checks(graph: dict[str, Any]) -> dict[str, Any]:
                     gone[i] = ins[k]
                     break
     return graph_json.reachable(_replaced(graph, gone)) if gone else graph
+
+
+# broadcast operator -> (scalar operator with the constant on the right, on the left)
+_SCALAR_FORMS = {"broadcast_mul": ("_mul_scalar", "_mul_scalar"),
+                 "broadcast_add": ("_plus_scalar", "_plus_scalar"),
+                 "broadcast_div": ("_div_scalar", "_rdiv_scalar"),
+                 "broadcast_sub": ("_minus_scalar", "_rminus_scalar")}
+
+
+def constant_scalars(graph: dict[str, Any]) -> dict[str, Any]:
+    """``graph`` where a broadcast operator meets a 1-element constant the graph makes itself
+    (``smooth_l1``'s ``sigma * sigma`` of an ``F.full`` sigma) as that operator's scalar form:
+    the same values (MXNet computes a scalar operator in the array's dtype), one operator
+    instead of a broadcast and the constant's own."""
+    nodes = graph["nodes"]
+    constant = _constant(nodes)
+    values: dict[tuple, Any] = {}
+    changed = []
+    for i, node in enumerate(nodes):
+        forms = _SCALAR_FORMS.get(node["op"])
+        ins = node["inputs"]
+        if forms is None or constant[i] or len(ins) != 2:
+            continue
+        for k in (1, 0):
+            if constant[ins[k][0]] and not constant[ins[1 - k][0]]:
+                key = tuple(ins[k][:2])
+                if key not in values:
+                    part = graph_json.reachable({"nodes": nodes, "heads": [list(key) + [0]]})
+                    values[key] = graph_json.run(part, {})[0]
+                if values[key].size == 1:
+                    scalar = repr(float(values[key].reshape(-1)[0]))
+                    kept = {a: v for a, v in graph_json.attrs(node).items() if a[:2] == "__"}
+                    changed.append((i, {"op": forms[1 - k], "name": node["name"],
+                                        "attrs": dict(kept, scalar=scalar),
+                                        "inputs": [ins[1 - k]]}))
+                break
+    if not changed:
+        return graph
+    new = list(nodes)
+    for i, node in changed:
+        new[i] = node
+    return graph_json.reachable(dict(graph, nodes=new))
 
 
 def _free(nodes: list[dict[str, Any]]) -> list[bool]:

@@ -157,3 +157,32 @@ def test_a_check_of_constants_is_evaluated_once_where_it_holds_and_kept_where_it
     else:  # fails on every call: NaN, as any failed check in a native graph
         assert np.isnan(got).all()
         assert "min" in ops_run, ops_run
+
+
+class _SigmaInput(mx.gluon.HybridBlock):
+    def hybrid_forward(self, F, x, sigma):
+        return ops.smooth_l1(x, sigma) * 1
+
+
+def test_a_one_element_constant_becomes_a_scalar_with_the_same_bits():
+    # sigma = F.full((1,), 0.3): sigma * sigma (0.09 in float32) meets the data as a scalar
+    x = np.linspace(-20, 20, 24, dtype="float32").reshape(4, 6)
+    got = []
+    for net, args in ((_ConstantSigma(0.3), []), (_SigmaInput(), [mx.nd.array([0.3])])):
+        net.hybridize()
+        arr = mx.nd.array(x)
+        arr.attach_grad()
+        with mx.autograd.record():
+            out = net(arr, *args)
+        out.backward(mx.nd.array(np.cos(x)))
+        got.append((out.asnumpy(), arr.grad.asnumpy()))
+    ops_run = _inlined_ops(_built(_ConstantSigma(0.3), x), x)
+    assert "_full" not in ops_run and "_mul_scalar" in ops_run, ops_run
+    for a, b in zip(*got):
+        np.testing.assert_array_equal(a, b)
+
+
+def _built(net, x):
+    net.hybridize()
+    net(mx.nd.array(x))
+    return net
