@@ -165,3 +165,23 @@ def test_an_output_layer_with_an_automatic_input_trains_alone_and_in_full(inline
     if inline_on:
         (by_grads,) = inline._plans[id(net._cached_op)].built.values()
         assert sorted(by_grads.built) == [(False,), (True,)]
+
+
+def test_module_runs_the_forward_alone_where_the_parameter_is_fixed():
+    # Module binds every parameter with grad_req='write' unless fixed_param_names names it
+    x, y, _ = _arrays()
+    sym = surrogate(mx.sym.var("w", shape=x.shape), mx.sym.var("data"))
+    counts = {}
+    for fixed in ([], ["w"]):
+        mod = mx.mod.Module(sym, data_names=["data"], label_names=None,
+                            fixed_param_names=fixed)
+        mod.bind(data_shapes=[("data", y.shape)])
+        mod.init_params(arg_params={"w": mx.nd.array(x)})
+        mod.forward(mx.io.DataBatch([mx.nd.array(y)]), is_train=True)
+        np.testing.assert_allclose(mod.get_outputs()[0].asnumpy(), x * x + y, rtol=1e-6)
+        exe = mod._exec_group.execs[0]
+        counts[bool(fixed)] = len(exe.customop_inlined.get_internals().list_outputs())
+        if not fixed:
+            mod.backward([mx.nd.ones(y.shape)])
+            np.testing.assert_allclose(exe.grad_dict["w"].asnumpy(), 3 * x, rtol=1e-5)
+    assert counts[True] < counts[False]
