@@ -122,7 +122,8 @@ def inline(sym: mx.sym.Symbol, shapes: dict[str, tuple], dtypes: dict[str, Any],
                     graphs[i] = verdict.graph.forward_only
     if graphs:
         new, result.constants = _spliced(graph, graphs)
-        result.symbol = graph_json.load(tidy.tidied(new))
+        result.symbol = graph_json.load(tidy.tidied(
+            new, shapes if purpose == native.TRAIN else None))
         result.inlined = [nodes[i]["name"] for i in graphs]
     return result
 

@@ -30,10 +30,12 @@ from . import graph_json, rules
 _CONSTANT_SOURCES = frozenset({"_full", "_zeros", "_ones", "_arange"})
 
 
-def tidied(graph: dict[str, Any]) -> dict[str, Any]:
+def tidied(graph: dict[str, Any], shapes: dict[str, tuple] | None = None) -> dict[str, Any]:
     """``graph`` (nodes and heads) without checks of constants that hold, idle BlockGrads,
-    and with 1-element constants as scalars."""
-    return idle_block_grads(constant_scalars(constant_checks(graph)))
+    with 1-element constants as scalars, and (``shapes``: by input name, the signature the
+    graph is settled for) without clipping and checks of indices ``argmax`` keeps in range."""
+    graph = idle_block_grads(constant_scalars(constant_checks(graph)))
+    return argmax_indices(graph, shapes) if shapes is not None else graph
 
 
 def idle_block_grads(graph: dict[str, Any]) -> dict[str, Any]:
@@ -128,6 +130,106 @@ def constant_scalars(graph: dict[str, Any]) -> dict[str, Any]:
     for i, node in changed:
         new[i] = node
     return graph_json.reachable(dict(graph, nodes=new))
+
+
+def argmax_indices(graph: dict[str, Any], shapes: dict[str, tuple]) -> dict[str, Any]:
+    """``graph`` without the clipping and the check of indices that are ``argmax`` outputs over
+    an axis as long as the one they index, at the signature ``shapes`` the graph is settled
+    for (a hybridized block, a bind: each signature its own graph; not for exports, which
+    serve other shapes).
+
+    The pattern is ``ops.box_encode``'s (a detection head's ``argmax`` of IoU as
+    ``matches``): ``broadcast_minimum(maximum(m, 0), max(arange_like(refs, axis=1)))`` is
+    ``m``, an integer in ``[0, M)``; then ``floor(m)`` is ``m``, ``where(c, m, m)`` is ``m``,
+    ``m == m`` is 1 (never NaN), so is ``ok / ok`` and its copies, and a product by them is
+    the other factor.  Up to 2048 (every float dtype counts that far exactly).
+    """
+    nodes = graph["nodes"]
+    alias: dict[int, list] = {}   # node -> the entry it equals
+    integral: set[tuple] = set()  # entries holding integers, never NaN (argmax outputs)
+    ones: set[int] = set()        # nodes whose every element is 1
+
+    def at(e):
+        while e[0] in alias:
+            e = alias[e[0]]
+        return (e[0], e[1])
+
+    for i, node in enumerate(nodes):
+        op, ins = node["op"], [at(e) for e in node["inputs"]]
+        if op == "argmax" and graph_json.attrs(node).get("keepdims", "False") in ("False", "0"):
+            integral.add((i, 0))
+        elif op == "broadcast_minimum" and nodes[ins[0][0]]["op"] == "_maximum_scalar":
+            m = at(nodes[ins[0][0]]["inputs"][0])
+            if m in integral and _argmax_in_range(nodes, ins, m, shapes):
+                alias[i] = list(m)
+        elif op == "floor" and ins[0] in integral:
+            alias[i] = list(ins[0])
+        elif op == "where" and ins[1] == ins[2]:
+            alias[i] = list(ins[1])
+        elif op in ("broadcast_equal", "_equal") and ins[0] == ins[1] and ins[0] in integral:
+            ones.add(i)
+        elif (op in ("broadcast_div", "elemwise_div") and ins[0] == ins[1]
+              and ins[0][0] in ones):
+            ones.add(i)
+        elif op in ("expand_dims", "Reshape", "Cast") and ins[0][0] in ones:
+            ones.add(i)
+        elif op in ("broadcast_mul", "elemwise_mul"):
+            for k in (0, 1):
+                if ins[1 - k][0] in ones and (op == "elemwise_mul" or _within(
+                        nodes, ins[1 - k], ins[k], shapes)):
+                    alias[i] = list(ins[k])
+                    break
+    heads = {h[0] for h in graph["heads"]}
+    alias = {i: e for i, e in alias.items() if i not in heads}
+    return graph_json.reachable(_replaced(graph, alias)) if alias else graph
+
+
+def _argmax_in_range(nodes, ins, m, shapes) -> bool:
+    # ins: broadcast_minimum(_maximum_scalar(m, 0), max(arange_like(refs, axis=1))), with m
+    # an argmax over an axis of length M = refs.shape[1] <= 2048
+    low, high = nodes[ins[0][0]], nodes[ins[1][0]]
+    if high["op"] != "max" or graph_json.attrs(high):
+        return False
+    if float(graph_json.attrs(low).get("scalar", "nan")) != 0:
+        return False
+    count = nodes[high["inputs"][0][0]]
+    if count["op"] != "_contrib_arange_like" or graph_json.attrs(count) != {"axis": "1"}:
+        return False
+    argmax = nodes[m[0]]
+    axis = graph_json.attrs(argmax).get("axis", "None")
+    if axis in ("None", ""):
+        return False
+    found = _shapes(nodes, [argmax["inputs"][0], count["inputs"][0]], shapes)
+    if found is None:
+        return False
+    scores, refs = found
+    length = scores[int(axis)]
+    return len(refs) > 1 and length == refs[1] and length <= 2048
+
+
+def _within(nodes, small, big, shapes) -> bool:
+    # whether broadcasting ``small`` against ``big`` gives big's shape
+    found = _shapes(nodes, [small, big], shapes)
+    if found is None:
+        return False
+    a, b = found
+    if len(a) > len(b):
+        return False
+    return all(x in (1, y) for x, y in zip(a[::-1], b[::-1]))
+
+
+def _shapes(nodes, entries, shapes) -> list[tuple] | None:
+    # the shapes of these entries at the settled signature (None where unknown)
+    part = graph_json.reachable({"nodes": nodes, "heads": [[e[0], e[1], 0] for e in entries]})
+    sym = graph_json.load(part)
+    given = {n: tuple(shapes[n]) for n in sym.list_inputs() if n in shapes}
+    try:
+        _, out, _ = sym.infer_shape_partial(**given)
+    except Exception:  # noqa: BLE001 - unknown: nothing is simplified
+        return None
+    if not out or any(not s or not all(d > 0 for d in s) for s in out):
+        return None
+    return [tuple(s) for s in out]
 
 
 def _free(nodes: list[dict[str, Any]]) -> list[bool]:

@@ -186,3 +186,49 @@ def _built(net, x):
     net.hybridize()
     net(mx.nd.array(x))
     return net
+
+
+class _Encode(mx.gluon.HybridBlock):
+    """box_encode with matches from an argmax, as a detection head matches anchors to boxes."""
+
+    def hybrid_forward(self, F, scores, anchors, refs):
+        matches = F.argmax(scores, axis=2)
+        samples = F.ones_like(matches)
+        means, stds = F.zeros((4,)), F.ones((4,))
+        return ops.box_encode(samples, matches, anchors, refs, means, stds)
+
+
+def _boxes(rng, shape):
+    corner = rng.uniform(0, 10, shape[:-1] + (2,))
+    return np.concatenate([corner, corner + rng.uniform(1, 5, shape[:-1] + (2,))], -1)
+
+
+@pytest.mark.parametrize("columns", [3, 4])
+def test_argmax_matches_over_the_boxes_axis_need_no_clipping_and_no_check(columns):
+    # refs: 3 boxes per image; scores with 3 columns: argmax is always a box (the clipping
+    # and the check go); with 4: the last column is no box, so both stay (NaN rows there)
+    rng = np.random.RandomState(8)
+    scores = rng.rand(2, 5, columns)
+    scores[0, 1, -1] = 9.0  # anchor 1 of image 0 picks the last column
+    anchors, refs = _boxes(rng, (2, 5, 4)), _boxes(rng, (2, 3, 4))
+    arrays = [mx.nd.array(a) for a in (scores, anchors, refs)]
+    net = _Encode()
+    net.hybridize()
+    targets, masks = (o.asnumpy() for o in net(*arrays))
+    plan = inline._plans[id(net._cached_op)]
+    found = training_graphs.spliced(plan.sym, {n: a.shape for n, a in zip(plan.names, arrays)},
+                                    {n: a.dtype for n, a in zip(plan.names, arrays)}, set())
+    ran = [n["op"] for n in json.loads(found.symbol.tojson())["nodes"]]
+    matches = scores.argmax(axis=2)
+    want, want_masks = ops.box_encode.numpy(
+        np.ones((2, 5)), np.minimum(matches, 2).astype("f8"), anchors, refs, np.zeros(4),
+        np.ones(4))
+    if columns == 3:
+        assert "broadcast_minimum" not in ran and "floor" not in ran, ran
+        np.testing.assert_allclose(targets, want, rtol=1e-5, atol=1e-6)
+        np.testing.assert_array_equal(masks, want_masks)
+    else:
+        assert "broadcast_minimum" in ran and "floor" in ran, ran
+        ok = matches < 3
+        assert not ok[0, 1] and np.isnan(targets[~ok]).all() and np.isnan(masks[~ok]).all()
+        np.testing.assert_allclose(targets[ok], want[ok], rtol=1e-5, atol=1e-6)
