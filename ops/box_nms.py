@@ -162,8 +162,12 @@ def box_nms(data, *, overlap_thresh=0.5, valid_thresh=0.0, topk=-1, coord_start=
 
 def _image_starts(column):
     """``[[[0]], [[N]], [[2 N]], ...]`` (int64) for ``column`` of shape (B, N, 1): where
-    each image's rows start among all rows, counted in float64 on one column and one row
-    (exact to 2**53; float16 and float32 would count wrong past 2048 and 2**24)."""
+    each image's rows start among all rows."""
+    if not mx.autograd.is_recording():  # on arrays: this call's numbers, in 2 operators
+        b, n = column.shape[:2]
+        return mx.nd.arange(0, b * n, n, ctx=column.context, dtype="int64").reshape((b, 1, 1))
+    # traced: from column's shape, so that the graph serves any batch; counted in float64
+    # on one column and one row (exact to 2**53; float16 counts wrong past 2048)
     images = mx.nd.slice_axis(column, axis=1, begin=0, end=1).astype("float64")  # (B, 1, 1)
     first = mx.nd.slice_axis(column, axis=0, begin=0, end=1).astype("float64")  # (1, N, 1)
     image = mx.nd.contrib.arange_like(images, axis=0).astype("int64")
