@@ -128,30 +128,51 @@ def box_nms(data, *, overlap_thresh=0.5, valid_thresh=0.0, topk=-1, coord_start=
         return mx.nd.contrib.box_nms(data, out_format=out_format, **common)
     if topk == 0:  # MXNet's box_nms returns its input as is
         return data.copy()
-    shape, ctx = data.shape, data.context
-    n, width = shape[-2], shape[-1]
-    rows = data.reshape((-1, n, width))
-    batch = rows.shape[0]
+    # Shapes come from data through operators (reshape with 0/-1, slice_axis, arange_like,
+    # broadcast_like, reshape_like), never as numbers: a graph of it serves any batch.
+    ctx, width = data.context, data.shape[-1]
+    rows = mx.nd.reshape(data, shape=(-1, 0, 0), reverse=True)  # (B, N, K)
     work = rows.astype("float32") if rows.dtype == np.float16 else rows  # exact row indices
     if in_format == "corner":
         shift = np.zeros(width)
         shift[coord_start + 2:coord_start + 4] = 1
         work = mx.nd.broadcast_add(work, mx.nd.array(shift, ctx=ctx, dtype=work.dtype))
-    index = mx.nd.arange(n, ctx=ctx, dtype=work.dtype).reshape((1, n, 1))
-    work = mx.nd.concat(work, mx.nd.broadcast_to(index, (batch, n, 1)), dim=-1)
-    kept = mx.nd.contrib.box_nms(work, out_format=in_format, **common)[:, :, width]
+    column = mx.nd.slice_axis(work, axis=2, begin=0, end=1)  # (B, N, 1)
+    index = mx.nd.reshape(mx.nd.contrib.arange_like(column, axis=1), shape=(1, -1, 1))
+    work = mx.nd.concat(work, mx.nd.broadcast_like(index, column), dim=-1)
+    kept = mx.nd.slice_axis(mx.nd.contrib.box_nms(work, out_format=in_format, **common),
+                            axis=2, begin=width, end=width + 1)  # (B, N, 1): input row or -1
     keep = kept >= 0
-    offsets = (mx.nd.arange(batch, ctx=ctx, dtype=work.dtype) * n).reshape((batch, 1))
-    flat = mx.nd.broadcast_add(mx.nd.where(keep, kept, mx.nd.zeros_like(kept)), offsets)
-    out = mx.nd.take(rows.reshape((-1, width)), flat.reshape((-1,))).reshape(rows.shape)
+    flat = mx.nd.broadcast_add(mx.nd.where(keep, kept, mx.nd.zeros_like(kept)).astype("int64"),
+                               _image_starts(column))
+    out = mx.nd.take(mx.nd.reshape(rows, shape=(-1, 0), reverse=True),
+                     mx.nd.reshape(flat, shape=(-1,)))
+    out = mx.nd.reshape_like(out, rows)
     if in_format != out_format:
         lo, hi = coord_start, coord_start + 4
-        coords = _convert(mx.nd.split(out[:, :, lo:hi], 4, axis=-1), in_format, out_format, 1)
-        parts = [out[:, :, :lo]] if lo else []
-        parts += list(coords) + ([out[:, :, hi:]] if hi < width else [])
+        coords = _convert(mx.nd.split(mx.nd.slice_axis(out, axis=2, begin=lo, end=hi), 4,
+                                      axis=-1), in_format, out_format, 1)
+        parts = [mx.nd.slice_axis(out, axis=2, begin=0, end=lo)] if lo else []
+        parts += list(coords)
+        parts += [mx.nd.slice_axis(out, axis=2, begin=hi, end=width)] if hi < width else []
         out = mx.nd.concat(*parts, dim=-1)
-    keep = mx.nd.broadcast_to(keep.reshape((batch, n, 1)), out.shape).astype(out.dtype)
-    return mx.nd.where(keep, out, -mx.nd.ones_like(out)).reshape(shape)
+    keep = mx.nd.broadcast_like(keep.astype(out.dtype), out)
+    return mx.nd.reshape_like(mx.nd.where(keep, out, -mx.nd.ones_like(out)), data)
+
+
+def _image_starts(column):
+    """``[[[0]], [[N]], [[2 N]], ...]`` (int64) for ``column`` of shape (B, N, 1): where
+    each image's rows start among all rows."""
+    if not mx.autograd.is_recording():  # on arrays: this call's numbers, in 2 operators
+        b, n = column.shape[:2]
+        return mx.nd.arange(0, b * n, n, ctx=column.context, dtype="int64").reshape((b, 1, 1))
+    # traced: from column's shape, so that the graph serves any batch; counted in float64
+    # on one column and one row (exact to 2**53; float16 counts wrong past 2048)
+    images = mx.nd.slice_axis(column, axis=1, begin=0, end=1).astype("float64")  # (B, 1, 1)
+    first = mx.nd.slice_axis(column, axis=0, begin=0, end=1).astype("float64")  # (1, N, 1)
+    image = mx.nd.contrib.arange_like(images, axis=0).astype("int64")
+    n = mx.nd.max(mx.nd.contrib.arange_like(first, axis=1)).astype("int64") + 1
+    return mx.nd.broadcast_mul(mx.nd.reshape(image, shape=(-1, 1, 1)), n.reshape((1, 1, 1)))
 
 
 @box_nms.twin("numpy")

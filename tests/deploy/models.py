@@ -54,6 +54,13 @@ def per_image_share(x):
     return x / mx.nd.full((1, 1), float(x.shape[0]), dtype=x.dtype)
 
 
+@customop.customop("mxnet")
+def centered(x):
+    """``x`` minus each image's mean, broadcast back to the numbers of ``x.shape``: its
+    operators fix the shape (``broadcast_to`` with ``shape=(2, 12, 6)``)."""
+    return x - mx.nd.broadcast_to(mx.nd.mean(x, axis=(1, 2), keepdims=True), x.shape)
+
+
 class OneOp(mx.gluon.HybridBlock):
     """A block of one operator call (the per-op rows of docs/deploying.md)."""
 

@@ -1,10 +1,14 @@
 """ops.box_nms (issue 11): contrib.box_nms plus legacy_box."""
 import itertools
+import subprocess
+import sys
+import textwrap
 
 import mxnet as mx
 import numpy as np
 import pytest
 
+import customop
 import ops
 from tests.ops.detection import every_path, forward_backward_without_host_copy
 
@@ -126,6 +130,78 @@ def test_every_path_and_no_host_copy(legacy):
         assert not grads[0].any()  # documented: no gradient through NMS
 
 
+class _Block(mx.gluon.HybridBlock):
+    def __init__(self, params):
+        super().__init__()
+        self.params_ = params
+
+    def hybrid_forward(self, F, data):
+        return ops.box_nms(data, **self.params_)
+
+
+def _reference_rows(data, **params):
+    """The reference for ``data`` of shape (..., N, 6): per image of the leading axes."""
+    return reference(data.reshape((-1,) + data.shape[-2:]), **params).reshape(data.shape)
+
+
+def test_legacy_trains_inlined_and_one_graph_serves_every_batch_size(tmp_path):
+    # Issue 33 item 2: legacy_box once built its shapes from Python numbers (the batch
+    # size), so training graphs kept its Custom node and exports were fixed to one batch.
+    params = dict(overlap_thresh=0.3, legacy_box=True, in_format="corner",
+                  out_format="center")
+    report = customop.explain(ops.box_nms, random_data(2, 8), **params)
+    assert report.inlines, report.train.reason
+    net = _Block(params)
+    net.hybridize()
+    for shape in ((2, 8), (3, 8), (1, 8), (2, 3, 8)):  # the last: two leading axes
+        data = random_data(int(np.prod(shape[:-1])), shape[-1]).reshape(shape + (6,))
+        x = mx.nd.array(data)
+        with mx.autograd.record():  # a training graph
+            got = net(x).asnumpy()
+        np.testing.assert_allclose(got, _reference_rows(data, **params), rtol=1e-6,
+                                   err_msg=str(shape))
+    # bound: one inlined graph, reshaped to batch 3 (MXNet's reshape: the same graph)
+    exe = ops.box_nms(mx.sym.var("data"), **params).simple_bind(mx.cpu(), data=(2, 8, 6))
+    graph = exe.customop_inlined
+    assert "Custom" not in graph.tojson()
+    for batch in (2, 3):
+        exe = exe.reshape(data=(batch, 8, 6), allow_up_sizing=True)
+        assert exe.customop_inlined is graph  # the graph inlined at batch 2 serves batch 3
+        data = random_data(batch, 8)
+        got = exe.forward(is_train=True, data=mx.nd.array(data))[0].asnumpy()
+        np.testing.assert_allclose(got, reference(data, **params), rtol=1e-6, err_msg=batch)
+    # exported at batch 2, reloaded, run at other batch sizes
+    net = _Block(params)
+    done = customop.export(net, str(tmp_path / "nms"), mx.nd.array(random_data(2, 8)))
+    assert done.fixed == [] and done.kept == []
+    loaded = customop.imports(done.symbol_file, list(done.inputs), done.params_file)
+    for batch in (3, 1, 2):
+        data = random_data(batch, 8)
+        np.testing.assert_allclose(loaded(mx.nd.array(data)).asnumpy(),
+                                   reference(data, **params), rtol=1e-6, err_msg=batch)
+
+
+def test_legacy_counts_rows_exactly_in_float16_past_2048():
+    # The traced graph counts the rows of each image and where each image starts; in
+    # float16 those would count exactly to 2048 only.  Kept boxes lie past row 2048.
+    r = np.random.RandomState(4)
+    data = np.zeros((2, 3000, 6), np.float16)
+    data[..., 1] = 0.01  # invalid
+    data[..., 2:4] = r.rand(2, 3000, 2) * 200
+    data[..., 4:6] = data[..., 2:4] + 5 + r.rand(2, 3000, 2) * 30
+    for b in range(2):
+        rows = np.concatenate([r.choice(np.arange(2049, 3000, 2), 20, replace=False),
+                               r.choice(2049, 5, replace=False)])
+        data[b, rows, 1] = r.rand(len(rows)) * 0.8 + 0.1
+    params = dict(overlap_thresh=0.4, valid_thresh=0.05, legacy_box=True)
+    net = _Block(params)
+    net.hybridize()
+    want = reference(data, **params).astype(np.float16)
+    assert (want[:, :, 1] > 0).sum() > 20
+    for run in (net, lambda x: ops.box_nms(x, **params)):  # traced, then on arrays
+        np.testing.assert_array_equal(run(mx.nd.array(data, dtype="float16")).asnumpy(), want)
+
+
 @pytest.mark.parametrize("op", TWINS, ids=["mxnet", "numpy"])
 def test_bad_input_raises_and_the_next_call_works(op):
     data = mx.nd.ones((2, 5, 6))
@@ -139,3 +215,26 @@ def test_bad_input_raises_and_the_next_call_works(op):
     with pytest.raises(ValueError, match="ops.box_nms': id_index must be -1 or .* got 1"):
         op(data, id_index=1)
     assert op(data, legacy_box=True).shape == (2, 5, 6)
+
+
+NO_BOXES = textwrap.dedent("""
+    import mxnet as mx, numpy as np
+    from customop import ops
+    for legacy in (False, True):
+        try:
+            ops.box_nms(mx.nd.array(np.zeros((2, 0, 6), "f")), legacy_box=legacy)
+        except ValueError as exc:
+            print(str(exc).splitlines()[0])
+""")
+
+
+def test_images_without_boxes_are_refused_naming_the_input():
+    # legacy_box once reshaped to the numbers (-1, 0, 6): MXNet divided by zero and the
+    # process died (SIGFPE); so the calls run in a process of their own
+    done = subprocess.run([sys.executable, "-c", NO_BOXES], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    assert len(lines) == 2, done.stdout
+    for line in lines:
+        assert line.startswith("customop 'ops.box_nms' (input 'data'): an empty (0-size)"), line

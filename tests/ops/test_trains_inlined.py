@@ -24,6 +24,12 @@ def _boxes(*shape):
     return np.concatenate([corner, corner + 1 + rng.rand(*shape, 2).astype("f") * 5], -1)
 
 
+def _detections(images, n):
+    """(class, score, x1, y1, x2, y2) rows."""
+    return np.concatenate([rng.randint(0, 3, (images, n, 1)).astype("f"),
+                           rng.rand(images, n, 1).astype("f"), _boxes(images, n)], -1)
+
+
 LABELS = np.array([[1, 0, 2, -1, 3], [0, 0, 1, 1, 2]], "f")
 # name -> (op, inputs, params, whether training graphs inline it).  The losses check their
 # values with customop.require, so they inline (a failed check is NaN in the graph); the
@@ -55,6 +61,10 @@ CASES = {
     "box_iou": (ops.box_iou, [_boxes(3, 2), _boxes(4, 2)], {}, True),
     "arr_pick": (ops.arr_pick, [rng.randn(2, 3, 8).astype("f"),
                                 (rng.rand(2, 1, 8) > 0.5).astype("f")], dict(num=3), True),
+    # not differentiable (zero gradient), but in training graphs all the same
+    "box_nms": (ops.box_nms, [_detections(2, 8)], dict(overlap_thresh=0.3), True),
+    "box_nms_legacy": (ops.box_nms, [_detections(2, 8)],
+                       dict(overlap_thresh=0.3, legacy_box=True, out_format="center"), True),
 }
 
 
