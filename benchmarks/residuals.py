@@ -102,7 +102,8 @@ def focal_loss_recompute(pred, label, normalizer=None, *, alpha=0.25, gamma=2.0,
     loss = t * alpha * mx.nd.exp(-gamma * sp_pos) * sp_neg \
         + (1 - t) * (1 - alpha) * mx.nd.exp(-gamma * sp_neg) * sp_pos
     return mx.nd.broadcast_div(mx.nd.broadcast_mul(loss, valid),
-                               _fl._normalizer_nd(label, valid, normalizer, normalization, pred))
+                               _fl._normalizer_nd(label, valid, normalizer, normalization,
+                                                  ignore_label, pred))
 
 
 @focal_loss_recompute.twin("numpy")
@@ -133,7 +134,7 @@ def _focal_grad_nd(ans, pred, label, normalizer=None, *, alpha=0.25, gamma=2.0,
         sp_neg = mx.nd.Activation(-pred, act_type="softrelu")
         d = -t * alpha * mx.nd.exp(-gamma * sp_pos) * (q + gamma * p * sp_neg) \
             + (1 - t) * (1 - alpha) * mx.nd.exp(-gamma * sp_neg) * (p + gamma * q * sp_pos)
-        z = _fl._normalizer_nd(lab, valid, normalizer, normalization, pred)
+        z = _fl._normalizer_nd(lab, valid, normalizer, normalization, ignore_label, pred)
         return g * mx.nd.broadcast_div(mx.nd.broadcast_mul(d, valid), z)
     return grad
 
