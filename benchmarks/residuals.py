@@ -96,11 +96,11 @@ def focal_loss_recompute(pred, label, normalizer=None, *, alpha=0.25, gamma=2.0,
     bad = ((label < 0) + (label > num_class) + (1 - (label == mx.nd.floor(label)))) \
         * (1 - (label == ignore_label))
     _fl._checks.require(bad == 0, "label", _fl._label_message(num_class, ignore_label))
-    t, valid = _fl._targets_nd(label, num_class, ignore_label)
+    alpha_t, alpha_1t, valid = _fl._targets_nd(label, num_class, ignore_label, alpha)
     sp_pos = mx.nd.Activation(pred, act_type="softrelu")
     sp_neg = mx.nd.Activation(-pred, act_type="softrelu")
-    loss = t * alpha * mx.nd.exp(-gamma * sp_pos) * sp_neg \
-        + (1 - t) * (1 - alpha) * mx.nd.exp(-gamma * sp_neg) * sp_pos
+    loss = alpha_t * mx.nd.exp(-gamma * sp_pos) * sp_neg \
+        + alpha_1t * mx.nd.exp(-gamma * sp_neg) * sp_pos
     return mx.nd.broadcast_div(mx.nd.broadcast_mul(loss, valid),
                                _fl._normalizer_nd(label, valid, normalizer, normalization,
                                                   ignore_label, pred))
@@ -128,12 +128,12 @@ def _focal_grad_nd(ans, pred, label, normalizer=None, *, alpha=0.25, gamma=2.0,
                    normalization="positive", ignore_label=-1):
     def grad(g):
         lab = label.astype(pred.dtype, copy=False)
-        t, valid = _fl._targets_nd(lab, pred.shape[-1], ignore_label)
+        alpha_t, alpha_1t, valid = _fl._targets_nd(lab, pred.shape[-1], ignore_label, alpha)
         p, q = mx.nd.sigmoid(pred), mx.nd.sigmoid(-pred)
         sp_pos = mx.nd.Activation(pred, act_type="softrelu")
         sp_neg = mx.nd.Activation(-pred, act_type="softrelu")
-        d = -t * alpha * mx.nd.exp(-gamma * sp_pos) * (q + gamma * p * sp_neg) \
-            + (1 - t) * (1 - alpha) * mx.nd.exp(-gamma * sp_neg) * (p + gamma * q * sp_pos)
+        d = -alpha_t * mx.nd.exp(-gamma * sp_pos) * (q + gamma * p * sp_neg) \
+            + alpha_1t * mx.nd.exp(-gamma * sp_neg) * (p + gamma * q * sp_pos)
         z = _fl._normalizer_nd(lab, valid, normalizer, normalization, ignore_label, pred)
         return g * mx.nd.broadcast_div(mx.nd.broadcast_mul(d, valid), z)
     return grad

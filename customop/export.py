@@ -315,14 +315,19 @@ def _one_hot_in_range(graph: dict) -> dict:
 
     The converter writes ``one_hot`` as ONNX ``OneHot``, which reads an index in
     ``[-depth, 0)`` from the end (measured: ops.focal_loss's background label, ``-1``
-    after ``label - 1``, came out as the last class in ONNX Runtime).
+    after ``label - 1``, came out as the last class in ONNX Runtime; onnx's reference
+    evaluator wraps every index, ``np.mod``).  A ``one_hot`` with other ``on_value`` and
+    ``off_value`` than 1 and 0 becomes the 0/1 one, masked, then ``* (on - off) + off``.
     """
     nodes = [dict(n) for n in graph["nodes"]]
     moved = {}
     for i, node in enumerate(list(nodes)):
         if node["op"] != "one_hot":
             continue
-        name, dtype = node["name"], node.get("attrs", {}).get("dtype", "float32")
+        attrs = dict(graph_json.attrs(node))
+        on, off = float(attrs.pop("on_value", 1.0)), float(attrs.pop("off_value", 0.0))
+        nodes[i] = dict(node, attrs=attrs)
+        name, dtype = node["name"], attrs.get("dtype", "float32")
         k = len(nodes)
         nodes += [{"op": "_greater_equal_scalar", "name": f"{name}_nonneg",
                    "attrs": {"scalar": "0"}, "inputs": [node["inputs"][0]]},
@@ -332,11 +337,16 @@ def _one_hot_in_range(graph: dict) -> dict:
                    "attrs": {"axis": "-1"}, "inputs": [[k + 1, 0, 0]]},
                   {"op": "broadcast_mul", "name": f"{name}_in_range",
                    "inputs": [[i, 0, 0], [k + 2, 0, 0]]}]
-        moved[i] = k + 3
+        if (on, off) != (1.0, 0.0):
+            nodes += [{"op": "_mul_scalar", "name": f"{name}_on", "attrs": {
+                          "scalar": repr(on - off)}, "inputs": [[k + 3, 0, 0]]},
+                      {"op": "_plus_scalar", "name": f"{name}_off", "attrs": {
+                          "scalar": repr(off)}, "inputs": [[k + 4, 0, 0]]}]
+        moved[i] = len(nodes) - 1
     if not moved:
         return graph
     for j, node in enumerate(nodes):
-        if j not in moved.values():
+        if j < len(graph["nodes"]):
             node["inputs"] = [[moved.get(e[0], e[0]), e[1], 0] for e in node["inputs"]]
     heads = [[moved.get(h[0], h[0]), h[1], 0] for h in graph["heads"]]
     return graph_json.toposorted(dict(graph, nodes=nodes, heads=heads))

@@ -104,11 +104,11 @@ def focal_loss(pred, label, normalizer=None, *, alpha=0.25, gamma=2.0,
         ok = label == mx.nd.clip(mx.nd.floor(label), low, high)
     else:
         ok = (label == mx.nd.clip(mx.nd.floor(label), 0, num_class)) + (label == ignore_label)
-    t, valid = _targets_nd(label, num_class, ignore_label)
+    alpha_t, alpha_1t, valid = _targets_nd(label, num_class, ignore_label, alpha)
     sp_pos = mx.nd.Activation(pred, act_type="softrelu")  # -log(1 - p)
     sp_neg = mx.nd.Activation(-pred, act_type="softrelu")  # -log p
-    pos = t * alpha * mx.nd.exp(-gamma * sp_pos)  # alpha t (1 - p)^gamma
-    neg = (1 - t) * (1 - alpha) * mx.nd.exp(-gamma * sp_neg)  # (1 - alpha)(1 - t) p^gamma
+    pos = alpha_t * mx.nd.exp(-gamma * sp_pos)  # alpha t (1 - p)^gamma
+    neg = alpha_1t * mx.nd.exp(-gamma * sp_neg)  # (1 - alpha)(1 - t) p^gamma
     z = _normalizer_nd(label, valid, normalizer, normalization, ignore_label, pred)
     # z divides every loss and gradient element: a bad label makes it NaN, so all of them
     z = _checks.nan_unless(z, ok, "label", _label_message(num_class, ignore_label))
@@ -134,9 +134,15 @@ def _focal_loss_numpy(pred, label, normalizer=None, *, alpha=0.25, gamma=2.0,
     return residuals(loss, pos=pos, neg=neg, sp_pos=sp_pos, sp_neg=sp_neg, valid=valid, z=z)
 
 
-def _targets_nd(label, num_class, ignore_label):
+def _targets_nd(label, num_class, ignore_label, alpha):
+    # alpha t and (1 - alpha)(1 - t) of the one-hot targets t, each one one_hot (the same
+    # values as multiplying t: 0, 1 and alpha are exact), and the valid mask
     valid = (label != ignore_label).expand_dims(-1)
-    return mx.nd.one_hot(label - 1, num_class, dtype=label.dtype), valid  # 0, ignore: zeros
+    index = label - 1  # 0 (background) and ignore_label: no class, all zeros
+    alpha_t = mx.nd.one_hot(index, num_class, on_value=alpha, off_value=0.0, dtype=label.dtype)
+    alpha_1t = mx.nd.one_hot(index, num_class, on_value=0.0, off_value=1 - alpha,
+                             dtype=label.dtype)
+    return alpha_t, alpha_1t, valid
 
 
 def _targets_np(label, num_class, ignore_label, dtype):
