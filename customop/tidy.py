@@ -114,10 +114,12 @@ def constant_scalars(graph: dict[str, Any]) -> dict[str, Any]:
         for k in (1, 0):
             if constant[ins[k][0]] and not constant[ins[1 - k][0]]:
                 key = tuple(ins[k][:2])
-                if key not in values:
-                    part = graph_json.reachable({"nodes": nodes, "heads": [list(key) + [0]]})
-                    values[key] = graph_json.run(part, {})[0]
-                if values[key].size == 1:
+                if key not in values:  # evaluated once, and only when it is one element
+                    shape = _shapes(nodes, [key], {})
+                    values[key] = (None if shape is None or int(np.prod(shape[0])) != 1 else
+                                   graph_json.run(graph_json.reachable(
+                                       {"nodes": nodes, "heads": [list(key) + [0]]}), {})[0])
+                if values[key] is not None:
                     scalar = repr(float(values[key].reshape(-1)[0]))
                     kept = {a: v for a, v in graph_json.attrs(node).items() if a[:2] == "__"}
                     changed.append((i, {"op": forms[1 - k], "name": node["name"],
