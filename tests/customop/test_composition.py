@@ -19,6 +19,7 @@ import pytest
 
 import customop
 from customop.dispatch import forced_path
+from tests import concurrently
 from tests.customop import composeops as C
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -218,9 +219,12 @@ def test_a_handwritten_op_beside_ours_keeps_its_own_backward(when):
         assert out.returncode == 0, out.stderr[-3000:]
         return out.stdout.strip().splitlines()[-1]
 
-    alone = run("alone", when)
+    runs = concurrently.run_selected({how: lambda how=how: run(how, when)  # both at once
+                                      for how in ("alone", "ours")})
+    runs.wait()
+    alone = runs["alone"]
     assert alone == "[[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]]"  # its own formula: d(0.5 x^2) = x
-    with_ours = run("ours", when)
+    with_ours = runs["ours"]
     if when == "before":
         # ours created first, then the hand-written loss: its backward sees its own set
         assert with_ours == "[[3.0, 4.0, 5.0], [6.0, 7.0, 8.0]]"  # x + 3 (from split_two)
