@@ -63,10 +63,14 @@ def test_dist_sync_workers_end_equal_to_one_process(api, tmp_path):
     assert max(np.abs(v).max() for v in one.values()) > 0.1
 
 
-@pytest.mark.parametrize("api, contexts, extra", [("gluon", 2, ["--hybridize"]),
-                                                  ("module", 1, []),
-                                                  ("module", 1, ["--fit"])],
-                         ids=["gluon-trainer", "module-update", "module-fit"])
+# module-update runs in `make soak` only (a job is four processes importing MXNet, about
+# 8 s); `make test` still checks Module.update on dist_sync workers: module-fit (fit runs
+# forward_backward + update, same op, same kvstore) and the Module job of
+# tests/customop/test_aux_rules.py (the manual loop, aux states of every rule on two workers).
+@pytest.mark.parametrize("api, contexts, extra", [
+    pytest.param("gluon", 2, ["--hybridize"], id="gluon-trainer"),
+    pytest.param("module", 1, [], id="module-update", marks=pytest.mark.soak),
+    pytest.param("module", 1, ["--fit"], id="module-fit")])
 def test_ops_center_loss_keeps_one_set_of_centers_on_dist_sync_workers(api, contexts, extra,
                                                                        tmp_path):
     # The standard loops, no AuxSync call: Trainer.step / Module.update / fit keep them equal.

@@ -1,9 +1,14 @@
-"""Every tour notebook executes top to bottom in a fresh kernel, and keeps its plots."""
+"""Every tour notebook executes top to bottom in a fresh kernel, and keeps its plots.
+
+The kernels of the selected notebooks run two at a time (tests/concurrently.py).
+"""
 import sys
 from pathlib import Path
 
 import nbformat
 import pytest
+
+from tests import concurrently
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "notebooks"))
@@ -19,9 +24,19 @@ def test_the_tours_are_there():
             "05_write_your_own.ipynb"} <= names
 
 
+@pytest.fixture(scope="module")
+def executed(request):
+    # 03_losses trains five models: it starts first, the others run beside it
+    paths = sorted(concurrently.selected(request, "path"), key=lambda p: "_losses" not in p.name)
+    runs = concurrently.run_selected({p: lambda p=p: run_notebooks.execute(p, save=False)
+                                      for p in paths})
+    yield runs
+    runs.wait()
+
+
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
-def test_notebook_executes_cleanly(path):
-    nb = run_notebooks.execute(path, save=False)
+def test_notebook_executes_cleanly(path, executed):
+    nb = executed[path]
     errors = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])
               if o.get("output_type") == "error"]
     assert not errors

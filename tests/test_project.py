@@ -11,6 +11,7 @@ import pytest
 
 import customop
 from customop import CustomOperator
+from tests import concurrently
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -106,14 +107,41 @@ def test_public_api_is_type_hinted():
         assert sig.return_annotation is not inspect.Signature.empty or fn is CustomOperator.__init__
 
 
-def test_benchmark_runs_and_checks_its_variants():
-    # A smoke run of `make bench`'s script: every variant is first checked against native, then
-    # timed; the numbers themselves are BENCHMARKS.md's business, not a test's.
+# Smoke runs of the benchmark scripts at their smallest sizes: the scripts stay runnable and
+# check their variants; their numbers live in BENCHMARKS.md.  Each is a process (or several:
+# fork_cost.py and bind_cost.py start one per row), two of them at a time.
+SMOKE = {
+    "overhead.py": ["--sizes", "10", "--repeats", "4", "--quick"],
+    "losses.py": ["--quick", "--turns", "1", "--ops", "smooth_l1,wing_loss"],
+    "detection.py": ["--repeat", "1", "--images", "1", "--anchors", "2000"],
+    "residuals.py": ["--quick"],
+    "fork_cost.py": ["--forks", "3", "--rounds", "1"],
+    "bind_cost.py": ["--binds", "1", "--rounds", "1"],
+    "aux_rules.py": ["--steps", "1", "--markdown"],
+    "native_graphs.py": ["--repeat", "4", "--images", "1", "--anchors", "200", "--quick"],
+}
+
+
+@pytest.fixture(scope="module")
+def benchmark_runs(request):
+    def run(script):
+        return lambda: subprocess.run([sys.executable, f"benchmarks/{script}", *SMOKE[script]],
+                                      cwd=ROOT, capture_output=True, text=True, timeout=240)
+
+    # the slowest first: they finish while the quick ones run on the other core
+    scripts = sorted(concurrently.selected(request, "script"),
+                     key=lambda s: s not in ("native_graphs.py", "fork_cost.py", "bind_cost.py"))
+    runs = concurrently.run_selected({script: run(script) for script in scripts})
+    yield runs
+    runs.wait()
+
+
+@pytest.mark.parametrize("script", ["overhead.py"])
+def test_benchmark_runs_and_checks_its_variants(script, benchmark_runs):
+    # `make bench`'s script: every variant is first checked against native, then timed
     makefile = (ROOT / "Makefile").read_text()
     assert re.search(r"^bench: \$\(STAMP\)\n\t.*benchmarks/overhead.py", makefile, re.M)
-    proc = subprocess.run([sys.executable, "benchmarks/overhead.py", "--sizes", "10",
-                           "--repeats", "4", "--quick"], cwd=ROOT, capture_output=True,
-                          text=True, timeout=120)
+    proc = benchmark_runs[script]
     assert proc.returncode == 0, proc.stderr
     assert "every variant matches native" in proc.stderr
     variants = {line.split()[3] for line in proc.stdout.splitlines() if line.startswith("x*x ")}
@@ -122,19 +150,16 @@ def test_benchmark_runs_and_checks_its_variants():
     assert "allocator: MALLOC_MMAP_THRESHOLD_" in proc.stdout and "Targets:" in proc.stdout
 
 
-@pytest.mark.parametrize("script, args, expect", [
-    ("losses.py", ["--quick", "--turns", "1", "--ops", "smooth_l1,wing_loss"], "wing_loss"),
-    ("detection.py", ["--repeat", "1", "--images", "1", "--anchors", "2000"], "ohem_sampler"),
-    ("residuals.py", ["--quick"], "arc_margin"),
-    ("fork_cost.py", ["--forks", "3", "--rounds", "1"], "fork patch"),
-    ("bind_cost.py", ["--binds", "1", "--rounds", "1"], "binds patch"),
-    ("aux_rules.py", ["--steps", "1", "--markdown"], "| 'local' |"),
-    ("native_graphs.py", ["--repeat", "4", "--images", "1", "--anchors", "200", "--quick"],
-     "exported (all inlined)"),
+@pytest.mark.parametrize("script, expect", [
+    ("losses.py", "wing_loss"),
+    ("detection.py", "ohem_sampler"),
+    ("residuals.py", "arc_margin"),
+    ("fork_cost.py", "fork patch"),
+    ("bind_cost.py", "binds patch"),
+    ("aux_rules.py", "| 'local' |"),
+    ("native_graphs.py", "exported (all inlined)"),
 ])
-def test_operator_benchmarks_run(script, args, expect):
-    # Smoke runs at small sizes: the scripts stay runnable; their numbers live in BENCHMARKS.md.
-    proc = subprocess.run([sys.executable, f"benchmarks/{script}", *args], cwd=ROOT,
-                          capture_output=True, text=True, timeout=240)
+def test_operator_benchmarks_run(script, expect, benchmark_runs):
+    proc = benchmark_runs[script]
     assert proc.returncode == 0, proc.stderr
     assert expect in proc.stdout

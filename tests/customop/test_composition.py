@@ -19,6 +19,7 @@ import pytest
 
 import customop
 from customop.dispatch import forced_path
+from tests import concurrently
 from tests.customop import composeops as C
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -210,17 +211,29 @@ except Exception as exc:
 '''
 
 
-@pytest.mark.parametrize("when", ["before", "after"])
-def test_a_handwritten_op_beside_ours_keeps_its_own_backward(when):
+@pytest.fixture(scope="module")
+def handwritten(request):
+    """The hand-written loss alone (one run: without ours, "before"/"after" change nothing in
+    it), then beside ours for each selected order; two processes at a time."""
     def run(*args):
         out = subprocess.run([sys.executable, "-c", HANDWRITTEN, *args], capture_output=True,
                              text=True, timeout=120, cwd=ROOT)
         assert out.returncode == 0, out.stderr[-3000:]
         return out.stdout.strip().splitlines()[-1]
 
-    alone = run("alone", when)
+    whens = concurrently.selected(request, "when")
+    jobs = {"alone": lambda: run("alone")} if whens else {}
+    jobs.update({when: lambda when=when: run("ours", when) for when in whens})
+    runs = concurrently.run_selected(jobs)
+    yield runs
+    runs.wait()
+
+
+@pytest.mark.parametrize("when", ["before", "after"])
+def test_a_handwritten_op_beside_ours_keeps_its_own_backward(when, handwritten):
+    alone = handwritten["alone"]
     assert alone == "[[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]]"  # its own formula: d(0.5 x^2) = x
-    with_ours = run("ours", when)
+    with_ours = handwritten[when]
     if when == "before":
         # ours created first, then the hand-written loss: its backward sees its own set
         assert with_ours == "[[3.0, 4.0, 5.0], [6.0, 7.0, 8.0]]"  # x + 3 (from split_two)

@@ -2,7 +2,8 @@
 
 Each subprocess runs every ordered pair of the matrix's operators (14 x 14 graphs) on one
 path and the same math recorded imperatively, and prints both; here every pair is
-compared and every failing pair is listed, not only the first.
+compared and every failing pair is listed, not only the first.  The subprocesses of the
+selected tests start together, two at a time (tests/concurrently.py).
 """
 import json
 import os
@@ -13,15 +14,33 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests import concurrently
 from tests.customop import pairmatrix
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _run_matrix(path, **env):
-    out = subprocess.run([sys.executable, "-m", "tests.customop.pairmatrix", path],
-                         capture_output=True, text=True, timeout=300, cwd=ROOT,
-                         env={**os.environ, **env})
+# (path, what CUSTOMOP_RUNTIME_OFF switches off) of each run, the slowest path first
+RUNS = {(path, inline): (path, {} if inline == "inlined" else {"CUSTOMOP_RUNTIME_OFF": "inline"})
+        for path in ("exported", "bound", "hybridized") for inline in ("inlined", "Custom nodes")}
+RUNS["deps off"] = ("bound", {"CUSTOMOP_RUNTIME_OFF": "deps,inline"})
+
+
+@pytest.fixture(scope="module")
+def matrix(request):
+    def run(path, env):
+        return lambda: subprocess.run([sys.executable, "-m", "tests.customop.pairmatrix", path],
+                                      capture_output=True, text=True, timeout=300, cwd=ROOT,
+                                      env={**os.environ, **env})
+
+    keys = concurrently.selected(request, "which")
+    runs = concurrently.run_selected({k: run(*RUNS[k]) for k in RUNS if k in keys})
+    yield runs
+    runs.wait()
+
+
+def _result(matrix, key):
+    out = matrix[key]
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -43,13 +62,14 @@ def _differences(recorded, other):
     return found
 
 
-@pytest.mark.parametrize("inline", ["inlined", "Custom nodes"])
-@pytest.mark.parametrize("path", ["bound", "hybridized", "exported"])
-def test_every_ordered_pair_gives_the_gradients_of_the_recorded_run(path, inline):
+@pytest.mark.parametrize("which", [(path, inline) for path in ("bound", "hybridized", "exported")
+                                 for inline in ("inlined", "Custom nodes")],
+                         ids="-".join)
+def test_every_ordered_pair_gives_the_gradients_of_the_recorded_run(which, matrix):
     # by default the ops that inline (issue 28) run as MXNet's operators; with inlining
     # switched off every op of the pair is a Custom node
-    result = _run_matrix(path, **({} if inline == "inlined" else
-                                  {"CUSTOMOP_RUNTIME_OFF": "inline"}))
+    path = which[0]
+    result = _result(matrix, which)
     assert sorted(result) == sorted(f"{a}>{b}" for a, b in pairmatrix.PAIRS)
     failing = {}
     for key, run in result.items():
@@ -65,11 +85,12 @@ def test_every_ordered_pair_gives_the_gradients_of_the_recorded_run(path, inline
         f"  {k}: {'; '.join(v)}" for k, v in sorted(failing.items()))
 
 
-def test_the_matrix_finds_mxnets_shared_dependencies_when_our_fix_is_off():
+@pytest.mark.parametrize("which", ["deps off"])
+def test_the_matrix_finds_mxnets_shared_dependencies_when_our_fix_is_off(which, matrix):
     # Without the 'deps' fix every pair whose first node is an output layer and whose
     # second reads its output gradient fails: the matrix can see the bug it guards against.
     # (Inlining is off too: an inlined second op is no Custom node, so it cannot meet the bug.)
-    result = _run_matrix("bound", CUSTOMOP_RUNTIME_OFF="deps,inline")
+    result = _result(matrix, which)
     layers = [n for n, case in pairmatrix.CASES.items() if case.output_layer]
     want = {f"{a}>{b}" for a in layers for b in pairmatrix.CASES if b not in layers}
     assert {k for k, run in result.items() if "error" in run} == want

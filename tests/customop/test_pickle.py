@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from customop import customop
+from tests import concurrently
 from tests.customop import auxops
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -83,13 +84,24 @@ SCRIPT = textwrap.dedent('''
 ''')
 
 
+@pytest.fixture(scope="module")
+def children(request, tmp_path_factory):
+    """The script run once per selected start method, two runs at a time."""
+    def run(method):
+        work = tmp_path_factory.mktemp(method)
+        (work / "main_script.py").write_text(SCRIPT)
+        return lambda: subprocess.run([sys.executable, "main_script.py", method],
+                                      capture_output=True, text=True, timeout=120, cwd=work,
+                                      env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+    runs = concurrently.run_selected({m: run(m) for m in concurrently.selected(request, "method")})
+    yield runs
+    runs.wait()
+
+
 @pytest.mark.parametrize("method", ["fork", "spawn", "forkserver"])
-def test_ops_and_graphs_reach_multiprocessing_children(method, tmp_path):
-    script = tmp_path / "main_script.py"
-    script.write_text(SCRIPT)
-    proc = subprocess.run([sys.executable, str(script), method], capture_output=True,
-                          text=True, timeout=120, cwd=tmp_path,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+def test_ops_and_graphs_reach_multiprocessing_children(method, children):
+    proc = children[method]
     assert proc.returncode == 0, proc.stderr[-3000:]
     op_type, y, grad, sym_out = eval(proc.stdout.strip().splitlines()[-1])
     assert op_type == "__main__.cube"

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from tests import concurrently
+
 ROOT = Path(__file__).resolve().parents[2]
 
 # Every MXNet / Python object customop has ever had a reason to touch, by identity.
@@ -251,9 +253,18 @@ RELEASE = '''
 '''
 
 
+@pytest.fixture(scope="module")
+def releases(request):
+    """RELEASE run once per selected CUSTOMOP_RUNTIME_OFF, two processes at a time."""
+    runs = concurrently.run_selected({off: lambda off=off: _run(RELEASE, env={
+        "CUSTOMOP_RUNTIME_OFF": off}) for off in concurrently.selected(request, "off")})
+    yield runs
+    runs.wait()
+
+
 @pytest.mark.parametrize("off", ["", "release", "deps", "release,deps"])
-def test_release_frees_only_our_operators_and_mxnet_still_deletes_them(off):
-    result = _run(RELEASE, env={"CUSTOMOP_RUNTIME_OFF": off})
+def test_release_frees_only_our_operators_and_mxnet_still_deletes_them(off, releases):
+    result = releases[off]
     # MXNet's own deleter ran for every operator (ours through the release hook), and a
     # hand-written CustomOp is left to the cycle collector, as MXNet leaves it
     installed = sorted({"binds", "deps", "errors", "fork", "gluonshape", "names", "release",
@@ -291,10 +302,20 @@ l.backward()
 """
 
 
+@pytest.fixture(scope="module")
+def native_loops(request):
+    """The loop without customop (key None), then after each selected setup; two at a time."""
+    setups = concurrently.selected(request, "setup")
+    jobs = {None: lambda: _run(NATIVE_LOOP)} if setups else {}
+    jobs.update({s: lambda s=s: _run(s + textwrap.dedent(NATIVE_LOOP)) for s in setups})
+    runs = concurrently.run_selected(jobs)
+    yield runs
+    runs.wait()
+
+
 @pytest.mark.parametrize("setup", ["import customop, ops\n", AUX_OP_USED])
-def test_a_native_training_loop_gives_the_same_numbers(setup):
-    plain = _run(NATIVE_LOOP)
-    assert _run(setup + textwrap.dedent(NATIVE_LOOP)) == plain
+def test_a_native_training_loop_gives_the_same_numbers(setup, native_loops):
+    assert native_loops[setup] == native_loops[None]
 
 
 def test_mxnets_fork_steps_that_the_fork_patch_runs_are_exported():
