@@ -19,7 +19,9 @@ starts fresh, idle threads, and the prepare step inside ``fork()`` then has
 nothing left that needs Python.  Costs one engine stop/start per fork (and
 at exit) in processes that ran a decorated op.  On Python < 3.10,
 ``subprocess`` forks without running ``os.register_at_fork`` handlers, so
-``subprocess.Popen._execute_child`` runs the same step first.
+``subprocess.Popen._execute_child`` runs the same step first.  Forks go one at a
+time (a lock from the step before a fork to the fork's end): two threads forking at once
+stopped MXNet's engine twice and hung.
 """
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ import functools
 import os
 import subprocess
 import sys
+import threading
 
 import mxnet as mx
 from mxnet.base import _LIB
@@ -60,13 +63,35 @@ def settle() -> None:
     parent()
 
 
+# One fork at a time: a thread's settle() (MXNet's prepare step, GIL released) beside another
+# thread's fork() (the same step inside it) stops MXNet's engine twice, and both wait forever
+# (measured: two threads starting subprocesses at once hung a Python 3.8 test run).
+_forking = threading.RLock()
+
+
+def _before_fork() -> None:
+    _forking.acquire()
+    settle()
+
+
+def _after_fork_in_parent() -> None:
+    _forking.release()
+
+
+def _after_fork_in_child() -> None:
+    global _forking
+    _forking = threading.RLock()  # the child has one thread: the one that forked
+
+
 def install() -> None:
-    os.register_at_fork(before=settle)
+    os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent,
+                        after_in_child=_after_fork_in_child)
     atexit.register(settle)
     if sys.version_info < (3, 10):  # noqa: UP036 - Python 3.8 and 3.9 are supported
         execute_child = subprocess.Popen._execute_child
 
         def _execute_child(self, *args, **kwargs):
-            settle()
-            return execute_child(self, *args, **kwargs)
+            with _forking:
+                settle()
+                return execute_child(self, *args, **kwargs)
         subprocess.Popen._execute_child = _execute_child

@@ -87,6 +87,48 @@ def test_fork_soak_200():
     assert rc == 0 and "forks ok 200" in out, out[-3000:]
 
 
+THREADS_FORKING = """
+    import os, subprocess, sys, threading
+    import mxnet as mx
+    from customop import customop
+    @customop('mxnet')
+    def sq(x):
+        return x * x
+    x = mx.nd.ones((4,))
+    x.attach_grad()
+    with mx.autograd.record():
+        y = sq(x)
+    y.backward()  # in flight while the threads fork
+    def work(k, failed):  # a test runner's or a launcher's threads, each starting processes
+        try:
+            for i in range(12):
+                if (i + k) % 3:
+                    subprocess.run([sys.executable, '-c', 'pass'], check=True)
+                else:
+                    pid = os.fork()
+                    if pid == 0:
+                        os._exit(0)
+                    os.waitpid(pid, 0)
+        except BaseException as exc:
+            failed.append(exc)
+    failed = []
+    threads = [threading.Thread(target=work, args=(k, failed)) for k in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not failed, failed
+    print('threads forked ok')
+"""
+
+
+def test_threads_starting_subprocesses_at_once_never_hang():
+    # Two threads' forks at once ran MXNet's fork step twice together and hung (Python 3.8:
+    # subprocess runs customop's step itself; 3.10+: os.register_at_fork runs it)
+    rc, out = run_child(THREADS_FORKING, timeout=90)
+    assert rc == 0 and "threads forked ok" in out, out[-3000:]
+
+
 def test_forked_child_infers_shapes_in_mxnet_mode():
     # Item 1: the parent ran shape inference on a graph path; the child meets a new shape.
     rc, out = run_child("""
