@@ -39,6 +39,8 @@ demo: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 
+# Under 10 minutes on 2 cores (docs/development.md, "The suite's time"); tests marked soak
+# (long soaks, and jobs whose checks make test also makes elsewhere) run in `make soak`.
 test: lint
 	$(PY) -m pytest -q -m "not soak" tests
 

@@ -26,8 +26,10 @@ PYTHONS = ["3.8", "3.9", "3.10", "3.11"]
 DOCS_PYTHON = "3.11"
 ROOT = Path(__file__).resolve().parent
 # One suite run took 11-13 minutes per Python in CI (2 cores), 15-19 on a loaded machine (a
-# run killed at 15 minutes had reached 94%).  A hung run (a fork deadlock) is killed well
-# before CI's limit.
+# run killed at 15 minutes had reached 94%).  `make test`'s pytest run on 2 cores, 2026-11-26:
+# 426 s at load 1.5 before docs/development.md's "The suite's time", 408-452 s at load 1-2.5
+# after; beside other suites 843 s before (load 0.3 rising to 4.3), 704 s with most of the
+# changes (load 5-6).  A hung run (a fork deadlock) is killed well before CI's limit.
 SUITE_TIMEOUT_S = 22 * 60
 
 nox.options.sessions = ["tests", "install", "docs", "deploy"]
