@@ -1,20 +1,20 @@
-"""Run a test module's independent slow jobs two at a time, each test then reads its own result.
+"""Run a test module's independent slow jobs once, up front; each test then reads its own result.
 
-The suite's budget is 2 cores and pytest runs one test at a time, so while one test waits
-for a subprocess (a benchmark script, a notebook kernel, a matrix run) the other core
-idles.  A module-scoped fixture hands :func:`run_selected` one job per selected test; the
-jobs start together (two at a time), and each test gets its job's value, or the exception
-its job raised (a subprocess's ``TimeoutExpired`` included: every job keeps its own timeout).
-Only the jobs of the tests pytest selected run (``-k`` picks one, one runs).
+A module-scoped fixture hands :func:`run_selected` one job per selected test; each test
+gets its job's value, or the exception its job raised (a subprocess's ``TimeoutExpired``
+included: every job keeps its own timeout).  Only the jobs of the tests pytest selected run
+(``-k`` picks one, one runs).
+
+The jobs run one after another in the fixture's own thread.  Run two at a time from
+worker threads (as first written, to use both cores), they hung the suite on Python 3.8
+twice: a worker thread starting a subprocess runs MXNet's fork step (customop's ``fork``
+patch stops and restarts MXNet's engine), and the test thread, meanwhile using MXNet
+(``mx.random.seed``), joined an engine worker that never ended (gdb on the hung run).
 """
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future
 from typing import Any, Callable, Hashable
-
-# Two: the cores `make test` is budgeted on.  More would not finish sooner there, and each
-# job is a whole process (MXNet imported) or a kernel.
-WORKERS = 2
 
 
 def selected(request, name: str) -> list:
@@ -44,8 +44,12 @@ class Results:
 
 
 def run_selected(jobs: dict[Hashable, Callable[[], Any]]) -> Results:
-    """Start every job (``WORKERS`` at a time, in the given order) and return their results."""
-    pool = ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix="concurrently")
-    futures = {key: pool.submit(job) for key, job in jobs.items()}
-    pool.shutdown(wait=False)  # the threads finish their queue; results are awaited per test
+    """Run every job (in the given order, in this thread) and return their results."""
+    futures = {}
+    for key, job in jobs.items():
+        futures[key] = future = Future()
+        try:
+            future.set_result(job())
+        except BaseException as exc:  # noqa: BLE001 - the job's test raises it
+            future.set_exception(exc)
     return Results(futures)

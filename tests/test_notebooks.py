@@ -1,6 +1,6 @@
 """Every tour notebook executes top to bottom in a fresh kernel, and keeps its plots.
 
-The kernels of the selected notebooks run two at a time (tests/concurrently.py).
+The kernels of the selected notebooks run once, up front, one after another (tests/concurrently.py).
 """
 import sys
 from pathlib import Path

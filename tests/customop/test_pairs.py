@@ -3,7 +3,7 @@
 Each subprocess runs every ordered pair of the matrix's operators (14 x 14 graphs) on one
 path and the same math recorded imperatively, and prints both; here every pair is
 compared and every failing pair is listed, not only the first.  The subprocesses of the
-selected tests start together, two at a time (tests/concurrently.py).
+selected tests run once, up front (tests/concurrently.py).
 """
 import json
 import os
