@@ -28,6 +28,8 @@ from . import graph_json, rules
 
 # MXNet operators without inputs whose output is a function of their attributes
 _CONSTANT_SOURCES = frozenset({"_full", "_zeros", "_ones", "_arange"})
+# MXNet operators whose gradients the two tables describe
+_KNOWN = rules.PASS_GRADIENT | frozenset(rules.NO_GRADIENT)
 
 
 def tidied(graph: dict[str, Any], shapes: dict[str, tuple] | None = None) -> dict[str, Any]:
@@ -43,10 +45,9 @@ def idle_block_grads(graph: dict[str, Any]) -> dict[str, Any]:
     nodes = graph["nodes"]
     free = _free(nodes)
     heads = {h[0] for h in graph["heads"]}
-    known = rules.PASS_GRADIENT | set(rules.NO_GRADIENT)
     # a gradient can come back to node i: from a head, or from an operator that may make one
     # without a head gradient (make_loss, SoftmaxOutput, a Custom output layer: any unknown)
-    back = [i in heads or node["op"] not in known for i, node in enumerate(nodes)]
+    back = [i in heads or node["op"] not in _KNOWN for i, node in enumerate(nodes)]
     for i in range(len(nodes) - 1, -1, -1):
         if back[i]:
             stopped = rules.NO_GRADIENT.get(nodes[i]["op"], ())
@@ -117,8 +118,7 @@ def constant_scalars(graph: dict[str, Any]) -> dict[str, Any]:
                 if key not in values:  # evaluated once, and only when it is one element
                     shape = _shapes(nodes, [key], {})
                     values[key] = (None if shape is None or int(np.prod(shape[0])) != 1 else
-                                   graph_json.run(graph_json.reachable(
-                                       {"nodes": nodes, "heads": [list(key) + [0]]}), {})[0])
+                                   _value(nodes, key))
                 if values[key] is not None:
                     scalar = repr(float(values[key].reshape(-1)[0]))
                     kept = {a: v for a, v in graph_json.attrs(node).items() if a[:2] == "__"}
@@ -252,20 +252,24 @@ def _free(nodes: list[dict[str, Any]]) -> list[bool]:
 
 def _constant(nodes: list[dict[str, Any]]) -> list[bool]:
     # node i's outputs are the same on every call: made from constant sources only
-    known = rules.PASS_GRADIENT | set(rules.NO_GRADIENT)
     out: list[bool] = []
     for node in nodes:
         op, ins = node["op"], node["inputs"]
         out.append(op in _CONSTANT_SOURCES if not ins else
-                   op in known and all(out[e[0]] for e in ins))
+                   op in _KNOWN and all(out[e[0]] for e in ins))
     return out
 
 
 def _holds(nodes: list[dict[str, Any]], i: int) -> bool:
     # whether the factor computed by node i (from constants only) is exactly 1: its check holds
-    part = graph_json.reachable({"nodes": nodes, "heads": [[i, 0, 0]]})
-    (value,) = graph_json.run(part, {})
+    value = _value(nodes, (i, 0))
     return bool(value.size and np.all(value == 1))
+
+
+def _value(nodes: list[dict[str, Any]], entry: tuple) -> np.ndarray:
+    # the value of an entry computed from constants only, run once on the CPU
+    part = graph_json.reachable({"nodes": nodes, "heads": [[entry[0], entry[1], 0]]})
+    return graph_json.run(part, {})[0]
 
 
 def _replaced(graph: dict[str, Any], by: dict[int, list]) -> dict[str, Any]:
