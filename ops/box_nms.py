@@ -185,7 +185,8 @@ def _box_nms_numpy(data, *, overlap_thresh=0.5, valid_thresh=0.0, topk=-1, coord
         return data.copy()
     one = 1 if legacy_box else 0
     lo, hi = coord_start, coord_start + 4
-    rows = data.reshape(-1, *data.shape[-2:])
+    # the image count as a number: reshape(-1, 0, K) cannot infer -1 for images without boxes
+    rows = data.reshape(int(np.prod(data.shape[:-2])), *data.shape[-2:])
     out = -np.ones_like(rows)
     for b, boxes in enumerate(rows):
         score = boxes[:, score_index]

@@ -228,6 +228,15 @@ NO_BOXES = textwrap.dedent("""
 """)
 
 
+@pytest.mark.parametrize("shape", [(2, 0, 6), (3, 2, 0, 6), (0, 6)])
+def test_numpy_mode_runs_images_without_boxes(shape):
+    # the named error of the other paths tells users to use the 'numpy' mode, which runs them
+    data = np.zeros(shape, np.float32)
+    for legacy in (False, True):
+        out = ops.box_nms.numpy(data, legacy_box=legacy)
+        assert out.shape == shape and out.dtype == data.dtype
+
+
 def test_images_without_boxes_are_refused_naming_the_input():
     # legacy_box once reshaped to the numbers (-1, 0, 6): MXNet divided by zero and the
     # process died (SIGFPE); so the calls run in a process of their own
