@@ -12,6 +12,7 @@ import contextlib
 import itertools
 import os
 import random
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Tuple  # noqa: UP035 - Tuple: see Shape
@@ -19,7 +20,8 @@ from typing import TYPE_CHECKING, Any, Tuple  # noqa: UP035 - Tuple: see Shape
 import mxnet as mx
 import numpy as np
 
-from . import checks, errors, kernel
+from . import checks, errors, kernel, runtime
+from .runtime import randomness
 
 if TYPE_CHECKING:
     from .operator import CustomOperator
@@ -46,15 +48,22 @@ def _infer_thread() -> Any:
 def _generators_kept() -> Iterator[None]:
     # A forward run on placeholders must not move the process's random streams (measured: a
     # simple_bind on a new shape moved a seeded NumPy stream, and a seeded sampler then gave
-    # other numbers than an imperative run).  NumPy's and Python's global generators are put
-    # back; MXNet's need nothing: its generators are per thread (measured: draws on another
-    # thread leave a seeded stream as it was), and 'mxnet'-mode placeholder runs have their own.
+    # other numbers than an imperative run), nor roll back another thread's draws (putting
+    # the streams back did: a loader thread's draws repeated).  Its np.random.* and random.*
+    # calls draw from generators of its own (the ``randomness`` patch); with no other Python
+    # thread, the global streams are also put back (for names bound before, such as
+    # ``from numpy.random import normal``).  MXNet's generators need nothing: they are per
+    # thread (measured), and 'mxnet'-mode placeholder runs have their own.
     np_state, py_state = np.random.get_state(), random.getstate()
+    private = contextlib.nullcontext() if runtime.disabled("randomness") \
+        else randomness.placeholder_draws()
     try:
-        yield
+        with private:
+            yield
     finally:
-        np.random.set_state(np_state)
-        random.setstate(py_state)
+        if threading.active_count() == 1:
+            np.random.set_state(np_state)
+            random.setstate(py_state)
 
 
 @dataclass(frozen=True)

@@ -36,6 +36,10 @@ The index (:data:`PATCHES`: off-switch name -> module, and when it is installed)
     the first graph node or ``mx.nd.Custom`` call.
 ``trace`` (:mod:`.trace`)
     a forward recorded as MXNet operators; in place only while one is traced.
+``randomness`` (:mod:`.randomness`)
+    a ``'numpy'``-mode forward run on placeholders (shape inference) draws from generators
+    of its own, and no other thread's random stream moves or rolls back; in place only
+    while one runs.
 ``inline`` (:mod:`.inline`)
     bound and hybridized graphs run inlinable ops as MXNet's operators; the first
     Symbol call, or graph load, of an op that may inline in training.
@@ -72,8 +76,8 @@ from typing import Any
 # off-switch name -> the module of this package that holds the patch (its reason, install())
 PATCHES = {"errors": "errors", "fork": "fork", "aux": "aux", "auxsync": "auxsync",
            "release": "release", "deps": "deps", "shapes": "shapes", "names": "names",
-           "binds": "binds", "trace": "trace", "inline": "inline", "gluonshape": "gluonshape",
-           "isAlive": "isalive", "onnxops": "onnxops"}
+           "binds": "binds", "trace": "trace", "randomness": "randomness", "inline": "inline",
+           "gluonshape": "gluonshape", "isAlive": "isalive", "onnxops": "onnxops"}
 
 # MXNet's own pthread_atfork handlers (src/initialize.cc), which the ``fork`` patch runs;
 # internal, C++-mangled names:

@@ -73,3 +73,40 @@ def test_shape_inference_leaves_the_random_streams_as_it_found_them(op, how):
     _seed()
     _infer_shapes(op, how, shape)
     assert _draws() == want
+
+
+def test_threads_drawing_meanwhile_lose_and_repeat_no_draw():
+    # A loader thread's augmentations (issue 42 item 2): 4 threads draw from the global
+    # np.random and random streams while this thread binds 200 new shapes of a 'numpy'-mode
+    # op that draws in its forward.  Together the threads must have drawn exactly the first
+    # values of the seeded streams: none repeated (a stream put back under them), none
+    # skipped (the placeholders' draws taken from them).
+    import threading
+
+    np.random.seed(11)
+    random.seed(11)
+    stop = threading.Event()
+    draws = [[] for _ in range(4)]
+
+    def loop(mine):
+        while not stop.is_set() and len(mine) < 200_000:
+            mine.append((np.random.random_sample(), random.random()))
+
+    threads = [threading.Thread(target=loop, args=(mine,)) for mine in draws]
+    for t in threads:
+        t.start()
+    try:
+        for n in range(1, 201):
+            noisy_np(mx.sym.var("x")).simple_bind(mx.cpu(), x=(n, 7), grad_req="null")
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=60)
+    assert not any(t.is_alive() for t in threads)
+    got_np = sorted(d[0] for mine in draws for d in mine)
+    got_py = sorted(d[1] for mine in draws for d in mine)
+    assert len(got_np) > 1000  # the threads drew while the binds ran
+    seeded = np.random.RandomState(11)
+    assert got_np == sorted(seeded.random_sample(len(got_np)).tolist())
+    seeded_py = random.Random(11)
+    assert got_py == sorted(seeded_py.random() for _ in got_py)
