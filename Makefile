@@ -39,13 +39,16 @@ demo: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 
-# Under 10 minutes on 2 cores (docs/development.md, "The suite's time"); tests marked soak
-# (long soaks, and jobs whose checks make test also makes elsewhere) run in `make soak`.
+# Under 5 minutes on 2 idle cores (docs/development.md, "The suite's time"): two
+# pytest-xdist workers, a test module per unit of work (tests/conftest.py puts the slowest
+# first).  Tests marked soak (long soaks, and jobs whose checks make test also makes
+# elsewhere) run in `make soak`, one at a time, each allowed an hour.
+WORKERS ?= 2
 test: lint
-	$(PY) -m pytest -q -m "not soak" tests
+	$(PY) -m pytest -q -m "not soak" -n $(WORKERS) --dist loadfile tests
 
 soak: $(STAMP)
-	$(PY) -m pytest -q -m soak tests
+	$(PY) -m pytest -q -m soak --timeout 3600 tests
 
 notebooks: $(STAMP)
 	$(PY) notebooks/run_notebooks.py

@@ -1,10 +1,21 @@
-"""The test matrix: the full suite on Python 3.8-3.11, one venv per Python from the same pins;
-a pip install used as a user would, per Python; the documentation site (3.11).
+"""The test matrix (docs/development.md, "Tests on every Python" says what runs where, and why).
 
-``deploy-3.11`` exports the deployed models (tests/deploy/models.py) and checks them in two
-fresh venvs: plain MXNet without customop (``SymbolBlock.imports``, ``Module``, and MXNet's
-C predict API from a C program compiled there with gcc), and ONNX Runtime with a current
-NumPy (no MXNet).
+- ``tests-3.8`` and ``tests-3.11``: the full suite (``-m "not soak"``), on the oldest and
+  newest Python, two pytest-xdist workers;
+- ``tests-3.9`` and ``tests-3.10``: what differs by Python version (:data:`VERSION_SUITE`);
+- ``install-3.X``: a user's ``pip install '.[cpu,notebooks,onnx]'`` (by uv on 3.8-3.10),
+  used outside the checkout (``.ci/install_check.py``), on every Python;
+  ``install_minimal``: ``.[cpu]`` alone, as the README's first install line gives it;
+- ``docs`` (3.11): the site built with -W and doctested;
+- ``deploy-3.11``: the exported models (tests/deploy/models.py) checked in two fresh venvs:
+  plain MXNet without customop (``SymbolBlock.imports``, ``Module``, and MXNet's C predict
+  API from a C program compiled there with gcc), and ONNX Runtime with a current NumPy.
+
+Every command runs under a time limit (:data:`LIMIT_MIN`): a hang fails its session, named,
+and nox goes on with the others.  The venvs the suite runs in are filled by uv (pinned in
+requirements-dev.txt; pip took 60-100 s a venv, two thirds of a short session), and so are
+the install sessions' venvs on 3.8-3.10; install-3.11 and install_minimal use pip, as the
+README tells users.
 
 ``bash .ci/run`` (CI) runs every session; ``.venv/bin/nox -s tests-3.9`` one of them; words
 after ``--`` replace the pytest arguments (``nox -s tests-3.10 -- -q tests/ops``).  Each
@@ -17,22 +28,52 @@ import glob
 import os
 import re
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 
 import nox
 
 PYTHONS = ["3.8", "3.9", "3.10", "3.11"]
+FULL_SUITE_PYTHONS = ["3.8", "3.11"]
 DOCS_PYTHON = "3.11"
 ROOT = Path(__file__).resolve().parent
-# One suite run took 11-13 minutes per Python in CI (2 cores), 15-19 on a loaded machine (a
-# run killed at 15 minutes had reached 94%).  `make test`'s pytest run on 2 cores, 2026-11-26:
-# 426 s at load 1.5 before docs/development.md's "The suite's time", 408-452 s at load 1-2.5
-# after; beside other suites 843 s before (load 0.3 rising to 4.3), 704 s with most of the
-# changes (load 5-6).  A hung run (a fork deadlock) is killed well before CI's limit.
-SUITE_TIMEOUT_S = 22 * 60
+WORKERS = ["-n", "2", "--dist", "loadfile"]  # tests/conftest.py orders the modules for it
 
-nox.options.sessions = ["tests", "install", "docs", "deploy"]
+# On 3.9 and 3.10, what differs by version: the import and packaging, the core (decorator,
+# dispatch, gradients through the autograd each Python pins, shapes, errors), pickling and
+# multiprocessing children, the runtime patches (fork, subprocess, isalive differ by
+# version), the launcher's processes, and the README's and pages' examples (docstring
+# examples run in install-3.X).  Operators' math, graphs and exports run the same code on
+# every Python: tests-3.8 and tests-3.11 run them.
+VERSION_SUITE = [
+    "tests/test_packaging.py",
+    "tests/test_docs_site.py",
+    "tests/test_project.py::test_every_readme_block_runs_and_prints_what_the_readme_shows",
+    "tests/test_project.py::test_readme_fragment_marker_is_read",
+    "tests/customop/test_operator.py",
+    "tests/customop/test_core2.py",
+    "tests/customop/test_dispatch.py",
+    "tests/customop/test_gradients.py",
+    "tests/customop/test_autograd_versions.py",
+    "tests/customop/test_joint_gradients.py",
+    "tests/customop/test_inference.py",
+    "tests/customop/test_outputs.py",
+    "tests/customop/test_params.py",
+    "tests/customop/test_errors.py",
+    "tests/customop/test_pickle.py",
+    "tests/customop/test_subprocess.py",
+    "tests/customop/test_reliability.py",
+    "tests/customop/test_runtime.py",
+    "tests/customop/test_launch.py",
+]
+
+# Minutes each command may take before it is killed.  Measured on 2 cores (2026-11-27):
+# the full suite 6-7 min, the version suite about 2, a venv filled by uv well under 1,
+# an install check 1-3 (notebooks included on 3.11).  CI's own limit is 90 minutes.
+LIMIT_MIN = {"suite": 15, "version suite": 8, "install": 10, "check": 10}
+
+nox.options.sessions = ["tests", "install", "install_minimal", "docs", "deploy"]
 nox.options.default_venv_backend = "venv"
 nox.options.download_python = "never"
 nox.options.error_on_missing_interpreters = True
@@ -56,78 +97,128 @@ def _pyenv_bin_dirs() -> list[str]:
 os.environ["PATH"] = os.pathsep.join([*_pyenv_bin_dirs(), os.environ.get("PATH", "")])
 
 
-def _run_pytest(session: nox.Session, args: list[str], selection: bool) -> None:
-    # pytest exits 5 when it collected no test: fine for a selection (`-- -k name`) that
-    # matches nothing on this Python, an error for the full suite.
-    codes = [0, 5] if selection else [0]
+def _run(session: nox.Session, limit: str, *cmd: str, codes: tuple = (0,), **kwargs) -> None:
+    """``cmd`` under ``timeout``: past LIMIT_MIN[limit] minutes it is killed and the session
+    fails, naming the command."""
+    seconds = LIMIT_MIN[limit] * 60
     try:
-        session.run("timeout", "--kill-after=30", str(SUITE_TIMEOUT_S),
-                    "python", "-m", "pytest", *args, external=True, success_codes=codes)
+        session.run("timeout", "--kill-after=30", str(seconds), *cmd, external=True,
+                    success_codes=list(codes), **kwargs)
     except nox.command.CommandFailed as exc:
-        reason = str(exc.reason or "")
-        if reason.endswith("code 5"):
-            session.error("pytest collected no tests (exit code 5) from the full suite")
-        if reason.endswith(("code 124", "code 137")):
-            session.error(f"the suite ran past {SUITE_TIMEOUT_S} s and was killed (a hang?)")
+        if str(exc.reason or "").endswith(("code 124", "code 137")):
+            session.error(f"{' '.join(cmd[:4])} ... ran past {seconds} s and was killed "
+                          f"(a hang?)")
+        raise
+
+
+def _uv() -> str:
+    # requirements-dev.txt installs uv beside nox (the .venv that runs this file)
+    found = shutil.which("uv", path=str(Path(sys.executable).parent)) or shutil.which("uv")
+    if not found:
+        raise RuntimeError("uv is not installed: run `make venv` (requirements-dev.txt)")
+    return found
+
+
+def _fill(session: nox.Session, *args: str, python: str | None = None) -> None:
+    """uv installs ``args`` into the session's venv (or the venv of ``python``)."""
+    target = python or os.path.join(session.bin, "python")
+    # --compile-bytecode: as pip does; uv leaves modules uncompiled by default, and with
+    # PYTHONDONTWRITEBYTECODE set every process would compile MXNet's anew.
+    _run(session, "install", _uv(), "pip", "install", "--quiet", "--compile-bytecode",
+         "--python", target, *args)
+
+
+def _pytest(session: nox.Session, args: list[str], limit: str, selection: bool) -> None:
+    # pytest exits 5 when it collected no test: fine for a selection (`-- -k name`) that
+    # matches nothing on this Python, an error for the suite.
+    try:
+        _run(session, limit, "python", "-m", "pytest", *args, codes=(0, 5) if selection else (0,))
+    except nox.command.CommandFailed as exc:
+        if str(exc.reason or "").endswith("code 5"):
+            session.error("pytest collected no tests (exit code 5)")
         raise
 
 
 @nox.session(python=PYTHONS)
 def tests(session: nox.Session) -> None:
-    """The suite as `make test` runs it (soak deselected; ruff runs once, in .ci/run)."""
-    session.install("-r", "requirements-dev.txt")
-    session.install("--no-deps", "-e", ".")
-    args = session.posargs or ["-q", "-m", "not soak", "tests"]
-    _run_pytest(session, args, selection=bool(session.posargs))
+    """The full suite on 3.8 and 3.11 (as `make test` runs it; ruff runs once, in .ci/run);
+    on 3.9 and 3.10 what differs by version (VERSION_SUITE)."""
+    _fill(session, "-r", "requirements-dev.txt")
+    _fill(session, "--no-deps", "-e", ".")
+    if session.posargs:
+        _pytest(session, list(session.posargs), "suite", selection=True)
+    elif session.python in FULL_SUITE_PYTHONS:
+        _pytest(session, ["-q", "-m", "not soak", *WORKERS, "tests"], "suite", selection=False)
+    else:
+        _pytest(session, ["-q", "-m", "not soak", *WORKERS, *VERSION_SUITE], "version suite",
+                selection=False)
+
+
+def _outside_checkout(session: nox.Session, *args: str) -> None:
+    with tempfile.TemporaryDirectory(prefix="customop-install-") as work:
+        shutil.copy(ROOT / ".ci" / "install_check.py", work)
+        with session.chdir(work):
+            _run(session, "check", "python", "install_check.py", str(ROOT), *args,
+                 env={"PYTHONPATH": ""})
 
 
 @nox.session(python=PYTHONS)
 def install(session: nox.Session) -> None:
     """A user's `pip install '.[cpu,notebooks,onnx]'` (and `docs` on 3.11), unpinned, used
     outside the checkout: README blocks, docstring examples, the example script; the notebooks
-    on 3.11 (the suite executes them from the checkout on every Python)."""
+    on 3.11 (the suite executes them from the checkout on 3.8 and 3.11)."""
     docs = session.python == DOCS_PYTHON  # Sphinx 9.0, the site's, needs 3.11
-    session.install(f".[cpu,notebooks,onnx{',docs' if docs else ''}]")
-    session.run("python", "-m", "pip", "check")
-    with tempfile.TemporaryDirectory(prefix="customop-install-") as work:
-        shutil.copy(ROOT / ".ci" / "install_check.py", work)
-        with session.chdir(work):
-            session.run("python", "install_check.py", str(ROOT),
-                        *(["--notebooks", "--docs"] if docs else []), env={"PYTHONPATH": ""})
+    extras = f".[cpu,notebooks,onnx{',docs' if docs else ''}]"
+    if docs:  # the default Python: pip, as the README tells users
+        _run(session, "install", "python", "-m", "pip", "install", "--quiet", extras)
+    else:  # the same resolution (unpinned, newest that fits), by uv: 40 s less a session
+        _fill(session, extras)
+    _run(session, "install", "python", "-m", "pip", "check")
+    _outside_checkout(session, *(["--notebooks", "--docs"] if docs else []))
+
+
+@nox.session(python=DOCS_PYTHON)
+def install_minimal(session: nox.Session) -> None:
+    """`pip install '.[cpu]'` alone (no onnx, no notebook tools) and pytest: every module of
+    customop and customop.ops imports, `pytest --doctest-modules --pyargs customop` passes
+    outside the checkout, and `customop.to_onnx` names the missing extra."""
+    pytest_pin = next(line for line in (ROOT / "requirements-dev.txt").read_text().splitlines()
+                      if line.startswith("pytest==") and ">= \"3.10\"" in line).split(";")[0]
+    _run(session, "install", "python", "-m", "pip", "install", "--quiet", ".[cpu]", pytest_pin)
+    _run(session, "install", "python", "-m", "pip", "check")
+    _outside_checkout(session, "--minimal")
 
 
 @nox.session(python=DOCS_PYTHON)
 def docs(session: nox.Session) -> None:
     """`make docs` from a fresh venv: the pinned tools, the package installed as a wheel."""
-    session.install("-r", "docs/requirements.txt")
-    session.install("--no-deps", ".")
+    _fill(session, "-r", "docs/requirements.txt")
+    _fill(session, "--no-deps", ".")
     out = Path(session.create_tmp()) / "site"
     shutil.rmtree(out, ignore_errors=True)
     sphinx = ["sphinx-build", "-W", "--keep-going", "-q", "-d", str(out / "doctrees")]
     env = {"PYTHONPATH": ""}
-    session.run(*sphinx, "-b", "html", "docs", str(out / "html"), env=env)
-    session.run(*sphinx, "-b", "doctest", "docs", str(out / "doctest"), env=env)
-    session.run("python", "docs/check_site.py", str(out / "html"), env=env)
+    _run(session, "check", *sphinx, "-b", "html", "docs", str(out / "html"), env=env)
+    _run(session, "check", *sphinx, "-b", "doctest", "docs", str(out / "doctest"), env=env)
+    _run(session, "check", "python", "docs/check_site.py", str(out / "html"), env=env)
 
 
 @nox.session(python=["3.11"])
 def deploy(session: nox.Session) -> None:
     """Exported models run without customop: plain MXNet (SymbolBlock, Module, the C predict
     API from C), and ONNX Runtime (no MXNet)."""
-    session.install("-r", "requirements-dev.txt")
-    session.install("--no-deps", "-e", ".")
+    _fill(session, "-r", "requirements-dev.txt")
+    _fill(session, "--no-deps", "-e", ".")
     here = ROOT / "tests" / "deploy"
     with tempfile.TemporaryDirectory(prefix="customop-deploy-") as work:
         out = os.path.join(work, "models")
-        session.run("python", str(here / "models.py"), out)
+        _run(session, "check", "python", str(here / "models.py"), out)
         for name, pins, check in (("plain-mxnet", "requirements-mxnet.txt", "run_plain_mxnet.py"),
                                   ("onnxruntime", "requirements-onnxruntime.txt",
                                    "run_onnxruntime.py")):
             venv = os.path.join(work, name)
-            session.run("python", "-m", "venv", venv)
+            _run(session, "install", "python", "-m", "venv", venv)
             python = os.path.join(venv, "bin", "python")
-            session.run(python, "-m", "pip", "install", "--quiet", "-r", str(here / pins),
-                        external=True)
+            _fill(session, "-r", str(here / pins), python=python)
             with session.chdir(work):  # nothing of the checkout on sys.path
-                session.run(python, str(here / check), out, external=True,
-                            env={"PYTHONPATH": ""})
+                _run(session, "check", python, str(here / check), out, env={"PYTHONPATH": ""})

@@ -1,6 +1,6 @@
 """Run by `nox -s install`: the installed customop, used as its documents say, outside the checkout.
 
-usage: python install_check.py CHECKOUT [--notebooks] [--docs]
+usage: python install_check.py CHECKOUT [--notebooks] [--docs] [--minimal]
        (from a directory outside CHECKOUT, against a pip-installed wheel)
 
 1. Every ```python block of CHECKOUT/README.md runs in a fresh interpreter, in the current
@@ -12,6 +12,11 @@ usage: python install_check.py CHECKOUT [--notebooks] [--docs]
    the launcher); every module of its packages imports.
 4. ``--notebooks`` (the ``notebooks`` extra): every tour notebook executes in a fresh kernel.
 5. ``--docs`` (the ``docs`` extra): the site's tools import.
+
+``--minimal`` (``pip install '.[cpu]'`` and pytest, no other extra) replaces 2 and 3 with
+what a minimal install meets: ``python -m pytest --doctest-modules --pyargs customop``
+(every module of ``customop`` and ``customop.ops`` imports, their docstring examples pass),
+and :func:`customop.to_onnx` raising the ``ImportError`` that names the ``onnx`` extra.
 
 Each step prints what it ran; the first failure exits non-zero.  tests/test_project.py uses
 ``readme_blocks`` for the same README blocks inside the test suite.
@@ -147,6 +152,30 @@ def run_examples(checkout: Path) -> None:
         print(f"examples/{package.name}/ imports", flush=True)
 
 
+def run_minimal() -> None:
+    import importlib.util
+
+    assert importlib.util.find_spec("onnx") is None, "onnx is installed: not a minimal install"
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                           "--doctest-modules", "--pyargs", "customop"],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, f"pytest --doctest-modules --pyargs customop failed:\n" \
+                                 f"{proc.stdout[-3000:]}{proc.stderr[-3000:]}"
+    print("pytest --doctest-modules --pyargs customop:", proc.stdout.strip().splitlines()[-1],
+          flush=True)
+    code = ("import mxnet as mx, customop\n"
+            "net = mx.gluon.nn.Dense(2, in_units=3); net.initialize(); net.hybridize()\n"
+            "try:\n"
+            "    customop.to_onnx(customop.export(net, 'model', mx.nd.ones((1, 3))), 'm.onnx')\n"
+            "except ImportError as exc:\n"
+            "    print(exc)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "customop[onnx]" in proc.stdout, f"to_onnx without onnx said: {proc.stdout!r}"
+    print("customop.to_onnx without onnx:", proc.stdout.strip(), flush=True)
+
+
 def run_notebooks(checkout: Path) -> None:
     import nbformat
     from nbclient import NotebookClient
@@ -182,8 +211,11 @@ def main(argv: list[str]) -> int:
 
     assert tuple(int(p) for p in numpy.__version__.split(".")[:2]) < (1, 24), numpy.__version__
     run_readme(checkout)
-    run_doctests(checkout)
-    run_examples(checkout)
+    if "--minimal" in argv:
+        run_minimal()
+    else:
+        run_doctests(checkout)
+        run_examples(checkout)
     if "--notebooks" in argv:
         run_notebooks(checkout)
     if "--docs" in argv:

@@ -11,40 +11,79 @@ when their forward traces to one (``explain(op, ...)`` says whether, and why not
 ``require(cond, arg, message)`` checks input values: an exception where the forward runs
 in Python, NaN outputs in a native graph.
 
-Importing this package changes nothing in MXNet or Python; what an operator
-needs from MXNet is installed when it is first used (see :mod:`customop.runtime`).
+Importing this package changes nothing in MXNet or Python, and imports MXNet only when a
+public name is first used; what an operator needs from MXNet is installed when it is first
+used (see :mod:`customop.runtime`).
 """
-try:
-    import mxnet as _mxnet  # noqa: F401
-except ModuleNotFoundError as _exc:
-    if _exc.name != "mxnet":
-        raise
+import importlib as _importlib
+import importlib.util as _util
+import sys as _sys
+import types as _types
+from typing import TYPE_CHECKING, Any
+
+
+def _mxnet_missing() -> bool:
+    try:
+        return _util.find_spec("mxnet") is None
+    except ModuleNotFoundError:  # a finder that refuses mxnet
+        return True
+    except ValueError:  # mxnet imported, with no spec
+        return False
+
+
+if _mxnet_missing():
     raise ModuleNotFoundError(
         "customop needs MXNet 1.9.1, which is not installed. Install customop with one "
         "extra: pip install 'customop[cpu]' (mxnet==1.9.1) or 'customop[cu112]' "
-        "(mxnet-cu112==1.9.1, CUDA 11.2), never both.", name="mxnet") from None
+        "(mxnet-cu112==1.9.1, CUDA 11.2), never both.", name="mxnet")
 
-from typing import Any
-
-from .checks import require
-from .explain import explain
-from .export import NotInlinedError, export, to_onnx
-from .loading import imports, load_checkpoint
-from .operator import CustomOperator, customop
-from .saved import residuals
-from .trace import is_tracing
+if TYPE_CHECKING:
+    from .check import check_grad
+    from .checks import require
+    from .explain import explain
+    from .export import NotInlinedError, export, to_onnx
+    from .loading import imports, load_checkpoint
+    from .operator import CustomOperator, customop
+    from .saved import residuals
+    from .trace import is_tracing
 
 __all__ = ["customop", "CustomOperator", "residuals", "check_grad", "imports",
            "load_checkpoint", "explain", "is_tracing", "export", "to_onnx",
            "NotInlinedError", "require"]
 __version__ = "0.1.0"
 
+# Each public name comes from its module on first use: `import customop` alone imports
+# neither MXNet nor the rest of the package, so that `python -m customop.distributed.launch`
+# (which runs no operator) starts without MXNet's import (about 3 s of CPU a process), and
+# `python -m customop.check` does not find its own module already loaded (runpy warns).
+_HOME = {"customop": "operator", "CustomOperator": "operator", "residuals": "saved",
+         "check_grad": "check", "imports": "loading", "load_checkpoint": "loading",
+         "explain": "explain", "is_tracing": "trace", "export": "export", "to_onnx": "export",
+         "NotInlinedError": "export", "require": "checks"}
+
 
 def __getattr__(name: str) -> Any:
-    # Imported on first use so that ``python -m customop.check`` does not find its own
-    # module already loaded (runpy warns about that).
-    if name == "check_grad":
-        from .check import check_grad
+    if name in _HOME:
+        value = getattr(_importlib.import_module(f"{__name__}.{_HOME[name]}"), name)
+    elif not name.startswith("__") and _util.find_spec(f"{__name__}.{name}") is not None:
+        value = _importlib.import_module(f"{__name__}.{name}")  # customop.dispatch, ...
+    else:
+        raise AttributeError(f"module 'customop' has no attribute {name!r}")
+    globals()[name] = value
+    return value
 
-        return check_grad
-    raise AttributeError(f"module 'customop' has no attribute {name!r}")
+
+def __dir__() -> list:
+    return sorted(set(globals()) | set(__all__))
+
+
+class _Package(_types.ModuleType):
+    def __setattr__(self, name: str, value: Any) -> None:
+        # Importing customop.export or customop.explain sets the package's attribute of that
+        # name to the module; here, as before, it is the function the module defines.
+        if _HOME.get(name) == name and isinstance(value, _types.ModuleType):
+            value = getattr(value, name)
+        super().__setattr__(name, value)
+
+
+_sys.modules[__name__].__class__ = _Package

@@ -20,8 +20,6 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-import onnx
-from onnx.helper import make_node, make_tensor
 
 RULES: dict[str, Callable[..., Any]] = {}
 
@@ -45,8 +43,21 @@ def _dtypes(node: dict, kwargs: dict) -> list[np.dtype]:
     return [np.dtype(lookup[i][k].dtype) for i, k, *_ in node["inputs"]]
 
 
+# onnx comes with the `onnx` extra: it is imported when a rule runs (inside to_onnx, which
+# names the extra when onnx is missing), so that this module imports without it.
+def make_node(*args: Any, **kwargs: Any) -> Any:
+    from onnx.helper import make_node as make
+    return make(*args, **kwargs)
+
+
+def make_tensor(*args: Any, **kwargs: Any) -> Any:
+    from onnx.helper import make_tensor as make
+    return make(*args, **kwargs)
+
+
 def _tensor_type(dtype: Any) -> int:
-    return onnx.helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    from onnx.helper import np_dtype_to_tensor_dtype
+    return np_dtype_to_tensor_dtype(np.dtype(dtype))
 
 
 def _const(name: str, value: Any, dtype: Any) -> Any:
@@ -104,7 +115,7 @@ def _logical(node: dict, **kwargs: Any) -> list:
     """``_logical_<op>(lhs, rhs)``: on the inputs' nonzero-ness, 0/1 in ``lhs``'s dtype."""
     name, (lhs, rhs), _ = _inputs(node, kwargs)
     onnx_op = {"_logical_and": "And", "_logical_or": "Or", "_logical_xor": "Xor"}[node["op"]]
-    boolean = int(onnx.TensorProto.BOOL)
+    boolean = _tensor_type(np.bool_)
     return [make_node("Cast", [lhs], [name + "_l"], to=boolean),
             make_node("Cast", [rhs], [name + "_r"], to=boolean),
             make_node(onnx_op, [name + "_l", name + "_r"], [name + "_b"]),
@@ -184,7 +195,7 @@ def _pick(node: dict, **kwargs: Any) -> list:
     axis = _int_axis(attrs, "pick")
     keepdims = attrs.get("keepdims", "False") in ("True", "1", "true")
     n = name + "_"
-    nodes = [make_node("Cast", [index], [n + "idx"], to=int(onnx.TensorProto.INT64)),
+    nodes = [make_node("Cast", [index], [n + "idx"], to=_tensor_type(np.int64)),
              make_node("Shape", [data], [n + "shape"]),
              _const(n + "axis", [axis], np.int64),
              make_node("Gather", [n + "shape", n + "axis"], [n + "dim"])]
@@ -287,8 +298,8 @@ def _box_iou(node: dict, **kwargs: Any) -> list:
     n = name + "_"
     nodes = [_const(n + "rows", [-1, 1, 4], np.int64), _const(n + "cols", [1, -1, 4],
                                                                np.int64),
-             make_node("Cast", [lhs], [n + "lf"], to=int(onnx.TensorProto.FLOAT)),
-             make_node("Cast", [rhs], [n + "rf"], to=int(onnx.TensorProto.FLOAT)),
+             make_node("Cast", [lhs], [n + "lf"], to=_tensor_type(np.float32)),
+             make_node("Cast", [rhs], [n + "rf"], to=_tensor_type(np.float32)),
              make_node("Reshape", [n + "lf", n + "rows"], [n + "l"]),
              make_node("Reshape", [n + "rf", n + "cols"], [n + "r"])]
     a = _corners(nodes, n + "l", center, n + "la")
@@ -333,7 +344,7 @@ def _box_encode(node: dict, **kwargs: Any) -> list:
              _const(n + "zero_i", [0], np.int64), _const(n + "half", 0.5, dtype),
              _const(n + "zero", 0.0, dtype),
              # refs[b, matches[b, i]], the index kept inside refs (masked out where invalid)
-             make_node("Cast", [matches], [n + "m"], to=int(onnx.TensorProto.INT64)),
+             make_node("Cast", [matches], [n + "m"], to=_tensor_type(np.int64)),
              make_node("Shape", [refs], [n + "rshape"]),
              make_node("Gather", [n + "rshape", n + "one"], [n + "nref"]),
              make_node("Sub", [n + "nref", n + "one"], [n + "maxi"]),

@@ -219,8 +219,10 @@ def test_runtime_calls_out_only_into_modules_it_imports():
 
 
 def test_no_module_hands_itself_over():
+    # (customop/__init__.py sets its own class, the language's way to give a module a
+    # __setattr__: that hands the module to nobody)
     offenders = [name for name, path in _modules()
-                 if re.search(r"sys\.modules\[__name__\]", path.read_text())]
+                 if re.search(r"sys\.modules\[__name__\](?!\.__class__ = )", path.read_text())]
     assert offenders == []
 
 
