@@ -19,6 +19,7 @@ the global generator.
 from __future__ import annotations
 
 import contextlib
+import functools
 import random
 import threading
 from collections.abc import Iterator
@@ -37,18 +38,14 @@ def _globals(module: Any, generator: Any) -> list[str]:
             and getattr(getattr(module, name), "__self__", None) is generator]
 
 
-def _wrapper(module: Any, name: str, which: int) -> Any:
-    original = getattr(module, name)
-
+def _wrapper(original: Any, name: str, which: int) -> Any:
+    @functools.wraps(original)  # (also sets __wrapped__, which _swap_out checks)
     def draw(*args: Any, **kwargs: Any) -> Any:
         private = _private.get(threading.get_ident()) if _private else None
         if private is None:
             return original(*args, **kwargs)
         return getattr(private[which], name)(*args, **kwargs)
 
-    draw.__wrapped__ = original
-    draw.__name__ = getattr(original, "__name__", name)
-    draw.__doc__ = getattr(original, "__doc__", None)
     return draw
 
 
@@ -56,8 +53,8 @@ def _swap_in() -> None:
     for which, (module, generator) in enumerate(((np.random, np.random.mtrand._rand),
                                                  (random, random._inst))):
         for name in _globals(module, generator):
-            _saved[module, name] = getattr(module, name)
-            setattr(module, name, _wrapper(module, name, which))
+            original = _saved[module, name] = getattr(module, name)
+            setattr(module, name, _wrapper(original, name, which))
 
 
 def _swap_out() -> None:
