@@ -17,8 +17,6 @@ used (see :mod:`customop.runtime`).
 """
 import importlib as _importlib
 import importlib.util as _util
-import sys as _sys
-import types as _types
 from typing import TYPE_CHECKING, Any
 
 
@@ -39,13 +37,13 @@ if _mxnet_missing():
 
 if TYPE_CHECKING:
     from .check import check_grad
-    from .checks import require
-    from .explain import explain
-    from .export import NotInlinedError, export, to_onnx
-    from .loading import imports, load_checkpoint
+    from .deploy.export import NotInlinedError, export, to_onnx
+    from .deploy.loading import imports, load_checkpoint
+    from .graphs.explain import explain
+    from .graphs.trace import is_tracing
     from .operator import CustomOperator, customop
     from .saved import residuals
-    from .trace import is_tracing
+    from .value_checks import require
 
 __all__ = ["customop", "CustomOperator", "residuals", "check_grad", "imports",
            "load_checkpoint", "explain", "is_tracing", "export", "to_onnx",
@@ -57,9 +55,10 @@ __version__ = "0.1.0"
 # (which runs no operator) starts without MXNet's import (about 3 s of CPU a process), and
 # `python -m customop.check` does not find its own module already loaded (runpy warns).
 _HOME = {"customop": "operator", "CustomOperator": "operator", "residuals": "saved",
-         "check_grad": "check", "imports": "loading", "load_checkpoint": "loading",
-         "explain": "explain", "is_tracing": "trace", "export": "export", "to_onnx": "export",
-         "NotInlinedError": "export", "require": "checks"}
+         "check_grad": "check", "imports": "deploy.loading", "load_checkpoint": "deploy.loading",
+         "explain": "graphs.explain", "is_tracing": "graphs.trace", "export": "deploy.export",
+         "to_onnx": "deploy.export", "NotInlinedError": "deploy.export",
+         "require": "value_checks"}
 
 
 def __getattr__(name: str) -> Any:
@@ -75,15 +74,3 @@ def __getattr__(name: str) -> Any:
 
 def __dir__() -> list:
     return sorted(set(globals()) | set(__all__))
-
-
-class _Package(_types.ModuleType):
-    def __setattr__(self, name: str, value: Any) -> None:
-        # Importing customop.export or customop.explain sets the package's attribute of that
-        # name to the module; here, as before, it is the function the module defines.
-        if _HOME.get(name) == name and isinstance(value, _types.ModuleType):
-            value = getattr(value, name)
-        super().__setattr__(name, value)
-
-
-_sys.modules[__name__].__class__ = _Package

@@ -115,7 +115,7 @@ def call_ndarray(op: CustomOperator, inputs: list[Any], params: dict[str, Any]) 
     if op.signature.aux and path != "direct":
         path = "custom"  # the aux arrays must be inputs of MXNet's node (see the module doc)
     tracing = trace_hooks.tracing_now()
-    if tracing is not None:  # called by a forward being traced (customop.native)
+    if tracing is not None:  # called by a forward being traced (customop.graphs.native)
         tracing.inner.append(op)
         if op.mode == "mxnet" and not op.signature.aux:
             path = "native"  # its forward's own operators join the graph

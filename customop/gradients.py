@@ -269,5 +269,5 @@ def _ones_like_outputs(ans):
     return np.ones_like(ans)
 
 
-# the closures' callers, for customop.custom_grad (which calls them while tracing)
+# the closures' callers, for customop.graphs.transposed (which calls them while tracing)
 from_closure, from_joint = _from_closure, _from_joint

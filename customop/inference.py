@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Tuple  # noqa: UP035 - Tuple: see Shape
 import mxnet as mx
 import numpy as np
 
-from . import checks, errors, kernel, runtime
+from . import errors, kernel, runtime, value_checks
 from .runtime import randomness
 
 if TYPE_CHECKING:
@@ -136,7 +136,7 @@ class Inference:
         # value checks (customop.require) are about values, not shapes: placeholders may
         # fail them, so they are collected and dropped here
         with np.errstate(all="ignore"), mx.autograd.pause(), _generators_kept(), \
-                checks.collecting(lenient=True):
+                value_checks.collecting(lenient=True):
             outs = kernel.run_forward(self.op, args, params,
                                       where="shape inference on placeholder inputs")
         metas = [OutputMeta.of(mode.shape(o), mode.dtype(o)) for o in outs]

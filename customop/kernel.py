@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 import mxnet as mx
 import numpy as np
 
-from . import checks, errors, gradients
+from . import errors, gradients, value_checks
 from .saved import residuals
 
 if TYPE_CHECKING:
@@ -29,7 +29,7 @@ def run_forward_saving(op: CustomOperator, args: list[Any], params: dict[str, An
                        where: str = "forward") -> tuple[list[Any], dict[str, Any]]:
     """The forward's outputs (validated) and the residuals it handed to its closures."""
     try:
-        with checks.running(op.op_type):
+        with value_checks.running(op.op_type):
             result = op.fn(*args, **params)
     except Exception as exc:
         empty = _empty_input(op, args)

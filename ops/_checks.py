@@ -22,7 +22,7 @@ import mxnet as mx
 import numpy as np
 
 import customop
-from customop import checks
+from customop import value_checks as checks
 
 
 def fail(op: str, arg: str, msg: str, cls: type = ValueError) -> Exception:
@@ -37,7 +37,8 @@ def require(ok: mx.nd.NDArray, arg: str, msg: str) -> None:
 
 def nan_unless(x: mx.nd.NDArray, ok: mx.nd.NDArray, arg: str, msg: str) -> mx.nd.NDArray:
     """``x``, checked by ``require(ok, arg, msg)``; in a native graph a failure makes ``x`` NaN
-    (``x`` must reach every output element and gradient: see ``customop.checks.nan_unless``)."""
+    (``x`` must reach every output element and gradient: see
+    ``customop.value_checks.nan_unless``)."""
     return checks.nan_unless(x, ok, arg, msg)
 
 

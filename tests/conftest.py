@@ -25,7 +25,7 @@ SLOWEST_FIRST = [
     "tests/customop/test_pickle.py",  # 26 s
     "tests/customop/test_aux_rules.py",  # 23 s
     "tests/customop/test_residuals.py",  # 18 s
-    "tests/customop/test_checks.py",  # 15 s
+    "tests/customop/test_value_checks.py",  # 15 s
     "tests/customop/test_composition.py",  # 15 s
     "tests/customop/test_check.py",  # 12 s
 ]

@@ -113,7 +113,7 @@ def test_every_module_imports_without_the_optional_extras(tmp_path):
                 if m.name not in skip:
                     importlib.import_module(m.name)
                     names.append(m.name)
-        assert "customop.onnx_rules" in names and "customop.ops.focal_loss" in names, names
+        assert "customop.deploy.onnx_rules" in names and "customop.ops.focal_loss" in names, names
         net = mx.gluon.nn.Dense(2, in_units=3)
         net.initialize()
         net.hybridize()

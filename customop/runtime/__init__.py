@@ -50,7 +50,7 @@ The index (:data:`PATCHES`: off-switch name -> module, and when it is installed)
     ``Thread.isAlive`` for MXNet's ``tools/launch.py``; ``launch --launcher ssh|mpi|...``.
 ``onnxops`` (:mod:`.onnxops`)
     MXNet's ONNX converter translates the operators our exports hold that it lacks
-    (:data:`customop.onnx_rules.RULES`); the first :func:`customop.to_onnx`.
+    (:data:`customop.deploy.onnx_rules.RULES`); the first :func:`customop.to_onnx`.
 ``excepthook`` (:func:`customop.distributed.launch.exit_on_error`)
     an uncaught exception ends a ``dist_*`` worker with exit code 1; at start-up in
     the workers of ``python -m customop.distributed.launch`` only (its public function,
@@ -59,7 +59,7 @@ The index (:data:`PATCHES`: off-switch name -> module, and when it is installed)
 Every patch is installed the same way, :func:`install` with its name: the index names
 its module, imported then if need be, whose ``install()`` runs once.  The ``inline``
 module is imported only that way (and by :func:`note_graph_op`), because it uses modules
-that use this package (:mod:`customop.training_graphs`, :mod:`customop.native`): it
+that use this package (:mod:`customop.graphs.binding`, :mod:`customop.graphs.native`): it
 imports them, so every call out of this package follows an import of the module that
 makes it (``tests/customop/test_layout.py`` checks).  The
 C callback tables MXNet builds for our ops, which ``release``, ``deps`` and the

@@ -26,8 +26,9 @@ from typing import Any
 import mxnet as mx
 from mxnet.base import _LIB, check_call
 
-from .. import graph_json, runtime
+from .. import runtime
 from ..distributed import agree
+from ..graphs import graph_json
 
 _aux_ops: dict[str, tuple[str, ...]] = {}  # op_type -> names of its aux states
 

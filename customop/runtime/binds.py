@@ -37,7 +37,8 @@ from typing import Any
 
 import mxnet as mx
 
-from .. import graph_json, runtime
+from .. import runtime
+from ..graphs import graph_json
 
 _lock = threading.RLock()  # held around MXNet's bind of a graph of ours
 _ours: set[str] = set()  # the op_types of our props MXNet has created

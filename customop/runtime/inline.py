@@ -3,7 +3,7 @@
 Off-switch: ``CUSTOMOP_RUNTIME_OFF=inline``; installed by the first Symbol call, or
 graph load, of an ``'mxnet'``-mode op that may inline in training: no aux,
 ``inline=True`` (``def_grad`` ops too: their closures are transposed,
-:mod:`customop.custom_grad`).
+:mod:`customop.graphs.transposed`).
 
 Wraps ``Symbol.simple_bind``, ``Symbol.bind`` and ``CachedOp.__init__``.  A graph
 without a ``Custom`` node of such an op is bound or cached as before, after one
@@ -11,7 +11,7 @@ without a ``Custom`` node of such an op is bound or cached as before, after one
 60-node graph; unrelated models' steps unchanged, ``benchmarks/isolation.py``).
 In a graph with one, each such node whose forward traces faithfully is replaced
 by its operators
-(:mod:`customop.training_graphs`): an executor binds the inlined graph and is shown with
+(:mod:`customop.graphs.binding`): an executor binds the inlined graph and is shown with
 the original argument order, names and ``reshape`` (a reshape to a signature the
 inlined graph does not serve binds again); a CachedOp settles each new input
 signature once (the original graph's shape and type passes run the ops' checks,
@@ -32,7 +32,9 @@ from typing import Any
 import mxnet as mx
 from mxnet.base import _LIB
 
-from .. import graph_json, native, runtime, training_graphs
+from .. import runtime
+from ..graphs import binding as training_graphs
+from ..graphs import graph_json, native
 from . import aux
 
 _plans: dict[int, Any] = {}  # id(CachedOp) -> its CachedPlan

@@ -11,7 +11,7 @@ exports of ``ops.topk(do_sort=False)``, and likewise for ``_not_equal_scalar``,
 ``arr_pick``, ``box_encode``, ``box_iou``, ``box_nms(legacy_box=True)``,
 ``focal_loss``, ``ohem_sampler``, ``smooth_l1``, ``topk(do_sort=False)`` and
 ``wing_loss`` did not convert.  The patch adds each translation of
-:data:`customop.onnx_rules.RULES` that the converter's registry
+:data:`customop.deploy.onnx_rules.RULES` that the converter's registry
 (``MXNetGraph.registry_``, any opset) lacks, at opset 12, the lowest the
 converter looks up from any opset it is asked for; MXNet's own translations are
 never replaced.  The added entries serve any graph converted afterwards in the
@@ -24,11 +24,11 @@ ADDED: list = []  # the MXNet operators this patch gave a translation
 
 
 def install() -> None:
-    """Register the translations of :mod:`customop.onnx_rules` MXNet's converter lacks."""
+    """Register the translations of :mod:`customop.deploy.onnx_rules` MXNet's converter lacks."""
     from mxnet.onnx.mx2onnx import _op_translations  # noqa: F401 - fills the registry
     from mxnet.onnx.mx2onnx._export_onnx import MXNetGraph
 
-    from .. import onnx_rules
+    from ..deploy import onnx_rules
 
     known = set().union(*MXNetGraph.registry_.values())
     for op, rule in onnx_rules.RULES.items():

@@ -134,7 +134,8 @@ def test_bad_arguments_are_named(tmp_path):
         customop.export(net, str(tmp_path / "m"))
 
 
-@pytest.mark.parametrize("module", ["customop.export", "customop.explain", "customop.trace"])
+@pytest.mark.parametrize("module", ["customop.deploy.export", "customop.graphs.explain",
+                                    "customop.graphs.trace"])
 def test_the_docstring_examples_run(module):
     import doctest
     import importlib

@@ -1,4 +1,4 @@
-"""customop.native and trace: when a recorded forward may stand in for the op, and why not.
+"""customop.graphs.native and trace: when a recorded forward may stand in for the op, and why not.
 
 Each faithfulness rule of issue 28 item 1 has an op that breaks it and a test that
 reads the reason; the graphs that pass are evaluated against the forward itself
@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 import customop
-from customop import custom_grad, native
 from customop import customop as decorate
-from customop.native import EXPORT, TRAIN
+from customop.graphs import native, transposed
+from customop.graphs.native import EXPORT, TRAIN
 
 calls = {"square": 0}
 
@@ -126,7 +126,7 @@ def calls_cubed(x):
 
 def verdicts(op, shapes, dtypes=None, **params):
     dtypes = dtypes or ["float32"] * len(shapes)
-    return [custom_grad.native_graph(op, params, shapes, dtypes, p) for p in (TRAIN, EXPORT)]
+    return [transposed.native_graph(op, params, shapes, dtypes, p) for p in (TRAIN, EXPORT)]
 
 
 def test_box_decode_traces_to_its_operators_in_both_purposes():
@@ -189,7 +189,7 @@ def test_ops_that_never_inline_say_why(op, words):
 
 
 def test_def_grad_and_output_layers_inline_for_training_and_export():
-    # Issue 33: training graphs transpose the closure (customop.custom_grad).
+    # Issue 33: training graphs transpose the closure (customop.graphs.transposed).
     for op in (cubed, as_loss):
         train, export = verdicts(op, [(3,)])
         assert train.inlines, train.reason

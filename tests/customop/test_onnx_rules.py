@@ -1,4 +1,4 @@
-"""customop/onnx_rules.py: each ONNX translation computes what MXNet's operator computes.
+"""customop/deploy/onnx_rules.py: each ONNX translation computes what MXNet's operator computes.
 
 Each rule's MXNet operator (the independent reference) runs on small inputs, edge values
 included; the graph is converted by ``mx.onnx.export_model`` with the ``onnxops`` patch
@@ -14,7 +14,8 @@ import mxnet as mx
 import numpy as np
 import pytest
 
-from customop import onnx_rules, runtime
+from customop import runtime
+from customop.deploy import onnx_rules
 
 onnx = pytest.importorskip("onnx")
 from onnx.reference import ReferenceEvaluator  # noqa: E402

@@ -3,8 +3,8 @@ import mxnet as mx
 import pytest
 
 import customop
-from customop import custom_grad, native, rules
-from customop.native import EXPORT, TRAIN
+from customop.graphs import native, rules, transposed
+from customop.graphs.native import EXPORT, TRAIN
 
 
 @customop.customop("mxnet")
@@ -61,7 +61,7 @@ def test_every_refusal_has_one_name_and_a_reason():
     (rules_detached, TRAIN, "outside-graph"),
 ])
 def test_a_verdict_names_the_entry_that_refused_and_explain_says_its_reason(op, purpose, rule):
-    verdict = custom_grad.native_graph(op, {}, [(3,)], ["float32"], purpose)
+    verdict = transposed.native_graph(op, {}, [(3,)], ["float32"], purpose)
     assert verdict.graph is None and verdict.rule == rule
     reasons = {r.name: r.reason for r in (*rules.OP_REFUSALS, *rules.RECORDED_REFUSALS)}
     reasons.update(rules.TRACE_REFUSALS)

@@ -1,7 +1,7 @@
 """The spliced graph's clean-up: BlockGrad nodes that stop no gradient are dropped.
 
 Each is an operator call in every step of a graph.  The rule rests on two tables of
-``customop.splice``, checked here against this MXNet build: every operator of
+``customop.graphs.splice``, checked here against this MXNet build: every operator of
 ``NO_GRADIENT`` and ``PASS_GRADIENT`` takes a gradient on its output (MXNet fails at
 bind for one that does not: "non-differentiable because it didn't register FGradient").
 """
@@ -11,7 +11,8 @@ import mxnet as mx
 import numpy as np
 import pytest
 
-from customop import graph_json, ops, rules, tidy, training_graphs
+from customop import ops
+from customop.graphs import binding, graph_json, rules, tidy
 from customop.runtime import inline
 
 X = mx.sym.var("x")
@@ -138,7 +139,7 @@ class _ConstantSigma(mx.gluon.HybridBlock):
 def _inlined_ops(net, x):
     plan = inline._plans[id(net._cached_op)]
     shapes, dtypes = {"data": x.shape}, {"data": x.dtype}
-    found = training_graphs.spliced(plan.sym, shapes, dtypes, set())
+    found = binding.spliced(plan.sym, shapes, dtypes, set())
     return [n["op"] for n in json.loads(found.symbol.tojson())["nodes"]]
 
 
@@ -216,7 +217,7 @@ def test_argmax_matches_over_the_boxes_axis_need_no_clipping_and_no_check(column
     net.hybridize()
     targets, masks = (o.asnumpy() for o in net(*arrays))
     plan = inline._plans[id(net._cached_op)]
-    found = training_graphs.spliced(plan.sym, {n: a.shape for n, a in zip(plan.names, arrays)},
+    found = binding.spliced(plan.sym, {n: a.shape for n, a in zip(plan.names, arrays)},
                                     {n: a.dtype for n, a in zip(plan.names, arrays)}, set())
     ran = [n["op"] for n in json.loads(found.symbol.tojson())["nodes"]]
     matches = scores.argmax(axis=2)

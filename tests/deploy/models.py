@@ -19,7 +19,8 @@ import mxnet as mx
 import numpy as np
 
 import customop
-from customop import graph_json, ops
+from customop import ops
+from customop.graphs import graph_json
 
 
 class PostProcess(mx.gluon.HybridBlock):

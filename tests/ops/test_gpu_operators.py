@@ -12,7 +12,7 @@ import pytest
 from mxnet.base import _LIB, check_call
 
 import customop
-from customop import native, trace
+from customop.graphs import native, trace
 from tests.deploy import models
 
 DATA = Path(__file__).parent / "data" / "mxnet_1.9.1_gpu_ops.txt"

@@ -1,8 +1,9 @@
 """Writes the files in this folder with the customop of commit d2cc5fc (before the wings moved
 modules into customop/graphs/ and customop/deploy/); tests/customop/test_saved_before.py loads them.
 
-Run from the repository root: PYTHONPATH=. python tests/data/before_wings/make.py (kept for the record: the
-point of the files is that an older customop wrote them, so do not regenerate them).
+Run from the repository root: PYTHONPATH=. python tests/data/before_wings/make.py (kept for
+the record: the point of the files is that an older customop wrote them, so do not regenerate
+them).
 """
 import pickle
 import sys

@@ -1,6 +1,6 @@
 """What a spliced graph does without: ``BlockGrad`` nodes that stop nothing, checks of constants.
 
-A graph with our ops inlined (:mod:`customop.splice`) carries each op's fragment as
+A graph with our ops inlined (:mod:`customop.graphs.splice`) carries each op's fragment as
 traced: a ``BlockGrad`` on every value that must carry no gradient, and each
 :func:`customop.require` check as a NaN-or-1 factor multiplied into the op's outputs.
 In the whole graph some of these do nothing:
@@ -16,7 +16,7 @@ Each dropped node is an operator call less in every step (measured: ~15 us each 
 small RetinaNet-style head of ``benchmarks/native_graphs.py``, whose step is ~60 such
 calls).  Nothing computed changes: the gradient a dropped ``BlockGrad`` stopped was
 zero, a dropped factor was 1.  Which operators pass a gradient where is read from
-:data:`customop.rules.NO_GRADIENT` and :data:`customop.rules.PASS_GRADIENT`.
+:data:`customop.graphs.rules.NO_GRADIENT` and :data:`customop.graphs.rules.PASS_GRADIENT`.
 """
 from __future__ import annotations
 

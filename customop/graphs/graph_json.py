@@ -7,7 +7,7 @@ entries, and ``heads``.  A decorated op stands in a graph as an ``op: "Custom"``
 node whose ``op_type`` attribute names it.  Everything in customop that reads
 or writes that JSON (splicing native graphs in, export, explain, loading symbol
 files, the runtime's ``aux`` patch) does it through this module; the rewrites of an
-exported graph (names, batch sizes, shape checks) are :mod:`customop.export_graph`'s.
+exported graph (names, batch sizes, shape checks) are :mod:`customop.deploy.rewrites`'s.
 """
 from __future__ import annotations
 
@@ -179,7 +179,7 @@ def evaluate(graph: Any, inputs: Sequence[np.ndarray],
     return run(to_json(graph, names), args)
 
 
-# ---- reordering and pruning (customop.export_graph's rewrites) --------------------------------
+# ---- reordering and pruning (customop.deploy.rewrites's rewrites) --------------------------------
 def toposorted(graph: dict[str, Any]) -> dict[str, Any]:
     """``graph`` with its nodes in an order where every node comes after its inputs
     (the old order wherever it already was)."""
@@ -230,8 +230,9 @@ def reachable(graph: dict[str, Any]) -> dict[str, Any]:
 
 
 def entry_signatures(frag: Any, shapes, dtypes) -> dict:
-    """(shape, dtype) of every node output of ``frag`` (a :class:`customop.native.NativeGraph`)
-    at these input shapes and dtypes, by ``(node, output)``."""
+    """(shape, dtype) of every node output of ``frag`` (a
+    :class:`customop.graphs.native.NativeGraph`) at these input shapes and dtypes, by
+    ``(node, output)``."""
     names = [f"input{i}" for i in range(len(shapes))]
     graph = to_json(frag, names)
     sym = load(graph)

@@ -11,9 +11,10 @@ import numpy as np
 import pytest
 
 import customop
-from customop import checks, custom_grad, dispatch, native, runtime
 from customop import customop as decorate
-from customop.native import EXPORT, TRAIN
+from customop import dispatch, runtime, value_checks
+from customop.graphs import native, transposed
+from customop.graphs.native import EXPORT, TRAIN
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -64,7 +65,7 @@ def test_require_raises_naming_the_op_and_the_argument_where_the_forward_runs_in
 
 
 def test_require_with_a_python_condition_raises_even_while_traced():
-    with checks.collecting() as found:
+    with value_checks.collecting() as found:
         with pytest.raises(ValueError, match="k must be positive"):
             customop.require(False, "k", "must be positive")
         customop.require(mx.nd.array([0]), "x", "must hold")  # an array: collected
@@ -175,7 +176,7 @@ def test_box_encode_whose_forward_clips_its_matches_itself_is_not_guarded_twice(
 
     for op, clips in ((encode, 0), (ops.box_encode, 1)):
         for purpose in (TRAIN, EXPORT):
-            graph = custom_grad.native_graph(op, {}, shapes, ["float32"] * 6, purpose).graph
+            graph = transposed.native_graph(op, {}, shapes, ["float32"] * 6, purpose).graph
             assert graph.guards == ["_contrib_box_encode"]
             assert graph.operators().count("shape_array") == 1 - clips
             assert graph.operators().count("broadcast_minimum") == 1

@@ -4,8 +4,8 @@ MXNet builds a graph's executor at ``Symbol.bind``/``simple_bind`` (shapes
 known) and a hybridized block's ``CachedOp`` before its first call (shapes known
 at that call).  At those moments the ``inline`` patch (:mod:`customop.runtime.inline`)
 hands the graph here: each ``Custom`` node of an operator that inlines for
-training (:mod:`customop.native`) is replaced by its native graph
-(:mod:`customop.splice`), and the executor or CachedOp runs that graph.  What
+training (:mod:`customop.graphs.native`) is replaced by its native graph
+(:mod:`customop.graphs.splice`), and the executor or CachedOp runs that graph.  What
 users see stays the same: the executor's ``arg_dict``, ``arg_arrays`` (in the
 original order, which Module relies on), ``output_dict`` and ``reshape``; the
 CachedOp's inputs.  Graphs without such a node are left alone.
@@ -20,8 +20,9 @@ from typing import Any
 import mxnet as mx
 import numpy as np
 
-from . import graph_json, native, runtime, splice
-from .runtime import binds
+from .. import runtime
+from ..runtime import binds
+from . import graph_json, native, splice
 
 
 def spliced(sym: mx.sym.Symbol, shapes: Any, dtypes: Any, grads: set[str] | None = None

@@ -4,7 +4,7 @@
 range, a positive scale, indices inside an array).  Where the forward runs in
 Python (imperative calls, ``Custom`` nodes, ``'numpy'`` mode) a failed check
 raises a ``ValueError`` naming the operator and the argument.  While a forward is
-recorded into a native graph (:mod:`customop.trace`), nothing can raise: the
+recorded into a native graph (:mod:`customop.graphs.trace`), nothing can raise: the
 condition is collected instead (:func:`collecting`) and :func:`poisoned` makes
 the forward's floating outputs NaN when it fails, with MXNet operators that run
 on the device (no read back to the host).  The model is JAX's ``checkify``: the

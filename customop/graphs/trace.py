@@ -7,7 +7,7 @@ the graph, the values of the free variables (arrays the forward used without
 receiving them: constants it built, cached arrays, or values it computed while
 recording was paused), what it read back to Python, which random operators it
 called.  Whether the graph may stand in for the operator is decided in
-:mod:`customop.native`.  Traces run on customop's own trace thread (:func:`aside`).
+:mod:`customop.graphs.native`.  Traces run on customop's own trace thread (:func:`aside`).
 """
 from __future__ import annotations
 
@@ -24,12 +24,12 @@ import mxnet as mx
 import numpy as np
 from mxnet.base import _LIB, check_call, py_str
 
-from . import checks, kernel
+from .. import kernel, value_checks
+from ..runtime import trace as hooks
 from .rules import INDEX_GUARDS, RANDOM
-from .runtime import trace as hooks
 
 if TYPE_CHECKING:
-    from .operator import CustomOperator
+    from ..operator import CustomOperator
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _MXNET = os.path.dirname(os.path.abspath(mx.__file__))
@@ -110,7 +110,7 @@ class _Log:
         self.guarded: list[tuple[mx.nd.NDArray, list[np.dtype]]] = []  # see rules.INDEX_GUARDS
         self.regions: list[tuple[int, int]] = []  # node numbers recorded inside pause()
         self.inner: list[Any] = []  # decorated ops the forward called (dispatch reports them)
-        self.poison: Any = None  # checks.factor of the forward's require() conditions
+        self.poison: Any = None  # value_checks.factor of the forward's require() conditions
         self._depth = 0
         self._start = 0
         self._probe = mx.nd.zeros((1,))
@@ -177,7 +177,7 @@ def record(op: CustomOperator, values: list[np.ndarray], params: dict[str, Any],
     ``then(xs, outs, saved)``, called in the same recording after the forward,
     returns more variables (appended to the inputs) and more arrays (appended to
     the outputs): the gradient closures traced with the head gradient as a
-    variable (:mod:`customop.custom_grad`).
+    variable (:mod:`customop.graphs.transposed`).
     """
     ctx = ctx or mx.cpu()
     xs = [mx.nd.array(v, ctx=ctx, dtype=v.dtype) for v in values]
@@ -187,7 +187,7 @@ def record(op: CustomOperator, values: list[np.ndarray], params: dict[str, Any],
     log.inputs = {mx.autograd.get_symbol(x).name for x in xs}
     forward_reads = 0
     with hooks.tracing(log), mx.autograd.record(train_mode=False), \
-            checks.collecting() as conditions:
+            value_checks.collecting() as conditions:
         outs, saved = kernel.run_forward_saving(op, list(xs), dict(params), where="trace")
         # its require() checks become part of the graph: NaN outputs where they fail; a check
         # of an input the outputs do not read is left out (a graph that does not read it
@@ -198,8 +198,8 @@ def record(op: CustomOperator, values: list[np.ndarray], params: dict[str, Any],
         if then is None:
             conditions[:] = [c for c in conditions
                              if set(_graph_inputs(c.ok)) & log.inputs <= read]
-        log.poison = checks.factor(conditions)
-        outs = checks.poisoned(outs, conditions, log.poison)
+        log.poison = value_checks.factor(conditions)
+        outs = value_checks.poisoned(outs, conditions, log.poison)
         n_conditions = len(conditions)
         forward_reads = len(log.reads)
         if then is not None:

@@ -13,8 +13,8 @@ from typing import Any
 
 import mxnet as mx
 
-from . import registry
-from .graph_json import custom_op_types
+from .. import registry
+from ..graphs.graph_json import custom_op_types
 
 
 def ensure_registered(op_types: list[str], source: str) -> None:

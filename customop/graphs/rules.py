@@ -1,7 +1,7 @@
 """The native-graph rules: which ops and recorded forwards stay ``Custom`` nodes, and rewrites.
 
 An ``'mxnet'``-mode op stands in a graph as the MXNet operators its forward
-records (:mod:`customop.native`) unless a refusal below applies.  A rule is one
+records (:mod:`customop.graphs.native`) unless a refusal below applies.  A rule is one
 entry of a table; :func:`customop.explain` shows the reason of the first entry
 that applies (its ``name`` is on the verdict, ``Verdict.rule``).  Adding a rule:
 one entry here and one test (tests/customop/test_rules.py: a case of its name).
@@ -10,20 +10,20 @@ one entry here and one test (tests/customop/test_rules.py: a case of its name).
   declares, whatever its inputs (checked before anything is traced, and by the
   ``inline`` patch to decide whether it is needed at all).
 * :data:`RECORDED_REFUSALS`: ``(name, test(recording, purpose), reason)``; what
-  one recorded run of the forward (:class:`customop.trace.Recording`) shows.  A
+  one recorded run of the forward (:class:`customop.graphs.trace.Recording`) shows.  A
   test returns what it found ("" or None when the rule does not apply), which
   fills the ``{}`` of the reason.
 * :data:`TRACE_REFUSALS`: name -> reason, for what the method itself finds (a
-  recording that does not stand for the forward: see :mod:`customop.native`).
+  recording that does not stand for the forward: see :mod:`customop.graphs.native`).
 * :data:`REWRITES`: by MXNet operator, how a recorded node is written into the
   graph (``rewrite(attrs) -> (operator, attrs)``).
 * :data:`INDEX_GUARDS`: by MXNet operator, how a kernel that reads at computed
-  indices is made safe (NaN outputs for an index out of range; :mod:`customop.guards`).
+  indices is made safe (NaN outputs for an index out of range; :mod:`customop.graphs.guards`).
 
 Which recorded MXNet operators count as random (:data:`RANDOM`) or as updating
 auxiliary states (:data:`STATEFUL`) is here too, and which pass a gradient to which
-inputs (:data:`NO_GRADIENT`, :data:`PASS_GRADIENT`: :mod:`customop.splice` and
-:mod:`customop.tidy` read them).
+inputs (:data:`NO_GRADIENT`, :data:`PASS_GRADIENT`: :mod:`customop.graphs.splice` and
+:mod:`customop.graphs.tidy` read them).
 """
 from __future__ import annotations
 
@@ -31,7 +31,8 @@ import re
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-from . import errors, guards, runtime
+from .. import errors, runtime
+from . import guards
 
 TRAIN, EXPORT = "train", "export"
 PURPOSES = (TRAIN, EXPORT)
@@ -66,7 +67,7 @@ NO_GRADIENT: dict[str, tuple | None] = {
 # MXNet operators that pass a gradient, from the head gradient only (an FGradient in MXNet
 # 1.9.1; with NO_GRADIENT's, each checked by tests/customop/test_tidy.py): a BlockGrad above a
 # subgraph of only these and NO_GRADIENT operators, that reaches no variable, stops nothing;
-# one below which only these and NO_GRADIENT operators lead to no head, too (customop.tidy).
+# one below which only these and NO_GRADIENT operators lead to no head, too (customop.graphs.tidy).
 PASS_GRADIENT = frozenset({
     "BlockGrad", "Cast", "Reshape", "expand_dims", "slice_axis", "clip", "abs", "exp", "log",
     "min", "max", "sum", "where", "_full", "_zeros", "_ones",
@@ -104,7 +105,7 @@ OP_REFUSALS = (
             "inline)"),
 )
 # (def_grad and need_top_grad=False ops inline in training too: their closures are traced and
-# transposed by customop.custom_grad, whose refusals are the "closure-*" TRACE_REFUSALS.)
+# transposed by customop.graphs.transposed, whose refusals are the "closure-*" TRACE_REFUSALS.)
 
 
 def op_refusal(op: Any, purpose: str) -> Refusal | None:
@@ -164,7 +165,7 @@ def recorded_refusal(rec: Any, purpose: str) -> tuple[Refusal, str] | None:
     return None
 
 
-# What the method of customop.native finds when a recording does not stand for the forward
+# What the method of customop.graphs.native finds when a recording does not stand for the forward
 # (two traces compared, the graph evaluated at other values and shapes, constants written):
 # name -> reason, its {} filled with what was found.
 TRACE_REFUSALS = {
@@ -184,10 +185,10 @@ TRACE_REFUSALS = {
                        "without a parameter; pass it in as an input",
     "constant-inexact": "it builds a constant array of shape {} ({}) that the graph cannot "
                         "write exactly; pass it in as an input",
-    # an op with its own gradient (customop.custom_grad; transposition rules by MXNet
-    # operator: customop.transpose.TRANSPOSE)
+    # an op with its own gradient (customop.graphs.transposed; transposition rules by MXNet
+    # operator: customop.graphs.transpose.TRANSPOSE)
     "own-gradient": "its gradient is its own (def_grad or need_top_grad=False): "
-                    "customop.custom_grad builds its training graph",
+                    "customop.graphs.transposed builds its training graph",
     "closure-reads": "its {} reads values back to Python (asnumpy, asscalar, bool) at {}; a "
                      "graph would keep what it read once",
     "closure-not-linear": "its {} cannot be transposed: {}",
@@ -209,7 +210,7 @@ REWRITES: dict[str, Callable[[dict[str, Any]], tuple[str, dict[str, Any]]]] = {
 }
 # Index guards, by MXNet operator: kernels that read at computed indices without a bound
 # check (or clip them to a plausible row) get their indices made safe, and NaN outputs for
-# one out of range, once a graph is verified (customop.guards has the formulas):
+# one out of range, once a graph is verified (customop.graphs.guards has the formulas):
 # guard(node, add, dtypes) -> the entries standing for the node's outputs, or None.
 INDEX_GUARDS: dict[str, Callable[..., Any]] = {
     "_contrib_box_encode": guards.box_encode,

@@ -1,7 +1,7 @@
 """The exported graph's JSON made what a deployer expects: names, shapes, batch sizes.
 
 :func:`customop.export` writes the block's graph with our ops spliced in as MXNet
-operators (:mod:`customop.splice`); the rewrites here then act on that graph's JSON:
+operators (:mod:`customop.graphs.splice`); the rewrites here then act on that graph's JSON:
 
 * :func:`annotate_constants`: the arrays an op builds (saved as parameters) get
   ``__shape__``/``__dtype__``.  Loaders that infer shapes from the data inputs alone
@@ -12,7 +12,7 @@ operators (:mod:`customop.splice`); the rewrites here then act on that graph's J
 * :func:`guard_inputs`: a graph that holds at its exported shapes only gets a shape
   check on each data input, so that every loader fed other shapes refuses them at shape
   inference (naming the op) instead of broadcasting a frozen constant to wrong numbers.
-* :func:`customop.export_batch.batch_free` (called by :func:`deployable`): constants
+* :func:`customop.deploy.batch_sizes.batch_free` (called by :func:`deployable`): constants
   that depend only on the batch size become operators of the input's shape
   (``_contrib_arange_like``, ``broadcast_like``), so the export runs at other batch sizes.
 """
@@ -24,7 +24,9 @@ import mxnet as mx
 import numpy as np
 from mxnet.ndarray.ndarray import _DTYPE_NP_TO_MX
 
-from . import errors, export_batch, graph_json, registry
+from .. import errors, registry
+from ..graphs import graph_json
+from . import batch_sizes
 
 
 def dtype_code(dtype: Any) -> str:
@@ -229,7 +231,7 @@ def deployable(block_sym: mx.sym.Symbol, spliced: Any, data: list[str], names: l
                inputs: list[Any], output_names: Any, retrace: Any) -> Deployable:
     """The graph :func:`customop.export` writes.
 
-    ``block_sym``: the block's graph; ``spliced``: :func:`customop.splice.inline`'s
+    ``block_sym``: the block's graph; ``spliced``: :func:`customop.graphs.splice.inline`'s
     result for it (or None); ``data``: the block's input names as Gluon calls them,
     ``names``: as the user does; ``inputs``: the example inputs; ``retrace(shapes)``:
     the splice at other data shapes (to see which constants depend on the batch size).
@@ -249,7 +251,7 @@ def deployable(block_sym: mx.sym.Symbol, spliced: Any, data: list[str], names: l
     fixed: list[str] = []
     batched: list[str] = []
     if spliced is not None and spliced.inlined:
-        constants, fixed, batched = export_batch.batch_free(
+        constants, fixed, batched = batch_sizes.batch_free(
             graph, constants, ops, data, inputs, retrace, rename_constants, len(spliced.kept))
     annotate_constants(graph, constants)
     rename_inputs(graph, dict(zip(data, names)))

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from . import graph_json
+from ..graphs import graph_json
 
 EXTRA = 3  # rows added to the batch to see what depends on it
 
@@ -241,7 +241,7 @@ def _substitute(graph, replace):
 
     Inside a list, an input ``[-j, o]`` is the j-th node before it in the list and
     ``["like", o]`` the node ``n["like"]`` of the old graph; the last node stands for the
-    old one.  Node order is fixed afterwards by :func:`customop.graph_json.toposorted`.
+    old one.  Node order is fixed afterwards by :func:`customop.graphs.graph_json.toposorted`.
     """
     old = graph["nodes"]
     nodes: list[dict[str, Any]] = []

@@ -2,7 +2,7 @@
 
 :func:`inline` takes a Symbol and the shapes and dtypes of its inputs, finds each
 ``Custom`` node of one of our ``'mxnet'``-mode operators, asks
-:mod:`customop.native` for that operator's graph at the node's own input
+:mod:`customop.graphs.native` for that operator's graph at the node's own input
 signature, and writes the graph in the node's place (a new Symbol; the input
 Symbol is unchanged).  Nodes it cannot inline stay, each with its reason.
 """
@@ -14,8 +14,9 @@ from typing import Any
 import mxnet as mx
 import numpy as np
 
-from . import custom_grad, errors, graph_json, native, registry, rules, tidy
-from . import params as _params
+from .. import errors, registry
+from .. import params as _params
+from . import graph_json, native, rules, tidy, transposed
 
 
 @dataclass
@@ -78,7 +79,7 @@ def inline(sym: mx.sym.Symbol, shapes: dict[str, tuple], dtypes: dict[str, Any],
 
     ``shapes``/``dtypes``: by input (argument and aux state) name.  None when
     the graph holds no ``Custom`` node of ours.  ``purpose``: ``'train'`` or
-    ``'export'`` (see :mod:`customop.native`).  ``grads``: the inputs that can need a
+    ``'export'`` (see :mod:`customop.graphs.native`).  ``grads``: the inputs that can need a
     gradient (None: any); a ``def_grad`` op none of whose differentiated inputs is reached
     from one runs its forward alone (``NativeGraph.forward_only``).
     """
@@ -108,7 +109,7 @@ def inline(sym: mx.sym.Symbol, shapes: dict[str, tuple], dtypes: dict[str, Any],
             continue
         params = _params.decode_attrs({k: v for k, v in graph_json.attrs(node).items()
                                        if k != "op_type"})
-        verdict = custom_grad.native_graph(op, params, found[0], found[1], purpose)
+        verdict = transposed.native_graph(op, params, found[0], found[1], purpose)
         if verdict.graph is None:
             result.kept.append(Kept(node["name"], verdict.op_type, verdict.reason))
         else:

@@ -4,7 +4,7 @@ Gluon's ``block.export`` writes each decorated op as a ``Custom`` node: the file
 then need Python, customop and the op's module wherever they run, MXNet's C++
 predict API cannot run them and ``mx.onnx.export_model`` refuses them.  Here each
 ``'mxnet'``-mode op whose forward traces to a graph of MXNet operators (see
-:mod:`customop.native`; ``def_grad`` ops too, inference takes no gradient) is
+:mod:`customop.graphs.native`; ``def_grad`` ops too, inference takes no gradient) is
 written as that graph, and the files load with plain MXNet.
 """
 from __future__ import annotations
@@ -20,7 +20,9 @@ from typing import Any
 import mxnet as mx
 import numpy as np
 
-from . import export_batch, export_graph, graph_json, native, registry, runtime, splice
+from .. import registry, runtime
+from ..graphs import graph_json, native, splice
+from . import batch_sizes, rewrites
 
 CHOICES = ("raise", "warn")
 
@@ -142,7 +144,7 @@ def export(block: mx.gluon.HybridBlock, path: str, *inputs: Any, epoch: int = 0,
     def retrace(other: dict) -> Any:  # the splice at other data shapes
         return splice.inline(sym, {**shapes, **other}, dtypes, native.EXPORT)
 
-    written = export_graph.deployable(sym, found, [d.name for d in data], names, list(inputs),
+    written = rewrites.deployable(sym, found, [d.name for d in data], names, list(inputs),
                                       output_names, retrace)
     sym, constants = written.symbol, written.constants
     if found is not None and found.inlined and not written.fixed and written.batched:
@@ -151,11 +153,11 @@ def export(block: mx.gluon.HybridBlock, path: str, *inputs: Any, epoch: int = 0,
                                     for n in written.batched])
         if why:
             written.fixed.append(why)
-            sym = export_graph.guarded(sym, dict(zip(names, inputs)), "the_export")
+            sym = rewrites.guarded(sym, dict(zip(names, inputs)), "the_export")
     if found is not None and found.inlined and not written.fixed:
         # the ops' shape checks ran at the exported shapes: no other shape but a batch size
         gluon = [d.name for d in data]
-        sym = export_graph.guarded_other_axes(sym, dict(zip(names, inputs)),
+        sym = rewrites.guarded_other_axes(sym, dict(zip(names, inputs)),
                                               [names[gluon.index(n)] for n in written.batched])
     symbol_file, params_file = f"{path}-symbol.json", f"{path}-{epoch:04d}.params"
     arg_names, aux_names = set(sym.list_arguments()), set(sym.list_auxiliary_states())
@@ -181,7 +183,7 @@ def export(block: mx.gluon.HybridBlock, path: str, *inputs: Any, epoch: int = 0,
 
 def _other_batch_differs(block, sym, params, constants, names, inputs, batched) -> str:
     """"" when the exported graph gives the block's outputs at a larger batch size too."""
-    longer = export_batch.longer_batch(names, inputs, batched)
+    longer = batch_sizes.longer_batch(names, inputs, batched)
     size = longer[names.index(batched[0])].shape[0]
     try:
         with mx.autograd.pause():
@@ -190,7 +192,7 @@ def _other_batch_differs(block, sym, params, constants, names, inputs, batched) 
         return ""
     want = [want] if isinstance(want, mx.nd.NDArray) else list(want)
     try:
-        got = export_graph.run(sym, {**params, **constants, **dict(zip(names, longer))})
+        got = rewrites.run(sym, {**params, **constants, **dict(zip(names, longer))})
     except mx.base.MXNetError as exc:
         return f"the exported graph fails at batch size {size}: {str(exc).splitlines()[0]}"
     if len(got) != len(want) or not all(
@@ -248,7 +250,7 @@ def to_onnx(exported: Exported, onnx_file: str) -> OnnxModel:
         graph = json.load(f)
     # the shape checks have no ONNX translation; an ONNX model of fixed shapes checks them
     sym = graph_json.load(_one_hot_in_range(_reversed_named(_digit_free_names(
-        export_graph.unguarded(graph)))))
+        rewrites.unguarded(graph)))))
     in_graph = [n for n in sym.list_inputs() if n in exported.inputs]  # the converter's order
     shapes = [tuple(exported.inputs[n][0]) for n in in_graph]
     dtypes = [exported.inputs[n][1] for n in in_graph]

@@ -15,7 +15,7 @@ plausible number):
   poisoned when an index is outside ``[0, length)`` (``mode='wrap'`` and
   ``'raise'`` are left alone: wrapping is their meaning, raising is not silent).
 
-The rules are one table keyed by MXNet operator, ``customop.rules.INDEX_GUARDS``:
+The rules are one table keyed by MXNet operator, ``customop.graphs.rules.INDEX_GUARDS``:
 a rule gets the node, a way to add nodes and the traced dtypes of its outputs and
 index input, and returns the entries that stand for the node's outputs (None:
 the node stays as it is).  The formulas use operators MXNet's ONNX converter knows
@@ -29,7 +29,7 @@ from typing import Any, Callable  # noqa: UP035 - Callable[...] evaluated at run
 
 import numpy as np
 
-Ref = tuple  # ("in", i) | ("const", name) | ("node", k, output), as in customop.native
+Ref = tuple  # ("in", i) | ("const", name) | ("node", k, output), as in customop.graphs.native
 Add = Callable[[str, dict, list], Ref]  # adds one node (op, attrs, inputs) -> its entry
 
 
@@ -144,8 +144,8 @@ def box_encode(node: dict, add: Add, dtypes: list[Any], of: Callable[[Ref], Any]
 
 
 def guarded(graph: Any, dtypes: dict[str, list], table: dict[str, Callable[..., Any]]) -> Any:
-    """``graph`` (a :class:`customop.native.NativeGraph`) with the index guards of ``table``
-    (``customop.rules.INDEX_GUARDS``) around the kernels they name.
+    """``graph`` (a :class:`customop.graphs.native.NativeGraph`) with the index guards of ``table``
+    (``customop.graphs.rules.INDEX_GUARDS``) around the kernels they name.
 
     Applied once the graph is verified (a guard turns an out-of-range index into NaN
     where the forward run in Python would have read a clipped value).  ``dtypes``: by

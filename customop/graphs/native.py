@@ -9,13 +9,13 @@ node stays.  The purposes:
   MXNet's gradient of the graph must be the operator's: an automatic gradient
   differentiates the forward; ``def_grad`` closures and output layers
   (``need_top_grad=False``) are transposed into the graph by the builder
-  :mod:`customop.custom_grad` passes (``closures=``).  The graph must hold at
+  :mod:`customop.graphs.transposed` passes (``closures=``).  The graph must hold at
   every input shape the block may see later (checked at other shapes).
 * ``'export'``: a deployed graph, inference only.  ``def_grad`` operators
   qualify too; the graph may be specialized to the exported shapes; arrays the
   forward builds become parameters of the exported model.
 
-The forward is recorded (:mod:`customop.trace`) twice on different values of one
+The forward is recorded (:mod:`customop.graphs.trace`) twice on different values of one
 signature and once or more at other signatures; the graph is kept only when it
 does not depend on the values, reads nothing back to Python, calls no random
 operator, and, evaluated, gives the forward's own outputs at the other values
@@ -32,13 +32,14 @@ from typing import TYPE_CHECKING, Any
 import mxnet as mx
 import numpy as np
 
-from . import compare, errors, guards, rules, trace
+from .. import errors
+from . import compare, guards, rules, trace
 from . import constants as consts
 from .graph_json import evaluate
 from .rules import EXPORT, PURPOSES, TRAIN
 
 if TYPE_CHECKING:
-    from .operator import CustomOperator
+    from ..operator import CustomOperator
 
 _lock = threading.RLock()
 _cache: dict[tuple, Verdict] = {}
@@ -61,9 +62,9 @@ class NativeGraph:
     checks: int = 0  # customop.require conditions carried as NaN poisoning
     guards: list[str] = field(default_factory=list)  # operators given index guards
     dtype_generic: bool = True
-    note: str = ""  # how a def_grad op's gradient is carried (customop.custom_grad)
+    note: str = ""  # how a def_grad op's gradient is carried (customop.graphs.transposed)
     # A def_grad op's graph without its transposed closures, for graphs where none of the
-    # inputs ``differentiates`` (by index) can need a gradient (customop.splice).
+    # inputs ``differentiates`` (by index) can need a gradient (customop.graphs.splice).
     forward_only: NativeGraph | None = None
     differentiates: tuple = ()
 
@@ -81,7 +82,7 @@ class Verdict:
     dtypes: tuple
     graph: NativeGraph | None = None
     reason: str = ""
-    rule: str = ""  # the name of the refusal (customop.rules), when a table entry refused it
+    rule: str = ""  # the name of the refusal (customop.graphs.rules), when a table entry refused it
 
     @property
     def inlines(self) -> bool:
@@ -104,7 +105,7 @@ def native_graph(op: CustomOperator, params: dict[str, Any], shapes: Sequence[Se
     traced on given values is not cached: the cached verdict, which every graph uses, is a
     function of the operator, its parameters and the signature only, whatever ran before.
     ``closures(op, params, shapes, dtypes, values)``: builds the training graph of an op
-    with its own gradient (``customop.custom_grad.native_graph`` passes its own; without
+    with its own gradient (``customop.graphs.transposed.native_graph`` passes its own; without
     it such an op keeps its ``Custom`` node in training).
     """
     if purpose not in PURPOSES:
@@ -148,7 +149,7 @@ class _NotNative(Exception):
 
     @classmethod
     def of(cls, rule: str, *found: Any) -> _NotNative:
-        """The refusal ``rule`` of :data:`customop.rules.TRACE_REFUSALS`, filled in."""
+        """The refusal ``rule`` of :data:`customop.graphs.rules.TRACE_REFUSALS`, filled in."""
         return cls(rules.TRACE_REFUSALS[rule].format(*found), rule)
 
 
@@ -370,6 +371,6 @@ def clear_cache() -> None:
         _cache.clear()
 
 
-# ---- shared with customop.custom_grad (which checks training graphs the same way) ------------
+# ---- shared with customop.graphs.transposed (which checks training graphs the same way) ---
 perturbed, other_shapes, shapes_text = _perturbed, _other_shapes, _shapes_text
 Tracer, NotNative = _Tracer, _NotNative

@@ -1,9 +1,9 @@
 """Training graphs for operators with their own gradient: the closures traced and transposed.
 
 A ``def_grad`` closure ``grad(g)`` is linear in the head gradient ``g``.  The
-forward and every closure are recorded together (:func:`customop.trace.record`)
+forward and every closure are recorded together (:func:`customop.graphs.trace.record`)
 with ``g`` as a variable; each closure's graph is transposed
-(:mod:`customop.transpose`) into ``h(v) = J v``, whose coefficients are the
+(:mod:`customop.graphs.transpose`) into ``h(v) = J v``, whose coefficients are the
 closure's ``g``-free values.  The operator's output ``k`` becomes::
 
     forward_k(stop_gradient(x)) + h_k(x - stop_gradient(x))
@@ -16,9 +16,9 @@ gradient (measured on MXNet 1.9.1: bound, Module and autograd), so ``x`` gets
 ``c`` whatever the head gradient.  Inputs without a closure keep MXNet's
 gradient of the forward (``auto_grad``) or none.
 
-The graph is checked like a forward's (:mod:`customop.native`): on other
+The graph is checked like a forward's (:mod:`customop.graphs.native`): on other
 values and other shapes, MXNet's backward of it must give the closures'
-gradients (:mod:`customop.closure_values`).  What does not trace or transpose
+gradients (:mod:`customop.graphs.closure_values`).  What does not trace or transpose
 raises ``native.NotNative`` with the closure and the operator (or the read)
 that stopped it.
 """
@@ -29,18 +29,20 @@ from typing import TYPE_CHECKING, Any
 import mxnet as mx
 import numpy as np
 
+from .. import errors, gradients
 from . import closure_values as on_values
-from . import compare, errors, gradients, graph_json, guards, native, rules, trace
+from . import compare, graph_json, guards, native, rules, trace
 from . import constants as consts
 from .transpose import ZEROS, NotLinear, Transposer, transpose
 
 if TYPE_CHECKING:
-    from .operator import CustomOperator
+    from ..operator import CustomOperator
 
 
 def native_graph(op: CustomOperator, params: dict[str, Any], shapes, dtypes, purpose: str,
                  values=None) -> native.Verdict:
-    """:func:`customop.native.native_graph`, ops with their own gradients included in training."""
+    """:func:`customop.graphs.native.native_graph`, ops with their own gradients included in
+    training."""
     return native.native_graph(op, params, shapes, dtypes, purpose, values,
                                closures=training_graph)
 

@@ -1,6 +1,6 @@
 """Comparing an operator's training graph with its gradient closures, on values.
 
-:mod:`customop.custom_grad` builds a ``def_grad`` op's training graph; this
+:mod:`customop.graphs.transposed` builds a ``def_grad`` op's training graph; this
 module says whether MXNet's gradients of it are the closures': it runs the
 graph (:func:`run_graph`) and the closures (:func:`closure_gradients`) on the
 same values and compares them (:func:`mismatch`), picks values on which the
@@ -14,8 +14,8 @@ from typing import Any
 import mxnet as mx
 import numpy as np
 
+from ..runtime import trace as hooks
 from . import compare, graph_json, native, trace
-from .runtime import trace as hooks
 
 
 def run_graph(graph: native.NativeGraph, inputs: list[np.ndarray], head_grads: list[np.ndarray]
@@ -53,7 +53,7 @@ def closure_gradients(op, params, inputs: list[np.ndarray], head_grads=None):
 
     ``head_grads``: one per output, or a function of the outputs giving them.
     """
-    from . import kernel
+    from .. import kernel
 
     xs = [mx.nd.array(v, dtype=v.dtype) for v in inputs]
     # As traced: checks that read values back are skipped (is_tracing()), so placeholder
