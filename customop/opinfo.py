@@ -8,7 +8,7 @@ is added here first.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, FrozenSet, Protocol
+from typing import Any, Callable, Protocol
 
 
 class Named(Protocol):
@@ -26,13 +26,13 @@ class Forward(Named, Protocol):
     signature: Any  # customop.signature.Signature
     outputs: Any  # customop.outputs.OutputCount
     need_top_grad: bool
-    aux_shape_fns: Dict[str, Callable[..., Any]]
+    aux_shape_fns: dict[str, Callable[..., Any]]
 
 
 class Differentiable(Forward, Protocol):
     """An operator as its gradients are taken: closures, joint closures, automatic ones."""
 
-    grads: Dict[int, Callable[..., Any]]  # def_grad closure makers, by input index
-    grad_groups: Dict[int, Any]  # customop.gradients.Joint, by input index
-    no_grad: FrozenSet[str]
+    grads: dict[int, Callable[..., Any]]  # def_grad closure makers, by input index
+    grad_groups: dict[int, Any]  # customop.gradients.Joint, by input index
+    no_grad: frozenset[str]
     auto_grad: bool

@@ -9,7 +9,7 @@ import numpy as np
 
 from .. import errors
 from ..operator import CustomOperator
-from . import graph_json, native, splice, transposed
+from . import graph_json, native, splice
 
 _WHERE = {native.TRAIN: "training (hybridized blocks, bound graphs)",
           native.EXPORT: "deploy export (customop.export)"}
@@ -142,7 +142,7 @@ def _explain_op(op: CustomOperator, inputs, params) -> OpReport:
     dtypes = tuple(np.dtype(np.float32) if v is None else v.dtype for v in values)
     # The verdict graphs get at this signature (traced on placeholders, cached): the values
     # given only say the shapes and dtypes, so explain never answers otherwise than a graph.
-    verdicts = [transposed.native_graph(op, params, shapes, dtypes, p)
+    verdicts = [native.native_graph(op, params, shapes, dtypes, p)
                 for p in native.PURPOSES]
     return OpReport(errors.shown(op.op_type), shapes, dtypes, *verdicts)
 

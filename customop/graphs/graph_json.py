@@ -13,10 +13,38 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import mxnet as mx
 import numpy as np
+
+
+@dataclass
+class NativeGraph:
+    """An operator's forward as MXNet operators, for one signature (a piece of graph JSON).
+
+    ``nodes``: ``{"op", "name", "attrs", "inputs"}`` in topological order, each
+    input a reference: ``("in", i)`` (the operator's input ``i``), ``("const",
+    name)`` (an array of ``constants``, export only) or ``("node", k, output)``.
+    ``heads``: a reference per output.
+    """
+
+    nodes: list[dict[str, Any]]
+    heads: list[tuple]
+    constants: dict[str, np.ndarray] = field(default_factory=dict)
+    specialized: str = ""  # why the graph holds only at this signature ("" when it does not)
+    checks: int = 0  # customop.require conditions carried as NaN poisoning
+    guards: list[str] = field(default_factory=list)  # operators given index guards
+    dtype_generic: bool = True
+    note: str = ""  # how a def_grad op's gradient is carried (customop.graphs.transposed)
+    # A def_grad op's graph without its transposed closures, for graphs where none of the
+    # inputs ``differentiates`` (by index) can need a gradient (customop.graphs.splice).
+    forward_only: NativeGraph | None = None
+    differentiates: tuple = ()
+
+    def operators(self) -> list[str]:
+        return [n["op"] for n in self.nodes]
 
 
 def attrs(node: dict[str, Any]) -> dict[str, str]:

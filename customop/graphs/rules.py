@@ -173,8 +173,9 @@ TRACE_REFUSALS = {
     "value-dependent": "its graph depends on the input values (control flow on values read "
                        "from its inputs); compute every branch and choose with mx.nd.where",
     "outside-graph": "it computes arrays from its inputs outside the recorded graph (detach(), "
-                     "or new arrays from values it read); the graph would hold them as "
-                     "constants: compute them with MXNet operators on the inputs",
+                     "backward() inside a gradient closure, or new arrays from values it "
+                     "read); the graph would hold them as constants: compute them with MXNet "
+                     "operators on the inputs",
     "other-outputs": "its recorded graph does not give its outputs on other input values",
     "shape-specialized": "its graph holds only at the traced input shapes ({}); a hybridized "
                          "block may see others: write shapes with reshape's 0/-1 codes or "
@@ -187,16 +188,34 @@ TRACE_REFUSALS = {
                         "write exactly; pass it in as an input",
     # an op with its own gradient (customop.graphs.transposed; transposition rules by MXNet
     # operator: customop.graphs.transpose.TRANSPOSE)
-    "own-gradient": "its gradient is its own (def_grad or need_top_grad=False): "
-                    "customop.graphs.transposed builds its training graph",
+    "closure-failed": "its forward or a gradient closure failed while being traced on "
+                      "placeholder inputs: {}",
+    "closure-not-ndarray": "its {} returns a {}, not an NDArray",
     "closure-reads": "its {} reads values back to Python (asnumpy, asscalar, bool) at {}; a "
                      "graph would keep what it read once",
+    "closure-unknown-shape": "the shape of MXNet operator {!r}'s output in its gradient "
+                             "closure is not known",
     "closure-not-linear": "its {} cannot be transposed: {}",
     "closure-constant": "its {} gives input {} a gradient that does not depend on the head "
                         "gradient g: it is not linear in g (an output layer ignoring g "
                         "declares need_top_grad=False)",
+    "closure-shape": "its {} returns a gradient of shape {} for an input of shape {}",
+    "closure-reads-g": "its transposed gradient still reads the head gradient",
     "closure-differs": "{} on other input values",
 }
+
+
+class NotNative(Exception):
+    """The reason an operator's forward does not stand in as a native graph, and its rule."""
+
+    def __init__(self, reason: str, rule: str = ""):
+        super().__init__(reason)
+        self.rule = rule
+
+    @classmethod
+    def of(cls, rule: str, *found: Any) -> NotNative:
+        """The refusal ``rule`` of :data:`TRACE_REFUSALS`, filled in with ``found``."""
+        return cls(TRACE_REFUSALS[rule].format(*found), rule)
 
 
 def _copyto(attrs: dict[str, Any]) -> tuple[str, dict[str, Any]]:

@@ -16,7 +16,7 @@ import numpy as np
 
 from .. import errors, registry
 from .. import params as _params
-from . import graph_json, native, rules, tidy, transposed
+from . import graph_json, native, rules, tidy
 
 
 @dataclass
@@ -109,7 +109,7 @@ def inline(sym: mx.sym.Symbol, shapes: dict[str, tuple], dtypes: dict[str, Any],
             continue
         params = _params.decode_attrs({k: v for k, v in graph_json.attrs(node).items()
                                        if k != "op_type"})
-        verdict = transposed.native_graph(op, params, found[0], found[1], purpose)
+        verdict = native.native_graph(op, params, found[0], found[1], purpose)
         if verdict.graph is None:
             result.kept.append(Kept(node["name"], verdict.op_type, verdict.reason))
         else:

@@ -1,8 +1,7 @@
 """Recording an ``'mxnet'``-mode forward as a graph of MXNet's own operators.
 
 The forward runs under ``mx.autograd.record()`` on concrete arrays, and
-``mx.autograd.get_symbol`` reads back the operators it recorded (measured:
-``ops.box_decode`` gives 25 nodes).  This module only records what happened:
+``mx.autograd.get_symbol`` reads back the operators it recorded.  This module only records what happened:
 the graph, the values of the free variables (arrays the forward used without
 receiving them: constants it built, cached arrays, or values it computed while
 recording was paused), what it read back to Python, which random operators it
@@ -18,7 +17,7 @@ import random
 import threading
 import traceback
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Optional
 
 import mxnet as mx
 import numpy as np
@@ -26,12 +25,13 @@ from mxnet.base import _LIB, check_call, py_str
 
 from .. import kernel, value_checks
 from ..runtime import trace as hooks
+from . import closures as gradient_closures
 from .rules import INDEX_GUARDS, RANDOM
 
 if TYPE_CHECKING:
-    from ..operator import CustomOperator
+    from ..opinfo import Differentiable
 
-_HERE = os.path.dirname(os.path.abspath(__file__))
+_HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the customop package
 _MXNET = os.path.dirname(os.path.abspath(mx.__file__))
 _op_names: dict[int, list[str]] = {}
 
@@ -95,12 +95,18 @@ class Recording:
     checks: int = 0  # customop.require conditions the graph carries (as NaN poisoning)
     guarded: dict[str, list] = field(default_factory=dict)  # node -> dtypes (rules.INDEX_GUARDS)
     forward_reads: int = 0  # reads[:forward_reads] happened in the forward (then: closures)
+    closures: Optional[gradient_closures.Recorded] = None  # what record(closures=) added
 
 
-class _Log:
-    """What the trace hooks report while one forward runs (:mod:`customop.runtime.trace`)."""
+class Log:
+    """What the trace hooks report while one forward runs (:mod:`customop.runtime.trace`).
 
-    def __init__(self):
+    ``recorded=False``: the forward runs eagerly as traced (``is_tracing()`` true, checks
+    that read values back skipped) outside ``record()``: pauses are not numbered.
+    """
+
+    def __init__(self, recorded: bool = True):
+        self.recorded = recorded
         self.inputs: set[str] = set()  # the graph's names of the forward's inputs
         self.arrays: list[mx.nd.NDArray] = []  # every array an operator read or wrote
         self.copies: list[mx.nd.NDArray] = []  # outputs of _copyto: astype() or a device copy
@@ -117,11 +123,15 @@ class _Log:
         self._probe.attach_grad()
 
     def pause_enter(self) -> None:
+        if not self.recorded:
+            return
         if not self._depth:
             self._start = self._counter()
         self._depth += 1
 
     def pause_exit(self) -> None:
+        if not self.recorded:
+            return
         self._depth -= 1
         if not self._depth:
             self.regions.append((self._start, self._counter()))
@@ -168,22 +178,24 @@ def _caller() -> str:
     return "?"
 
 
-def record(op: CustomOperator, values: list[np.ndarray], params: dict[str, Any],
-           ctx: mx.Context | None = None, then: Any = None) -> Recording:
+def record(op: Differentiable, values: list[np.ndarray], params: dict[str, Any],
+           ctx: mx.Context | None = None,
+           closures: list[gradient_closures.Closure] | None = None,
+           seed: int = 5) -> Recording:
     """Run ``op``'s forward on ``values`` under ``record()`` and read its graph back.
 
     What the forward computes inside ``mx.autograd.pause()`` is recorded too
     (those nodes are listed in ``paused``): the graph is the whole computation.
-    ``then(xs, outs, saved)``, called in the same recording after the forward,
-    returns more variables (appended to the inputs) and more arrays (appended to
-    the outputs): the gradient closures traced with the head gradient as a
-    variable (:mod:`customop.graphs.transposed`).
+    ``closures`` (a training graph's, possibly none): recorded in the same run after
+    the forward, with head gradients drawn from ``seed`` as variables (appended to the
+    inputs) and the closures' gradients appended to the outputs
+    (:mod:`customop.graphs.closures`; :mod:`customop.graphs.transposed` transposes them).
     """
     ctx = ctx or mx.cpu()
     xs = [mx.nd.array(v, ctx=ctx, dtype=v.dtype) for v in values]
     for x in xs:
         x.attach_grad()
-    log = _Log()
+    log = Log()
     log.inputs = {mx.autograd.get_symbol(x).name for x in xs}
     forward_reads = 0
     with hooks.tracing(log), mx.autograd.record(train_mode=False), \
@@ -195,18 +207,20 @@ def record(op: CustomOperator, values: list[np.ndarray], params: dict[str, Any],
         # (with closures, a training graph: they may read what the outputs do not, as
         # softmax_ce's gradient reads its label, so every check is kept)
         read = set().union(*(_graph_inputs(o) for o in outs)) & log.inputs
-        if then is None:
+        if closures is None:
             conditions[:] = [c for c in conditions
                              if set(_graph_inputs(c.ok)) & log.inputs <= read]
         log.poison = value_checks.factor(conditions)
         outs = value_checks.poisoned(outs, conditions, log.poison)
         n_conditions = len(conditions)
         forward_reads = len(log.reads)
-        if then is not None:
+        added = None
+        if closures is not None:
             # the closures see the poisoned outputs, and multiply what they give by
             # log.poison: a failed check makes the gradients NaN too
-            more_in, more_out = then(xs, outs, saved, log)
-            xs, outs = [*xs, *more_in], [*outs, *more_out]
+            added = gradient_closures.record(op, closures, xs, outs, saved, params, log,
+                                             np.random.RandomState(seed))
+            xs, outs = [*xs, *added.heads], [*outs, *added.grads]
     names = [mx.autograd.get_symbol(x).name for x in xs]
     symbols: list[Any] = []
     for o in outs:
@@ -249,7 +263,7 @@ def record(op: CustomOperator, values: list[np.ndarray], params: dict[str, Any],
                      randoms=sorted(set(log.randoms)), unknown_free=unknown,
                      asked=list(log.asked), checks=n_conditions,
                      guarded={_graph_name(o): d for o, d in log.guarded},
-                     forward_reads=forward_reads,
+                     forward_reads=forward_reads, closures=added,
                      inner=list(dict.fromkeys(log.inner)),
                      paused={i for i, n in enumerate(nodes) if any(
                          lo < node_number(n["name"]) < hi for lo, hi in log.regions)})

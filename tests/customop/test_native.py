@@ -10,7 +10,7 @@ import pytest
 
 import customop
 from customop import customop as decorate
-from customop.graphs import native, transposed
+from customop.graphs import graph_json, native
 from customop.graphs.native import EXPORT, TRAIN
 
 calls = {"square": 0}
@@ -126,7 +126,7 @@ def calls_cubed(x):
 
 def verdicts(op, shapes, dtypes=None, **params):
     dtypes = dtypes or ["float32"] * len(shapes)
-    return [transposed.native_graph(op, params, shapes, dtypes, p) for p in (TRAIN, EXPORT)]
+    return [native.native_graph(op, params, shapes, dtypes, p) for p in (TRAIN, EXPORT)]
 
 
 def test_box_decode_traces_to_its_operators_in_both_purposes():
@@ -139,7 +139,7 @@ def test_box_decode_traces_to_its_operators_in_both_purposes():
         assert "Custom" not in ops_used and not v.graph.constants
         rng = np.random.RandomState(5)
         d, a = rng.randn(2, 6, 4).astype("f"), rng.rand(1, 6, 4).astype("f") * 9
-        got = native.evaluate(v.graph, [d, a])[0]
+        got = graph_json.evaluate(v.graph, [d, a])[0]
         want = ops.box_decode(mx.nd.array(d), mx.nd.array(a), format="corner", clip=1.0)
         np.testing.assert_array_equal(got, want.asnumpy())
 
@@ -151,7 +151,7 @@ def test_the_graph_computes_the_formula_at_other_values_and_shapes():
     rng = np.random.RandomState(1)
     for rows in (4, 7):  # a graph traced at 4 rows holds at 7
         x, w = rng.randn(rows, 5).astype("f"), rng.randn(1, 5).astype("f")
-        got = native.evaluate(v.graph, [x, w])[0]
+        got = graph_json.evaluate(v.graph, [x, w])[0]
         np.testing.assert_allclose(got, x.astype(np.float64) * w * 3 + 1, rtol=1e-5, atol=1e-6)
 
 
@@ -195,9 +195,9 @@ def test_def_grad_and_output_layers_inline_for_training_and_export():
         assert train.inlines, train.reason
         assert export.inlines, export.reason
         np.testing.assert_array_equal(
-            native.evaluate(export.graph, [np.full(3, 2, "f")])[0], op(mx.nd.full(3, 2)).asnumpy())
+            graph_json.evaluate(export.graph, [np.full(3, 2, "f")])[0], op(mx.nd.full(3, 2)).asnumpy())
         np.testing.assert_array_equal(
-            native.evaluate(train.graph, [np.full(3, 2, "f")])[0], op(mx.nd.full(3, 2)).asnumpy())
+            graph_json.evaluate(train.graph, [np.full(3, 2, "f")])[0], op(mx.nd.full(3, 2)).asnumpy())
 
 
 def test_an_op_calling_ops_inlines_them_as_the_purpose_allows():
@@ -205,7 +205,7 @@ def test_an_op_calling_ops_inlines_them_as_the_purpose_allows():
     assert not train.inlines and "calls customop" in train.reason and "def_grad" in train.reason
     assert export.inlines, export.reason
     x = np.array([1.0, 2.0, -3.0], "f")
-    np.testing.assert_array_equal(native.evaluate(export.graph, [x])[0], x ** 3 + x ** 2)
+    np.testing.assert_array_equal(graph_json.evaluate(export.graph, [x])[0], x ** 3 + x ** 2)
 
 
 def test_shape_specialized_graphs_still_export_at_their_shapes():
@@ -218,10 +218,10 @@ def test_constants_are_captured_in_the_graph_not_left_as_inputs():
     assert not train.graph.constants  # written as operators: the graph has one input
     assert {"_full", "broadcast_like"} <= set(train.graph.operators())
     x = np.random.RandomState(2).randn(5, 4).astype("f")  # another batch size than traced
-    np.testing.assert_array_equal(native.evaluate(train.graph, [x])[0],
+    np.testing.assert_array_equal(graph_json.evaluate(train.graph, [x])[0],
                                   x + 3 + np.array([1, 2, 3, 4], "f"))
     assert export.inlines and export.graph.constants  # an export saves them as parameters
-    np.testing.assert_array_equal(native.evaluate(export.graph, [x[:3]])[0],
+    np.testing.assert_array_equal(graph_json.evaluate(export.graph, [x[:3]])[0],
                                   x[:3] + 3 + np.array([1, 2, 3, 4], "f"))
 
 

@@ -3,7 +3,7 @@ import mxnet as mx
 import pytest
 
 import customop
-from customop.graphs import native, rules, transposed
+from customop.graphs import forward, native, rules, transposed
 from customop.graphs.native import EXPORT, TRAIN
 
 
@@ -61,7 +61,7 @@ def test_every_refusal_has_one_name_and_a_reason():
     (rules_detached, TRAIN, "outside-graph"),
 ])
 def test_a_verdict_names_the_entry_that_refused_and_explain_says_its_reason(op, purpose, rule):
-    verdict = transposed.native_graph(op, {}, [(3,)], ["float32"], purpose)
+    verdict = native.native_graph(op, {}, [(3,)], ["float32"], purpose)
     assert verdict.graph is None and verdict.rule == rule
     reasons = {r.name: r.reason for r in (*rules.OP_REFUSALS, *rules.RECORDED_REFUSALS)}
     reasons.update(rules.TRACE_REFUSALS)
@@ -70,9 +70,32 @@ def test_a_verdict_names_the_entry_that_refused_and_explain_says_its_reason(op, 
     assert verdict.reason in repr(report)
 
 
-def test_without_a_builder_an_op_with_its_own_gradient_keeps_its_node_in_training():
-    verdict = native.native_graph(rules_own_gradient, {}, [(3,)], ["float32"], TRAIN)
-    assert verdict.graph is None and verdict.rule == "own-gradient"
+def test_every_refusal_raised_in_the_graphs_wing_is_a_table_entry():
+    # NotNative is raised only through NotNative.of(<rule>) or with a recorded refusal's
+    # entry, never with a literal reason explain could not name
+    import ast
+    from pathlib import Path
+
+    wing = Path(rules.__file__).parent
+    literal, unknown = [], []
+    for path in sorted(wing.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.Call):
+                continue
+            f = node.func
+            if isinstance(f, ast.Name) and f.id == "NotNative" and (
+                    node.args and isinstance(node.args[0], (ast.Constant, ast.JoinedStr))):
+                literal.append(f"{path.name}:{node.lineno}")
+            if isinstance(f, ast.Attribute) and f.attr == "of" and getattr(
+                    f.value, "id", "") == "NotNative":
+                name = node.args[0]
+                if getattr(name, "attr", "") == "DIFFERS":  # a builder's, checked below
+                    continue
+                if not (isinstance(name, ast.Constant) and name.value in rules.TRACE_REFUSALS):
+                    unknown.append(f"{path.name}:{node.lineno}")
+    assert literal == [] and unknown == []
+    assert {forward.ForwardGraph.DIFFERS, transposed.TransposedGraph.DIFFERS} <= set(
+        rules.TRACE_REFUSALS)
 
 
 def test_rewrites_are_keyed_by_mxnet_operator():

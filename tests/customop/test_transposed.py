@@ -11,7 +11,7 @@ import pytest
 import customop
 from customop import customop as decorate
 from customop import residuals
-from customop.graphs import closure_values, native, transpose, transposed
+from customop.graphs import closure_values, native, transpose, transposed, verify
 
 TRAIN = native.TRAIN
 rng = np.random.RandomState(0)
@@ -85,7 +85,7 @@ shaped.def_grad(_shaped_grad)
 
 
 def graph(op, *shapes, **params):
-    verdict = transposed.native_graph(op, params, shapes, ["float32"] * len(shapes), TRAIN)
+    verdict = native.native_graph(op, params, shapes, ["float32"] * len(shapes), TRAIN)
     assert verdict.inlines, verdict.reason
     return verdict.graph
 
@@ -307,12 +307,13 @@ def test_hybridized_training_runs_neither_forward_nor_closure_in_python(monkeypa
 def test_the_graph_is_traced_once_per_signature(monkeypatch):
     native.clear_cache()
     seen = []
-    original = transposed.training_graph
-    monkeypatch.setattr(transposed, "training_graph",
-                        lambda *a, **k: seen.append(a[2]) or original(*a, **k))
+    original = verify.verified
+    monkeypatch.setattr(verify, "verified",
+                        lambda *a, **k: (isinstance(a[0], transposed.TransposedGraph)
+                                         and seen.append(a[1])) or original(*a, **k))
     for _ in range(3):
-        transposed.native_graph(surrogate, {}, [(2, 3)], ["float32"], TRAIN)
-    transposed.native_graph(surrogate, {}, [(4, 3)], ["float32"], TRAIN)
+        native.native_graph(surrogate, {}, [(2, 3)], ["float32"], TRAIN)
+    native.native_graph(surrogate, {}, [(4, 3)], ["float32"], TRAIN)
     assert seen == [((2, 3),), ((4, 3),)]
 
 
@@ -346,8 +347,8 @@ def test_the_verdict_depends_on_the_signature_only():
     native.clear_cache()
     shapes, dtypes = [(4, 3), (4,)], ["float32"] * 2
     given = [rng.randn(4, 3).astype("f"), np.array([0, 2, 1, 1], "f")]
-    on_values = transposed.native_graph(labelled, {}, shapes, dtypes, TRAIN, given)
-    cached = transposed.native_graph(labelled, {}, shapes, dtypes, TRAIN)
+    on_values = native.native_graph(labelled, {}, shapes, dtypes, TRAIN, given)
+    cached = native.native_graph(labelled, {}, shapes, dtypes, TRAIN)
     assert cached is not on_values and cached.inlines and on_values.inlines, cached.reason
     assert customop.explain(labelled, *given).train is cached
     g = rng.randn(4, 3).astype("f")

@@ -13,7 +13,7 @@ import pytest
 import customop
 from customop import customop as decorate
 from customop import dispatch, runtime, value_checks
-from customop.graphs import native, transposed
+from customop.graphs import native
 from customop.graphs.native import EXPORT, TRAIN
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -176,7 +176,7 @@ def test_box_encode_whose_forward_clips_its_matches_itself_is_not_guarded_twice(
 
     for op, clips in ((encode, 0), (ops.box_encode, 1)):
         for purpose in (TRAIN, EXPORT):
-            graph = transposed.native_graph(op, {}, shapes, ["float32"] * 6, purpose).graph
+            graph = native.native_graph(op, {}, shapes, ["float32"] * 6, purpose).graph
             assert graph.guards == ["_contrib_box_encode"]
             assert graph.operators().count("shape_array") == 1 - clips
             assert graph.operators().count("broadcast_minimum") == 1
