@@ -15,15 +15,13 @@ customop; an op of ours called first (``binds`` installed); the same with
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from benchmarks.rounds import fresh_rounds  # noqa: E402
 from benchmarks.tables import print_table  # noqa: E402
 
 USE_OP = """
@@ -71,27 +69,17 @@ print(json.dumps([times[len(times) // 2] * 1e3, check[len(check) // 2] * 1e3 if 
 """
 
 
-def run(setup: str, env: dict, binds: int) -> list:
-    code = MEASURE.format(setup=setup, binds=binds)
-    done = subprocess.run([sys.executable, "-c", code], cwd=str(ROOT), capture_output=True,
-                          text=True, env={**os.environ, **env}, check=True)
-    return json.loads(done.stdout.strip().splitlines()[-1])
-
-
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--binds", type=int, default=20)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--markdown", action="store_true")
     args = parser.parse_args(argv)
-    ms = {name: [] for name, _, _ in SETUPS}
-    checks = {name: [] for name, _, _ in SETUPS}
-    for _ in range(args.rounds):  # alternating rounds: load drifts act on every row alike
-        for name, setup, env in SETUPS:
-            bind_ms, check_ms = run(setup, env, args.binds)
-            ms[name].append(bind_ms)
-            if check_ms is not None:
-                checks[name].append(check_ms)
+    found = fresh_rounds(SETUPS, args.rounds,
+                         lambda setup: MEASURE.format(setup=setup, binds=args.binds))
+    ms = {name: [bind_ms for bind_ms, _ in runs] for name, runs in found.items()}
+    checks = {name: [check_ms for _, check_ms in runs if check_ms is not None]
+              for name, runs in found.items()}
     base = statistics.median(ms[SETUPS[0][0]])
     rows = []
     for name, v in ms.items():

@@ -12,14 +12,12 @@ MXNet alone does, which can deadlock when a Python callback is pending).
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from benchmarks.rounds import fresh_rounds  # noqa: E402
 from benchmarks.tables import print_table  # noqa: E402
 
 USE_OP = """
@@ -61,14 +59,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--markdown", action="store_true")
     args = parser.parse_args()
-    results: dict[str, list[float]] = {name: [] for name, _, _ in SETUPS}
-    for _ in range(args.rounds):  # alternate the processes, round by round
-        for name, setup, env in SETUPS:
-            code = "import mxnet as mx\n" + setup + MEASURE.format(forks=args.forks)
-            out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True,
-                                 capture_output=True, text=True,
-                                 env={**os.environ, "PYTHONPATH": str(ROOT), **env})
-            results[name].append(json.loads(out.stdout.strip().splitlines()[-1]))
+    results = fresh_rounds(SETUPS, args.rounds, lambda setup: "import mxnet as mx\n" + setup
+                           + MEASURE.format(forks=args.forks))
     base = sorted(results[SETUPS[0][0]])[args.rounds // 2]
     rows = []
     for name, _, _ in SETUPS:

@@ -6,7 +6,7 @@ import numpy as np
 
 from customop import customop
 
-from . import _checks
+from . import _checks, _rows
 from .topk import _topk_nd
 
 
@@ -62,12 +62,7 @@ def arr_pick(arr, indicate, *, num):
         rank = mx.nd.arange(length - 1, -1, -1, ctx=ctx, dtype="int32").reshape((1, 1, -1))
         key = mx.nd.broadcast_add((indicate != 0).astype("int32") * length, rank)
         pos = _topk_nd(key, num, -1, "indices", False, "int64", False)  # (B, 1, num)
-        # row starts b * M * L + m * L, from arr's shape (not the traced B and M): a graph
-        # of it serves any batch; counted in float64 (in arr's dtype, float16 counts wrong
-        # past 2048 rows)
-        column = mx.nd.slice_axis(arr, axis=2, begin=0, end=1).astype("float64")
-        row = mx.nd.contrib.arange_like(column)
-        flat = mx.nd.broadcast_add(row.astype("int64") * length, pos)
+        flat = mx.nd.broadcast_add(_rows.row_starts(arr), pos)  # b M L + m L + pos
     return mx.nd.take(mx.nd.reshape(arr, shape=(-1,)), flat)
 
 

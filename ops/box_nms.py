@@ -6,7 +6,7 @@ import numpy as np
 
 from customop import customop
 
-from . import _checks
+from . import _checks, _rows
 from ._boxes import to_center, to_corner
 
 
@@ -132,19 +132,21 @@ def box_nms(data, *, overlap_thresh=0.5, valid_thresh=0.0, topk=-1, coord_start=
     # broadcast_like, reshape_like), never as numbers: a graph of it serves any batch.
     ctx, width = data.context, data.shape[-1]
     rows = mx.nd.reshape(data, shape=(-1, 0, 0), reverse=True)  # (B, N, K)
-    work = rows.astype("float32") if rows.dtype == np.float16 else rows  # exact row indices
+    # float32 at least: the index column below rides through contrib.box_nms in work's dtype
+    work = rows.astype("float32") if rows.dtype == np.float16 else rows
     if in_format == "corner":
         shift = np.zeros(width)
         shift[coord_start + 2:coord_start + 4] = 1
         work = mx.nd.broadcast_add(work, mx.nd.array(shift, ctx=ctx, dtype=work.dtype))
     column = mx.nd.slice_axis(work, axis=2, begin=0, end=1)  # (B, N, 1)
-    index = mx.nd.reshape(mx.nd.contrib.arange_like(column, axis=1), shape=(1, -1, 1))
+    index = mx.nd.reshape(_rows.index_along(column, 1).astype(work.dtype), shape=(1, -1, 1))
     work = mx.nd.concat(work, mx.nd.broadcast_like(index, column), dim=-1)
     kept = mx.nd.slice_axis(mx.nd.contrib.box_nms(work, out_format=in_format, **common),
                             axis=2, begin=width, end=width + 1)  # (B, N, 1): input row or -1
     keep = kept >= 0
+    images = mx.nd.reshape(column, shape=(0, 1, -1))  # (B, 1, N): a row per image
     flat = mx.nd.broadcast_add(mx.nd.where(keep, kept, mx.nd.zeros_like(kept)).astype("int64"),
-                               _image_starts(column))
+                               _rows.row_starts(images))  # + b N, where image b starts
     out = mx.nd.take(mx.nd.reshape(rows, shape=(-1, 0), reverse=True),
                      mx.nd.reshape(flat, shape=(-1,)))
     out = mx.nd.reshape_like(out, rows)
@@ -158,21 +160,6 @@ def box_nms(data, *, overlap_thresh=0.5, valid_thresh=0.0, topk=-1, coord_start=
         out = mx.nd.concat(*parts, dim=-1)
     keep = mx.nd.broadcast_like(keep.astype(out.dtype), out)
     return mx.nd.reshape_like(mx.nd.where(keep, out, -mx.nd.ones_like(out)), data)
-
-
-def _image_starts(column):
-    """``[[[0]], [[N]], [[2 N]], ...]`` (int64) for ``column`` of shape (B, N, 1): where
-    each image's rows start among all rows."""
-    if not mx.autograd.is_recording():  # on arrays: this call's numbers, in 2 operators
-        b, n = column.shape[:2]
-        return mx.nd.arange(0, b * n, n, ctx=column.context, dtype="int64").reshape((b, 1, 1))
-    # traced: from column's shape, so that the graph serves any batch; counted in float64
-    # on one column and one row (exact to 2**53; float16 counts wrong past 2048)
-    images = mx.nd.slice_axis(column, axis=1, begin=0, end=1).astype("float64")  # (B, 1, 1)
-    first = mx.nd.slice_axis(column, axis=0, begin=0, end=1).astype("float64")  # (1, N, 1)
-    image = mx.nd.contrib.arange_like(images, axis=0).astype("int64")
-    n = mx.nd.max(mx.nd.contrib.arange_like(first, axis=1)).astype("int64") + 1
-    return mx.nd.broadcast_mul(mx.nd.reshape(image, shape=(-1, 1, 1)), n.reshape((1, 1, 1)))
 
 
 @box_nms.twin("numpy")

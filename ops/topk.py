@@ -6,7 +6,7 @@ import numpy as np
 
 from customop import customop, residuals
 
-from . import _checks
+from . import _checks, _rows
 
 RET_TYPS = ("value", "indices", "mask", "both")
 DTYPES = ("float16", "float32", "float64", "uint8", "int32", "int64")
@@ -69,22 +69,6 @@ def _const_like(x, value):
                        [value], x.context, dtype=x.dtype).reshape((1,) * x.ndim), x.shape))
 
 
-def _row_offsets(rows, length, x):
-    """``[[0], [length], [2 length], ...]`` (int64): row starts in the flattened data."""
-    if mx.autograd.is_recording():  # traced: computed from x's shape, at any shape
-        table = mx.nd.reshape(x, shape=(-1, 0), reverse=True)  # (rows, length)
-        # counted in float64 (exact to 2**53), on one column and one row: in x's dtype,
-        # float16 counts wrong past 2048 rows
-        column = mx.nd.slice_axis(table, axis=1, begin=0, end=1).astype("float64")
-        first = mx.nd.slice_axis(table, axis=0, begin=0, end=1).astype("float64")
-        row = mx.nd.contrib.arange_like(column, axis=0).astype("int64")
-        size = mx.nd.max(mx.nd.contrib.arange_like(first, axis=1)).astype("int64") + 1
-        return mx.nd.broadcast_mul(mx.nd.reshape(row, shape=(-1, 1)), size.reshape((1, 1)))
-    return _cached(("offsets", (rows, length), "int64", str(x.context)), rows,
-                   lambda: mx.nd.array(np.arange(rows, dtype=np.int64)[:, None] * length,
-                                       x.context, dtype="int64"))
-
-
 def _to_last(x, axis):
     """``x`` with ``axis`` moved last (flattened for ``axis=None``), and the permutation."""
     if axis is None:
@@ -109,7 +93,6 @@ def _topk_parts(data, k, axis, ret_typ, is_ascend, dtype, do_sort):
     length = _check(data.shape, k, axis, ret_typ, is_ascend, dtype, do_sort)
     k = length if k < 1 else k
     x, perm = _to_last(data, axis)
-    rows = x.size // length
     with mx.autograd.pause():  # positions are not differentiable (sort of int64 cannot record)
         key = _nan_largest(x)
         if ret_typ == "mask":
@@ -120,8 +103,7 @@ def _topk_parts(data, k, axis, ret_typ, is_ascend, dtype, do_sort):
                          dtype="int64")
         if not do_sort:
             pos = mx.nd.sort(pos, axis=-1)
-        flat = mx.nd.broadcast_add(mx.nd.reshape(pos, shape=(-1, k)),
-                                   _row_offsets(rows, length, key))
+        flat = mx.nd.reshape(mx.nd.broadcast_add(pos, _rows.row_starts(key)), shape=(-1, k))
     if ret_typ == "indices":
         return _from_last(pos.astype(dtype), perm), None
     value = _from_last(mx.nd.reshape_like(mx.nd.take(mx.nd.reshape(x, shape=(-1,)), flat), pos),
