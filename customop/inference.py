@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Tuple  # noqa: UP035 - Tuple: see Shape
 import mxnet as mx
 import numpy as np
 
-from . import errors, kernel, runtime, value_checks
+from . import errors, kernel, value_checks
 from .runtime import randomness
 
 if TYPE_CHECKING:
@@ -55,10 +55,8 @@ def _generators_kept() -> Iterator[None]:
     # ``from numpy.random import normal``).  MXNet's generators need nothing: they are per
     # thread (measured), and 'mxnet'-mode placeholder runs have their own.
     np_state, py_state = np.random.get_state(), random.getstate()
-    private = contextlib.nullcontext() if runtime.disabled("randomness") \
-        else randomness.placeholder_draws()
     try:
-        with private:
+        with randomness.placeholder_draws():
             yield
     finally:
         if threading.active_count() == 1:

@@ -8,9 +8,7 @@ creation time, so redefining a function (a notebook cell re-run) takes effect.
 from __future__ import annotations
 
 import ctypes
-import sys
 import threading
-import traceback
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -174,46 +172,9 @@ def register(op_type: str, lookup: Callable[[str], CustomOperator]) -> None:
 
 def _adopt_prop(prop: Any, refs: Any) -> None:
     deps.adopt_prop(refs, prop.n_out, len(prop.op.signature.inputs), prop.op.need_top_grad)
-    shapes.adopt_prop(refs, prop, _shape_props, _infer_shape_entry)
+    shapes.adopt_prop(refs, prop)
     names.adopt_prop(refs, prop)
     binds.adopt_prop(prop.op.op_type)
-
-
-_shape_props: dict[int, Any] = {}  # context key -> weakref to a prop (customop.runtime.shapes)
-_shape_buffers = threading.local()  # .held: the buffers of this thread's last shape answer
-
-
-def _infer_shape_entry(num_tensor, tensor_dims, tensor_shapes, key, props=_shape_props):
-    # MXNet's infer_shape_entry, with the buffers it hands C++ held per thread: MXNet keeps
-    # them in one slot per prop, which a concurrent bind of the same Symbol replaced while
-    # C++ still copied them (customop.runtime.shapes).
-    ref = props.get(key)
-    prop = ref() if ref is not None else None
-    if prop is None:  # pragma: no cover - MXNet calls a prop only while it holds it
-        return False
-    try:
-        n_in = len(prop.list_arguments())
-        n_out = len(prop.list_outputs())
-        n_aux = len(prop.list_auxiliary_states())
-        if num_tensor != n_in + n_out + n_aux:  # pragma: no cover - MXNet's own assertion
-            raise AssertionError(f"infer_shape: {num_tensor} tensors for {n_in} inputs, "
-                                 f"{n_out} outputs and {n_aux} aux states")
-        given = [[tensor_shapes[i][j] for j in range(tensor_dims[i])] for i in range(n_in)]
-        ishape, oshape, ashape = prop.infer_shape(given)
-        answer = [*ishape, *oshape, *ashape]
-        held = []
-        for i in range(num_tensor):
-            dims = [int(d) for d in answer[i]]
-            buf = (ctypes.c_int * max(len(dims), 1))(*dims)
-            held.append(buf)
-            tensor_shapes[i] = ctypes.cast(buf, ctypes.POINTER(ctypes.c_int))
-            tensor_dims[i] = len(dims)
-        _shape_buffers.held = held  # C++ copies them right after this returns, on this thread
-    except Exception:  # noqa: BLE001 - a C callback must not raise; the prop reported its own
-        if not errors.is_ours(sys.exc_info()[1]):
-            traceback.print_exc()
-        return False
-    return True
 
 
 def _adopting(adopt: Callable[[Any, Any], None]) -> property:

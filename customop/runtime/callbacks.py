@@ -45,7 +45,8 @@ PROP_INFER_SHAPE, PROP_DECLARE_DEPS = 4, 5
 
 watched: dict[int, tuple[Any, int, int | None]] = {}  # key -> (op, MXNet's deleter, context)
 keys = itertools.count(1)
-_entries: dict[str, tuple[Any, int]] = {}  # name -> (our C callback, its address), kept for good
+# name -> (our C callback, its address, the function it calls), kept for good
+_entries: dict[str, tuple[Any, int, Callable]] = {}
 _entries_lock = threading.Lock()
 
 
@@ -60,8 +61,13 @@ def entry(name: str, ctype: Any, fn: Callable) -> int:
             if found is None:
                 callback = ctype(fn)
                 found = _entries[name] = (callback,
-                                          ctypes.cast(callback, ctypes.c_void_p).value)
+                                          ctypes.cast(callback, ctypes.c_void_p).value, fn)
     return found[1]
+
+
+def entries() -> dict[str, Callable]:
+    """The Python function behind each C callback :func:`entry` made so far, by name."""
+    return {name: found[2] for name, found in list(_entries.items())}
 
 
 def adopting(patch: str, refs: Any, n: int) -> tuple[Any, Any] | None:

@@ -8,18 +8,16 @@ MXNet's Python ``list_arguments_entry``, ``list_outputs_entry`` and
 in one slot per prop (``_ref_holder``).  C++ asks for them whenever it needs a
 node's input or output names (``Symbol.list_outputs``, each bind), so two
 threads using one Symbol call the same prop's entry concurrently, and the
-second call frees the first call's array while C++ still copies its strings
-(measured: 4 threads calling ``list_outputs()`` 20,000 times each on one Symbol
-holding a hand-written CustomOp died with a segmentation fault or bus error in 2
-of 3 runs and read garbage names in the third (``UnicodeDecodeError``); on
-``ops.focal_loss`` alike; 4 threads binding one Symbol holding ``ops.box_decode``
-and ``ops.focal_loss`` 200 times a round for 10 rounds aborted the process
-(``double free or corruption``, ``corrupted double-linked list``, segmentation
-fault) in 3 of 6 runs, with the ``shapes`` fix in place).  A prop's names never
-change, so for each prop of *ours* only, the three list slots of the callback
-table MXNet made for it are pointed at entries that build each list once and keep
-it with the prop, for as long as MXNet holds the prop.  Switched off, concurrent
-users of one Symbol share MXNet's slots again.
+second call frees the first call's array while C++ still copies its strings:
+threads calling ``list_outputs()`` on one Symbol holding a hand-written CustomOp
+died (segmentation fault, bus error) or read garbage names (``UnicodeDecodeError``),
+on ``ops.focal_loss`` alike, and threads binding one Symbol of our ops aborted the
+process (``double free or corruption``, ``corrupted double-linked list``) with the
+``shapes`` fix in place (measured: docs/design.md, *What customop changes in MXNet*).
+A prop's names never change, so for each prop of *ours* only, the three list slots of
+the callback table MXNet made for it are pointed at entries that build each list once
+and keep it with the prop, for as long as MXNet holds the prop.  Switched off,
+concurrent users of one Symbol share MXNet's slots again.
 """
 from __future__ import annotations
 
