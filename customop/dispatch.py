@@ -24,27 +24,22 @@ compare them).
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import itertools
 import threading
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import mxnet as mx
 import numpy as np
-from mxnet.base import NDArrayHandle
 from mxnet.ndarray import NDArray
 
-from . import errors, kernel, runtime
+from . import errors, kernel, opinfo, runtime
 from . import params as _params
 from .modes import NumpyMode
 from .outputs import OutputsSymbol
 from .runtime import aux as aux_patch
 from .runtime import callbacks
 from .runtime import trace as trace_hooks
-
-if TYPE_CHECKING:
-    from .operator import CustomOperator
 
 PATHS = ("direct", "function", "native", "custom")
 _forced = threading.local()
@@ -85,7 +80,7 @@ def choose(recording: bool, native: bool = False) -> str:
 _PLAIN = (np.ndarray, np.generic, bool, int, float)
 
 
-def to_ndarrays(op: CustomOperator, inputs: list[Any]) -> list[mx.nd.NDArray]:
+def to_ndarrays(op: opinfo.Forward, inputs: list[Any]) -> list[mx.nd.NDArray]:
     ctx = next(a.context for a in inputs if isinstance(a, mx.nd.NDArray))
     out = []
     for name, a in zip(op.signature.arrays, inputs):
@@ -103,7 +98,7 @@ def to_ndarrays(op: CustomOperator, inputs: list[Any]) -> list[mx.nd.NDArray]:
     return out
 
 
-def call_ndarray(op: CustomOperator, inputs: list[Any], params: dict[str, Any]) -> Any:
+def call_ndarray(op: opinfo.Dispatched, inputs: list[Any], params: dict[str, Any]) -> Any:
     nd_inputs = to_ndarrays(op, inputs)
     kernel.check_aux(op, nd_inputs, params)
     recording = mx.autograd.is_recording()
@@ -132,7 +127,7 @@ def call_ndarray(op: CustomOperator, inputs: list[Any], params: dict[str, Any]) 
     return _returned(outs)
 
 
-def call_without_inputs(op: CustomOperator, params: dict[str, Any], ctx: mx.Context) -> Any:
+def call_without_inputs(op: opinfo.Forward, params: dict[str, Any], ctx: mx.Context) -> Any:
     """An operator with no array inputs (a generator): its outputs, on ``ctx``."""
     if getattr(_forced, "path", None) == "custom":
         runtime.use()
@@ -147,7 +142,7 @@ def call_without_inputs(op: CustomOperator, params: dict[str, Any], ctx: mx.Cont
     return _returned(outs)
 
 
-def call_direct(op: CustomOperator, nd_inputs: list[mx.nd.NDArray],
+def call_direct(op: opinfo.Forward, nd_inputs: list[mx.nd.NDArray],
                 params: dict[str, Any]) -> list[mx.nd.NDArray]:
     mode = op.mode_impl
     ctx = nd_inputs[0].context
@@ -156,7 +151,7 @@ def call_direct(op: CustomOperator, nd_inputs: list[mx.nd.NDArray],
         return [_fresh(mode.to_nd(o, ctx), nd_inputs) for o in outs]
 
 
-def call_native(op: CustomOperator, nd_inputs: list[mx.nd.NDArray],
+def call_native(op: opinfo.Differentiable, nd_inputs: list[mx.nd.NDArray],
                 params: dict[str, Any]) -> list[mx.nd.NDArray]:
     # Recorded as MXNet's own ops: a no_grad input is cut off from the tape instead.
     args = [a.detach() if name in op.no_grad else a
@@ -187,23 +182,22 @@ def _backward(num_ograds, num_igrads, ptrs, reqs, is_train, key):
 
 
 def _run_backward(state, num_ograds, num_igrads, ptrs, reqs):
-    op, mode, args, outs = state.op, state.op.mode_impl, state.args, state.outs
+    op, mode, outs = state.op, state.op.mode_impl, state.outs
+    names: list[str] = []
+    igrads: list[NDArray] = []
     try:
-        reqs = [callbacks.REQ[reqs[i]] for i in range(num_igrads)]
-        igrads = [NDArray(ctypes.cast(ptrs[num_ograds + i], NDArrayHandle), writable=True)
-                  for i in range(num_igrads)]
+        names = callbacks.req_names(reqs, num_igrads)
+        ograds, igrads = callbacks.function_arrays(num_ograds, num_igrads, ptrs,
+                                                   op.need_top_grad)
         g = None
-        if op.need_top_grad:
-            g = [mode.from_nd(NDArray(ctypes.cast(ptrs[i], NDArrayHandle), writable=False))
-                 for i in range(num_ograds)]
+        if ograds is not None:
+            g = [mode.from_nd(o) for o in ograds]
             g = [v.reshape(o.shape) if op.mode == "numpy" else v for v, o in zip(g, outs)]
-        kernel.backward_nd(op, args, state.aux, outs, g, state.params, reqs, igrads,
+        kernel.backward_nd(op, state.args, state.aux, outs, g, state.params, names, igrads,
                            state.saved)
     except Exception as exc:
-        try:  # the gradients it should have written carry the failure to their readers
-            poisoned = errors.poison([g for g, r in zip(igrads, reqs) if r != "null"])
-        except Exception:  # noqa: BLE001 - NaiveEngine runs it at once, or no gradients yet
-            poisoned = False
+        # the gradients it should have written carry the failure to their readers
+        poisoned = callbacks.poisoned([g for g, r in zip(igrads, names) if r != "null"])
         errors.report(errors.ours(exc, op.op_type, "backward"), state.reader, poisoned)
         return poisoned
     return True
@@ -219,7 +213,7 @@ def _delete(key, states=_states, alive=_alive):
 
 
 
-def call_function(op: CustomOperator, nd_inputs: list[mx.nd.NDArray],
+def call_function(op: opinfo.Differentiable, nd_inputs: list[mx.nd.NDArray],
                   params: dict[str, Any]) -> list[mx.nd.NDArray]:
     mode = op.mode_impl
     ctx = nd_inputs[0].context
@@ -242,7 +236,7 @@ def call_function(op: CustomOperator, nd_inputs: list[mx.nd.NDArray],
     return nd_outs
 
 
-def call_custom(op: CustomOperator, nd_inputs: list[mx.nd.NDArray],
+def call_custom(op: opinfo.Forward, nd_inputs: list[mx.nd.NDArray],
                 params: dict[str, Any]) -> list[mx.nd.NDArray]:
     attrs = {k: _params.encode(v) for k, v in params.items()}
     if op.signature.aux:
@@ -272,7 +266,7 @@ def call_custom(op: CustomOperator, nd_inputs: list[mx.nd.NDArray],
     return outs
 
 
-def call_symbol(op: CustomOperator, arrays: list[Any], params: dict[str, Any],
+def call_symbol(op: opinfo.Forward, arrays: list[Any], params: dict[str, Any],
                 node_name: str | None) -> mx.sym.Symbol:
     """A ``Custom`` node over Symbol inputs; aux states left out become zero-filled variables.
 
@@ -304,7 +298,7 @@ def call_symbol(op: CustomOperator, arrays: list[Any], params: dict[str, Any],
     return sym
 
 
-def call_numpy(op: CustomOperator, inputs: list[Any], params: dict[str, Any]) -> Any:
+def call_numpy(op: opinfo.Forward, inputs: list[Any], params: dict[str, Any]) -> Any:
     """NumPy inputs: just the forward (aux states, given as NumPy arrays, updated in place)."""
     kernel.check_aux(op, inputs, params)
     for name, a in zip(op.signature.arrays, inputs):

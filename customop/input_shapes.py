@@ -17,34 +17,17 @@ with shape ``()``).  So an input that nothing gives is named here: an
 """
 from __future__ import annotations
 
-import contextlib
 import numbers
-import threading
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any, Tuple  # noqa: UP035 - Tuple: evaluated at run time on Python 3.8
 
 import mxnet as mx
 
 from . import errors
+from .runtime import gluonshape
 
 Shape = Tuple[int, ...]  # noqa: UP006
-
-
-_collected = threading.local()  # .notes: a list while Gluon infers shapes on this thread
-
-
-@contextlib.contextmanager
-def collecting() -> Iterator[list[str]]:
-    """Within the block, the shape passes of our ops on this thread list what to do about each
-    input whose shape stays unknown (the ``gluonshape`` patch of :mod:`customop.runtime` names
-    the first in Gluon's deferred-initialization error)."""
-    outer = getattr(_collected, "notes", None)
-    _collected.notes = []
-    try:
-        yield _collected.notes
-    finally:
-        _collected.notes = outer
 
 
 class InputShapeWarning(UserWarning):
@@ -156,10 +139,11 @@ class InputShapes:
                 warnings.warn(self.unknown_message(name), InputShapeWarning, stacklevel=2)
 
     def note_unknown(self, shapes: list[Shape]) -> None:
-        """Inside :func:`collecting`, list each input not fully known with what to do about it
-        (a Gluon Parameter of shape ``(10, 0)`` among them, which :meth:`warn_unknown` leaves
+        """While Gluon's deferred initialization infers shapes on this thread (the
+        ``gluonshape`` patch), list each input not fully known with what to do about it (a
+        Gluon Parameter of shape ``(10, 0)`` among them, which :meth:`warn_unknown` leaves
         out)."""
-        notes = getattr(_collected, "notes", None)
+        notes = gluonshape.notes()
         if notes is None:
             return
         for name, shape in zip(self.inputs, shapes):

@@ -8,26 +8,21 @@ creation time, so redefining a function (a notebook cell re-run) takes effect.
 from __future__ import annotations
 
 import ctypes
-import sys
 import threading
-import traceback
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import mxnet as mx
 import numpy as np
 from mxnet.base import _LIB, check_call
 from mxnet.ndarray.ndarray import _DTYPE_MX_TO_NP
 
-from . import errors, kernel, runtime
+from . import errors, kernel, opinfo, runtime
 from . import params as _params
 from .inference import known
 from .input_shapes import unknown_ndim
 from .runtime import aux as aux_patch
-from .runtime import binds, deps, names, release, shapes
-
-if TYPE_CHECKING:
-    from .operator import CustomOperator
+from .runtime import binds, callbacks, deps, names, release, shapes
 
 _decoded: dict[tuple, dict[str, Any]] = {}
 _UNKNOWN = 2**31 - 1  # dimensions from here up are MXNet's -1 (unknown) read as unsigned
@@ -43,177 +38,20 @@ def _decode_cached(kwargs: dict[str, str]) -> tuple[dict[str, Any], str]:
     return dict(found[0]), found[1]
 
 
-def register(op_type: str, lookup: Callable[[str], CustomOperator]) -> None:
-    """Register the CustomOpProp for ``op_type`` with MXNet (once per process).
-
-    ``lookup(op_type)`` gives the operator at each creation, so a redefinition
-    (a re-run notebook cell) takes effect.
-    """
-
-    class Prop(mx.operator.CustomOpProp):
-        def __init__(self, **kwargs: str):
-            self.op = op = lookup(op_type)
-            super().__init__(need_top_grad=op.need_top_grad)
-            self.call = errors.take_call(kwargs.pop(errors.CALL_KEY, None))
-            self.params, self.pkey = _decode_cached(kwargs)
-            if op.signature.aux:
-                aux_patch.use_aux(op.op_type, op.signature.aux)
-            else:
-                runtime.use()
-                runtime.note_graph_op(op)  # a loaded graph: bound or hybridized next
-            # MXNet does not guard the prop's constructor (an exception there crashes the
-            # process), so a bad parameter is reported from list_arguments, which it guards.
-            self.bad_params: BaseException | None = None
-            self.n_out = 1  # this node's output count (num_outputs= may depend on parameters)
-            self.out_names: tuple[str, ...] = ("output",)
-            try:
-                op.signature.check_params(self.params)
-                self.n_out = op.outputs.of(self.params)
-                self.out_names = op.outputs.names(self.params)
-            except Exception as exc:
-                self.bad_params = exc
-            # thread -> the input shapes its last shape inference settled, read by its type
-            # inference: threads binding one Symbol at other shapes share this prop
-            self.shapes: dict[int, tuple] = {}
-
-        # before MXNet asks for the node's names, backward dependencies or shapes
-        # (customop.runtime.names, .deps, .shapes)
-        _ref_holder = _adopting(lambda self, refs: _adopt_prop(self, refs))
-
-        def list_arguments(self) -> list[str]:
-            if self.bad_params is not None:
-                errors.report(self.bad_params)
-                raise self.bad_params
-            return list(self.op.signature.inputs)
-
-        def list_outputs(self) -> list[str]:
-            return list(self.out_names)
-
-        def list_auxiliary_states(self) -> list[str]:
-            return list(self.op.signature.aux)
-
-        def infer_shape(self, in_shape):
-            given = [tuple(int(d) for d in s) for s in in_shape]
-            # inputs the op infers from the others (infer_input_shape=), like a layer's weight
-            shapes = tuple(self._guarded(self.op.input_shapes.complete, given, self.params))
-            n_aux = len(self.op.signature.aux)
-            if not all(known(s) for s in shapes):
-                self.op.input_shapes.warn_unknown(list(shapes))
-                self.op.input_shapes.note_unknown(list(shapes))
-                return [list(s) for s in shapes], [()] * self.n_out, self._aux_if_known(shapes)
-            self.shapes[threading.get_ident()] = shapes
-            metas = self._guarded(self.op.inference.outputs, self.pkey, self.params, shapes, None)
-            aux = self._guarded(kernel.aux_shapes, self.op, list(shapes), self.params) \
-                if n_aux else []
-            return [list(s) for s in shapes], [m.shape for m in metas], aux
-
-        def _aux_if_known(self, shapes):
-            # An aux state's shape often needs only the known dims (centers: num_class x D);
-            # an unknown one would contradict the aux array an mx.nd.Custom caller holds.
-            try:
-                aux = kernel.aux_shapes(self.op, list(shapes), self.params)
-            except Exception:
-                return [()] * len(self.op.signature.aux)
-            return [a if known(a) else () for a in aux]
-
-        def infer_type(self, in_type):
-            # An input the op infers the shape of (a weight) takes the data's dtype, as
-            # FullyConnected's weight does; any other unknown one float32.
-            inferred = self.op.input_shapes.fns
-            like = kernel.aux_dtype_for([t for t in in_type if t is not None])
-            dtypes = tuple(np.dtype(t if t is not None else like if name in inferred else
-                                    np.float32)
-                           for name, t in zip(self.op.signature.inputs, in_type))
-            shapes = self.shapes.get(threading.get_ident())
-            if shapes is None:
-                out = self._guarded(self.op.inference.dtypes_only, self.params, dtypes)
-            else:
-                metas = self._guarded(self.op.inference.outputs, self.pkey, self.params,
-                                      shapes, dtypes)
-                out = [m.dtype for m in metas]
-            aux = [kernel.aux_dtype_for(dtypes).type] * len(self.op.signature.aux)
-            return [d.type for d in dtypes], [np.dtype(d).type for d in out], aux
-
-        def create_operator(self, ctx, shapes, dtypes):
-            n = len(self.op.signature.inputs)  # MXNet also passes the output shapes
-            shapes = tuple(tuple(int(d) for d in s) for s in shapes[:n])
-            self._guarded(self._check_known, shapes)
-            dtypes = tuple(np.dtype(_DTYPE_MX_TO_NP[t]) for t in dtypes[:n])
-            metas = self._guarded(self.op.inference.outputs, self.pkey, self.params,
-                                  shapes, dtypes)
-            # The thread that binds (or calls) it reads its errors.
-            return _Op(self.op, self.params, [m.scalar for m in metas], self.call,
-                       threading.get_ident(), ctx)
-
-        def _check_known(self, shapes):
-            # Legacy shapes read 0 as "unknown": a 0-size input reaches us as -1 seen unsigned
-            # (4294967295). Never allocate placeholders from that.
-            for name, shape in zip(self.op.signature.inputs, shapes):
-                if unknown_ndim(shape):  # MXNet bound it although nothing gave its shape
-                    raise ValueError(self.op.input_shapes.unknown_message(name))
-                if not all(0 < d < _UNKNOWN for d in shape):
-                    dims = tuple("?" if d >= _UNKNOWN else d for d in shape)
-                    raise ValueError(
-                        f"customop {errors.shown(self.op.op_type)!r} (input {name!r}): MXNet "
-                        f"passed shape {dims} with an unknown ('?') or zero dimension; an "
-                        "empty (0-size) batch cannot go through mx.nd.Custom, symbols or "
-                        "hybridized blocks under MXNet's legacy shapes: skip empty batches "
-                        "there, or call a 'numpy'-mode op on NDArrays outside a graph, where "
-                        "0-size inputs work")
-
-        def _guarded(self, fn, *args):
-            try:
-                return fn(*args)
-            except Exception as exc:
-                new = errors.ours(exc, self.op.op_type, "shape/type inference")
-                errors.report(new)
-                errors.raise_as(new, exc)
-
-    mx.operator.register(op_type)(Prop)
+def _use_runtime(op: opinfo.Forward) -> None:
+    # MXNet creates a prop for a graph node, a loaded graph or an mx.nd.Custom call
+    if op.signature.aux:
+        aux_patch.use_aux(op.op_type, op.signature.aux)
+    else:
+        runtime.use()
+        runtime.note_graph_op(op)  # a loaded graph: bound or hybridized next
 
 
 def _adopt_prop(prop: Any, refs: Any) -> None:
     deps.adopt_prop(refs, prop.n_out, len(prop.op.signature.inputs), prop.op.need_top_grad)
-    shapes.adopt_prop(refs, prop, _shape_props, _infer_shape_entry)
+    shapes.adopt_prop(refs, prop)
     names.adopt_prop(refs, prop)
     binds.adopt_prop(prop.op.op_type)
-
-
-_shape_props: dict[int, Any] = {}  # context key -> weakref to a prop (customop.runtime.shapes)
-_shape_buffers = threading.local()  # .held: the buffers of this thread's last shape answer
-
-
-def _infer_shape_entry(num_tensor, tensor_dims, tensor_shapes, key, props=_shape_props):
-    # MXNet's infer_shape_entry, with the buffers it hands C++ held per thread: MXNet keeps
-    # them in one slot per prop, which a concurrent bind of the same Symbol replaced while
-    # C++ still copied them (customop.runtime.shapes).
-    ref = props.get(key)
-    prop = ref() if ref is not None else None
-    if prop is None:  # pragma: no cover - MXNet calls a prop only while it holds it
-        return False
-    try:
-        n_in = len(prop.list_arguments())
-        n_out = len(prop.list_outputs())
-        n_aux = len(prop.list_auxiliary_states())
-        if num_tensor != n_in + n_out + n_aux:  # pragma: no cover - MXNet's own assertion
-            raise AssertionError(f"infer_shape: {num_tensor} tensors for {n_in} inputs, "
-                                 f"{n_out} outputs and {n_aux} aux states")
-        given = [[tensor_shapes[i][j] for j in range(tensor_dims[i])] for i in range(n_in)]
-        ishape, oshape, ashape = prop.infer_shape(given)
-        answer = [*ishape, *oshape, *ashape]
-        held = []
-        for i in range(num_tensor):
-            dims = [int(d) for d in answer[i]]
-            buf = (ctypes.c_int * max(len(dims), 1))(*dims)
-            held.append(buf)
-            tensor_shapes[i] = ctypes.cast(buf, ctypes.POINTER(ctypes.c_int))
-            tensor_dims[i] = len(dims)
-        _shape_buffers.held = held  # C++ copies them right after this returns, on this thread
-    except Exception:  # noqa: BLE001 - a C callback must not raise; the prop reported its own
-        if not errors.is_ours(sys.exc_info()[1]):
-            traceback.print_exc()
-        return False
-    return True
 
 
 def _adopting(adopt: Callable[[Any, Any], None]) -> property:
@@ -228,17 +66,146 @@ def _adopting(adopt: Callable[[Any, Any], None]) -> property:
     return property(get, put)
 
 
+class _Prop(mx.operator.CustomOpProp):
+    """What MXNet asks of one graph node or ``mx.nd.Custom`` call of an operator: names,
+    shapes, dtypes, and the operator instance (:class:`_Op`).
+
+    :func:`register` makes one subclass per ``op_type``; MXNet creates an instance per
+    node or call, with the call's parameters as strings.
+    """
+
+    op_type: str  # the operator's, on its subclass
+    lookup: Callable[[str], opinfo.Registered]  # op_type -> the operator as defined now
+
+    def __init__(self, **kwargs: str):
+        self.op = op = self.lookup(self.op_type)
+        super().__init__(need_top_grad=op.need_top_grad)
+        self.call = errors.take_call(kwargs.pop(errors.CALL_KEY, None))
+        self.params, self.pkey = _decode_cached(kwargs)
+        _use_runtime(op)
+        # MXNet does not guard the prop's constructor (an exception there crashes the
+        # process), so a bad parameter is reported from list_arguments, which it guards.
+        self.bad_params: BaseException | None = None
+        self.n_out = 1  # this node's output count (num_outputs= may depend on parameters)
+        self.out_names: tuple[str, ...] = ("output",)
+        try:
+            op.signature.check_params(self.params)
+            self.n_out = op.outputs.of(self.params)
+            self.out_names = op.outputs.names(self.params)
+        except Exception as exc:
+            self.bad_params = exc
+        # thread -> the input shapes its last shape inference settled, read by its type
+        # inference: threads binding one Symbol at other shapes share this prop
+        self.shapes: dict[int, tuple] = {}
+
+    # before MXNet asks for the node's names, backward dependencies or shapes
+    # (customop.runtime.names, .deps, .shapes)
+    _ref_holder = _adopting(_adopt_prop)
+
+    def list_arguments(self) -> list[str]:
+        if self.bad_params is not None:
+            errors.report(self.bad_params)
+            raise self.bad_params
+        return list(self.op.signature.inputs)
+
+    def list_outputs(self) -> list[str]:
+        return list(self.out_names)
+
+    def list_auxiliary_states(self) -> list[str]:
+        return list(self.op.signature.aux)
+
+    def infer_shape(self, in_shape):
+        given = [tuple(int(d) for d in s) for s in in_shape]
+        # inputs the op infers from the others (infer_input_shape=), like a layer's weight
+        shapes = tuple(self._reporting(self.op.input_shapes.complete, given, self.params))
+        n_aux = len(self.op.signature.aux)
+        if not all(known(s) for s in shapes):
+            self.op.input_shapes.warn_unknown(list(shapes))
+            self.op.input_shapes.note_unknown(list(shapes))
+            return [list(s) for s in shapes], [()] * self.n_out, self._aux_if_known(shapes)
+        self.shapes[threading.get_ident()] = shapes
+        metas = self._reporting(self.op.inference.outputs, self.pkey, self.params, shapes, None)
+        aux = self._reporting(kernel.aux_shapes, self.op, list(shapes), self.params) \
+            if n_aux else []
+        return [list(s) for s in shapes], [m.shape for m in metas], aux
+
+    def _aux_if_known(self, shapes):
+        # An aux state's shape often needs only the known dims (centers: num_class x D);
+        # an unknown one would contradict the aux array an mx.nd.Custom caller holds.
+        try:
+            aux = kernel.aux_shapes(self.op, list(shapes), self.params)
+        except Exception:
+            return [()] * len(self.op.signature.aux)
+        return [a if known(a) else () for a in aux]
+
+    def infer_type(self, in_type):
+        # An input the op infers the shape of (a weight) takes the data's dtype, as
+        # FullyConnected's weight does; any other unknown one float32.
+        inferred = self.op.input_shapes.fns
+        like = kernel.aux_dtype_for([t for t in in_type if t is not None])
+        dtypes = tuple(np.dtype(t if t is not None else like if name in inferred else
+                                np.float32)
+                       for name, t in zip(self.op.signature.inputs, in_type))
+        shapes = self.shapes.get(threading.get_ident())
+        if shapes is None:
+            out = self._reporting(self.op.inference.dtypes_only, self.params, dtypes)
+        else:
+            metas = self._reporting(self.op.inference.outputs, self.pkey, self.params,
+                                  shapes, dtypes)
+            out = [m.dtype for m in metas]
+        aux = [kernel.aux_dtype_for(dtypes).type] * len(self.op.signature.aux)
+        return [d.type for d in dtypes], [np.dtype(d).type for d in out], aux
+
+    def create_operator(self, ctx, shapes, dtypes):
+        n = len(self.op.signature.inputs)  # MXNet also passes the output shapes
+        shapes = tuple(tuple(int(d) for d in s) for s in shapes[:n])
+        self._reporting(self._check_known, shapes)
+        dtypes = tuple(np.dtype(_DTYPE_MX_TO_NP[t]) for t in dtypes[:n])
+        metas = self._reporting(self.op.inference.outputs, self.pkey, self.params,
+                              shapes, dtypes)
+        # The thread that binds (or calls) it reads its errors.
+        return _Op(self.op, self.params, [m.scalar for m in metas], self.call,
+                   threading.get_ident(), ctx)
+
+    def _check_known(self, shapes):
+        # Legacy shapes read 0 as "unknown": a 0-size input reaches us as -1 seen unsigned
+        # (4294967295). Never allocate placeholders from that.
+        for name, shape in zip(self.op.signature.inputs, shapes):
+            if unknown_ndim(shape):  # MXNet bound it although nothing gave its shape
+                raise ValueError(self.op.input_shapes.unknown_message(name))
+            if not all(0 < d < _UNKNOWN for d in shape):
+                dims = tuple("?" if d >= _UNKNOWN else d for d in shape)
+                raise ValueError(
+                    f"customop {errors.shown(self.op.op_type)!r} (input {name!r}): MXNet "
+                    f"passed shape {dims} with an unknown ('?') or zero dimension; an "
+                    "empty (0-size) batch cannot go through mx.nd.Custom, symbols or "
+                    "hybridized blocks under MXNet's legacy shapes: skip empty batches "
+                    "there, or call a 'numpy'-mode op on NDArrays outside a graph, where "
+                    "0-size inputs work")
+
+    def _reporting(self, fn, *args):
+        try:
+            return fn(*args)
+        except Exception as exc:
+            new = errors.ours(exc, self.op.op_type, "shape/type inference")
+            errors.report(new)
+            errors.raise_as(new, exc)
+
+
+def register(op_type: str, lookup: Callable[[str], opinfo.Registered]) -> None:
+    """Register the CustomOpProp for ``op_type`` with MXNet (once per process).
+
+    ``lookup(op_type)`` gives the operator at each creation, so a redefinition
+    (a re-run notebook cell) takes effect.
+    """
+    prop = type("Prop", (_Prop,), {"op_type": op_type, "lookup": staticmethod(lookup)})
+    mx.operator.register(op_type)(prop)
+
+
 def _data_ptr(arr: mx.nd.NDArray) -> int:
     ptr = ctypes.c_void_p()
     check_call(_LIB.MXNDArrayGetData(arr.handle, ctypes.byref(ptr)))
     return ptr.value or 0
-
-
-def _poisoned(arrays: list[Any]) -> bool:
-    try:
-        return errors.poison(arrays)
-    except Exception:  # noqa: BLE001 - e.g. NaiveEngine runs the poison at once: raise instead
-        return False
 
 
 class _Op(mx.operator.CustomOp):
@@ -248,7 +215,7 @@ class _Op(mx.operator.CustomOp):
     itself; else ``reader``, the thread that bound it, gets the failure at its next read.
     """
 
-    def __init__(self, op: CustomOperator, params: dict[str, Any], scalar: list[bool],
+    def __init__(self, op: opinfo.Differentiable, params: dict[str, Any], scalar: list[bool],
                  call: errors.Call | None, reader: int, ctx: mx.Context):
         super().__init__()
         self.op, self.params, self.scalar = op, params, scalar
@@ -271,7 +238,7 @@ class _Op(mx.operator.CustomOp):
 
     def _fail(self, exc: BaseException, where: str, written: list[Any]) -> None:
         new = errors.ours(exc, self.op.op_type, where)
-        poisoned = _poisoned(written)  # then these arrays carry the failure to their readers
+        poisoned = callbacks.poisoned(written)  # these arrays carry the failure to readers
         if self.call is not None and where == "forward":
             errors.record(self.call, new)  # raised by that call itself, never by another
         else:

@@ -4,9 +4,9 @@ Off-switch: ``CUSTOMOP_RUNTIME_OFF=aux``; installed by the first use of an opera
 auxiliary states.
 
 A Python CustomOp updates its aux arrays through copies whose engine
-variables MXNet does not order with later reads of the real arrays
-(measured: ``exe.aux_dict`` read right after ``exe.forward()`` or
-``exe.backward()`` returned the old value 20 times in 20).  Wraps
+variables MXNet does not order with later reads of the real arrays: ``exe.aux_dict``
+read right after ``exe.forward()`` or ``exe.backward()`` returned the old value
+(measured: docs/design.md, *What customop changes in MXNet*).  Wraps
 ``Executor.__init__`` and ``CachedOp.__init__``: an executor or CachedOp
 whose graph holds such an op (found once, at creation) becomes an instance
 of a subclass whose ``forward``/``backward``/``__call__`` wait for that op's

@@ -6,8 +6,8 @@ of an operator with aux states.
 MXNet keeps one copy of an aux state per device and never reconciles them:
 Gluon's ``Trainer`` broadcasts the first device's copy once, inside the first
 ``step()`` (after backward already moved each copy), and never again;
-Module's kvstore skips aux states (measured: ``ops.CenterLoss`` on two devices
-with the standard loop, copies 1.49 apart after 5 steps).  Wraps
+Module's kvstore skips aux states (measured with ``ops.CenterLoss`` on two devices:
+docs/design.md, *What customop changes in MXNet*).  Wraps
 ``gluon.Trainer.step``, ``.allreduce_grads``, ``.update`` and
 ``mod.Module.update`` (so ``fit``): a Trainer whose parameters, or a Module
 whose graph, hold aux states of our ops ends each step with every copy

@@ -9,21 +9,19 @@ backend MKLDNN is activated"), and that pass keeps its working state in the
 backend's process-wide subgraph properties: each bind sets and removes their
 ``graph`` and ``op_names`` attributes (``src/executor/graph_executor.cc``,
 ``BuildSubgraph``).  Two threads binding at once corrupt that map or partition
-each other's graph (apache/mxnet#20296 saw it in the C predict API).  Measured, 4
-threads binding one Symbol 200 times a round for 10 rounds (8,000 binds a run):
-a graph of MXNet's own operators, customop not imported, aborted 2 of 3 runs
-(segmentation fault, ``std::length_error``); one holding ``ops.box_decode`` and
-``ops.focal_loss`` (with the ``shapes`` and ``names`` fixes) 3 of 4
-(``free(): invalid pointer``, ``free(): invalid size``; under gdb, a crash in
-the attribute map's ``erase`` called from ``Executor::SimpleBind``); with
-``MXNET_SUBGRAPH_BACKEND=NONE`` 0 of 7, inlined or not.  So ``Symbol.simple_bind``
+each other's graph (apache/mxnet#20296 saw it in the C predict API): threads binding
+one Symbol aborted the process, for a graph of MXNet's own operators (customop not
+imported: segmentation fault, ``std::length_error``) as for one holding our ops (with
+the ``shapes`` and ``names`` fixes: ``free(): invalid pointer``, ``free(): invalid
+size``; under gdb, a crash in the attribute map's ``erase`` called from
+``Executor::SimpleBind``), and never with ``MXNET_SUBGRAPH_BACKEND=NONE`` (measured:
+docs/design.md, *What customop changes in MXNet*).  So ``Symbol.simple_bind``
 and ``Symbol.bind`` are wrapped: a graph holding a ``Custom`` node of ours, or
 the inlined graph the ``inline`` patch binds in its place (:func:`serialized`),
 is bound under one process-wide lock; any other graph is bound at once, after
 one ``debug_str``, as MXNet binds it (binds of MXNet's own graphs from several
 threads stay as unsafe as MXNet makes them: set ``MXNET_SUBGRAPH_BACKEND=NONE``,
-or bind from one thread).  With it, 10 such runs of our Symbol (5 inlined, 5 with
-``inline`` off) gave 0 failed binds of 80,000 and no aborted process.  A child
+or bind from one thread).  With it, no bind of our Symbol failed, inlined or not.  A child
 forked while a thread of the parent binds starts with a free lock.  Switched off,
 binds of our graphs run concurrently again.
 """

@@ -9,15 +9,14 @@ ctypes, so with the GIL released.  MXNet's prepare step, which also runs
 inside every ``fork()``, joins its engine and CustomOp worker threads while
 the forking thread holds the GIL; a Python callback still pending there (a
 forward, or the deleter of a finished op, which MXNet's engine runs *after*
-``waitall()`` returns) waits for the GIL forever (measured: DataLoader
-workers, ``os.fork`` and ``subprocess`` hung after training calls; bounded
-waits for the deleters lost the race under load: 3 of 3 soaks beside 4 CPU
-hogs hung).  Run first with the GIL released, the same step drains the
-queues and *joins* those threads, so every pending callback has finished
-when it returns, by construction rather than by timing; the parent step
-starts fresh, idle threads, and the prepare step inside ``fork()`` then has
-nothing left that needs Python.  Costs one engine stop/start per fork (and
-at exit) in processes that ran a decorated op.  On Python < 3.10,
+``waitall()`` returns) waits for the GIL forever (DataLoader workers, ``os.fork``
+and ``subprocess`` hung after training calls; bounded waits for the deleters lost
+the race under load; measured: docs/design.md, *Errors and threads*, *fork*).  Run
+first with the GIL released, the same step drains the queues and *joins* those
+threads, so every pending callback has finished when it returns, by construction
+rather than by timing; the parent step starts fresh, idle threads, and the prepare
+step inside ``fork()`` then has nothing left that needs Python.  Costs one engine
+stop/start per fork (and at exit) in processes that ran a decorated op.  On Python < 3.10,
 ``subprocess`` forks without running ``os.register_at_fork`` handlers, so
 ``subprocess.Popen._execute_child`` runs the same step first.  Forks go one at a
 time (a lock from the step before a fork to the fork's end): two threads forking at once

@@ -17,12 +17,34 @@ Gluon's.  Switched off, Gluon's messages stay.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import sys
+import threading
+from collections.abc import Iterator
 
 import mxnet as mx
 
-from .. import input_shapes
+_collected = threading.local()  # .notes: a list while Gluon infers shapes on this thread
+
+
+@contextlib.contextmanager
+def collecting() -> Iterator[list[str]]:
+    """Within the block, the shape passes of our ops on this thread list what to do about each
+    input whose shape stays unknown (:func:`notes`); the first is named in Gluon's
+    deferred-initialization error."""
+    outer = getattr(_collected, "notes", None)
+    _collected.notes = []
+    try:
+        yield _collected.notes
+    finally:
+        _collected.notes = outer
+
+
+def notes() -> list[str] | None:
+    """The list inside :func:`collecting` on this thread, where a shape pass notes an input
+    whose shape stays unknown; None outside (nothing to note)."""
+    return getattr(_collected, "notes", None)
 
 
 def install() -> None:
@@ -37,14 +59,14 @@ def install() -> None:
     def infer_shape(self, *args, **kwargs):
         if sys._getframe(1).f_code is not gluon_asks:
             return original(self, *args, **kwargs)
-        with input_shapes.collecting() as notes:
+        with collecting() as found:
             try:
                 result = original(self, *args, **kwargs)
             except Exception as exc:
-                if notes:  # -W error: MXNet's warning raised
-                    raise ValueError(notes[0]) from exc
+                if found:  # -W error: MXNet's warning raised
+                    raise ValueError(found[0]) from exc
                 raise
-        if result[0] is None and notes:
-            raise ValueError(notes[0])
+        if result[0] is None and found:
+            raise ValueError(found[0])
         return result
     mx.sym.Symbol.infer_shape = infer_shape

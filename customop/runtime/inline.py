@@ -7,8 +7,8 @@ graph load, of an ``'mxnet'``-mode op that may inline in training: no aux,
 
 Wraps ``Symbol.simple_bind``, ``Symbol.bind`` and ``CachedOp.__init__``.  A graph
 without a ``Custom`` node of such an op is bound or cached as before, after one
-``debug_str`` per bind or CachedOp, never per call (measured: 0.04 ms on a
-60-node graph; unrelated models' steps unchanged, ``benchmarks/isolation.py``).
+``debug_str`` per bind or CachedOp, never per call (unrelated models' steps unchanged,
+``benchmarks/isolation.py``).
 In a graph with one, each such node whose forward traces faithfully is replaced
 by its operators
 (:mod:`customop.graphs.binding`): an executor binds the inlined graph and is shown with
@@ -16,11 +16,10 @@ the original argument order, names and ``reshape`` (a reshape to a signature the
 inlined graph does not serve binds again); a CachedOp settles each new input
 signature once (the original graph's shape and type passes run the ops' checks,
 then the graph is inlined at that signature) and runs MXNet's CachedOp of the
-graph settled for the signature of each call (one dict lookup).  Measured
-(``benchmarks/native_graphs.py``):
-hybridized forward+backward of one decorated ``x * x`` cost 5.6x / 5.5x / 2.2x the
-same ``broadcast_mul`` written natively at 10 / 1e3 / 1e6 elements as a ``Custom``
-node, and 0.95-1.00x inlined.  Switched off, every op keeps its ``Custom`` node.
+graph settled for the signature of each call (one dict lookup).  An inlined op costs
+about what the same operators written natively cost, a ``Custom`` node several times
+that (measured, ``benchmarks/native_graphs.py``: docs/design.md, *What customop changes
+in MXNet*).  Switched off, every op keeps its ``Custom`` node.
 """
 from __future__ import annotations
 

@@ -8,28 +8,22 @@ MXNet's Python ``list_arguments_entry``, ``list_outputs_entry`` and
 in one slot per prop (``_ref_holder``).  C++ asks for them whenever it needs a
 node's input or output names (``Symbol.list_outputs``, each bind), so two
 threads using one Symbol call the same prop's entry concurrently, and the
-second call frees the first call's array while C++ still copies its strings
-(measured: 4 threads calling ``list_outputs()`` 20,000 times each on one Symbol
-holding a hand-written CustomOp died with a segmentation fault or bus error in 2
-of 3 runs and read garbage names in the third (``UnicodeDecodeError``); on
-``ops.focal_loss`` alike; 4 threads binding one Symbol holding ``ops.box_decode``
-and ``ops.focal_loss`` 200 times a round for 10 rounds aborted the process
-(``double free or corruption``, ``corrupted double-linked list``, segmentation
-fault) in 3 of 6 runs, with the ``shapes`` fix in place).  A prop's names never
-change, so for each prop of *ours* only, the three list slots of the callback
-table MXNet made for it are pointed at entries that build each list once and keep
-it with the prop, for as long as MXNet holds the prop.  Switched off, concurrent
-users of one Symbol share MXNet's slots again.
+second call frees the first call's array while C++ still copies its strings:
+threads calling ``list_outputs()`` on one Symbol holding a hand-written CustomOp
+died (segmentation fault, bus error) or read garbage names (``UnicodeDecodeError``),
+on ``ops.focal_loss`` alike, and threads binding one Symbol of our ops aborted the
+process (``double free or corruption``, ``corrupted double-linked list``) with the
+``shapes`` fix in place (measured: docs/design.md, *What customop changes in MXNet*).
+A prop's names never change, so for each prop of *ours* only, the three list slots of
+the callback table MXNet made for it are pointed at entries that build each list once
+and keep it with the prop, for as long as MXNet holds the prop.  Switched off,
+concurrent users of one Symbol share MXNet's slots again.
 """
 from __future__ import annotations
 
-import ctypes
-import sys
-import traceback
 import weakref
 from typing import Any
 
-from .. import errors
 from . import callbacks
 
 _props: dict[int, Any] = {}  # context key -> weak reference to a prop of ours
@@ -37,23 +31,18 @@ _props: dict[int, Any] = {}  # context key -> weak reference to a prop of ours
 
 def _entry(method: str) -> Any:
     # MXNet's list_*_entry for prop method ``method``, handing C++ an array kept with the prop.
+    @callbacks.guarded
     def list_entry(out, key, props=_props):
         ref = props.get(key or 0)
         prop = ref() if ref is not None else None
         if prop is None:  # pragma: no cover - MXNet calls a prop only while it holds it
             return False
-        try:
-            kept = prop.__dict__.setdefault("_customop_names", {})
-            found = kept.get(method)
-            if found is None:
-                names = [str(n).encode() for n in getattr(prop, method)()]
-                # setdefault: a concurrent first call keeps the array the other one handed out
-                found = kept.setdefault(method, (ctypes.c_char_p * (len(names) + 1))(*names))
-            out[0] = ctypes.addressof(found)
-        except Exception:  # noqa: BLE001 - a C callback must not raise; the prop reported its own
-            if not errors.is_ours(sys.exc_info()[1]):
-                traceback.print_exc()
-            return False
+        kept = prop.__dict__.setdefault("_customop_names", {})
+        found = kept.get(method)
+        if found is None:
+            # setdefault: a concurrent first call keeps the array the other one handed out
+            found = kept.setdefault(method, callbacks.string_array(getattr(prop, method)()))
+        callbacks.answer_strings(found, out)
         return True
     return list_entry
 

@@ -27,6 +27,8 @@ from typing import Any
 
 import numpy as np
 
+from .. import runtime
+
 _lock = threading.Lock()
 _private: dict[int, tuple[Any, Any]] = {}  # thread id -> (its RandomState, its Random)
 _saved: dict[tuple[Any, str], Any] = {}  # (module, name) -> the original function
@@ -67,7 +69,11 @@ def _swap_out() -> None:
 @contextlib.contextmanager
 def placeholder_draws() -> Iterator[None]:
     """Within the block, this thread's ``np.random.*`` and ``random.*`` calls draw from
-    private generators; other threads draw from the global ones, untouched."""
+    private generators; other threads draw from the global ones, untouched.  Switched off,
+    the block changes nothing."""
+    if runtime.disabled("randomness"):
+        yield
+        return
     me = threading.get_ident()
     with _lock:
         nested = me in _private

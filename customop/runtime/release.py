@@ -8,9 +8,8 @@ callbacks MXNet builds around it (``cast()`` makes every callback refer to
 itself), so when MXNet deletes the operator (its delete callback drops the
 registry's reference) only Python's cycle collector frees it, with
 everything it holds.  For our operator that is the forward's residuals and
-host copies, kept from a training forward for its backward (measured: with
-the collector off, 50 recorded ``mx.nd.Custom`` / hybridized calls never
-differentiated, or 50 dropped executors, kept 50 residuals of 1 MB).  For
+host copies, kept from a training forward for its backward (measured with the
+collector off: docs/design.md, *What customop changes in MXNet*).  For
 each operator instance of *ours* only, the delete slot of the callback table
 MXNet made for it is pointed at one deleter of ours, which drops what the
 instance holds and then calls MXNet's own deleter; nothing else of MXNet

@@ -6,41 +6,63 @@ Off-switch: ``CUSTOMOP_RUNTIME_OFF=shapes``; installed by the first graph node o
 MXNet's Python ``infer_shape_entry`` hands C++ the shapes it inferred in buffers it
 keeps in one slot per prop (``infer_shape_entry._ref_holder``).  Binding one Symbol
 from several threads runs the same prop's entry concurrently, and a second call
-replaces (frees) the first call's buffers while C++ still copies them (measured: 4
-threads binding one Symbol with ``ops.box_decode`` and ``ops.focal_loss`` 200 times
-each failed 17 of 4,000 binds, "inferred shape=[1880410720,32732,4]"; a hand-written
-CustomOp alike).  For each prop of *ours* only, the infer-shape slot of the callback
-table MXNet made for it is pointed at a copy of MXNet's entry (``_infer_shape_entry`` in
-:mod:`customop.prop`) whose buffers live until the same thread's next shape inference
-(C++ copies them right after the callback returns, on that thread): 0 of 8,000 failed.
+replaces (frees) the first call's buffers while C++ still copies them: binds then
+fail with garbage shapes, for a hand-written CustomOp alike (measured:
+docs/design.md, *What customop changes in MXNet*).  For each prop of *ours* only, the
+infer-shape slot of the callback table MXNet made for it is pointed at a copy of
+MXNet's entry (:func:`infer_shape`) whose buffers live until the same thread's next
+shape inference (C++ copies them right after the callback returns, on that thread).
 Switched off, concurrent binds of our ops share MXNet's slot again.
 """
 from __future__ import annotations
 
+import threading
 import weakref
 from typing import Any
 
 from . import callbacks
 
+_props: dict[int, Any] = {}  # context key -> weak reference to a prop of ours
+_held = threading.local()  # .buffers: the buffers of this thread's last shape answer
 
-def adopt_prop(refs: Any, prop: Any, props: dict[int, Any], entry: Any) -> None:
-    """MXNet created ``prop``, a prop of ours: point its infer-shape slot at ``entry``.
 
-    ``refs``: what MXNet's ``creator`` callback stores as the prop's ``_ref_holder``;
-    ``entry(num_tensor, dims, shapes, key)``: MXNet's infer-shape callback, which finds
-    the prop as ``props[key]`` (a weak reference, dropped with the prop) and keeps the
-    buffers it hands MXNet alive until the same thread's next call (in
-    :mod:`customop.prop`, which calls the prop).
+@callbacks.guarded
+def infer_shape(num_tensor, tensor_dims, tensor_shapes, key, props=_props):
+    """MXNet's ``infer_shape_entry`` for the prop ``props[key]``, holding the buffers it hands
+    C++ per thread (the C callback :func:`adopt_prop` puts in a prop's infer-shape slot)."""
+    ref = props.get(key)
+    prop = ref() if ref is not None else None
+    if prop is None:  # pragma: no cover - MXNet calls a prop only while it holds it
+        return False
+    n_in = len(prop.list_arguments())
+    n_out = len(prop.list_outputs())
+    n_aux = len(prop.list_auxiliary_states())
+    if num_tensor != n_in + n_out + n_aux:  # pragma: no cover - MXNet's own assertion
+        raise AssertionError(f"infer_shape: {num_tensor} tensors for {n_in} inputs, "
+                             f"{n_out} outputs and {n_aux} aux states")
+    ishape, oshape, ashape = prop.infer_shape(
+        callbacks.given_shapes(n_in, tensor_dims, tensor_shapes))
+    # C++ copies them right after this returns, on this thread
+    _held.buffers = callbacks.answer_shapes(num_tensor, [*ishape, *oshape, *ashape],
+                                            tensor_dims, tensor_shapes)
+    return True
+
+
+def adopt_prop(refs: Any, prop: Any) -> None:
+    """MXNet created ``prop``, a prop of ours: point its infer-shape slot at
+    :func:`infer_shape`, which finds the prop by a key (a weak reference, dropped with it).
+
+    ``refs``: what MXNet's ``creator`` callback stores as the prop's ``_ref_holder``.
     """
     found = callbacks.adopting("shapes", refs, callbacks.PROP_INFER_SHAPE + 1)
     if found is None:
         return  # switched off, or another MXNet
     slots, contexts = found
     key = next(callbacks.keys)
-    props[key] = weakref.ref(prop, lambda _, key=key: props.pop(key, None))
+    _props[key] = weakref.ref(prop, lambda _, key=key: _props.pop(key, None))
     contexts[callbacks.PROP_INFER_SHAPE] = key
     slots[callbacks.PROP_INFER_SHAPE] = callbacks.entry("infer_shape",
-                                                        callbacks.INFER_SHAPE_TYPE, entry)
+                                                        callbacks.INFER_SHAPE_TYPE, infer_shape)
 
 
 def install() -> None:

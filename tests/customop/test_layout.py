@@ -204,10 +204,11 @@ def test_runtime_calls_out_only_into_modules_it_imports():
 
     # The one protocol the runtime calls up through: the methods of the operator and prop
     # objects MXNet creates for our ops (mx.operator.CustomOp, CustomOpProp), which release,
-    # deps and names are handed with MXNet's callback table and call as MXNet's own
+    # deps, names and shapes are handed with MXNet's callback table and call as MXNet's own
     # callbacks would.
     protocol = {("prop.py", "backward"), ("prop.py", "release"), ("prop.py", "list_arguments"),
-                ("prop.py", "list_outputs"), ("prop.py", "list_auxiliary_states")}
+                ("prop.py", "list_outputs"), ("prop.py", "list_auxiliary_states"),
+                ("prop.py", "infer_shape")}
     out = set()
     for caller, callee, fn in edges:
         if not in_runtime(caller) or in_runtime(callee) or (callee, fn) in protocol:
@@ -237,6 +238,66 @@ def test_every_patch_is_a_module_of_the_runtime_with_its_reason_and_switch():
         assert f"CUSTOMOP_RUNTIME_OFF={name}``" in doc, name
         assert "def install() -> None:" in text, name
         assert f"``{name}``" in runtime.__doc__, name
+
+
+# What changes MXNet or Python for everyone: an attribute of theirs set, a fork or exit hook,
+# an entry of ours in one of MXNet's C callback tables.
+_THEIRS = ("mx", "mxnet", "np", "numpy", "os", "random", "subprocess", "sys", "threading")
+_HOOKS = ("os.register_at_fork", "atexit.register", "callbacks.entry")
+
+
+def _dotted(node):
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        head = _dotted(node.value)
+        return head and f"{head}.{node.attr}"
+    return None
+
+
+def _changes_to_mxnet_or_python(tree):
+    for node in ast.walk(tree):
+        targets = node.targets if isinstance(node, ast.Assign) else (
+            [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else [])
+        for target in targets:
+            for t in target.elts if isinstance(target, ast.Tuple) else [target]:
+                name = _dotted(t) if isinstance(t, ast.Attribute) else None
+                if name and name.split(".")[0] in _THEIRS:
+                    yield node.lineno, f"sets {name}"
+        if isinstance(node, ast.Call):
+            called = _dotted(node.func)
+            if called in _HOOKS or called == "setattr" and node.args and (
+                    (_dotted(node.args[0]) or "").split(".")[0] in _THEIRS):
+                yield node.lineno, f"calls {called}"
+
+
+def test_no_patch_code_lives_outside_its_module():
+    # The index of customop.runtime names the one patch made elsewhere: excepthook, the
+    # public function of customop.distributed.launch that its workers call at start-up
+    # (its command line also sets sys.argv for MXNet's launch.py, which it runs as __main__).
+    allowed = {("customop.distributed.launch", "sets sys.excepthook"),
+               ("customop.distributed.launch", "sets sys.argv")}
+    found = []
+    for name, path in _modules():
+        if name.startswith("customop.runtime"):
+            continue
+        for line, what in _changes_to_mxnet_or_python(ast.parse(path.read_text())):
+            if (name, what) not in allowed:
+                found.append(f"{name}:{line} {what}")
+    assert found == []
+
+
+def test_the_c_entries_in_mxnets_tables_are_the_runtimes():
+    # A patch's C callback (MXNet's table slot pointed at it) is a function of its module;
+    # the recorded-function path of dispatch hands its own to callbacks.record_function.
+    from customop.runtime import callbacks
+
+    _recorded(_square, "custom")()
+    _square(mx.sym.var("x")).simple_bind(mx.cpu(), x=(3,)).forward()
+    made = {name: fn.__module__ for name, fn in callbacks.entries().items()
+            if not name.startswith("function-")}
+    assert {"infer_shape", "list_outputs", "declare", "delete"} <= set(made)
+    assert sorted(n for n, m in made.items() if not m.startswith("customop.runtime.")) == []
 
 
 def test_the_layout_in_the_developers_guide_names_every_module():
