@@ -1,8 +1,8 @@
 """Recording an ``'mxnet'``-mode forward as a graph of MXNet's own operators.
 
 The forward runs under ``mx.autograd.record()`` on concrete arrays, and
-``mx.autograd.get_symbol`` reads back the operators it recorded.  This module only records what happened:
-the graph, the values of the free variables (arrays the forward used without
+``mx.autograd.get_symbol`` reads back the operators it recorded.  This module only
+records what happened: the graph, the values of the free variables (arrays the forward used without
 receiving them: constants it built, cached arrays, or values it computed while
 recording was paused), what it read back to Python, which random operators it
 called.  Whether the graph may stand in for the operator is decided in
@@ -17,7 +17,7 @@ import random
 import threading
 import traceback
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any
 
 import mxnet as mx
 import numpy as np
@@ -95,7 +95,7 @@ class Recording:
     checks: int = 0  # customop.require conditions the graph carries (as NaN poisoning)
     guarded: dict[str, list] = field(default_factory=dict)  # node -> dtypes (rules.INDEX_GUARDS)
     forward_reads: int = 0  # reads[:forward_reads] happened in the forward (then: closures)
-    closures: Optional[gradient_closures.Recorded] = None  # what record(closures=) added
+    closures: gradient_closures.Recorded | None = None  # what record(closures=) added
 
 
 class Log:

@@ -343,7 +343,7 @@ def test_nothing_below_a_wing_imports_it():
     offenders = []
     for name, path in _modules():
         mine = _wing(name) or WING_PATCHES.get(name)
-        for module, imported in _run_time_imports(name, path):
+        for module, _ in _run_time_imports(name, path):
             theirs = _wing(module)
             if theirs is None or theirs == mine or name == "customop" or module in FLOOR:
                 continue
@@ -391,7 +391,8 @@ def test_a_def_grad_blocks_first_call_calls_back_only_through_declared_protocols
     declared |= {"frozen"}  # forward.ForwardGraph's, which transposed.TransposedGraph extends
     declared |= {"shape", "dtype", "like", "coefficient", "is_zero"}  # transpose.Transposer
     declared |= {"backward", "release", "list_arguments", "list_outputs",
-                 "list_auxiliary_states"}  # prop.py's objects, called by the runtime
+                 "list_auxiliary_states", "infer_shape", "infer_type",
+                 "declare_backward_dependency"}  # prop.py's objects, called by the runtime
     declared |= {"of", "names", "check_params"}  # an op's parts (opinfo.Forward)
     declared |= {"install", "wanted"}  # runtime.PATCHES' modules, imported by name
     declared |= {"invoked", "read", "pause_enter", "pause_exit"}  # runtime.trace's log

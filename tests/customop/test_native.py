@@ -195,9 +195,11 @@ def test_def_grad_and_output_layers_inline_for_training_and_export():
         assert train.inlines, train.reason
         assert export.inlines, export.reason
         np.testing.assert_array_equal(
-            graph_json.evaluate(export.graph, [np.full(3, 2, "f")])[0], op(mx.nd.full(3, 2)).asnumpy())
+            graph_json.evaluate(export.graph, [np.full(3, 2, "f")])[0],
+            op(mx.nd.full(3, 2)).asnumpy())
         np.testing.assert_array_equal(
-            graph_json.evaluate(train.graph, [np.full(3, 2, "f")])[0], op(mx.nd.full(3, 2)).asnumpy())
+            graph_json.evaluate(train.graph, [np.full(3, 2, "f")])[0],
+            op(mx.nd.full(3, 2)).asnumpy())
 
 
 def test_an_op_calling_ops_inlines_them_as_the_purpose_allows():
