@@ -14,8 +14,9 @@ In the whole graph some of these do nothing:
 
 Each dropped node is an operator call less in every step (what that saves is in
 ``docs/design.md``, "Tidying spliced graphs").  Nothing computed changes: the gradient
-a dropped ``BlockGrad`` stopped was zero, a dropped factor was 1.  Which operators pass a gradient where is read from
-:data:`customop.graphs.rules.NO_GRADIENT` and :data:`customop.graphs.rules.PASS_GRADIENT`.
+a dropped ``BlockGrad`` stopped was zero, a dropped factor was 1.  Which operators pass a
+gradient where is read from :data:`customop.graphs.rules.NO_GRADIENT` and
+:data:`customop.graphs.rules.PASS_GRADIENT`.
 """
 from __future__ import annotations
 
