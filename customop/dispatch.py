@@ -24,7 +24,6 @@ compare them).
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import itertools
 import threading
 from collections.abc import Iterator
@@ -32,7 +31,6 @@ from typing import TYPE_CHECKING, Any
 
 import mxnet as mx
 import numpy as np
-from mxnet.base import NDArrayHandle
 from mxnet.ndarray import NDArray
 
 from . import errors, kernel, runtime
@@ -187,23 +185,22 @@ def _backward(num_ograds, num_igrads, ptrs, reqs, is_train, key):
 
 
 def _run_backward(state, num_ograds, num_igrads, ptrs, reqs):
-    op, mode, args, outs = state.op, state.op.mode_impl, state.args, state.outs
+    op, mode, outs = state.op, state.op.mode_impl, state.outs
+    names: list[str] = []
+    igrads: list[NDArray] = []
     try:
-        reqs = [callbacks.REQ[reqs[i]] for i in range(num_igrads)]
-        igrads = [NDArray(ctypes.cast(ptrs[num_ograds + i], NDArrayHandle), writable=True)
-                  for i in range(num_igrads)]
+        names = callbacks.req_names(reqs, num_igrads)
+        ograds, igrads = callbacks.function_arrays(num_ograds, num_igrads, ptrs,
+                                                   op.need_top_grad)
         g = None
-        if op.need_top_grad:
-            g = [mode.from_nd(NDArray(ctypes.cast(ptrs[i], NDArrayHandle), writable=False))
-                 for i in range(num_ograds)]
+        if ograds is not None:
+            g = [mode.from_nd(o) for o in ograds]
             g = [v.reshape(o.shape) if op.mode == "numpy" else v for v, o in zip(g, outs)]
-        kernel.backward_nd(op, args, state.aux, outs, g, state.params, reqs, igrads,
+        kernel.backward_nd(op, state.args, state.aux, outs, g, state.params, names, igrads,
                            state.saved)
     except Exception as exc:
-        try:  # the gradients it should have written carry the failure to their readers
-            poisoned = errors.poison([g for g, r in zip(igrads, reqs) if r != "null"])
-        except Exception:  # noqa: BLE001 - NaiveEngine runs it at once, or no gradients yet
-            poisoned = False
+        # the gradients it should have written carry the failure to their readers
+        poisoned = callbacks.poisoned([g for g, r in zip(igrads, names) if r != "null"])
         errors.report(errors.ours(exc, op.op_type, "backward"), state.reader, poisoned)
         return poisoned
     return True

@@ -22,7 +22,7 @@ from . import params as _params
 from .inference import known
 from .input_shapes import unknown_ndim
 from .runtime import aux as aux_patch
-from .runtime import binds, deps, names, release, shapes
+from .runtime import binds, callbacks, deps, names, release, shapes
 
 if TYPE_CHECKING:
     from .operator import CustomOperator
@@ -195,13 +195,6 @@ def _data_ptr(arr: mx.nd.NDArray) -> int:
     return ptr.value or 0
 
 
-def _poisoned(arrays: list[Any]) -> bool:
-    try:
-        return errors.poison(arrays)
-    except Exception:  # noqa: BLE001 - e.g. NaiveEngine runs the poison at once: raise instead
-        return False
-
-
 class _Op(mx.operator.CustomOp):
     """One operator instance MXNet created: runs the kernel, and owns where its failures go.
 
@@ -232,7 +225,7 @@ class _Op(mx.operator.CustomOp):
 
     def _fail(self, exc: BaseException, where: str, written: list[Any]) -> None:
         new = errors.ours(exc, self.op.op_type, where)
-        poisoned = _poisoned(written)  # then these arrays carry the failure to their readers
+        poisoned = callbacks.poisoned(written)  # these arrays carry the failure to readers
         if self.call is not None and where == "forward":
             errors.record(self.call, new)  # raised by that call itself, never by another
         else:

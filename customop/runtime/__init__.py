@@ -61,9 +61,10 @@ its module, imported then if need be, whose ``install()`` runs once.  The ``inli
 module is imported only that way (and by :func:`note_graph_op`), because it uses modules
 that use this package (:mod:`customop.graphs.binding`, :mod:`customop.graphs.native`): it
 imports them, so every call out of this package follows an import of the module that
-makes it (``tests/customop/test_layout.py`` checks).  The
-C callback tables MXNet builds for our ops, which ``release``, ``deps`` and the
-recorded function path of :mod:`customop.dispatch` write, are in :mod:`.callbacks`.
+makes it (``tests/customop/test_layout.py`` checks).  MXNet's C callback ABI is in
+:mod:`.callbacks`: the tables MXNet builds for our ops, which ``release``, ``deps``,
+``shapes``, ``names`` and the recorded function path of :mod:`customop.dispatch` write,
+the callbacks' arguments and answers, and the guard every C entry of ours runs under.
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""MXNet's C callback tables for our ops: their types, their slots, the entries we put there.
+"""MXNet's C callback ABI for our ops: the tables' types and slots, the arguments, the entries.
 
 MXNet calls a Python operator through tables of C function pointers: one per
 prop (``CustomOpPropCallbacks``), one per operator (``CustomOpCallbacks``),
@@ -9,17 +9,25 @@ each built by MXNet's ``creator`` / ``create_operator`` callbacks in
 of a prop's, ``names`` three); the
 ``function`` path of :mod:`customop.dispatch` builds the third with
 :func:`record_function`.  All the C types and slot numbers are here (see
-``include/mxnet/c_api.h``), once.
+``include/mxnet/c_api.h``), once; so is reading a callback's arguments (the arrays
+grouped by tag, the ``req`` codes, the shapes) and writing its answers, and the one
+rule for every entry of ours: it must not raise (:func:`guarded`).
 """
 from __future__ import annotations
 
 import ctypes
+import functools
 import itertools
+import sys
 import threading
+import traceback
 from collections.abc import Callable
 from typing import Any
 
-from mxnet.base import _LIB, MXCallbackList, c_handle_array, check_call
+from mxnet.base import _LIB, MXCallbackList, NDArrayHandle, c_handle_array, check_call
+from mxnet.ndarray import NDArray, _ndarray_cls
+
+from .. import errors
 
 # What MXNet's ``req`` codes mean (OpReqType).
 REQ = ("null", "write", "inplace", "add")
@@ -42,12 +50,114 @@ FUNCTION_BACKWARD_TYPE = ctypes.CFUNCTYPE(
 OP_DELETE, OP_BACKWARD = 0, 2
 PROP_LIST_ARGUMENTS, PROP_LIST_OUTPUTS, PROP_LIST_AUX = 1, 2, 3
 PROP_INFER_SHAPE, PROP_DECLARE_DEPS = 4, 5
+# MXNet's tags of an operator callback's arrays (CustomOpFBFunc): the list each goes to
+IN_DATA, OUT_DATA, IN_GRAD, OUT_GRAD, AUX = range(5)
+BACKWARD_WRITES = (IN_GRAD, AUX)  # the tags of the arrays a backward writes
 
 watched: dict[int, tuple[Any, int, int | None]] = {}  # key -> (op, MXNet's deleter, context)
 keys = itertools.count(1)
 # name -> (our C callback, its address, the function it calls), kept for good
 _entries: dict[str, tuple[Any, int, Callable]] = {}
 _entries_lock = threading.Lock()
+
+
+def guarded(fn: Callable[..., bool]) -> Callable[..., bool]:
+    """``fn``, a C callback of ours, returning False (failure) to MXNet where it raises.
+
+    A C callback must not raise: ctypes only prints an exception from a callback, and
+    C++ then reads a return value nobody set.  The traceback is printed here unless the
+    failure is one of ours, which the prop or operator that raised it reported already
+    (:func:`customop.errors.is_ours`).
+    """
+    @functools.wraps(fn)
+    def callback(*args: Any) -> bool:
+        try:
+            return fn(*args)
+        except Exception:  # noqa: BLE001 - a C callback must not raise
+            if not errors.is_ours(sys.exc_info()[1]):
+                traceback.print_exc()
+            return False
+    return callback
+
+
+def poisoned(arrays: list[Any]) -> bool:
+    """:func:`customop.errors.poison` for a callback that failed, never raising: False when
+    nothing could be poisoned (under NaiveEngine the poison runs, and fails, at once)."""
+    try:
+        return errors.poison(arrays)
+    except Exception:  # noqa: BLE001 - the callback's own failure is reported instead
+        return False
+
+
+def op_arrays(num: int, handles: Any, tags: Any, writes: tuple[int, ...],
+              stype: Callable[[int], int]) -> list[list[NDArray]]:
+    """The ``num`` arrays of an operator callback (``CustomOpFBFunc``), grouped by their
+    tags: in_data, out_data, in_grad, out_grad, aux (see :data:`IN_DATA`...).
+
+    ``writes``: the tags of the arrays the callback writes; ``stype(i)``: the storage
+    type of array ``i``.
+    """
+    arrays: list[list[NDArray]] = [[] for _ in range(5)]
+    for i in range(num):
+        arrays[tags[i]].append(_ndarray_cls(ctypes.cast(handles[i], NDArrayHandle),
+                                            writable=tags[i] in writes, stype=stype(i)))
+    return arrays
+
+
+def req_names(codes: Any, n: int) -> list[str]:
+    """The first ``n`` of MXNet's ``req`` codes, by name (:data:`REQ`)."""
+    return [REQ[codes[i]] for i in range(n)]
+
+
+def function_arrays(num_ograds: int, num_igrads: int, handles: Any,
+                    read_ograds: bool) -> tuple[list[NDArray] | None, list[NDArray]]:
+    """The arrays of a recorded function's backward (``CustomFunctionBwdFunc``): the output
+    gradients it reads (None unless ``read_ograds``) and the input gradients it writes."""
+    igrads = [NDArray(ctypes.cast(handles[num_ograds + i], NDArrayHandle), writable=True)
+              for i in range(num_igrads)]
+    if not read_ograds:
+        return None, igrads
+    return [NDArray(ctypes.cast(handles[i], NDArrayHandle), writable=False)
+            for i in range(num_ograds)], igrads
+
+
+def given_shapes(n: int, dims: Any, shapes: Any) -> list[list[int]]:
+    """The first ``n`` shapes an infer-shape callback (``CustomOpInferShapeFunc``) got."""
+    return [[shapes[i][j] for j in range(dims[i])] for i in range(n)]
+
+
+def answer_shapes(num: int, answer: list[Any], dims: Any, shapes: Any) -> list[Any]:
+    """Write ``answer`` (the shapes of the ``num`` arrays) into an infer-shape callback's
+    ``dims`` and ``shapes``; returns the buffers, which must live until C++ copied them."""
+    held = []
+    for i in range(num):
+        values = [int(d) for d in answer[i]]
+        buf = int_array(values)[0]
+        held.append(buf)
+        shapes[i] = ctypes.cast(buf, ctypes.POINTER(ctypes.c_int))
+        dims[i] = len(values)
+    return held
+
+
+def int_array(values: list[int]) -> tuple[Any, int]:
+    """A C ``int`` array of ``values`` (one element at least), and how many they are."""
+    return (ctypes.c_int * max(len(values), 1))(*values), len(values)
+
+
+def answer_ints(found: tuple[Any, int], num: Any, out: Any) -> None:
+    """Hand C++ an :func:`int_array` through a callback's ``int*`` and ``int**``."""
+    num[0] = found[1]
+    out[0] = ctypes.cast(found[0], ctypes.POINTER(ctypes.c_int))
+
+
+def string_array(strings: list[str]) -> Any:
+    """A C ``char*`` array of ``strings``, NULL-terminated (a list callback's answer)."""
+    return (ctypes.c_char_p * (len(strings) + 1))(*[str(s).encode() for s in strings])
+
+
+def answer_strings(found: Any, out: Any) -> None:
+    """Hand C++ a :func:`string_array` through a list callback's ``char***``."""
+    out[0] = ctypes.addressof(found)
 
 
 def entry(name: str, ctype: Any, fn: Callable) -> int:

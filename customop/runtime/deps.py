@@ -23,18 +23,12 @@ nodes share MXNet's set again.
 """
 from __future__ import annotations
 
-import ctypes
 import functools
-import sys
 import threading
-import traceback
 from typing import Any
 
-from mxnet.base import NDArrayHandle
-from mxnet.ndarray import _ndarray_cls
 from mxnet.ndarray.ndarray import _STORAGE_TYPE_DEFAULT, _STORAGE_TYPE_UNDEFINED
 
-from .. import errors
 from . import callbacks
 
 _lock = threading.Lock()
@@ -54,23 +48,18 @@ def dependency_set(n_out: int, n_in: int, need_top_grad: bool) -> tuple[frozense
     return frozenset(backward_dependencies(n_out, n_in, need_top_grad)), 2 * n_out + n_in
 
 
+@callbacks.guarded
 def _declare(out_grad, in_data, out_data, num_dep, deps, context):
     # Our prop's dependencies, without writing MXNet's process-wide _registry.result_deps.
-    try:
-        kind = _dep_kinds[(context or 0) - 1]
-        found = _dep_lists.get(kind)
-        if found is None:
-            values = backward_dependencies(*kind)
-            found = _dep_lists.setdefault(kind, (
-                (ctypes.c_int * max(len(values), 1))(*values), len(values)))
-        num_dep[0] = found[1]
-        deps[0] = ctypes.cast(found[0], ctypes.POINTER(ctypes.c_int))
-    except Exception:  # noqa: BLE001 - a C callback must not raise
-        traceback.print_exc()
-        return False
+    kind = _dep_kinds[(context or 0) - 1]
+    found = _dep_lists.get(kind)
+    if found is None:
+        found = _dep_lists.setdefault(kind, callbacks.int_array(backward_dependencies(*kind)))
+    callbacks.answer_ints(found, num_dep, deps)
     return True
 
 
+@callbacks.guarded
 def backward(num, arrays, tags, reqs, is_train, key, watched=callbacks.watched):
     """MXNet's ``backward_entry``, reading this operator's own dependencies (the C callback
     :func:`customop.runtime.release.adopt_operator` puts in an operator's backward slot)."""
@@ -78,22 +67,17 @@ def backward(num, arrays, tags, reqs, is_train, key, watched=callbacks.watched):
     if entry is None:  # pragma: no cover - every key we hand out is watched
         return False
     op = entry[0]
-    try:
-        deps, n_arrays = op.dependencies
-        tensors: list[list[Any]] = [[] for _ in range(5)]
-        for i in range(num):
-            stype = (_STORAGE_TYPE_UNDEFINED if i in deps or i >= n_arrays
-                     else _STORAGE_TYPE_DEFAULT)
-            tensors[tags[i]].append(_ndarray_cls(ctypes.cast(arrays[i], NDArrayHandle),
-                                                 writable=tags[i] in (2, 4), stype=stype))
-        req = [callbacks.REQ[reqs[i]] for i in range(len(tensors[2]))]
-        with op.ctx:
-            op.backward(req=req, in_data=tensors[0], out_data=tensors[1],
-                        in_grad=tensors[2], out_grad=tensors[3], aux=tensors[4])
-    except Exception:  # noqa: BLE001 - a C callback must not raise; the op reported its own
-        if not errors.is_ours(sys.exc_info()[1]):
-            traceback.print_exc()
-        return False
+    deps, n_arrays = op.dependencies
+
+    def stype(i):
+        return _STORAGE_TYPE_UNDEFINED if i in deps or i >= n_arrays else _STORAGE_TYPE_DEFAULT
+
+    tensors = callbacks.op_arrays(num, arrays, tags, callbacks.BACKWARD_WRITES, stype)
+    req = callbacks.req_names(reqs, len(tensors[callbacks.IN_GRAD]))
+    with op.ctx:
+        op.backward(req=req, in_data=tensors[callbacks.IN_DATA],
+                    out_data=tensors[callbacks.OUT_DATA], in_grad=tensors[callbacks.IN_GRAD],
+                    out_grad=tensors[callbacks.OUT_GRAD], aux=tensors[callbacks.AUX])
     return True
 
 

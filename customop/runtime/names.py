@@ -21,13 +21,9 @@ concurrent users of one Symbol share MXNet's slots again.
 """
 from __future__ import annotations
 
-import ctypes
-import sys
-import traceback
 import weakref
 from typing import Any
 
-from .. import errors
 from . import callbacks
 
 _props: dict[int, Any] = {}  # context key -> weak reference to a prop of ours
@@ -35,23 +31,18 @@ _props: dict[int, Any] = {}  # context key -> weak reference to a prop of ours
 
 def _entry(method: str) -> Any:
     # MXNet's list_*_entry for prop method ``method``, handing C++ an array kept with the prop.
+    @callbacks.guarded
     def list_entry(out, key, props=_props):
         ref = props.get(key or 0)
         prop = ref() if ref is not None else None
         if prop is None:  # pragma: no cover - MXNet calls a prop only while it holds it
             return False
-        try:
-            kept = prop.__dict__.setdefault("_customop_names", {})
-            found = kept.get(method)
-            if found is None:
-                names = [str(n).encode() for n in getattr(prop, method)()]
-                # setdefault: a concurrent first call keeps the array the other one handed out
-                found = kept.setdefault(method, (ctypes.c_char_p * (len(names) + 1))(*names))
-            out[0] = ctypes.addressof(found)
-        except Exception:  # noqa: BLE001 - a C callback must not raise; the prop reported its own
-            if not errors.is_ours(sys.exc_info()[1]):
-                traceback.print_exc()
-            return False
+        kept = prop.__dict__.setdefault("_customop_names", {})
+        found = kept.get(method)
+        if found is None:
+            # setdefault: a concurrent first call keeps the array the other one handed out
+            found = kept.setdefault(method, callbacks.string_array(getattr(prop, method)()))
+        callbacks.answer_strings(found, out)
         return True
     return list_entry
 

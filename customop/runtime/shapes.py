@@ -16,20 +16,17 @@ Switched off, concurrent binds of our ops share MXNet's slot again.
 """
 from __future__ import annotations
 
-import ctypes
-import sys
 import threading
-import traceback
 import weakref
 from typing import Any
 
-from .. import errors
 from . import callbacks
 
 _props: dict[int, Any] = {}  # context key -> weak reference to a prop of ours
 _held = threading.local()  # .buffers: the buffers of this thread's last shape answer
 
 
+@callbacks.guarded
 def infer_shape(num_tensor, tensor_dims, tensor_shapes, key, props=_props):
     """MXNet's ``infer_shape_entry`` for the prop ``props[key]``, holding the buffers it hands
     C++ per thread (the C callback :func:`adopt_prop` puts in a prop's infer-shape slot)."""
@@ -37,28 +34,17 @@ def infer_shape(num_tensor, tensor_dims, tensor_shapes, key, props=_props):
     prop = ref() if ref is not None else None
     if prop is None:  # pragma: no cover - MXNet calls a prop only while it holds it
         return False
-    try:
-        n_in = len(prop.list_arguments())
-        n_out = len(prop.list_outputs())
-        n_aux = len(prop.list_auxiliary_states())
-        if num_tensor != n_in + n_out + n_aux:  # pragma: no cover - MXNet's own assertion
-            raise AssertionError(f"infer_shape: {num_tensor} tensors for {n_in} inputs, "
-                                 f"{n_out} outputs and {n_aux} aux states")
-        given = [[tensor_shapes[i][j] for j in range(tensor_dims[i])] for i in range(n_in)]
-        ishape, oshape, ashape = prop.infer_shape(given)
-        answer = [*ishape, *oshape, *ashape]
-        held = []
-        for i in range(num_tensor):
-            dims = [int(d) for d in answer[i]]
-            buf = (ctypes.c_int * max(len(dims), 1))(*dims)
-            held.append(buf)
-            tensor_shapes[i] = ctypes.cast(buf, ctypes.POINTER(ctypes.c_int))
-            tensor_dims[i] = len(dims)
-        _held.buffers = held  # C++ copies them right after this returns, on this thread
-    except Exception:  # noqa: BLE001 - a C callback must not raise; the prop reported its own
-        if not errors.is_ours(sys.exc_info()[1]):
-            traceback.print_exc()
-        return False
+    n_in = len(prop.list_arguments())
+    n_out = len(prop.list_outputs())
+    n_aux = len(prop.list_auxiliary_states())
+    if num_tensor != n_in + n_out + n_aux:  # pragma: no cover - MXNet's own assertion
+        raise AssertionError(f"infer_shape: {num_tensor} tensors for {n_in} inputs, "
+                             f"{n_out} outputs and {n_aux} aux states")
+    ishape, oshape, ashape = prop.infer_shape(
+        callbacks.given_shapes(n_in, tensor_dims, tensor_shapes))
+    # C++ copies them right after this returns, on this thread
+    _held.buffers = callbacks.answer_shapes(num_tensor, [*ishape, *oshape, *ashape],
+                                            tensor_dims, tensor_shapes)
     return True
 
 
