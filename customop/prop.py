@@ -41,133 +41,13 @@ def _decode_cached(kwargs: dict[str, str]) -> tuple[dict[str, Any], str]:
     return dict(found[0]), found[1]
 
 
-def register(op_type: str, lookup: Callable[[str], CustomOperator]) -> None:
-    """Register the CustomOpProp for ``op_type`` with MXNet (once per process).
-
-    ``lookup(op_type)`` gives the operator at each creation, so a redefinition
-    (a re-run notebook cell) takes effect.
-    """
-
-    class Prop(mx.operator.CustomOpProp):
-        def __init__(self, **kwargs: str):
-            self.op = op = lookup(op_type)
-            super().__init__(need_top_grad=op.need_top_grad)
-            self.call = errors.take_call(kwargs.pop(errors.CALL_KEY, None))
-            self.params, self.pkey = _decode_cached(kwargs)
-            if op.signature.aux:
-                aux_patch.use_aux(op.op_type, op.signature.aux)
-            else:
-                runtime.use()
-                runtime.note_graph_op(op)  # a loaded graph: bound or hybridized next
-            # MXNet does not guard the prop's constructor (an exception there crashes the
-            # process), so a bad parameter is reported from list_arguments, which it guards.
-            self.bad_params: BaseException | None = None
-            self.n_out = 1  # this node's output count (num_outputs= may depend on parameters)
-            self.out_names: tuple[str, ...] = ("output",)
-            try:
-                op.signature.check_params(self.params)
-                self.n_out = op.outputs.of(self.params)
-                self.out_names = op.outputs.names(self.params)
-            except Exception as exc:
-                self.bad_params = exc
-            # thread -> the input shapes its last shape inference settled, read by its type
-            # inference: threads binding one Symbol at other shapes share this prop
-            self.shapes: dict[int, tuple] = {}
-
-        # before MXNet asks for the node's names, backward dependencies or shapes
-        # (customop.runtime.names, .deps, .shapes)
-        _ref_holder = _adopting(lambda self, refs: _adopt_prop(self, refs))
-
-        def list_arguments(self) -> list[str]:
-            if self.bad_params is not None:
-                errors.report(self.bad_params)
-                raise self.bad_params
-            return list(self.op.signature.inputs)
-
-        def list_outputs(self) -> list[str]:
-            return list(self.out_names)
-
-        def list_auxiliary_states(self) -> list[str]:
-            return list(self.op.signature.aux)
-
-        def infer_shape(self, in_shape):
-            given = [tuple(int(d) for d in s) for s in in_shape]
-            # inputs the op infers from the others (infer_input_shape=), like a layer's weight
-            shapes = tuple(self._guarded(self.op.input_shapes.complete, given, self.params))
-            n_aux = len(self.op.signature.aux)
-            if not all(known(s) for s in shapes):
-                self.op.input_shapes.warn_unknown(list(shapes))
-                self.op.input_shapes.note_unknown(list(shapes))
-                return [list(s) for s in shapes], [()] * self.n_out, self._aux_if_known(shapes)
-            self.shapes[threading.get_ident()] = shapes
-            metas = self._guarded(self.op.inference.outputs, self.pkey, self.params, shapes, None)
-            aux = self._guarded(kernel.aux_shapes, self.op, list(shapes), self.params) \
-                if n_aux else []
-            return [list(s) for s in shapes], [m.shape for m in metas], aux
-
-        def _aux_if_known(self, shapes):
-            # An aux state's shape often needs only the known dims (centers: num_class x D);
-            # an unknown one would contradict the aux array an mx.nd.Custom caller holds.
-            try:
-                aux = kernel.aux_shapes(self.op, list(shapes), self.params)
-            except Exception:
-                return [()] * len(self.op.signature.aux)
-            return [a if known(a) else () for a in aux]
-
-        def infer_type(self, in_type):
-            # An input the op infers the shape of (a weight) takes the data's dtype, as
-            # FullyConnected's weight does; any other unknown one float32.
-            inferred = self.op.input_shapes.fns
-            like = kernel.aux_dtype_for([t for t in in_type if t is not None])
-            dtypes = tuple(np.dtype(t if t is not None else like if name in inferred else
-                                    np.float32)
-                           for name, t in zip(self.op.signature.inputs, in_type))
-            shapes = self.shapes.get(threading.get_ident())
-            if shapes is None:
-                out = self._guarded(self.op.inference.dtypes_only, self.params, dtypes)
-            else:
-                metas = self._guarded(self.op.inference.outputs, self.pkey, self.params,
-                                      shapes, dtypes)
-                out = [m.dtype for m in metas]
-            aux = [kernel.aux_dtype_for(dtypes).type] * len(self.op.signature.aux)
-            return [d.type for d in dtypes], [np.dtype(d).type for d in out], aux
-
-        def create_operator(self, ctx, shapes, dtypes):
-            n = len(self.op.signature.inputs)  # MXNet also passes the output shapes
-            shapes = tuple(tuple(int(d) for d in s) for s in shapes[:n])
-            self._guarded(self._check_known, shapes)
-            dtypes = tuple(np.dtype(_DTYPE_MX_TO_NP[t]) for t in dtypes[:n])
-            metas = self._guarded(self.op.inference.outputs, self.pkey, self.params,
-                                  shapes, dtypes)
-            # The thread that binds (or calls) it reads its errors.
-            return _Op(self.op, self.params, [m.scalar for m in metas], self.call,
-                       threading.get_ident(), ctx)
-
-        def _check_known(self, shapes):
-            # Legacy shapes read 0 as "unknown": a 0-size input reaches us as -1 seen unsigned
-            # (4294967295). Never allocate placeholders from that.
-            for name, shape in zip(self.op.signature.inputs, shapes):
-                if unknown_ndim(shape):  # MXNet bound it although nothing gave its shape
-                    raise ValueError(self.op.input_shapes.unknown_message(name))
-                if not all(0 < d < _UNKNOWN for d in shape):
-                    dims = tuple("?" if d >= _UNKNOWN else d for d in shape)
-                    raise ValueError(
-                        f"customop {errors.shown(self.op.op_type)!r} (input {name!r}): MXNet "
-                        f"passed shape {dims} with an unknown ('?') or zero dimension; an "
-                        "empty (0-size) batch cannot go through mx.nd.Custom, symbols or "
-                        "hybridized blocks under MXNet's legacy shapes: skip empty batches "
-                        "there, or call a 'numpy'-mode op on NDArrays outside a graph, where "
-                        "0-size inputs work")
-
-        def _guarded(self, fn, *args):
-            try:
-                return fn(*args)
-            except Exception as exc:
-                new = errors.ours(exc, self.op.op_type, "shape/type inference")
-                errors.report(new)
-                errors.raise_as(new, exc)
-
-    mx.operator.register(op_type)(Prop)
+def _use_runtime(op: CustomOperator) -> None:
+    # MXNet creates a prop for a graph node, a loaded graph or an mx.nd.Custom call
+    if op.signature.aux:
+        aux_patch.use_aux(op.op_type, op.signature.aux)
+    else:
+        runtime.use()
+        runtime.note_graph_op(op)  # a loaded graph: bound or hybridized next
 
 
 def _adopt_prop(prop: Any, refs: Any) -> None:
@@ -187,6 +67,142 @@ def _adopting(adopt: Callable[[Any, Any], None]) -> property:
         self._mxnet_refs = refs
         adopt(self, refs)
     return property(get, put)
+
+
+class _Prop(mx.operator.CustomOpProp):
+    """What MXNet asks of one graph node or ``mx.nd.Custom`` call of an operator: names,
+    shapes, dtypes, and the operator instance (:class:`_Op`).
+
+    :func:`register` makes one subclass per ``op_type``; MXNet creates an instance per
+    node or call, with the call's parameters as strings.
+    """
+
+    op_type: str  # the operator's, on its subclass
+    lookup: Callable[[str], CustomOperator]  # op_type -> the operator as defined now
+
+    def __init__(self, **kwargs: str):
+        self.op = op = self.lookup(self.op_type)
+        super().__init__(need_top_grad=op.need_top_grad)
+        self.call = errors.take_call(kwargs.pop(errors.CALL_KEY, None))
+        self.params, self.pkey = _decode_cached(kwargs)
+        _use_runtime(op)
+        # MXNet does not guard the prop's constructor (an exception there crashes the
+        # process), so a bad parameter is reported from list_arguments, which it guards.
+        self.bad_params: BaseException | None = None
+        self.n_out = 1  # this node's output count (num_outputs= may depend on parameters)
+        self.out_names: tuple[str, ...] = ("output",)
+        try:
+            op.signature.check_params(self.params)
+            self.n_out = op.outputs.of(self.params)
+            self.out_names = op.outputs.names(self.params)
+        except Exception as exc:
+            self.bad_params = exc
+        # thread -> the input shapes its last shape inference settled, read by its type
+        # inference: threads binding one Symbol at other shapes share this prop
+        self.shapes: dict[int, tuple] = {}
+
+    # before MXNet asks for the node's names, backward dependencies or shapes
+    # (customop.runtime.names, .deps, .shapes)
+    _ref_holder = _adopting(_adopt_prop)
+
+    def list_arguments(self) -> list[str]:
+        if self.bad_params is not None:
+            errors.report(self.bad_params)
+            raise self.bad_params
+        return list(self.op.signature.inputs)
+
+    def list_outputs(self) -> list[str]:
+        return list(self.out_names)
+
+    def list_auxiliary_states(self) -> list[str]:
+        return list(self.op.signature.aux)
+
+    def infer_shape(self, in_shape):
+        given = [tuple(int(d) for d in s) for s in in_shape]
+        # inputs the op infers from the others (infer_input_shape=), like a layer's weight
+        shapes = tuple(self._reporting(self.op.input_shapes.complete, given, self.params))
+        n_aux = len(self.op.signature.aux)
+        if not all(known(s) for s in shapes):
+            self.op.input_shapes.warn_unknown(list(shapes))
+            self.op.input_shapes.note_unknown(list(shapes))
+            return [list(s) for s in shapes], [()] * self.n_out, self._aux_if_known(shapes)
+        self.shapes[threading.get_ident()] = shapes
+        metas = self._reporting(self.op.inference.outputs, self.pkey, self.params, shapes, None)
+        aux = self._reporting(kernel.aux_shapes, self.op, list(shapes), self.params) \
+            if n_aux else []
+        return [list(s) for s in shapes], [m.shape for m in metas], aux
+
+    def _aux_if_known(self, shapes):
+        # An aux state's shape often needs only the known dims (centers: num_class x D);
+        # an unknown one would contradict the aux array an mx.nd.Custom caller holds.
+        try:
+            aux = kernel.aux_shapes(self.op, list(shapes), self.params)
+        except Exception:
+            return [()] * len(self.op.signature.aux)
+        return [a if known(a) else () for a in aux]
+
+    def infer_type(self, in_type):
+        # An input the op infers the shape of (a weight) takes the data's dtype, as
+        # FullyConnected's weight does; any other unknown one float32.
+        inferred = self.op.input_shapes.fns
+        like = kernel.aux_dtype_for([t for t in in_type if t is not None])
+        dtypes = tuple(np.dtype(t if t is not None else like if name in inferred else
+                                np.float32)
+                       for name, t in zip(self.op.signature.inputs, in_type))
+        shapes = self.shapes.get(threading.get_ident())
+        if shapes is None:
+            out = self._reporting(self.op.inference.dtypes_only, self.params, dtypes)
+        else:
+            metas = self._reporting(self.op.inference.outputs, self.pkey, self.params,
+                                  shapes, dtypes)
+            out = [m.dtype for m in metas]
+        aux = [kernel.aux_dtype_for(dtypes).type] * len(self.op.signature.aux)
+        return [d.type for d in dtypes], [np.dtype(d).type for d in out], aux
+
+    def create_operator(self, ctx, shapes, dtypes):
+        n = len(self.op.signature.inputs)  # MXNet also passes the output shapes
+        shapes = tuple(tuple(int(d) for d in s) for s in shapes[:n])
+        self._reporting(self._check_known, shapes)
+        dtypes = tuple(np.dtype(_DTYPE_MX_TO_NP[t]) for t in dtypes[:n])
+        metas = self._reporting(self.op.inference.outputs, self.pkey, self.params,
+                              shapes, dtypes)
+        # The thread that binds (or calls) it reads its errors.
+        return _Op(self.op, self.params, [m.scalar for m in metas], self.call,
+                   threading.get_ident(), ctx)
+
+    def _check_known(self, shapes):
+        # Legacy shapes read 0 as "unknown": a 0-size input reaches us as -1 seen unsigned
+        # (4294967295). Never allocate placeholders from that.
+        for name, shape in zip(self.op.signature.inputs, shapes):
+            if unknown_ndim(shape):  # MXNet bound it although nothing gave its shape
+                raise ValueError(self.op.input_shapes.unknown_message(name))
+            if not all(0 < d < _UNKNOWN for d in shape):
+                dims = tuple("?" if d >= _UNKNOWN else d for d in shape)
+                raise ValueError(
+                    f"customop {errors.shown(self.op.op_type)!r} (input {name!r}): MXNet "
+                    f"passed shape {dims} with an unknown ('?') or zero dimension; an "
+                    "empty (0-size) batch cannot go through mx.nd.Custom, symbols or "
+                    "hybridized blocks under MXNet's legacy shapes: skip empty batches "
+                    "there, or call a 'numpy'-mode op on NDArrays outside a graph, where "
+                    "0-size inputs work")
+
+    def _reporting(self, fn, *args):
+        try:
+            return fn(*args)
+        except Exception as exc:
+            new = errors.ours(exc, self.op.op_type, "shape/type inference")
+            errors.report(new)
+            errors.raise_as(new, exc)
+
+
+def register(op_type: str, lookup: Callable[[str], CustomOperator]) -> None:
+    """Register the CustomOpProp for ``op_type`` with MXNet (once per process).
+
+    ``lookup(op_type)`` gives the operator at each creation, so a redefinition
+    (a re-run notebook cell) takes effect.
+    """
+    prop = type("Prop", (_Prop,), {"op_type": op_type, "lookup": staticmethod(lookup)})
+    mx.operator.register(op_type)(prop)
 
 
 def _data_ptr(arr: mx.nd.NDArray) -> int:
