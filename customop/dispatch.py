@@ -27,22 +27,19 @@ import contextlib
 import itertools
 import threading
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import mxnet as mx
 import numpy as np
 from mxnet.ndarray import NDArray
 
-from . import errors, kernel, runtime
+from . import errors, kernel, opinfo, runtime
 from . import params as _params
 from .modes import NumpyMode
 from .outputs import OutputsSymbol
 from .runtime import aux as aux_patch
 from .runtime import callbacks
 from .runtime import trace as trace_hooks
-
-if TYPE_CHECKING:
-    from .operator import CustomOperator
 
 PATHS = ("direct", "function", "native", "custom")
 _forced = threading.local()
@@ -83,7 +80,7 @@ def choose(recording: bool, native: bool = False) -> str:
 _PLAIN = (np.ndarray, np.generic, bool, int, float)
 
 
-def to_ndarrays(op: CustomOperator, inputs: list[Any]) -> list[mx.nd.NDArray]:
+def to_ndarrays(op: opinfo.Forward, inputs: list[Any]) -> list[mx.nd.NDArray]:
     ctx = next(a.context for a in inputs if isinstance(a, mx.nd.NDArray))
     out = []
     for name, a in zip(op.signature.arrays, inputs):
@@ -101,7 +98,7 @@ def to_ndarrays(op: CustomOperator, inputs: list[Any]) -> list[mx.nd.NDArray]:
     return out
 
 
-def call_ndarray(op: CustomOperator, inputs: list[Any], params: dict[str, Any]) -> Any:
+def call_ndarray(op: opinfo.Dispatched, inputs: list[Any], params: dict[str, Any]) -> Any:
     nd_inputs = to_ndarrays(op, inputs)
     kernel.check_aux(op, nd_inputs, params)
     recording = mx.autograd.is_recording()
@@ -130,7 +127,7 @@ def call_ndarray(op: CustomOperator, inputs: list[Any], params: dict[str, Any]) 
     return _returned(outs)
 
 
-def call_without_inputs(op: CustomOperator, params: dict[str, Any], ctx: mx.Context) -> Any:
+def call_without_inputs(op: opinfo.Forward, params: dict[str, Any], ctx: mx.Context) -> Any:
     """An operator with no array inputs (a generator): its outputs, on ``ctx``."""
     if getattr(_forced, "path", None) == "custom":
         runtime.use()
@@ -145,7 +142,7 @@ def call_without_inputs(op: CustomOperator, params: dict[str, Any], ctx: mx.Cont
     return _returned(outs)
 
 
-def call_direct(op: CustomOperator, nd_inputs: list[mx.nd.NDArray],
+def call_direct(op: opinfo.Forward, nd_inputs: list[mx.nd.NDArray],
                 params: dict[str, Any]) -> list[mx.nd.NDArray]:
     mode = op.mode_impl
     ctx = nd_inputs[0].context
@@ -154,7 +151,7 @@ def call_direct(op: CustomOperator, nd_inputs: list[mx.nd.NDArray],
         return [_fresh(mode.to_nd(o, ctx), nd_inputs) for o in outs]
 
 
-def call_native(op: CustomOperator, nd_inputs: list[mx.nd.NDArray],
+def call_native(op: opinfo.Differentiable, nd_inputs: list[mx.nd.NDArray],
                 params: dict[str, Any]) -> list[mx.nd.NDArray]:
     # Recorded as MXNet's own ops: a no_grad input is cut off from the tape instead.
     args = [a.detach() if name in op.no_grad else a
@@ -216,7 +213,7 @@ def _delete(key, states=_states, alive=_alive):
 
 
 
-def call_function(op: CustomOperator, nd_inputs: list[mx.nd.NDArray],
+def call_function(op: opinfo.Differentiable, nd_inputs: list[mx.nd.NDArray],
                   params: dict[str, Any]) -> list[mx.nd.NDArray]:
     mode = op.mode_impl
     ctx = nd_inputs[0].context
@@ -239,7 +236,7 @@ def call_function(op: CustomOperator, nd_inputs: list[mx.nd.NDArray],
     return nd_outs
 
 
-def call_custom(op: CustomOperator, nd_inputs: list[mx.nd.NDArray],
+def call_custom(op: opinfo.Forward, nd_inputs: list[mx.nd.NDArray],
                 params: dict[str, Any]) -> list[mx.nd.NDArray]:
     attrs = {k: _params.encode(v) for k, v in params.items()}
     if op.signature.aux:
@@ -269,7 +266,7 @@ def call_custom(op: CustomOperator, nd_inputs: list[mx.nd.NDArray],
     return outs
 
 
-def call_symbol(op: CustomOperator, arrays: list[Any], params: dict[str, Any],
+def call_symbol(op: opinfo.Forward, arrays: list[Any], params: dict[str, Any],
                 node_name: str | None) -> mx.sym.Symbol:
     """A ``Custom`` node over Symbol inputs; aux states left out become zero-filled variables.
 
@@ -301,7 +298,7 @@ def call_symbol(op: CustomOperator, arrays: list[Any], params: dict[str, Any],
     return sym
 
 
-def call_numpy(op: CustomOperator, inputs: list[Any], params: dict[str, Any]) -> Any:
+def call_numpy(op: opinfo.Forward, inputs: list[Any], params: dict[str, Any]) -> Any:
     """NumPy inputs: just the forward (aux states, given as NumPy arrays, updated in place)."""
     kernel.check_aux(op, inputs, params)
     for name, a in zip(op.signature.arrays, inputs):

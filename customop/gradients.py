@@ -16,16 +16,13 @@ import inspect
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Tuple  # noqa: UP035 - Tuple: run time on Python 3.8
+from typing import Any, Tuple  # noqa: UP035 - Tuple: run time on Python 3.8
 
 import mxnet as mx
 import numpy as np
 
-from . import errors
+from . import errors, opinfo
 from .saved import residuals
-
-if TYPE_CHECKING:
-    from .operator import CustomOperator
 
 
 @dataclass(frozen=True, eq=False)
@@ -51,7 +48,7 @@ class Joint:
         return len(self.declared)
 
 
-def compute_all(op: CustomOperator, ans: Any, args: list[Any], g: Any,
+def compute_all(op: opinfo.Differentiable, ans: Any, args: list[Any], g: Any,
                 params: dict[str, Any], wanted: list[bool],
                 saved: Callable[[], dict[str, Any]] = dict) -> list[Any | None]:
     """Gradients for every input (``None`` means zero) given upstream gradient ``g``.
@@ -70,10 +67,10 @@ def compute_all(op: CustomOperator, ans: Any, args: list[Any], g: Any,
         joint = op.grad_groups.get(i)
         if joint is not None:
             if id(joint) not in joint_found:
-                joint_found[id(joint)] = _from_joint(op, joint, i, ans, args, g, params, saved)
+                joint_found[id(joint)] = from_joint(op, joint, i, ans, args, g, params, saved)
             grads[i] = joint_found[id(joint)][joint.picks[joint.argnums.index(i)]]
         elif i in op.grads:
-            grads[i] = _from_closure(op, i, ans, args, g, params, saved)
+            grads[i] = from_closure(op, i, ans, args, g, params, saved)
         elif op.auto_grad:
             auto.append(i)
     if auto:
@@ -112,7 +109,7 @@ def _keywords(fn, head):
 _cached_keywords = functools.lru_cache(maxsize=1024)(_keywords)  # asked at every backward
 
 
-def closure_kwargs(op: CustomOperator, maker: Callable, n_args: int, params: dict[str, Any],
+def closure_kwargs(op: opinfo.Forward, maker: Callable, n_args: int, params: dict[str, Any],
                    saved: Callable[[], dict[str, Any]]) -> dict[str, Any]:
     """The keywords a gradient closure (called with ``ans`` and ``n_args`` arrays) gets.
 
@@ -132,7 +129,10 @@ def closure_kwargs(op: CustomOperator, maker: Callable, n_args: int, params: dic
     return kw
 
 
-def _from_closure(op, i, ans, args, g, params, saved):
+def from_closure(op: opinfo.Differentiable, i: int, ans: Any, args: list[Any], g: Any,
+                 params: dict[str, Any], saved: Callable[[], dict[str, Any]]) -> Any:
+    """Input ``i``'s gradient from its ``def_grad`` closure, given upstream gradient ``g``;
+    a failure names the op and the input, and a closure returning None is an error."""
     name = op.signature.inputs[i]
     try:
         maker = op.grads[i]
@@ -146,7 +146,10 @@ def _from_closure(op, i, ans, args, g, params, saved):
     return grad
 
 
-def _from_joint(op, joint, i, ans, args, g, params, saved):
+def from_joint(op: opinfo.Differentiable, joint: Joint, i: int, ans: Any, args: list[Any],
+               g: Any, params: dict[str, Any], saved: Callable[[], dict[str, Any]]) -> tuple:
+    """The gradients of ``joint``'s inputs (``i`` among them) from their one ``def_grad``
+    closure, as the tuple it returned (checked: as many as ``argnum=`` declared)."""
     names = [op.signature.inputs[k] for k in joint.argnums]
     where = f"gradient for inputs {', '.join(map(repr, names))}"
     try:
@@ -267,7 +270,3 @@ def _ones_like_outputs(ans):
     if isinstance(ans, tuple):
         return tuple(np.ones_like(a) for a in ans)
     return np.ones_like(ans)
-
-
-# the closures' callers, for customop.graphs.transposed (which calls them while tracing)
-from_closure, from_joint = _from_closure, _from_joint

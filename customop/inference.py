@@ -15,16 +15,13 @@ import random
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Tuple  # noqa: UP035 - Tuple: see Shape
+from typing import Any, Tuple  # noqa: UP035 - Tuple: see Shape
 
 import mxnet as mx
 import numpy as np
 
-from . import errors, kernel, value_checks
+from . import errors, kernel, opinfo, value_checks
 from .runtime import randomness
-
-if TYPE_CHECKING:
-    from .operator import CustomOperator
 
 Shape = Tuple[int, ...]  # noqa: UP006 - evaluated at run time on Python 3.8
 _placeholder_thread: Any = None  # a ThreadPoolExecutor, made on first use
@@ -86,7 +83,7 @@ def known(shape: Shape | None) -> bool:
 class Inference:
     """Per-operator caches of output metadata."""
 
-    def __init__(self, op: CustomOperator):
+    def __init__(self, op: opinfo.Inferred):
         self.op = op
         self.by_signature: dict[tuple, tuple[OutputMeta, ...]] = {}
         self.by_shapes: dict[tuple, tuple[OutputMeta, ...]] = {}

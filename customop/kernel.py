@@ -7,25 +7,22 @@ MXNet's arrays or the mode's arrays in hand; nothing in this module decides
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import mxnet as mx
 import numpy as np
 
-from . import errors, gradients, value_checks
+from . import errors, gradients, opinfo, value_checks
 from .saved import residuals
 
-if TYPE_CHECKING:
-    from .operator import CustomOperator
 
-
-def run_forward(op: CustomOperator, args: list[Any], params: dict[str, Any],
+def run_forward(op: opinfo.Forward, args: list[Any], params: dict[str, Any],
                 where: str = "forward") -> list[Any]:
     """Call the forward on mode arrays; return its outputs as a validated list."""
     return run_forward_saving(op, args, params, where)[0]
 
 
-def run_forward_saving(op: CustomOperator, args: list[Any], params: dict[str, Any],
+def run_forward_saving(op: opinfo.Forward, args: list[Any], params: dict[str, Any],
                        where: str = "forward") -> tuple[list[Any], dict[str, Any]]:
     """The forward's outputs (validated) and the residuals it handed to its closures."""
     try:
@@ -43,7 +40,7 @@ def run_forward_saving(op: CustomOperator, args: list[Any], params: dict[str, An
     return check_outputs(op, result, params), saved
 
 
-def _empty_input(op: CustomOperator, args: list[Any]) -> str | None:
+def _empty_input(op: opinfo.Forward, args: list[Any]) -> str | None:
     # The first input with a 0-size array, if any (MXNet's operators refuse those).
     for name, a in zip(op.signature.inputs, args):
         if getattr(a, "size", None) == 0:
@@ -51,7 +48,7 @@ def _empty_input(op: CustomOperator, args: list[Any]) -> str | None:
     return None
 
 
-def forward_nd(op: CustomOperator, arrays: list[mx.nd.NDArray], params: dict[str, Any],
+def forward_nd(op: opinfo.Forward, arrays: list[mx.nd.NDArray], params: dict[str, Any],
                wait: bool) -> tuple[list[Any], list[Any], dict[str, Any]]:
     """The forward on MXNet's arrays (inputs, then aux states), storing aux updates.
 
@@ -66,9 +63,10 @@ def forward_nd(op: CustomOperator, arrays: list[mx.nd.NDArray], params: dict[str
     return args, outs, saved
 
 
-def backward_nd(op: CustomOperator, args: list[Any], aux: list[mx.nd.NDArray], outs: list[Any],
-                out_grads: list[Any] | None, params: dict[str, Any], reqs: list[str],
-                in_grads: list[mx.nd.NDArray], saved: dict[str, Any] | None = None) -> None:
+def backward_nd(op: opinfo.Differentiable, args: list[Any], aux: list[mx.nd.NDArray],
+                outs: list[Any], out_grads: list[Any] | None, params: dict[str, Any],
+                reqs: list[str], in_grads: list[mx.nd.NDArray],
+                saved: dict[str, Any] | None = None) -> None:
     """Gradients into MXNet's buffers ``in_grads`` per ``reqs``, storing aux updates.
 
     ``args`` are the inputs as mode arrays; the aux states are read as they are now.
@@ -88,7 +86,7 @@ def backward_nd(op: CustomOperator, args: list[Any], aux: list[mx.nd.NDArray], o
             dst[:] = 0
 
 
-def run_backward(op: CustomOperator, args: list[Any], outs: list[Any],
+def run_backward(op: opinfo.Differentiable, args: list[Any], outs: list[Any],
                  out_grads: list[Any] | None, params: dict[str, Any],
                  wanted: list[bool], saved: dict[str, Any] | None = None) -> list[Any | None]:
     """Gradients for each input (``None`` means zero); see :mod:`customop.gradients`.
@@ -135,7 +133,7 @@ def write_back(mode_name: str, dst: list[mx.nd.NDArray], values: list[Any], wait
             nd.wait_to_read()
 
 
-def aux_shapes(op: CustomOperator, input_shapes: list[tuple[int, ...]],
+def aux_shapes(op: opinfo.Forward, input_shapes: list[tuple[int, ...]],
                params: dict[str, Any]) -> list[tuple[int, ...]]:
     """The shape of every auxiliary state for inputs of these shapes."""
     out = []
@@ -156,7 +154,7 @@ def aux_dtype_for(dtypes) -> np.dtype:
                 np.dtype(np.float32))
 
 
-def check_aux(op: CustomOperator, arrays: list[Any], params: dict[str, Any]) -> None:
+def check_aux(op: opinfo.Forward, arrays: list[Any], params: dict[str, Any]) -> None:
     """Raise unless the auxiliary states given with the inputs have the declared shape."""
     n = len(op.signature.inputs)
     if not op.signature.aux:
@@ -186,7 +184,7 @@ def _dtype(a: Any) -> np.dtype:
     return np.dtype(getattr(a, "dtype", None) or np.asarray(a).dtype)
 
 
-def _check_residual_names(op: CustomOperator, saved: dict[str, Any]) -> None:
+def _check_residual_names(op: opinfo.Forward, saved: dict[str, Any]) -> None:
     taken = set(op.signature.arrays) | set(op.signature.param_names) | {"ans"}
     clash = sorted(taken & set(saved))
     if clash:
@@ -206,7 +204,7 @@ def detached(saved: dict[str, Any]) -> dict[str, Any]:
     return {k: one(v) for k, v in saved.items()}
 
 
-def check_outputs(op: CustomOperator, result: Any, params: dict[str, Any]) -> list[Any]:
+def check_outputs(op: opinfo.Forward, result: Any, params: dict[str, Any]) -> list[Any]:
     """The forward's result as a list of as many arrays of the op's mode as the op declares
     for these parameters."""
     n = op.outputs.of(params)
@@ -225,7 +223,7 @@ def check_outputs(op: CustomOperator, result: Any, params: dict[str, Any]) -> li
     return [_checked_array(op, o, f"output {i}") for i, o in enumerate(outs)]
 
 
-def _checked_array(op: CustomOperator, value: Any, what: str) -> Any:
+def _checked_array(op: opinfo.Forward, value: Any, what: str) -> Any:
     if op.mode == "mxnet":
         if not isinstance(value, mx.nd.NDArray):
             raise errors.op_error(op.op_type, TypeError, (
@@ -244,7 +242,7 @@ def _checked_array(op: CustomOperator, value: Any, what: str) -> Any:
     return arr
 
 
-def _checked_grad(op: CustomOperator, i: int, arg: Any, grad: Any) -> Any:
+def _checked_grad(op: opinfo.Forward, i: int, arg: Any, grad: Any) -> Any:
     name = op.signature.inputs[i]
     grad = _checked_array(op, grad, f"the gradient for input {name!r} (argnum {i})")
     want, got = op.mode_impl.shape(arg), op.mode_impl.shape(grad)

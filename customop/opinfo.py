@@ -8,7 +8,7 @@ is added here first.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, FrozenSet, Protocol
+from typing import Any, Callable, Protocol
 
 
 class Named(Protocol):
@@ -26,13 +26,37 @@ class Forward(Named, Protocol):
     signature: Any  # customop.signature.Signature
     outputs: Any  # customop.outputs.OutputCount
     need_top_grad: bool
-    aux_shape_fns: Dict[str, Callable[..., Any]]
+    aux_shape_fns: dict[str, Callable[..., Any]]
 
 
 class Differentiable(Forward, Protocol):
     """An operator as its gradients are taken: closures, joint closures, automatic ones."""
 
-    grads: Dict[int, Callable[..., Any]]  # def_grad closure makers, by input index
-    grad_groups: Dict[int, Any]  # customop.gradients.Joint, by input index
-    no_grad: FrozenSet[str]
+    grads: dict[int, Callable[..., Any]]  # def_grad closure makers, by input index
+    grad_groups: dict[int, Any]  # customop.gradients.Joint, by input index
+    no_grad: frozenset[str]
     auto_grad: bool
+
+
+class Inferred(Forward, Protocol):
+    """An operator whose output shapes and dtypes are inferred (:mod:`customop.inference`)."""
+
+    user_infer_shape: Callable[..., Any] | None  # infer_shape=
+    user_infer_type: Callable[..., Any] | None  # infer_type=
+
+    def error(self, cls: type, msg: str) -> BaseException:
+        """An exception of type ``cls`` naming the operator."""
+
+
+class Dispatched(Differentiable, Protocol):
+    """An operator as a call is sent to its forward (:mod:`customop.dispatch`)."""
+
+    records_natively: bool  # an 'mxnet'-mode forward recorded as MXNet's own operators
+
+
+class Registered(Differentiable, Protocol):
+    """An operator as MXNet's graph machinery runs it (:mod:`customop.registry`,
+    :mod:`customop.prop`): its nodes' shapes, dtypes and operator instances."""
+
+    input_shapes: Any  # customop.input_shapes.InputShapes
+    inference: Any  # customop.inference.Inference

@@ -10,22 +10,19 @@ from __future__ import annotations
 import ctypes
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import mxnet as mx
 import numpy as np
 from mxnet.base import _LIB, check_call
 from mxnet.ndarray.ndarray import _DTYPE_MX_TO_NP
 
-from . import errors, kernel, runtime
+from . import errors, kernel, opinfo, runtime
 from . import params as _params
 from .inference import known
 from .input_shapes import unknown_ndim
 from .runtime import aux as aux_patch
 from .runtime import binds, callbacks, deps, names, release, shapes
-
-if TYPE_CHECKING:
-    from .operator import CustomOperator
 
 _decoded: dict[tuple, dict[str, Any]] = {}
 _UNKNOWN = 2**31 - 1  # dimensions from here up are MXNet's -1 (unknown) read as unsigned
@@ -41,7 +38,7 @@ def _decode_cached(kwargs: dict[str, str]) -> tuple[dict[str, Any], str]:
     return dict(found[0]), found[1]
 
 
-def _use_runtime(op: CustomOperator) -> None:
+def _use_runtime(op: opinfo.Forward) -> None:
     # MXNet creates a prop for a graph node, a loaded graph or an mx.nd.Custom call
     if op.signature.aux:
         aux_patch.use_aux(op.op_type, op.signature.aux)
@@ -78,7 +75,7 @@ class _Prop(mx.operator.CustomOpProp):
     """
 
     op_type: str  # the operator's, on its subclass
-    lookup: Callable[[str], CustomOperator]  # op_type -> the operator as defined now
+    lookup: Callable[[str], opinfo.Registered]  # op_type -> the operator as defined now
 
     def __init__(self, **kwargs: str):
         self.op = op = self.lookup(self.op_type)
@@ -195,7 +192,7 @@ class _Prop(mx.operator.CustomOpProp):
             errors.raise_as(new, exc)
 
 
-def register(op_type: str, lookup: Callable[[str], CustomOperator]) -> None:
+def register(op_type: str, lookup: Callable[[str], opinfo.Registered]) -> None:
     """Register the CustomOpProp for ``op_type`` with MXNet (once per process).
 
     ``lookup(op_type)`` gives the operator at each creation, so a redefinition
@@ -218,7 +215,7 @@ class _Op(mx.operator.CustomOp):
     itself; else ``reader``, the thread that bound it, gets the failure at its next read.
     """
 
-    def __init__(self, op: CustomOperator, params: dict[str, Any], scalar: list[bool],
+    def __init__(self, op: opinfo.Differentiable, params: dict[str, Any], scalar: list[bool],
                  call: errors.Call | None, reader: int, ctx: mx.Context):
         super().__init__()
         self.op, self.params, self.scalar = op, params, scalar

@@ -8,17 +8,14 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from . import errors, prop
+from . import errors, opinfo, prop
 
-if TYPE_CHECKING:
-    from .operator import CustomOperator
-
-_OPS: dict[str, CustomOperator] = {}
+_OPS: dict[str, opinfo.Registered] = {}
 
 
-def lookup(op_type: str) -> CustomOperator | None:
+def lookup(op_type: str) -> opinfo.Registered | None:
     """The decorated operator registered as ``op_type``, or None.
 
     Example:
@@ -35,7 +32,7 @@ def op_types() -> list:
     return sorted(_OPS)
 
 
-def register(op: CustomOperator, named: bool) -> None:
+def register(op: opinfo.Registered, named: bool) -> None:
     """Register ``op`` under its ``op_type``; a redefinition of the same function replaces it.
 
     ``named``: the user chose the name (``name=``), so a second function of the
@@ -59,7 +56,7 @@ def register(op: CustomOperator, named: bool) -> None:
     _OPS[op.op_type] = op  # a redefinition (notebook re-run, reload) replaces the old one
 
 
-def by_reference(op_type: str, module: str) -> CustomOperator:
+def by_reference(op_type: str, module: str) -> opinfo.Registered:
     """The operator registered as ``op_type``, importing ``module`` first (unpickling)."""
     if op_type not in _OPS:
         importlib.import_module(module)
