@@ -64,9 +64,9 @@ _entries_lock = threading.Lock()
 def guarded(fn: Callable[..., bool]) -> Callable[..., bool]:
     """``fn``, a C callback of ours, returning False (failure) to MXNet where it raises.
 
-    A C callback must not raise: ctypes would print the exception and hand MXNet
-    whatever it likes.  The traceback is printed here unless the failure is one of
-    ours, which the prop or operator that raised it reported already
+    A C callback must not raise: ctypes only prints an exception from a callback, and
+    C++ then reads a return value nobody set.  The traceback is printed here unless the
+    failure is one of ours, which the prop or operator that raised it reported already
     (:func:`customop.errors.is_ours`).
     """
     @functools.wraps(fn)
