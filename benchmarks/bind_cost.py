@@ -10,6 +10,14 @@ to each bind: whole binds vary by more than that from process to process).  Rows
 customop; an op of ours called first (``binds`` installed); the same with
 ``CUSTOMOP_RUNTIME_OFF=binds``.
 
+A second table: what rebinding a graph with our ops costs. Each row is a fresh process
+that builds ``examples/retinanet_head.py``'s head as a Symbol (four of our ops, inlined
+in training graphs) and ``simple_bind``s it for training: once, then ``--binds`` times at
+the same shapes, then ``--binds`` times each at a new number of ground-truth boxes (a
+detection batch's box count changes every step; bucketing and ``Module.reshape`` rebind
+likewise). Rows: inlining on (our ops run as MXNet's operators) and
+``CUSTOMOP_RUNTIME_OFF=inline`` (the same graph with ``Custom`` nodes); medians.
+
 ``python benchmarks/bind_cost.py [--binds 20] [--rounds 3] [--markdown]``
 """
 from __future__ import annotations
@@ -69,12 +77,60 @@ print(json.dumps([times[len(times) // 2] * 1e3, check[len(check) // 2] * 1e3 if 
 """
 
 
+REBIND_SETUPS = [
+    ("inlined (our ops as MXNet operators)", "", {}),
+    ("CUSTOMOP_RUNTIME_OFF=inline (Custom nodes)", "", {"CUSTOMOP_RUNTIME_OFF": "inline"}),
+]
+REBIND = """
+import json, sys, time
+sys.path.insert(0, "examples")
+import mxnet as mx
+import retinanet_head as R
+head = R.make_block()
+head.initialize()
+sym = head(*[mx.sym.var(n) for n in ("feat", "gt_boxes", "gt_labels")])
+fixed = {{"feat": (R.BATCH, R.CHANNELS, R.HEIGHT, R.WIDTH)}}
+fixed.update((n, tuple(p.shape)) for n, p in head.collect_params().items()
+             if n in sym.list_arguments() and p.shape and all(p.shape))
+def bind(num_gt):
+    start = time.perf_counter()
+    exe = sym.simple_bind(mx.cpu(), gt_boxes=(R.BATCH, num_gt, 4),
+                          gt_labels=(R.BATCH, num_gt), **fixed)
+    took = time.perf_counter() - start
+    exe.forward(is_train=True)
+    exe.backward()
+    mx.nd.waitall()
+    return took
+first = bind(2)
+same = sorted(bind(2) for _ in range({binds}))
+new = sorted(bind(3 + k) for k in range({binds}))
+print(json.dumps([first * 1e3, same[len(same) // 2] * 1e3, new[len(new) // 2] * 1e3]))
+"""
+
+
+def rebind_table(args) -> None:
+    found = fresh_rounds(REBIND_SETUPS, args.rounds,
+                         lambda setup: REBIND.format(binds=args.binds))
+    medians = {name: [statistics.median(col) for col in zip(*runs)]
+               for name, runs in found.items()}
+    base = medians[REBIND_SETUPS[1][0]]
+    rows = [[name, *(f"{v:.1f} ({v / b:.2f}x)" for v, b in zip(ms, base))]
+            for name, ms in medians.items()]
+    print_table(["RetinaNet-style head, simple_bind for training", "first bind ms",
+                 "again, same shapes ms", "again, new box count ms"], rows, args.markdown)
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--binds", type=int, default=20)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--markdown", action="store_true")
+    parser.add_argument("--only", choices=("binds", "rebinds"), default=None)
     args = parser.parse_args(argv)
+    if args.only != "binds":
+        rebind_table(args)
+    if args.only == "rebinds":
+        return
     found = fresh_rounds(SETUPS, args.rounds,
                          lambda setup: MEASURE.format(setup=setup, binds=args.binds))
     ms = {name: [bind_ms for bind_ms, _ in runs] for name, runs in found.items()}

@@ -23,9 +23,12 @@ gradient of ones).  Variants:
   with default dispatch, each path pinned with ``forced_path`` (``direct`` is
   forward only, ``function`` is forward+backward only: unrecorded it *is*
   ``direct``), and ``mx.nd.Custom(x, op_type=op.op_type)`` called directly;
-* ``mx-auto/native`` and ``mx-auto/function``: the ``'mxnet'``-mode op without
-  ``def_grad``, recorded natively (its default under ``record()``) and through
-  the callback node with an automatic gradient (a second, recorded forward);
+* ``mx/graph``: the native training graph pinned (``forced_path('graph')``): what
+  ``mx/default`` runs under ``record()`` from a signature's second call;
+* ``mx-auto/default``, ``mx-auto/native`` and ``mx-auto/function``: the ``'mxnet'``-mode
+  op without ``def_grad``, with default dispatch (its native graph under ``record()``),
+  recorded natively, and through the callback node with an automatic gradient (a
+  second, recorded forward);
 * ``hips``: HIPS ``autograd`` on NumPy (the plain function forward,
   ``make_vjp``/``grad`` for forward+backward), the reference for numpy mode.
 
@@ -251,6 +254,7 @@ def decorated_variants(prefix: str, op) -> list[Variant]:
         Variant(f"{prefix}/default", both(op)),
         Variant(f"{prefix}/direct", {"fwd": forward_of(pinned(op, "direct"))}),
         Variant(f"{prefix}/function", {"fwd+bwd": fwd_bwd_of(pinned(op, "function"))}),
+        Variant(f"{prefix}/graph", {"fwd+bwd": fwd_bwd_of(pinned(op, "graph"))}),
         Variant(f"{prefix}/custom", both(pinned(op, "custom"))),
         Variant(f"{prefix}/nd.Custom", both(lambda x: mx.nd.Custom(x, op_type=op.op_type))),
     ]
@@ -275,7 +279,9 @@ def variants_for(kind: Kind) -> list[Variant]:
         Variant("ag.Function", both(lambda x: function()(x))),
         *decorated_variants("mx", DECORATED["mx", kind.name]),
         *decorated_variants("np", DECORATED["np", kind.name]),
-        Variant("mx-auto/native", {"fwd+bwd": fwd_bwd_of(DECORATED["mx-auto", kind.name])}),
+        Variant("mx-auto/default", {"fwd+bwd": fwd_bwd_of(DECORATED["mx-auto", kind.name])}),
+        Variant("mx-auto/native",
+                {"fwd+bwd": fwd_bwd_of(pinned(DECORATED["mx-auto", kind.name], "native"))}),
         Variant("mx-auto/function",
                 {"fwd+bwd": fwd_bwd_of(pinned(DECORATED["mx-auto", kind.name], "function"))}),
         hips_variant(kind),
@@ -423,14 +429,22 @@ TARGETS = (
      (1_000_000,), "vs_native", 1.5),
     ("mx.nd.Custom path vs handwritten, all sizes", ("mx/custom", "mx/nd.Custom"),
      SIZES, "vs_handwritten", 1.1),
+    # issue 41: imperative training at native speed (fwd+bwd rows only)
+    ("def_grad op under record() vs native, 10 and 1e3 elements", ("mx/default",),
+     (10, 1_000), "vs_native", 1.3, "fwd+bwd"),
+    ("def_grad op under record() vs native, 1e6 elements", ("mx/default",),
+     (1_000_000,), "vs_native", 1.05, "fwd+bwd"),
+    ("op without def_grad under record() vs native, 10 and 1e3 elements",
+     ("mx-auto/default",), (10, 1_000), "vs_native", 1.3, "fwd+bwd"),
 )
 
 
 def target_lines(rows: list[Row]) -> list[str]:
     lines = []
-    for what, variants, sizes, column, limit in TARGETS:
+    for what, variants, sizes, column, limit, *passes in TARGETS:
         for variant in variants:
-            hits = [r for r in rows if r.variant == variant and r.size in sizes]
+            hits = [r for r in rows if r.variant == variant and r.size in sizes
+                    and (not passes or r.pass_ in passes)]
             if not hits:
                 continue
             worst = max(hits, key=lambda r: getattr(r, column))

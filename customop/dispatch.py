@@ -10,6 +10,13 @@
 * ``native``: recording, for an ``'mxnet'``-mode op without ``def_grad``:
   its forward is differentiable ``mx.nd`` code, so it simply runs recorded
   (no callback, no second forward in backward).
+* ``graph``: recording, for an ``'mxnet'``-mode op whose forward and closures inline
+  in training graphs: from a signature's second call, its native training graph runs
+  as a ``CachedOp`` (:mod:`customop.graphs.imperative`), recorded by MXNet's autograd:
+  no Python in its backward, and a failed value check gives NaN, as in a hybridized
+  block.  The first call of a signature, and an op that does not inline, take
+  ``function`` or ``native``; ``forced_path('function')`` keeps an op off this path
+  (and brings back the named exceptions of value checks, for debugging).
 * ``custom``: ``mx.nd.Custom`` through the registered CustomOpProp: what
   symbols and hybridized graphs use.  A recorded op with auxiliary states
   always takes this path: its aux arrays are then inputs of MXNet's graph
@@ -24,6 +31,7 @@ compare them).
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import threading
 from collections.abc import Iterator
@@ -41,7 +49,7 @@ from .runtime import aux as aux_patch
 from .runtime import callbacks
 from .runtime import trace as trace_hooks
 
-PATHS = ("direct", "function", "native", "custom")
+PATHS = ("direct", "function", "native", "custom", "graph")
 _forced = threading.local()
 
 
@@ -66,7 +74,7 @@ def forced_path(path: str | None) -> Iterator[None]:
 
 def choose(recording: bool, native: bool = False) -> str:
     path = getattr(_forced, "path", None)
-    if path in ("function", "native") and not recording:
+    if path in ("function", "native", "graph") and not recording:
         return "direct"  # unrecorded, the recording paths are the direct path
     if path == "native" and not native:
         return "function"  # only ops without def_grad can record natively
@@ -81,6 +89,8 @@ _PLAIN = (np.ndarray, np.generic, bool, int, float)
 
 
 def to_ndarrays(op: opinfo.Forward, inputs: list[Any]) -> list[mx.nd.NDArray]:
+    if all(isinstance(a, NDArray) for a in inputs):
+        return list(inputs)
     ctx = next(a.context for a in inputs if isinstance(a, mx.nd.NDArray))
     out = []
     for name, a in zip(op.signature.arrays, inputs):
@@ -116,6 +126,13 @@ def call_ndarray(op: opinfo.Dispatched, inputs: list[Any], params: dict[str, Any
             path = "native"  # its forward's own operators join the graph
     if path != "direct":
         runtime.use()
+    if path in ("function", "native", "graph") and tracing is None and op.mode == "mxnet" \
+            and not op.signature.aux and getattr(_forced, "path", None) in (None, "graph"):
+        outs = _imperative().call(op, nd_inputs, params, at_once=path == "graph")
+        if outs is not None:
+            return _returned(outs)
+    if path == "graph":
+        path = "native" if op.records_natively else "function"
     if path == "direct":
         outs = call_direct(op, nd_inputs, params)
     elif path == "function":
@@ -125,6 +142,13 @@ def call_ndarray(op: opinfo.Dispatched, inputs: list[Any], params: dict[str, Any
     else:
         outs = call_custom(op, nd_inputs, params)
     return _returned(outs)
+
+
+@functools.lru_cache(maxsize=None)
+def _imperative() -> Any:
+    from .graphs import imperative  # the one door from the core into graphs/ (the graph path)
+
+    return imperative
 
 
 def call_without_inputs(op: opinfo.Forward, params: dict[str, Any], ctx: mx.Context) -> Any:

@@ -129,7 +129,7 @@ def _encode_nd(samples, matches, anchors, refs, means, stds, one):
 # With G = g * masks / stds (the gradient of t), per anchor and coordinate k of x1 y1 x2 y2:
 # the x (y) coordinates get G0 (G1) and G2 (G3) times coefficients of the boxes; a ref's
 # gradient is the sum over the anchors matched to it (a one-hot product, never a read-back).
-# Linear in g: training graphs transpose it (customop's custom_grad).
+# Linear in g: training graphs transpose it (customop.graphs.transposed).
 def _encode_grads(ans, samples, matches, anchors, refs, means, stds, *, legacy_box=False):
     one = 1 if legacy_box else 0
     targets, masks = ans

@@ -217,7 +217,7 @@ def _topk_numpy(data, *, k=1, axis=-1, ret_typ="value", is_ascend=False, dtype="
 def _topk_grad_nd(ans, data, k=1, axis=-1, ret_typ="value", is_ascend=False,
                   dtype="float32", do_sort=True, flat=None):
     # The head gradient scattered back to the selected positions (``flat``, the forward's):
-    # linear in g, so training graphs transpose it into a gather (customop's custom_grad).
+    # linear in g, so training graphs transpose it into a gather (customop.graphs.transposed).
     def grad(g):
         if ret_typ not in ("value", "both"):
             return data.zeros_like()

@@ -7,6 +7,7 @@ from .grad import check_grad
 from .report import (
     ARGNUM_SKIP,
     COMPARISONS,
+    GRAPH_COMPARISON,
     INTEGER_SKIP,
     NO_GRAD_SKIP,
     TOLERANCES,
@@ -16,7 +17,7 @@ from .report import (
 )
 
 __all__ = ["check_grad", "GradReport", "GradRow", "Tolerance", "TOLERANCES", "COMPARISONS",
-           "INTEGER_SKIP", "ARGNUM_SKIP", "NO_GRAD_SKIP", "main"]
+           "GRAPH_COMPARISON", "INTEGER_SKIP", "ARGNUM_SKIP", "NO_GRAD_SKIP", "main"]
 
 
 def main(argv=None) -> int:

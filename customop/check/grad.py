@@ -29,6 +29,8 @@ from typing import Any
 import mxnet as mx
 import numpy as np
 
+from ..dispatch import forced_path
+from ..graphs import imperative, native
 from ..operator import CustomOperator
 from .numeric import (
     bind,
@@ -44,6 +46,7 @@ from .numeric import (
 from .report import (
     ARGNUM_SKIP,
     COMPARISONS,
+    GRAPH_COMPARISON,
     INTEGER_SKIP,
     NO_GRAD_SKIP,
     TOLERANCES,
@@ -128,14 +131,19 @@ def check_grad(op: Any, *inputs: Any, argnums: Sequence[int | str] | None = None
     heads_list, heads_text = _heads(target.run64(with_float64(arrays)), arrays, output_layer,
                                     loss, num_heads, seed)
 
-    results, inlined = (_run_comparisons(target, arrays, wrt, tols, heads_list, loss, ctx)
-                        if wrt else ({}, False))
+    graph = _has_imperative_graph(op, arrays, params)
+    results, inlined = (_run_comparisons(target, arrays, wrt, tols, heads_list, loss, ctx,
+                                         graph) if wrt else ({}, False))
     report = GradReport(target.label, heads_text,
                         _rows(target.names, arrays, wrt, results, skip))
     if inlined:
         report.notes.append("symbolic: the bound graph ran as MXNet's own operators (inlined, "
                             "gradient closures transposed; customop.explain); imperative: "
                             "the Custom node")
+    if graph and wrt:
+        report.notes.append("graph: the imperative call's native graph (what record() runs "
+                            "from a signature's second call), compared with the imperative "
+                            "call's closures")
     if target.run_nd is None and wrt:
         report.notes.append("no imperative check: the symbol has auxiliary states")
     if not report.passed and output_layer and loss is None:
@@ -146,7 +154,16 @@ def check_grad(op: Any, *inputs: Any, argnums: Sequence[int | str] | None = None
     return report
 
 
-def _run_comparisons(target, arrays, wrt, tols, heads_list, loss, ctx):
+def _has_imperative_graph(op: Any, arrays, params) -> bool:
+    """Whether imperative calls of ``op`` at this signature run its native graph."""
+    if not isinstance(op, CustomOperator) or imperative.eligible(op) or op.variants:
+        return False
+    shapes, dtypes = [a.shape for a in arrays], [a.dtype for a in arrays]
+    return len(arrays) == len(op.signature.inputs) and native.native_graph(
+        op, params, shapes, dtypes, native.TRAIN).inlines
+
+
+def _run_comparisons(target, arrays, wrt, tols, heads_list, loss, ctx, graph=False):
     """The worst row over all head draws, by (input index, comparison)."""
     names = target.names
     numeric = {i: numeric_grads(target.run64, arrays, i, tols[i].eps, heads_list, loss)
@@ -158,9 +175,13 @@ def _run_comparisons(target, arrays, wrt, tols, heads_list, loss, ctx):
         grads = {"numeric": {i: numeric[i][h] for i in wrt},
                  "symbolic": symbolic_grads(ex, names, arrays, heads, wrt, ctx, target.aux)}
         if target.run_nd is not None:
-            grads["imperative"] = imperative_grads(target, arrays, heads, wrt, ctx)
+            with forced_path("native"):  # the closures (or MXNet's recorded forward)
+                grads["imperative"] = imperative_grads(target, arrays, heads, wrt, ctx)
+        if graph:
+            with forced_path("graph"):
+                grads["graph"] = imperative_grads(target, arrays, heads, wrt, ctx)
         for i in wrt:
-            for comparison in COMPARISONS:
+            for comparison in (*COMPARISONS, GRAPH_COMPARISON):
                 got, want = comparison.split(" vs ")
                 if got in grads:
                     found = row(names[i], arrays[i], comparison, tols[i],
@@ -173,7 +194,8 @@ def _rows(names, arrays, wrt, results, no_grad=frozenset()) -> list[GradRow]:
     rows = []
     for i, (name, a) in enumerate(zip(names, arrays)):
         if i in wrt:
-            rows += [results[i, c] for c in COMPARISONS if (i, c) in results]
+            rows += [results[i, c] for c in (*COMPARISONS, GRAPH_COMPARISON)
+                     if (i, c) in results]
         else:
             status = (INTEGER_SKIP if not floating(a) else NO_GRAD_SKIP if name in no_grad
                       else ARGNUM_SKIP)

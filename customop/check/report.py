@@ -26,6 +26,9 @@ TOLERANCES: dict[np.dtype, Tolerance] = {
 }
 
 COMPARISONS = ("imperative vs numeric", "symbolic vs numeric", "imperative vs symbolic")
+# an 'mxnet'-mode op whose imperative calls run its native graph: that graph against the
+# closures (a row only for such ops)
+GRAPH_COMPARISON = "graph vs imperative"
 INTEGER_SKIP = "skipped: integer input, not differentiable"
 ARGNUM_SKIP = "skipped: not in argnums"
 NO_GRAD_SKIP = "skipped: declared no_grad (gets no gradient)"

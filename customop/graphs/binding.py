@@ -13,16 +13,26 @@ CachedOp's inputs.  Graphs without such a node are left alone.
 from __future__ import annotations
 
 import copy
+import json
+import threading
 import warnings
 import weakref
+from collections import OrderedDict
 from typing import Any
 
 import mxnet as mx
 import numpy as np
 
-from .. import runtime
+from .. import registry, runtime
 from ..runtime import binds
 from . import graph_json, native, splice
+
+# Splices by graph, its ops, signature and the inputs that need gradients: a rebind at a
+# signature seen before (Module.reshape back, a bucket seen before, a serving process)
+# splices and tidies nothing.  Bounded, least recently used out.
+_splices: OrderedDict[tuple, splice.Spliced | None] = OrderedDict()
+_splices_lock = threading.Lock()
+SPLICES_KEPT = 64
 
 
 def spliced(sym: mx.sym.Symbol, shapes: Any, dtypes: Any, grads: set[str] | None = None
@@ -35,13 +45,23 @@ def spliced(sym: mx.sym.Symbol, shapes: Any, dtypes: Any, grads: set[str] | None
     """
     if runtime.disabled("inline"):
         return None
-    graph = graph_json.graph_of(sym)
-    if graph is None or not splice.candidates(graph, native.TRAIN):
+    if "Op:Custom," not in sym.debug_str():  # graph_json.graph_of's cheap look
+        return None
+    text = sym.tojson()
+    graph = json.loads(text)
+    if not splice.candidates(graph, native.TRAIN):
         return None
     if callable(shapes):
         shapes = shapes()
     if callable(dtypes):
         dtypes = dtypes()
+    key = (text, tuple(op for _, op in graph_json.ours(graph, registry.lookup)),
+           _signature(shapes), _signature(dtypes),
+           None if grads is None else frozenset(grads))
+    with _splices_lock:
+        if key in _splices:
+            _splices.move_to_end(key)
+            return _splices[key]
     try:
         found = splice.inline(sym, shapes, dtypes, native.TRAIN, graph=graph, grads=grads)
     except Exception as exc:  # noqa: BLE001 - the graph still runs, as Custom nodes
@@ -49,10 +69,25 @@ def spliced(sym: mx.sym.Symbol, shapes: Any, dtypes: Any, grads: set[str] | None
                       f"{type(exc).__name__}: {exc}", RuntimeWarning, stacklevel=4)
         return None
     if found is None or not found.inlined:
-        return None
-    if set(found.symbol.list_inputs()) != set(sym.list_inputs()):
-        return None  # an input no inlined graph reads: the executor would lose it
+        found = None
+    elif set(found.symbol.list_inputs()) != set(sym.list_inputs()):
+        found = None  # an input no inlined graph reads: the executor would lose it
+    with _splices_lock:
+        _splices[key] = found
+        while len(_splices) > SPLICES_KEPT:
+            _splices.popitem(last=False)
     return found
+
+
+def clear_cache() -> None:
+    """Forget every splice (tests; an op redefined in place is spliced again anyway)."""
+    with _splices_lock:
+        _splices.clear()
+
+
+def _signature(by_name: dict[str, Any]) -> tuple:
+    return tuple(sorted((n, str(np.dtype(v)) if not isinstance(v, (tuple, list)) else
+                         tuple(int(d) for d in v)) for n, v in by_name.items()))
 
 
 def _default_dtypes(sym: mx.sym.Symbol, type_dict: dict | None) -> dict[str, Any]:

@@ -9,7 +9,7 @@ import numpy as np
 
 from .. import errors
 from ..operator import CustomOperator
-from . import graph_json, native, splice
+from . import graph_json, imperative, native, splice
 
 _WHERE = {native.TRAIN: "training (hybridized blocks, bound graphs)",
           native.EXPORT: "deploy export (customop.export)"}
@@ -24,6 +24,7 @@ class OpReport:
     dtypes: tuple
     train: native.Verdict
     export: native.Verdict
+    imperative: str = ""  # which path an imperative call under record() takes, and why
 
     @property
     def inlines(self) -> bool:
@@ -40,6 +41,8 @@ class OpReport:
         lines = [f"customop {self.op_type!r} at {sig or 'no inputs'}"]
         for verdict in (self.train, self.export):
             lines.append(f"  {_WHERE[verdict.purpose]}: {_said(verdict)}")
+        if self.imperative:
+            lines.append(f"  imperative calls under mx.autograd.record(): {self.imperative}")
         return "\n".join(lines)
 
 
@@ -109,6 +112,7 @@ def explain(target: Any, *inputs: Any, **params: Any) -> OpReport | GraphReport:
         customop 'ops.center_loss' at (4, 3) float32, (4,) float32, (5, 3) float32
           training (hybridized blocks, bound graphs): stays a Custom node: it has auxiliary ...
           deploy export (customop.export): stays a Custom node: it has auxiliary states ...
+          imperative calls under mx.autograd.record(): the custom path ...
     """
     if isinstance(target, CustomOperator):
         return _explain_op(target, inputs, params)
@@ -144,7 +148,23 @@ def _explain_op(op: CustomOperator, inputs, params) -> OpReport:
     # given only say the shapes and dtypes, so explain never answers otherwise than a graph.
     verdicts = [native.native_graph(op, params, shapes, dtypes, p)
                 for p in native.PURPOSES]
-    return OpReport(errors.shown(op.op_type), shapes, dtypes, *verdicts)
+    return OpReport(errors.shown(op.op_type), shapes, dtypes, *verdicts,
+                    imperative=_imperative_path(op, verdicts[0]))
+
+
+def _imperative_path(op: CustomOperator, train: native.Verdict) -> str:
+    if op.signature.aux:
+        usual = "the custom path (mx.nd.Custom, its aux states inputs of MXNet's node)"
+    elif op.records_natively:
+        usual = "the native path (its forward's operators, recorded)"
+    else:
+        usual = "the function path (the forward, then its gradient closures in backward)"
+    why = imperative.eligible(op) or ("" if train.inlines else "it has no native training "
+                                      "graph (see training above)")
+    if why:
+        return f"{usual}: {why}"
+    return ("its native graph, recorded by MXNet's autograd (no Python in backward), from a "
+            f"signature's second call; the first call takes {usual}")
 
 
 def _block_graph(block: mx.gluon.HybridBlock, inputs) -> tuple:

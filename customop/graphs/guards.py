@@ -71,24 +71,22 @@ def _axis(attrs: dict, default: str) -> int | None:
     return None if text in ("None", "") else int(text)
 
 
-def take(node: dict, add: Add, dtypes: list[Any]) -> list[Ref] | None:
-    attrs = node["attrs"]
-    axis = _axis(attrs, "0")
-    if attrs.get("mode", "clip") != "clip" or axis is None:
-        return None
-    data, index = node["inputs"][:2]
-    bad = _outside(add, index, _length(add, data, axis))
-    return _poisoned(add, [add(node["op"], attrs, node["inputs"])], dtypes, bad)
+def along(default_axis: str) -> Callable[[dict, Add, list[Any]], list[Ref] | None]:
+    """The guard of a kernel that reads ``data`` at ``index`` along ``axis`` (``mode='clip'``,
+    which clips an index out of range to the last row instead of failing): the kernel's
+    outputs are NaN where an index is outside ``[0, length)``.  ``take`` reads along axis 0
+    by default, ``pick`` along -1."""
 
+    def guard(node: dict, add: Add, dtypes: list[Any]) -> list[Ref] | None:
+        attrs = node["attrs"]
+        axis = _axis(attrs, default_axis)
+        if attrs.get("mode", "clip") != "clip" or axis is None:
+            return None
+        data, index = node["inputs"][:2]
+        bad = _outside(add, index, _length(add, data, axis))
+        return _poisoned(add, [add(node["op"], attrs, node["inputs"])], dtypes, bad)
 
-def pick(node: dict, add: Add, dtypes: list[Any]) -> list[Ref] | None:
-    attrs = node["attrs"]
-    axis = _axis(attrs, "-1")
-    if attrs.get("mode", "clip") != "clip" or axis is None:
-        return None
-    data, index = node["inputs"][:2]
-    bad = _outside(add, index, _length(add, data, axis))
-    return _poisoned(add, [add(node["op"], attrs, node["inputs"])], dtypes, bad)
+    return guard
 
 
 def _clipped(of: Callable[[Ref], Any], index: Ref, data: Ref, axis: int) -> bool:

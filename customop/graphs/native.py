@@ -21,11 +21,14 @@ signature and once or more at other signatures; the graph is kept only when it d
 not depend on the values, reads nothing back to Python, calls no random operator,
 and, evaluated, gives the op's own outputs (and closures' gradients) at the other
 values and signatures.  Every refusal is a table entry of :mod:`customop.graphs.rules`.
-Answers are cached per operator, parameters, signature and purpose.
+Answers are cached per operator, parameters, signature and purpose (at most
+:data:`CACHE_SIZE`, least recently used out); a training graph serves every signature of
+its shape family without another trace (:func:`_family`).
 """
 from __future__ import annotations
 
 import threading
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -41,7 +44,11 @@ from .rules import EXPORT, PURPOSES, TRAIN, NotNative  # noqa: F401 - native.EXP
 from .values import placeholders
 
 _lock = threading.RLock()
-_cache: dict[tuple, Verdict] = {}
+_cache: OrderedDict[tuple, Verdict] = OrderedDict()  # by signature, least recent first
+# A training graph by shape family: verified at one signature and at a grown one, it serves
+# every signature of the family (see _family) without a trace.
+_families: OrderedDict[tuple, Verdict] = OrderedDict()
+CACHE_SIZE = 4096  # verdicts kept, each table (an op, parameters, signature and purpose)
 
 
 @dataclass
@@ -85,11 +92,44 @@ def native_graph(op: Differentiable, params: dict[str, Any], shapes: Sequence[Se
     if values is not None:
         return trace.aside(_decide, op, dict(params), shapes, dtypes, purpose, values)
     key = (op, repr(sorted(params.items())), shapes, dtypes, purpose)
-    found = _cache.get(key)
+    found = _recalled(_cache, key)
     if found is None:
-        found = _cache[key] = trace.aside(_decide, op, dict(params), shapes, dtypes, purpose,
-                                          None)
+        family = _family(key)
+        known = _recalled(_families, family) if family is not None else None
+        if known is not None:
+            found = Verdict(known.op_type, purpose, shapes, dtypes, known.graph)
+        else:
+            found = trace.aside(_decide, op, dict(params), shapes, dtypes, purpose, None)
+            if family is not None and found.graph is not None:
+                _kept(_families, family, found)
+        _kept(_cache, key, found)
     return found
+
+
+def _family(key: tuple) -> tuple | None:
+    """The signatures one verified training graph serves: the same op, parameters, ranks,
+    dtypes and axes of size 1, no empty axis (a rebind at new sizes, a bucket, a detection
+    batch with another box count).  A training graph passed the check at a grown shape
+    (customop.graphs.verify.generality): it writes no size (None: not a training key)."""
+    op, params, shapes, dtypes, purpose = key
+    if purpose != TRAIN or any(0 in s for s in shapes):
+        return None
+    return (op, params, tuple(tuple(d == 1 for d in s) for s in shapes), dtypes)
+
+
+def _recalled(table: OrderedDict, key: tuple) -> Verdict | None:
+    with _lock:
+        found = table.get(key)
+        if found is not None:
+            table.move_to_end(key)
+        return found
+
+
+def _kept(table: OrderedDict, key: tuple, verdict: Verdict) -> None:
+    with _lock:
+        table[key] = verdict
+        while len(table) > CACHE_SIZE:
+            table.popitem(last=False)
 
 
 def _decide(op, params, shapes, dtypes, purpose, values) -> Verdict:
@@ -116,3 +156,4 @@ def clear_cache() -> None:
     """Forget every traced graph (an operator redefined in place is traced again anyway)."""
     with _lock:
         _cache.clear()
+        _families.clear()

@@ -233,8 +233,8 @@ REWRITES: dict[str, Callable[[dict[str, Any]], tuple[str, dict[str, Any]]]] = {
 # guard(node, add, dtypes) -> the entries standing for the node's outputs, or None.
 INDEX_GUARDS: dict[str, Callable[..., Any]] = {
     "_contrib_box_encode": guards.box_encode,
-    "pick": guards.pick,
-    "take": guards.take,
+    "pick": guards.along("-1"),
+    "take": guards.along("0"),
 }
 # Tables of other rules by MXNet operator (transposition of gradient closures) belong beside
 # these, keyed the same way.

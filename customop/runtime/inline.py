@@ -32,8 +32,7 @@ import mxnet as mx
 from mxnet.base import _LIB
 
 from .. import runtime
-from ..graphs import binding as training_graphs
-from ..graphs import graph_json, native
+from ..graphs import binding, graph_json, native
 from . import aux
 
 _plans: dict[int, Any] = {}  # id(CachedOp) -> its CachedPlan
@@ -179,13 +178,13 @@ class CachedPlan:
         shapes = {n: a.shape for n, a in zip(self.names, args)}
         dtypes = {n: a.dtype for n, a in zip(self.names, args)}
         if by_grads is None:
-            training_graphs.checked(self.sym, shapes, dtypes)
+            binding.checked(self.sym, shapes, dtypes)
             everything = range(len(self.names))
             grads = {self.names[i] for i, m in
                      zip(everything, needs_grad(args, everything, self.params)) if m}
         else:
             grads = {self.names[i] for i, m in zip(by_grads.inputs, mask) if m}
-        found = training_graphs.spliced(self.sym, shapes, dtypes, grads)
+        found = binding.spliced(self.sym, shapes, dtypes, grads)
         built = self._cached(found)
         if by_grads is not None:
             by_grads.built[mask] = built
@@ -236,7 +235,7 @@ class _ByGrads:
 
 def cached_plan(sym: mx.sym.Symbol, flags) -> CachedPlan | None:
     """A plan for a new CachedOp of ``sym``, or None when nothing in it may inline."""
-    if runtime.disabled("inline") or not training_graphs.holds_inlinable(sym):
+    if runtime.disabled("inline") or not binding.holds_inlinable(sym):
         return None
     return CachedPlan(sym, flags)
 
@@ -248,13 +247,13 @@ def install() -> None:
     def simple_bind_(self, ctx, grad_req="write", type_dict=None, stype_dict=None,
                      group2ctx=None, shared_arg_names=None, shared_exec=None,
                      shared_buffer=None, **kwargs):
-        return training_graphs.simple_bind(simple_bind, self, ctx, grad_req, type_dict,
+        return binding.simple_bind(simple_bind, self, ctx, grad_req, type_dict,
                                            stype_dict, group2ctx, shared_arg_names,
                                            shared_exec, shared_buffer, **kwargs)
 
     def bind_(self, ctx, args, args_grad=None, grad_req="write", aux_states=None,
               group2ctx=None, shared_exec=None):
-        return training_graphs.bind(bind, self, ctx, args, args_grad, grad_req, aux_states,
+        return binding.bind(bind, self, ctx, args, args_grad, grad_req, aux_states,
                                     group2ctx, shared_exec)
 
     def cached_init_(self, sym, flags=()):

@@ -4,7 +4,7 @@ import numpy as np
 
 from customop.dispatch import forced_path
 
-IMPERATIVE = ("function", "custom")  # recording paths
+IMPERATIVE = ("function", "custom", "graph")  # recording paths
 ALL = (*IMPERATIVE, "symbol")
 
 

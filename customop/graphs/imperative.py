@@ -1,0 +1,133 @@
+"""Imperative calls under ``record()`` that run the op's native training graph.
+
+An ``'mxnet'``-mode operator whose forward (and ``def_grad`` closures) inlines in
+training graphs (:func:`customop.graphs.native.native_graph`) has a native graph that
+MXNet differentiates itself.  Called on NDArrays under ``mx.autograd.record()``, such an
+op runs that graph as a ``CachedOp``, recorded by MXNet's autograd like any operator: its
+backward runs no Python.  The graph is the one a hybridized block runs, with its checks
+(a failed :func:`customop.require` makes the outputs and gradients NaN).
+
+:func:`call` answers for one call: the outputs, or None when the caller's usual path
+(``function`` or ``native`` in :mod:`customop.dispatch`) runs it:
+
+* a signature (input shapes and dtypes, parameters, train mode) runs the usual path the
+  first time it is seen, so shapes that change every call pay no trace, and its graph
+  from the second call on;
+* an op or signature with no native graph (``explain`` says why) keeps the usual path.
+
+Graphs are kept per operator, parameters and signature (at most :data:`KEPT`, least
+recently used out); one graph serves every signature of its shape family
+(:mod:`customop.graphs.native`), and each thread runs its own ``CachedOp`` of it.
+"""
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from typing import Any
+
+import mxnet as mx
+import numpy as np
+
+from ..opinfo import Differentiable, Registered
+from . import graph_json, native
+from .rules import TRAIN
+
+KEPT = 4096  # signatures remembered
+_NP_ARRAY = mx.np.ndarray
+_SEEN, _REFUSED = "seen", "refused"
+_lock = threading.Lock()
+_plans: OrderedDict[tuple, Any] = OrderedDict()  # signature -> _SEEN, _REFUSED or a _Graph
+_graphs: dict[int, _Graph] = {}  # id(NativeGraph) -> its CachedOps (the graph is kept alive)
+
+
+class _Graph:
+    """One native graph as a Symbol, and a ``CachedOp`` of it per thread."""
+
+    def __init__(self, graph: graph_json.NativeGraph, n: int):
+        self.graph = graph
+        names = [f"input{i}" for i in range(n)]
+        self.symbol = graph_json.load(graph_json.to_json(graph, names))
+        used = self.symbol.list_inputs()
+        self.order = [names.index(u) for u in used]
+        self.local = threading.local()
+
+    def __call__(self, inputs: list[mx.nd.NDArray]) -> list[mx.nd.NDArray]:
+        cached = getattr(self.local, "cached", None)
+        if cached is None:
+            cached = self.local.cached = mx.nd.CachedOp(self.symbol)
+        outs = cached(*[inputs[i] for i in self.order])
+        return [outs] if isinstance(outs, mx.nd.NDArray) else list(outs)
+
+
+def eligible(op: Differentiable) -> str:
+    """Why ``op`` never runs a native graph imperatively ("" when it may)."""
+    if op.mode != "mxnet":
+        return "a 'numpy'-mode operator runs its forward in NumPy"
+    if op.signature.aux:
+        return "an operator with auxiliary states keeps its Custom node (aux write-back)"
+    return native.static_reason(op, TRAIN)
+
+
+def call(op: Registered, inputs: list[mx.nd.NDArray], params: dict[str, Any],
+         at_once: bool = False) -> list[mx.nd.NDArray] | None:
+    """``op``'s outputs from its native training graph, recorded; None: run the usual path.
+
+    ``at_once``: build the graph at a signature's first call (``forced_path('graph')``).
+    """
+    if any(isinstance(a, _NP_ARRAY) for a in inputs):
+        return None  # the mx.np interface keeps its path (outputs must be mx.np arrays)
+    key = (op, repr(sorted(params.items())) if params else "",
+           tuple([(a.shape, a.dtype) for a in inputs]), mx.autograd.is_training())
+    with _lock:
+        plan = _plans.get(key)
+        if plan is not None:
+            _plans.move_to_end(key)
+        elif not at_once:
+            _remember(key, _SEEN)
+            return None
+    if plan is _REFUSED:
+        return None
+    if plan is None or plan is _SEEN:
+        plan = _planned(op, params, inputs)
+        with _lock:
+            _remember(key, plan)
+        if plan is _REFUSED:
+            return None
+    return plan(inputs)
+
+
+def _planned(op: Registered, params: dict[str, Any], inputs: list[mx.nd.NDArray]) -> Any:
+    if eligible(op):
+        return _REFUSED
+    shapes, dtypes = tuple(a.shape for a in inputs), tuple(np.dtype(a.dtype) for a in inputs)
+    try:
+        # the op's own shape inference at this signature (the forward on placeholders, once
+        # per signature, as a graph's bind runs it): a signature the op refuses keeps the
+        # usual path, which raises the op's named error; a graph of the shape family would
+        # not check it
+        op.inference.outputs("imperative:" + repr(sorted(params.items())), params, shapes,
+                             dtypes)
+    except Exception:  # noqa: BLE001 - the usual path raises it, named, on every call
+        return _REFUSED
+    verdict = native.native_graph(op, params, shapes, dtypes, TRAIN)
+    if verdict.graph is None:
+        return _REFUSED
+    with _lock:
+        found = _graphs.get(id(verdict.graph))
+        if found is None or found.graph is not verdict.graph:
+            found = _graphs[id(verdict.graph)] = _Graph(verdict.graph, len(inputs))
+    return found
+
+
+def _remember(key: tuple, plan: Any) -> None:
+    _plans[key] = plan
+    _plans.move_to_end(key)
+    while len(_plans) > KEPT:
+        _plans.popitem(last=False)
+
+
+def clear_cache() -> None:
+    """Forget every plan (tests; an operator redefined in place is planned anew anyway)."""
+    with _lock:
+        _plans.clear()
+        _graphs.clear()

@@ -1,0 +1,142 @@
+"""Rebinding a graph with our ops: a signature seen before splices nothing, a new one of the
+same shape family traces nothing, two graphs never share a splice (issue 42 item 3)."""
+import threading
+
+import mxnet as mx
+import numpy as np
+import pytest
+
+from customop import customop as decorate
+from customop.graphs import binding, native, splice
+
+
+@decorate("mxnet")
+def _rebound(x, w):
+    return mx.nd.broadcast_mul(mx.nd.tanh(x), w) * 2
+
+
+_rebound.def_grad(lambda ans, x, w: lambda g: g * 3, argnum=0)  # a surrogate gradient
+
+
+@decorate("mxnet")
+def _other(x, w):
+    return mx.nd.broadcast_add(x, w)
+
+
+def _sym(op=_rebound):
+    return op(mx.sym.var("x"), mx.sym.var("w")) + 1
+
+
+def _run(exe, x, w):
+    exe.arg_dict["x"][:] = x
+    exe.arg_dict["w"][:] = w
+    out = exe.forward(is_train=True)[0].asnumpy()
+    exe.backward(mx.nd.ones(out.shape))
+    return out, exe.grad_dict["x"].asnumpy(), exe.grad_dict["w"].asnumpy()
+
+
+def _expected(x, w):  # the op's formula, its closure for x and the derivative for w, float64
+    out = np.tanh(x) * w * 2 + 1
+    return out, np.full(x.shape, 3.0), 2 * np.tanh(x).sum(axis=0, keepdims=True)
+
+
+@pytest.fixture
+def counted(monkeypatch):
+    calls = {"splice": 0, "trace": 0}
+    inline, decide = splice.inline, native._decide
+
+    def counting_inline(*a, **k):
+        calls["splice"] += 1
+        return inline(*a, **k)
+
+    def counting_decide(*a, **k):
+        calls["trace"] += 1
+        return decide(*a, **k)
+
+    monkeypatch.setattr(splice, "inline", counting_inline)
+    monkeypatch.setattr(native, "_decide", counting_decide)
+    native.clear_cache()
+    binding.clear_cache()
+    return calls
+
+
+def test_a_signature_seen_before_splices_nothing(counted):
+    sym = _sym()
+    rng = np.random.RandomState(0)
+    for turn in range(3):
+        exe = sym.simple_bind(mx.cpu(), x=(4, 3), w=(1, 3))
+        assert exe.customop_inlined is not None
+        x, w = rng.randn(4, 3), rng.rand(1, 3)
+        for got, want in zip(_run(exe, x, w), _expected(x, w)):
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    assert counted["splice"] == 1 and counted["trace"] >= 1
+    traced = counted["trace"]
+    sym.simple_bind(mx.cpu(), x=(5, 3), w=(1, 3))  # a new signature: spliced again
+    assert counted["splice"] == 2 and counted["trace"] == traced  # of the family: no trace
+
+
+def test_new_sizes_of_one_family_give_the_ops_numbers(counted):
+    sym = _sym()
+    rng = np.random.RandomState(1)
+    for rows in (2, 7, 3, 11):
+        exe = sym.simple_bind(mx.cpu(), x=(rows, 3), w=(1, 3))
+        x, w = rng.randn(rows, 3), rng.rand(1, 3)
+        for got, want in zip(_run(exe, x, w), _expected(x, w)):
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    first = counted["trace"]
+    sym.simple_bind(mx.cpu(), x=(1, 3), w=(1, 3))  # an axis of size 1: another family
+    assert counted["trace"] > first
+
+
+def test_an_empty_axis_is_never_served_by_a_family():
+    key = (_rebound, "[]", ((0, 3), (1, 3)), (np.dtype("float32"),) * 2, native.TRAIN)
+    assert native._family(key) is None
+    assert native._family(key[:4] + (native.EXPORT,)) is None
+    assert native._family((_rebound, "[]", ((2, 3), (1, 3)), key[3], native.TRAIN))
+
+
+def test_two_graphs_never_share_a_splice(counted):
+    a = _sym(_rebound).simple_bind(mx.cpu(), x=(4, 3), w=(1, 3))
+    b = _sym(_other).simple_bind(mx.cpu(), x=(4, 3), w=(1, 3))
+    assert binding.graph_json.anonymous(a.customop_inlined) != \
+        binding.graph_json.anonymous(b.customop_inlined)
+    x, w = np.ones((4, 3)), np.full((1, 3), 0.5)
+    assert np.allclose(_run(b, x, w)[0], x + w + 1)
+
+
+def test_the_splice_cache_is_bounded(counted, monkeypatch):
+    monkeypatch.setattr(binding, "SPLICES_KEPT", 3)
+    sym = _sym()
+    for rows in range(2, 9):
+        sym.simple_bind(mx.cpu(), x=(rows, 3), w=(1, 3))
+    assert len(binding._splices) == 3
+    sym.simple_bind(mx.cpu(), x=(8, 3), w=(1, 3))  # the most recent: kept
+    assert counted["splice"] == 7
+    sym.simple_bind(mx.cpu(), x=(2, 3), w=(1, 3))  # the oldest: out
+    assert counted["splice"] == 8
+
+
+def test_threads_rebinding_one_symbol_agree():
+    native.clear_cache()
+    binding.clear_cache()
+    sym = _sym()
+    x, w = np.random.RandomState(2).randn(6, 3), np.full((1, 3), 0.25)
+    want = _expected(x, w)
+    failures = []
+
+    def rebind(k):
+        try:
+            for rows in (6, 6 + k, 6):
+                exe = sym.simple_bind(mx.cpu(), x=(rows, 3), w=(1, 3))
+                if rows == 6:
+                    for got, ref in zip(_run(exe, x, w), want):
+                        np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-6)
+        except Exception as exc:  # noqa: BLE001 - reported below
+            failures.append(repr(exc))
+
+    threads = [threading.Thread(target=rebind, args=(k,)) for k in range(1, 5)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert failures == [] and not any(t.is_alive() for t in threads)
