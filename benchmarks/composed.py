@@ -10,15 +10,20 @@ Run from the repository root (about 20 s on 2 CPU cores; ``--quick`` a few secon
 CachedOp graph).  ``native`` is the same head with MXNet's operators only: the targets
 from ``contrib.box_iou`` + ``contrib.box_encode``, the focal loss written by hand with
 ``F`` ops (sigmoid, one-hot, softrelu for the logs, as ``ops.focal_loss`` computes it) and
-``F.smooth_l1``.  Both are hybridized and start from the same parameters.  Before timing,
-the loss and every parameter's gradient of the two are checked to agree (float32); the
-script stops if they do not.
+``F.smooth_l1``.  Both are hybridized and start from the same parameters; ``ours
+imperative`` and ``native imperative`` are the same heads not hybridized, trained
+imperatively under ``record()`` (our ops run their native graphs from a signature's second
+call), and ``ours imperative, function path`` the first of them with
+``forced_path('function')`` (the forward and closures in Python, as before the graph path).
+Before timing, the loss and every parameter's gradient of each are checked to agree with
+native's (float32); the script stops if they do not.
 
 One timed step is ``record()``, the forward, ``backward()``, ``Trainer.step`` (plain SGD)
-and a wait for every parameter.  The two variants are timed round-robin (each turn: one
-untimed step, then ``--calls`` timed ones) so load from elsewhere hits both alike; the
+and a wait for every parameter.  The variants are timed round-robin (each turn: one
+untimed step, then ``--calls`` timed ones) so load from elsewhere hits them alike; the
 table gives per-step medians, the interquartile range as a fraction of the median, and
-the ratio to ``native``.  The load average is printed before and after.
+the ratio to ``native`` (hybridized rows) or ``native imperative`` (imperative rows).  The
+load average is printed before and after.
 """
 from __future__ import annotations
 
@@ -36,6 +41,8 @@ sys.path.insert(0, os.path.join(ROOT, "examples"))
 import mxnet as mx  # noqa: E402
 import numpy as np  # noqa: E402
 import retinanet_head as R  # noqa: E402
+
+from customop.dispatch import forced_path  # noqa: E402
 from tables import print_table  # noqa: E402  (benchmarks/ is sys.path[0] when run as a script)
 
 
@@ -83,17 +90,21 @@ def make_batch(batch, channels, size, num_gt, seed=0):
 
 
 def make_heads(channels, size, seed=0):
-    """``{'ours': head, 'native': head}``, hybridized, with equal parameters."""
+    """``{'ours': head, 'native': head, ...}`` with equal parameters: hybridized, and (keys
+    ending ``imperative``) not hybridized, trained imperatively under ``record()``."""
     anchors = R.make_anchors(size, size)
     heads = {"ours": R.RetinaHead(anchors, channels=channels, prefix="head_"),
-             "native": NativeRetinaHead(anchors, channels=channels, prefix="head_")}
+             "native": NativeRetinaHead(anchors, channels=channels, prefix="head_"),
+             "ours imperative": R.RetinaHead(anchors, channels=channels, prefix="head_"),
+             "native imperative": NativeRetinaHead(anchors, channels=channels, prefix="head_")}
     mx.random.seed(seed)
     heads["ours"].initialize(mx.init.Xavier())
-    heads["native"].initialize()
-    for name, p in heads["native"].collect_params().items():
-        p.set_data(heads["ours"].collect_params()[name].data().copy())
-    for head in heads.values():
-        head.hybridize()
+    for key in list(heads)[1:]:
+        heads[key].initialize()
+        for name, p in heads[key].collect_params().items():
+            p.set_data(heads["ours"].collect_params()[name].data().copy())
+    heads["ours"].hybridize()
+    heads["native"].hybridize()
     return heads
 
 
@@ -106,15 +117,18 @@ def loss_and_grads(head, data):
 
 
 def check_agreement(heads, data):
-    """Raise unless the two heads give the same loss and gradients (float32 tolerance)."""
-    (want_loss, want), (loss, got) = (loss_and_grads(heads[k], data) for k in ("native", "ours"))
-    np.testing.assert_allclose(loss, want_loss, rtol=1e-5)
-    assert sorted(got) == sorted(want)
-    for name in want:
-        scale = np.abs(want[name]).max()
-        assert scale > 0, f"{name}: zero gradient, nothing compared"
-        np.testing.assert_allclose(got[name], want[name], rtol=1e-4, atol=1e-5 * scale,
-                                   err_msg=name)
+    """Raise unless every head gives native's loss and gradients (float32 tolerance)."""
+    want_loss, want = loss_and_grads(heads["native"], data)
+    for key in heads:
+        for _ in range(2):  # (imperatively, a signature's second call runs the native graph)
+            loss, got = loss_and_grads(heads[key], data)
+        np.testing.assert_allclose(loss, want_loss, rtol=1e-5, err_msg=key)
+        assert sorted(got) == sorted(want)
+        for name in want:
+            scale = np.abs(want[name]).max()
+            assert scale > 0, f"{name}: zero gradient, nothing compared"
+            np.testing.assert_allclose(got[name], want[name], rtol=1e-4, atol=1e-5 * scale,
+                                       err_msg=f"{key}: {name}")
     return float(want_loss[0])
 
 
@@ -130,15 +144,18 @@ def _step(head, trainer, data):
 def time_steps(heads, data, turns, calls):
     trainers = {k: mx.gluon.Trainer(h.collect_params(), "sgd", {"learning_rate": 1e-4})
                 for k, h in heads.items()}
-    times = {k: [] for k in heads}
-    order = list(heads)
+    variants = [(k, None) for k in heads] + [("ours imperative, function path", "function")]
+    times = {name: [] for name, _ in variants}
     for turn in range(turns):
-        for k in order[turn % 2:] + order[:turn % 2]:
-            _step(heads[k], trainers[k], data)      # untimed lead-in
-            for _ in range(calls):
-                start = time.perf_counter()
-                _step(heads[k], trainers[k], data)
-                times[k].append((time.perf_counter() - start) * 1e3)
+        shift = turn % len(variants)
+        for name, path in variants[shift:] + variants[:shift]:
+            k = name.split(",")[0]
+            with forced_path(path):
+                _step(heads[k], trainers[k], data)      # untimed lead-in
+                for _ in range(calls):
+                    start = time.perf_counter()
+                    _step(heads[k], trainers[k], data)
+                    times[name].append((time.perf_counter() - start) * 1e3)
     return times
 
 
@@ -162,8 +179,9 @@ def main(argv=None):
         print(f"{batch}x{channels}x{size}x{size}: loss and every gradient agree "
               f"(loss {loss:.6g})", file=sys.stderr)
         times = time_steps(heads, data, turns, args.calls)
-        native = statistics.median(times["native"])
-        for k in ("native", "ours"):
+        for k in times:
+            native = statistics.median(times["native imperative" if "imperative" in k
+                                             else "native"])
             q = statistics.quantiles(times[k], n=4)
             med = statistics.median(times[k])
             rows.append([f"RetinaNet-style head, {batch}x{channels}x{size}x{size}, "

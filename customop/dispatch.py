@@ -128,9 +128,11 @@ def call_ndarray(op: opinfo.Dispatched, inputs: list[Any], params: dict[str, Any
         runtime.use()
     if path in ("function", "native", "graph") and tracing is None and op.mode == "mxnet" \
             and not op.signature.aux and getattr(_forced, "path", None) in (None, "graph"):
-        outs = _imperative().call(op, nd_inputs, params, at_once=path == "graph")
-        if outs is not None:
-            return _returned(outs)
+        found = _imperative().call(op, nd_inputs, params, at_once=path == "graph")
+        if isinstance(found, list):
+            return _returned(found)
+    else:
+        found = None
     if path == "graph":
         path = "native" if op.records_natively else "function"
     if path == "direct":
@@ -141,6 +143,8 @@ def call_ndarray(op: opinfo.Dispatched, inputs: list[Any], params: dict[str, Any
         outs = call_native(op, nd_inputs, params)
     else:
         outs = call_custom(op, nd_inputs, params)
+    if found is not None:  # its forward ran here: the next call of this signature may not
+        _imperative().seen(found)
     return _returned(outs)
 
 

@@ -7,20 +7,25 @@ op runs that graph as a ``CachedOp``, recorded by MXNet's autograd like any oper
 backward runs no Python.  The graph is the one a hybridized block runs, with its checks
 (a failed :func:`customop.require` makes the outputs and gradients NaN).
 
-:func:`call` answers for one call: the outputs, or None when the caller's usual path
+:func:`call` answers for one call: the outputs, or that the caller's usual path
 (``function`` or ``native`` in :mod:`customop.dispatch`) runs it:
 
-* a signature (input shapes and dtypes, parameters, train mode) runs the usual path the
-  first time it is seen, so shapes that change every call pay no trace, and its graph
-  from the second call on;
-* an op or signature with no native graph (``explain`` says why) keeps the usual path.
+* a signature (input shapes and dtypes, parameters, train mode) runs the usual path until
+  one call there returned (its forward's own checks passed: :func:`seen`), so shapes that
+  change every call pay no trace, and its graph from the next call on;
+* an op or signature with no native graph (``explain`` says why), or whose graph MXNet's
+  shape inference refuses at that signature, keeps the usual path (which raises the op's
+  own error there).
 
 Graphs are kept per operator, parameters and signature (at most :data:`KEPT`, least
 recently used out); one graph serves every signature of its shape family
 (:mod:`customop.graphs.native`), and each thread runs its own ``CachedOp`` of it.
+``CUSTOMOP_RUNTIME_OFF=inline`` (every op keeps its ``Custom`` node in graphs) keeps
+imperative calls on their Python paths too.
 """
 from __future__ import annotations
 
+import os
 import threading
 from collections import OrderedDict
 from typing import Any
@@ -28,16 +33,21 @@ from typing import Any
 import mxnet as mx
 import numpy as np
 
-from ..opinfo import Differentiable, Registered
+from .. import runtime
+from ..opinfo import Differentiable
 from . import graph_json, native
 from .rules import TRAIN
 
 KEPT = 4096  # signatures remembered
 _NP_ARRAY = mx.np.ndarray
 _SEEN, _REFUSED = "seen", "refused"
+
+
+class Pending(tuple):
+    """A signature the usual path runs now; :func:`seen` once that call returned."""
 _lock = threading.Lock()
 _plans: OrderedDict[tuple, Any] = OrderedDict()  # signature -> _SEEN, _REFUSED or a _Graph
-_graphs: dict[int, _Graph] = {}  # id(NativeGraph) -> its CachedOps (the graph is kept alive)
+_graphs: OrderedDict[int, _Graph] = OrderedDict()  # id(NativeGraph) -> its CachedOps
 
 
 class _Graph:
@@ -47,9 +57,22 @@ class _Graph:
         self.graph = graph
         names = [f"input{i}" for i in range(n)]
         self.symbol = graph_json.load(graph_json.to_json(graph, names))
-        used = self.symbol.list_inputs()
-        self.order = [names.index(u) for u in used]
+        self.used = set(self.symbol.list_inputs())
+        self.order = [names.index(u) for u in self.symbol.list_inputs()]
         self.local = threading.local()
+
+    def holds(self, shapes, dtypes) -> bool:
+        """Whether MXNet's shape and type inference of the graph pass at this signature (a
+        graph of the shape family serves signatures its op never ran at: one whose sizes
+        do not broadcast keeps the usual path, which raises the op's own error)."""
+        names = [f"input{i}" for i in range(len(shapes))]
+        given = {n: s for n, s in zip(names, shapes) if n in self.used}
+        try:
+            _, outs, _ = self.symbol.infer_shape(**given)
+            self.symbol.infer_type(**{n: d for n, d in zip(names, dtypes) if n in self.used})
+        except mx.base.MXNetError:
+            return False
+        return outs is not None and all(s and all(d > 0 for d in s) for s in outs)
 
     def __call__(self, inputs: list[mx.nd.NDArray]) -> list[mx.nd.NDArray]:
         cached = getattr(self.local, "cached", None)
@@ -68,26 +91,28 @@ def eligible(op: Differentiable) -> str:
     return native.static_reason(op, TRAIN)
 
 
-def call(op: Registered, inputs: list[mx.nd.NDArray], params: dict[str, Any],
-         at_once: bool = False) -> list[mx.nd.NDArray] | None:
-    """``op``'s outputs from its native training graph, recorded; None: run the usual path.
+def call(op: Differentiable, inputs: list[mx.nd.NDArray], params: dict[str, Any],
+         at_once: bool = False) -> list[mx.nd.NDArray] | Pending | None:
+    """``op``'s outputs from its native training graph, recorded; else the usual path runs
+    the call (a :class:`Pending` signature: tell :func:`seen` when it returned).
 
     ``at_once``: build the graph at a signature's first call (``forced_path('graph')``).
     """
     if any(isinstance(a, _NP_ARRAY) for a in inputs):
         return None  # the mx.np interface keeps its path (outputs must be mx.np arrays)
-    key = (op, repr(sorted(params.items())) if params else "",
-           tuple([(a.shape, a.dtype) for a in inputs]), mx.autograd.is_training())
+    if "CUSTOMOP_RUNTIME_OFF" in os.environ and runtime.disabled("inline"):
+        return None  # every op keeps its Custom node, and its Python path imperatively
+    key = Pending((op, repr(sorted(params.items())) if params else "",
+                   tuple([(a.shape, a.dtype) for a in inputs]), mx.autograd.is_training()))
     with _lock:
         plan = _plans.get(key)
         if plan is not None:
             _plans.move_to_end(key)
-        elif not at_once:
-            _remember(key, _SEEN)
-            return None
     if plan is _REFUSED:
         return None
-    if plan is None or plan is _SEEN:
+    if plan is None and not at_once:
+        return key
+    if not isinstance(plan, _Graph):
         plan = _planned(op, params, inputs)
         with _lock:
             _remember(key, plan)
@@ -96,19 +121,18 @@ def call(op: Registered, inputs: list[mx.nd.NDArray], params: dict[str, Any],
     return plan(inputs)
 
 
-def _planned(op: Registered, params: dict[str, Any], inputs: list[mx.nd.NDArray]) -> Any:
+def seen(key: Pending) -> None:
+    """The usual path ran the call of signature ``key`` and returned: the next call there
+    runs the graph."""
+    with _lock:
+        if key not in _plans:
+            _remember(key, _SEEN)
+
+
+def _planned(op: Differentiable, params: dict[str, Any], inputs: list[mx.nd.NDArray]) -> Any:
     if eligible(op):
         return _REFUSED
     shapes, dtypes = tuple(a.shape for a in inputs), tuple(np.dtype(a.dtype) for a in inputs)
-    try:
-        # the op's own shape inference at this signature (the forward on placeholders, once
-        # per signature, as a graph's bind runs it): a signature the op refuses keeps the
-        # usual path, which raises the op's named error; a graph of the shape family would
-        # not check it
-        op.inference.outputs("imperative:" + repr(sorted(params.items())), params, shapes,
-                             dtypes)
-    except Exception:  # noqa: BLE001 - the usual path raises it, named, on every call
-        return _REFUSED
     verdict = native.native_graph(op, params, shapes, dtypes, TRAIN)
     if verdict.graph is None:
         return _REFUSED
@@ -116,6 +140,10 @@ def _planned(op: Registered, params: dict[str, Any], inputs: list[mx.nd.NDArray]
         found = _graphs.get(id(verdict.graph))
         if found is None or found.graph is not verdict.graph:
             found = _graphs[id(verdict.graph)] = _Graph(verdict.graph, len(inputs))
+            while len(_graphs) > KEPT:  # (plans still holding one keep it running)
+                _graphs.popitem(last=False)
+    if not found.holds(shapes, dtypes):
+        return _REFUSED
     return found
 
 

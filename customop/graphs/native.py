@@ -96,25 +96,40 @@ def native_graph(op: Differentiable, params: dict[str, Any], shapes: Sequence[Se
     if found is None:
         family = _family(key)
         known = _recalled(_families, family) if family is not None else None
-        if known is not None:
-            found = Verdict(known.op_type, purpose, shapes, dtypes, known.graph)
+        graph = next((v.graph for v in known or () if _serves(v, shapes)), None)
+        if graph is not None:
+            found = Verdict(errors.shown(op.op_type), purpose, shapes, dtypes, graph)
         else:
             found = trace.aside(_decide, op, dict(params), shapes, dtypes, purpose, None)
-            if family is not None and found.graph is not None:
-                _kept(_families, family, found)
+            if family is not None and found.graph is not None and found.graph.generic:
+                _kept(_families, family, [found, *(known or ())][:FAMILY_SIZE])
         _kept(_cache, key, found)
     return found
 
 
+FAMILY_SIZE = 8  # verified graphs kept per family
+
+
 def _family(key: tuple) -> tuple | None:
-    """The signatures one verified training graph serves: the same op, parameters, ranks,
-    dtypes and axes of size 1, no empty axis (a rebind at new sizes, a bucket, a detection
-    batch with another box count).  A training graph passed the check at a grown shape
-    (customop.graphs.verify.generality): it writes no size (None: not a training key)."""
+    """Where training graphs that may serve this signature are kept: the same op,
+    parameters, dtypes and ranks (None: not a training key, or an empty axis)."""
     op, params, shapes, dtypes, purpose = key
     if purpose != TRAIN or any(0 in s for s in shapes):
         return None
-    return (op, params, tuple(tuple(d == 1 for d in s) for s in shapes), dtypes)
+    return (op, params, tuple(len(s) for s in shapes), dtypes)
+
+
+def _serves(verdict: Verdict, shapes: tuple) -> bool:
+    """Whether ``verdict``'s graph holds at ``shapes``: it was checked at its own signature
+    and with its size ``generic`` grown by one (customop.graphs.verify.generality), so it
+    serves the signatures that differ from its own in that size alone, taking another value
+    (not 0 or 1) on every axis that had it (a rebind at another batch size, a bucket)."""
+    g = verdict.graph.generic
+    if g is None or g < 2 or len(verdict.shapes) != len(shapes):
+        return False
+    pairs = [(d, e) for s, t in zip(verdict.shapes, shapes) for d, e in zip(s, t)]
+    new = {e for d, e in pairs if d == g}
+    return len(new) == 1 and min(new) > 1 and all(e == d for d, e in pairs if d != g)
 
 
 def _recalled(table: OrderedDict, key: tuple) -> Verdict | None:

@@ -83,7 +83,10 @@ def generality(builder: Builder, graph: NativeGraph, shapes, first) -> str:
             tried.append(f"{shapes_text(other)}: {type(exc).__name__}")
             continue
         diff = compare.difference(graph, alt) or builder.differs_at(graph, inputs, rec, alt)
-        return f"{diff} at input shapes {shapes_text(other)}" if diff else ""
+        if diff:
+            return f"{diff} at input shapes {shapes_text(other)}"
+        graph.generic = next(d for s, o in zip(shapes, other) for d, e in zip(s, o) if d != e)
+        return ""
     return ("not checked: the forward refused every other input shape tried ("
             + "; ".join(tried) + ")")
 

@@ -37,6 +37,7 @@ import numpy as np
 
 import customop
 from customop import ops
+from customop.dispatch import forced_path
 from tests.customop import composeops as C
 
 # inputs: {name: array}; grads: names with a gradient; aux: {name: shape};
@@ -177,12 +178,15 @@ def _summary(heads, grads, aux):
             "aux": {k: a.asnumpy().tolist() for k, a in aux.items()}}
 
 
-def recorded(pair):
+def recorded(pair, path="native"):
+    """The pair recorded imperatively: the ops' paths before issue 41 (``native``: an op
+    without def_grad records its forward's operators, one with def_grad runs its closures
+    in Python), the reference, or each op's native graph where it has one (``graph``)."""
     ins = {k: mx.nd.array(v) for k, v in pair.values.items()}
     aux = {k: mx.nd.zeros(s) for k, s in pair.aux.items()}
     for k in pair.grads:
         ins[k].attach_grad()
-    with mx.autograd.record():
+    with forced_path(path), mx.autograd.record():
         heads = pair.heads(mx.nd, ins, aux)
     mx.autograd.backward(heads)
     return _summary(heads, {k: ins[k].grad for k in pair.grads}, aux)
@@ -272,6 +276,8 @@ def main(path):
         try:
             pair = Pair(a, b)
             result[key] = {"recorded": recorded(pair), "path": run(pair)}
+            if path == "bound":  # (one run of the matrix also checks the imperative graphs)
+                result[key]["graph"] = recorded(pair, "graph")
         except Exception:  # noqa: BLE001 -- every failing pair is reported, not only the first
             result[key] = {"error": traceback.format_exc(limit=-3)}
     print(json.dumps(result))

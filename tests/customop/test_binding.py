@@ -63,7 +63,7 @@ def counted(monkeypatch):
 def test_a_signature_seen_before_splices_nothing(counted):
     sym = _sym()
     rng = np.random.RandomState(0)
-    for turn in range(3):
+    for _ in range(3):
         exe = sym.simple_bind(mx.cpu(), x=(4, 3), w=(1, 3))
         assert exe.customop_inlined is not None
         x, w = rng.randn(4, 3), rng.rand(1, 3)
@@ -140,3 +140,21 @@ def test_threads_rebinding_one_symbol_agree():
     for t in threads:
         t.join(120)
     assert failures == [] and not any(t.is_alive() for t in threads)
+
+
+@decorate("mxnet")
+def _classes(x):
+    # one_hot's depth is read from x's last axis: the graph holds at another batch size only
+    return mx.nd.one_hot(mx.nd.argmax(x, axis=-1), depth=x.shape[-1]) * x
+
+
+def test_a_graph_serves_only_the_size_it_was_checked_at_another_value_of(counted):
+    rng = np.random.RandomState(3)
+    for shape in [(4, 3), (6, 3), (4, 5), (7, 5), (2, 2)]:
+        x = rng.randn(*shape)
+        exe = _classes(mx.sym.var("x")).simple_bind(mx.cpu(), x=shape)
+        exe.arg_dict["x"][:] = x
+        got = exe.forward(is_train=True)[0].asnumpy()
+        want = np.eye(shape[1])[x.argmax(-1)] * x
+        np.testing.assert_allclose(got, want, rtol=1e-6, err_msg=str(shape))
+    assert counted["trace"] == 3  # (4, 3); (4, 5): another number of classes; (2, 2)

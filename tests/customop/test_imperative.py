@@ -282,3 +282,13 @@ def test_check_grad_compares_the_imperative_graph_with_the_closures():
     assert any("graph:" in n for n in report.notes)
     report = check_grad(numpy_square, np.random.RandomState(9).rand(3).astype("f"))
     assert not [r for r in report.rows if r.comparison == GRAPH_COMPARISON]
+
+
+def test_runtime_off_inline_keeps_imperative_calls_on_their_python_paths(monkeypatch):
+    x, w = np.ones((2, 3)), np.ones((1, 3))
+    for _ in range(3):
+        _step(surrogate, x, w)
+    monkeypatch.setenv("CUSTOMOP_RUNTIME_OFF", "inline")
+    before = calls["forward"]
+    _step(surrogate, x, w)
+    assert calls["forward"] == before + 1

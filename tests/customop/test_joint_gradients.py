@@ -57,7 +57,7 @@ def _arrays(seed=0):
 
 def _inlined(op, how="hybridized"):
     """Whether a graph path runs ``op`` as MXNet operators (its closure traced, not called)."""
-    if how not in ("symbol", "hybridized", "module", "exported"):
+    if how not in ("symbol", "hybridized", "module", "exported", "graph"):
         return False
     import customop as co
 

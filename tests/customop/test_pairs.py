@@ -79,6 +79,9 @@ def test_every_ordered_pair_gives_the_gradients_of_the_recorded_run(which, matri
         # the reference must not be vacuous: every differentiable input gets a gradient
         flat = [k for k, g in run["recorded"]["grads"].items() if not np.any(g)]
         found = _differences(run["recorded"], run["path"])
+        if "graph" in run:  # the imperative native graphs too (issue 41)
+            found += [f"imperative graph: {d}" for d in _differences(run["recorded"],
+                                                                     run["graph"])]
         if flat or found:
             failing[key] = [f"zero reference gradient: {flat}"] * bool(flat) + found
     assert not failing, f"{len(failing)} of {len(result)} pairs fail on {path}:\n" + "\n".join(
