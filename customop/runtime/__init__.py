@@ -15,7 +15,9 @@ The index (:data:`PATCHES`: off-switch name -> module, and when it is installed)
     our C callbacks' failures reach the caller that reads their arrays, named;
     installed by the first call of a decorated op or the first graph that holds one.
 ``fork`` (:mod:`.fork`)
-    ``fork()`` and exit never hang on a pending callback; the first call of a decorated op.
+    ``fork()`` and exit never hang on a pending callback, and on Python < 3.10 ``subprocess``
+    starts its children without ``fork()`` (glibc's ``posix_spawn``), so a thread that shells
+    out never stops MXNet's engine under a training thread; the first call of a decorated op.
 ``aux`` (:mod:`.aux`)
     reads of our ops' aux arrays wait for their writes; the first op with aux states.
 ``auxsync`` (:mod:`.auxsync`)

@@ -124,7 +124,8 @@ THREADS_FORKING = """
 
 def test_threads_starting_subprocesses_at_once_never_hang():
     # Two threads' forks at once ran MXNet's fork step twice together and hung (Python 3.8:
-    # subprocess runs customop's step itself; 3.10+: os.register_at_fork runs it)
+    # subprocess ran customop's step itself, and now spawns without fork(); os.fork and, on
+    # 3.10+, every fork run it through os.register_at_fork)
     rc, out = run_child(THREADS_FORKING, timeout=90)
     assert rc == 0 and "threads forked ok" in out, out[-3000:]
 

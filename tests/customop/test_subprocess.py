@@ -1,5 +1,6 @@
 """subprocess.run after a decorated op ran: Python 3.8/3.9 fork without os.register_at_fork
 handlers, and MXNet's own fork handler then waits for a worker thread that needs the GIL."""
+import json
 import os
 import signal
 import sys
@@ -69,3 +70,82 @@ def test_subprocess_run_after_a_decorated_op_does_not_hang(tmp_path):
                     f"{sys.version.split()[0]} (killed). Output:\n{out}")
     assert code == 0, out
     assert "ran [" in out and "subprocess returned 0" in out, out
+
+
+BESIDE_TRAINING = ROOT / "tests" / "customop" / "subprocess_beside_training.py"
+# (ops, training threads, threads calling subprocess.run 25 times each): issue 42's script, and
+# more threads shelling out beside the same two trainers
+SHAPES = [("both", 2, 2), ("both", 2, 4)]
+
+
+def _beside_training(tmp_path, ops, train, spawn, run=0):
+    argv = [sys.executable, str(BESIDE_TRAINING), "--ops", ops, "--train", str(train),
+            "--spawn", str(spawn)]
+    return _spawn_and_wait(argv, tmp_path / f"out{run}.txt", TIMEOUT)
+
+
+@pytest.mark.skipif(not hasattr(os, "posix_spawn"), reason="needs os.posix_spawn (POSIX)")
+@pytest.mark.parametrize("ops,train,spawn", SHAPES)
+def test_threads_start_subprocesses_while_others_train(tmp_path, ops, train, spawn):
+    # Python 3.8/3.9 forked, and MXNet's fork handlers stopped the engine under the training
+    # threads (hung 5 of 5 before); the fork patch now starts those children with posix_spawn
+    code, out = _beside_training(tmp_path, ops, train, spawn)
+    if code is None:
+        pytest.fail(f"{train} threads training beside {spawn} starting subprocesses hung for "
+                    f"{TIMEOUT} s on Python {sys.version.split()[0]} (killed). Output:\n{out}")
+    assert code == 0 and out.startswith("ok"), out
+
+
+@pytest.mark.soak
+@pytest.mark.skipif(not hasattr(os, "posix_spawn"), reason="needs os.posix_spawn (POSIX)")
+@pytest.mark.parametrize("ops,train,spawn", SHAPES + [("mxnet", 2, 2), ("numpy", 2, 2)])
+def test_threads_start_subprocesses_while_others_train_10_times(tmp_path, ops, train, spawn):
+    outcomes = [_beside_training(tmp_path, ops, train, spawn, run) for run in range(10)]
+    bad = [(run, code, out[-1500:]) for run, (code, out) in enumerate(outcomes)
+           if code != 0 or not out.startswith("ok")]
+    assert bad == [], f"{len(bad)} of 10 runs hung (code None) or failed: {bad}"
+
+
+ON_GLIBC = sys.platform.startswith("linux") and (
+    getattr(os, "confstr", lambda _: "")("CS_GNU_LIBC_VERSION") or "").startswith("glibc")
+
+
+@pytest.mark.skipif(not ON_GLIBC, reason="the spawn path needs glibc's posix_spawn")
+def test_spawned_children_get_what_popen_gives_forked_ones(tmp_path):
+    # Every call runs through Python's own Popen (fork) and the fork patch's posix_spawn path:
+    # the same output, exit code, pipes, cwd, env, PATH search, fds, signals, session and the
+    # same exception (type, errno, filename); calls it cannot serve fork, as before
+    argv = [sys.executable, str(ROOT / "tests" / "customop" / "popen_cases.py")]
+    code, out = _spawn_and_wait(argv, tmp_path / "out.txt", TIMEOUT)
+    assert code == 0, out
+    report = json.loads(out.strip().splitlines()[-1])
+    assert {name: rest[2:] for name, rest in report.items() if not rest[1]} == {}
+    taken = {name: rest[0] for name, rest in report.items()}
+    assert taken == {name: "fork" if name.endswith("(forks)") else "spawn" for name in taken}
+
+
+SETTLES = """
+import os, subprocess, sys
+import mxnet as mx
+from customop import runtime
+runtime.install("fork")
+from customop.runtime import fork
+settled = []
+fork.settle = lambda: settled.append(1)  # MXNet's engine stopped and restarted
+subprocess.run([sys.executable, "-c", "pass"], check=True)
+spawned = len(settled)
+_, w = os.pipe()
+subprocess.run([sys.executable, "-c", "pass"], check=True, pass_fds=[w])
+print(spawned, len(settled) - spawned)
+"""
+
+
+@pytest.mark.skipif(not ON_GLIBC, reason="the spawn path needs glibc's posix_spawn")
+def test_subprocess_stops_mxnets_engine_only_when_it_forks(tmp_path):
+    script = tmp_path / "settles.py"
+    script.write_text(SETTLES)
+    code, out = _spawn_and_wait([sys.executable, str(script)], tmp_path / "out.txt", TIMEOUT)
+    assert code == 0, out
+    # 3.8/3.9: a plain call is spawned, pass_fds forks after the step; 3.10+: vfork, no step
+    forks = 1 if sys.version_info < (3, 10) else 0
+    assert out.strip().splitlines()[-1] == f"0 {forks}", out
