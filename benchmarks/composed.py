@@ -41,9 +41,9 @@ sys.path.insert(0, os.path.join(ROOT, "examples"))
 import mxnet as mx  # noqa: E402
 import numpy as np  # noqa: E402
 import retinanet_head as R  # noqa: E402
+from tables import print_table  # noqa: E402  (benchmarks/ is sys.path[0] when run as a script)
 
 from customop.dispatch import forced_path  # noqa: E402
-from tables import print_table  # noqa: E402  (benchmarks/ is sys.path[0] when run as a script)
 
 
 def native_focal(F, pred, label, alpha=0.25, gamma=2.0):

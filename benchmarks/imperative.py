@@ -88,7 +88,7 @@ def main(argv=None) -> None:
         native.clear_cache()
         imperative.clear_cache()
         total = {"graph path (default)": 0.0, "function path": 0.0}
-        for cycle in range(cycles):  # interleaved: load from elsewhere hits both alike
+        for _ in range(cycles):  # interleaved: load from elsewhere hits both alike
             total["graph path (default)"] += run(step, None, 1, rng)
             total["function path"] += run(step, "function", 1, rng)
         steps = cycles * len(LENGTHS)
