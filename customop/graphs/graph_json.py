@@ -37,7 +37,7 @@ class NativeGraph:
     checks: int = 0  # customop.require conditions carried as NaN poisoning
     guards: list[str] = field(default_factory=list)  # operators given index guards
     dtype_generic: bool = True
-    generic: int | None = None  # the size the graph was checked to hold at another value of
+    generic: tuple = ()  # the sizes the graph was checked to hold at another value of
     note: str = ""  # how a def_grad op's gradient is carried (customop.graphs.transposed)
     # A def_grad op's graph without its transposed closures, for graphs where none of the
     # inputs ``differentiates`` (by index) can need a gradient (customop.graphs.splice).

@@ -17,9 +17,10 @@ backward runs no Python.  The graph is the one a hybridized block runs, with its
   shape inference refuses at that signature, keeps the usual path (which raises the op's
   own error there).
 
-Graphs are kept per operator, parameters and signature (at most :data:`KEPT`, least
-recently used out); one graph serves every signature of its shape family
-(:mod:`customop.graphs.native`), and each thread runs its own ``CachedOp`` of it.
+Plans are kept per operator, parameters and signature (at most :data:`KEPT`, least
+recently used out); a verified graph also serves the signatures that differ from its own
+in the size it was checked at another value of (:mod:`customop.graphs.native`), and each
+thread runs its own ``CachedOp`` of it.
 ``CUSTOMOP_RUNTIME_OFF=inline`` (every op keeps its ``Custom`` node in graphs) keeps
 imperative calls on their Python paths too.
 """
@@ -45,6 +46,8 @@ _SEEN, _REFUSED = "seen", "refused"
 
 class Pending(tuple):
     """A signature the usual path runs now; :func:`seen` once that call returned."""
+
+
 _lock = threading.Lock()
 _plans: OrderedDict[tuple, Any] = OrderedDict()  # signature -> _SEEN, _REFUSED or a _Graph
 _graphs: OrderedDict[int, _Graph] = OrderedDict()  # id(NativeGraph) -> its CachedOps

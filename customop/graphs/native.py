@@ -121,15 +121,22 @@ def _family(key: tuple) -> tuple | None:
 
 def _serves(verdict: Verdict, shapes: tuple) -> bool:
     """Whether ``verdict``'s graph holds at ``shapes``: it was checked at its own signature
-    and with its size ``generic`` grown by one (customop.graphs.verify.generality), so it
-    serves the signatures that differ from its own in that size alone, taking another value
-    (not 0 or 1) on every axis that had it (a rebind at another batch size, a bucket)."""
-    g = verdict.graph.generic
-    if g is None or g < 2 or len(verdict.shapes) != len(shapes):
+    and with each of its sizes ``generic`` grown by one (customop.graphs.verify.generality),
+    so it serves the signatures that differ from its own in those sizes alone, each taking
+    one other value (not 0 or 1) on every axis that had it (a rebind at another batch size
+    or box count, a bucket)."""
+    generic = set(verdict.graph.generic)
+    if not generic or len(verdict.shapes) != len(shapes):
         return False
-    pairs = [(d, e) for s, t in zip(verdict.shapes, shapes) for d, e in zip(s, t)]
-    new = {e for d, e in pairs if d == g}
-    return len(new) == 1 and min(new) > 1 and all(e == d for d, e in pairs if d != g)
+    new: dict[int, int] = {}
+    for s, t in zip(verdict.shapes, shapes):
+        for d, e in zip(s, t):
+            if d not in generic or d < 2:
+                if e != d:
+                    return False
+            elif new.setdefault(d, e) != e or e < 2:
+                return False
+    return True
 
 
 def _recalled(table: OrderedDict, key: tuple) -> Verdict | None:

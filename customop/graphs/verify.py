@@ -73,8 +73,11 @@ def verified(builder: Builder, shapes, dtypes, first: list) -> NativeGraph:
 
 def generality(builder: Builder, graph: NativeGraph, shapes, first) -> str:
     """"" when the graph is the same at the first other shape the op accepts; else what
-    differs (or that no other shape was accepted)."""
+    differs (or that no other shape was accepted).  The sizes grown where it is the same
+    go to ``graph.generic`` (the first accepted one decides; the others are tried too, so
+    that a graph verified once serves other values of each: customop.graphs.native)."""
     tried: list[str] = []
+    generic: list[int] = []
     for other in other_shapes(shapes):
         inputs = builder.other_values(first, other)
         try:
@@ -83,9 +86,13 @@ def generality(builder: Builder, graph: NativeGraph, shapes, first) -> str:
             tried.append(f"{shapes_text(other)}: {type(exc).__name__}")
             continue
         diff = compare.difference(graph, alt) or builder.differs_at(graph, inputs, rec, alt)
-        if diff:
+        if diff and not generic:
             return f"{diff} at input shapes {shapes_text(other)}"
-        graph.generic = next(d for s, o in zip(shapes, other) for d, e in zip(s, o) if d != e)
+        if not diff:
+            generic.append(next(d for s, o in zip(shapes, other) for d, e in zip(s, o)
+                                if d != e))
+    graph.generic = tuple(generic)
+    if generic:
         return ""
     return ("not checked: the forward refused every other input shape tried ("
             + "; ".join(tried) + ")")

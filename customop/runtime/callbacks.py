@@ -216,9 +216,9 @@ def record_function(inputs: list, outputs: list, key: int, backward: Callable,
     ``backward(num_ograds, num_igrads, ptrs, reqs, is_train, key)`` and
     ``delete(key)`` serve every node: one pair of C callbacks is made for the
     process, and MXNet hands them the node's ``key`` (an int > 0) as their
-    context pointer.  (A pair made per node cost ~25 us and left ctypes objects
-    in reference cycles for the collector: ``cast()`` makes them refer to
-    themselves.)  Returns what must be kept alive until MXNet calls delete.
+    context pointer.  (A pair made per node cost time on every call, docs/design.md, and
+    left ctypes objects in reference cycles for the collector: ``cast()`` makes them refer
+    to themselves.)  Returns what must be kept alive until MXNet calls delete.
     """
     table = _function_tables.get((backward, delete))
     if table is None:
