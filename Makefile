@@ -7,7 +7,7 @@ DOCS_STAMP := $(VENV)/.docs-installed
 # -W: a warning fails the build; --keep-going: all of them are reported first.
 SPHINX := $(VENV)/bin/sphinx-build -W --keep-going -q -d docs/_build/doctrees
 
-.PHONY: venv demo test soak lint bench bench-detection bench-losses bench-dist bench-aux bench-isolation \
+.PHONY: venv demo test soak lint bench bench-imperative bench-detection bench-losses bench-dist bench-aux bench-isolation \
 	bench-residuals bench-fork bench-binds bench-composed bench-native bench-rules dist-demo notebooks docs clean
 
 venv: $(STAMP)
@@ -87,6 +87,9 @@ bench-binds: $(STAMP)
 
 bench-composed: $(STAMP)
 	$(PY) benchmarks/composed.py
+
+bench-imperative: $(STAMP)
+	$(PY) benchmarks/imperative.py
 
 # ONNX Runtime needs numpy>=1.24.2, which MXNet 1.9.1 cannot import: its own venv, for the
 # table's information row (tests/deploy/requirements-onnxruntime.txt pins it).

@@ -6,7 +6,8 @@ auxiliary states, the case that once made every model synchronous) trained
 a step elsewhere in the process; and after a hybridized block whose op was
 inlined (the ``inline`` patch wraps ``bind``/``simple_bind`` and
 ``CachedOp.__init__``; the unrelated models are built after it), and after one whose
-``def_grad`` op inlined (``ops.box_encode``, its closure transposed: issue 33).  For each it
+``def_grad`` op inlined (``ops.box_encode``, its closure transposed: issue 33), and after
+``def_grad`` ops trained imperatively ran their native graphs (issue 41).  For each it
 prints the step time of a hybridized Gluon MLP and of a Module-style bound
 executor (forward+backward, then a wait), and how long ``block(x)`` /
 ``exe.forward()`` take to *return* (MXNet runs asynchronously: a call that
@@ -74,6 +75,20 @@ with mx.autograd.record():
 y.backward()
 a.grad.wait_to_read()
 assert "inline" in runtime.installed()
+""",
+    "a def_grad op trained imperatively elsewhere (its graph path)": """
+import customop, ops
+from customop import customop as decorate
+@decorate("mxnet")
+def square(x):
+    return x * x
+square.def_grad(lambda ans, x: lambda g: 2 * x * g)
+x = mx.nd.ones((4, 3)); x.attach_grad()
+for _ in range(3):  # a signature's second call runs the native graph (issue 41)
+    with mx.autograd.record():
+        y = square(x) + ops.smooth_l1(x, mx.nd.array([3.0]))
+    y.backward()
+x.grad.wait_to_read()
 """,
 }
 
