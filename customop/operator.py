@@ -21,6 +21,8 @@ from .modes import MODES
 from .outputs import OutputCount
 from .signature import Signature
 
+_NDARRAY = mx.nd.NDArray
+
 Mode = str  # 'numpy' or 'mxnet'
 GradMaker = typing.Callable[..., typing.Callable[[Any], Any]]  # run-time alias (Python 3.8)
 CountSpec = typing.Union[int, typing.Callable[..., int]]  # run-time alias (Python 3.8)
@@ -53,6 +55,10 @@ class CustomOperator:
         self.signature = Signature(fn, errors.shown(self.op_type), tuple(self.aux_shape_fns),
                                    tuple(optional))
         self.twins: dict[str, CustomOperator] = {mode: self}
+        # a call with NDArrays alone skips bind(): no aux states, no required parameter
+        self._arity = len(self.signature.inputs)
+        self._plain_calls = self._arity > 0 and not self.signature.aux and \
+            not self.signature.required
         self.need_top_grad = bool(need_top_grad)
         self.user_infer_shape = infer_shape
         self.user_infer_type = infer_type
@@ -296,6 +302,11 @@ class CustomOperator:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Run the operator: NDArrays give NDArrays (recorded under ``mx.autograd.record()``),
         Symbols a Symbol node (``name=`` names it), NumPy arrays the forward's result."""
+        if not kwargs and self._plain_calls and len(args) == self._arity and all(
+                type(a) is _NDARRAY for a in args):
+            # the training loop's call: every input an NDArray, no parameter (what bind() and
+            # the checks below would find, without their cost on each step)
+            return dispatch.call_ndarray(self, list(args), {})
         node_name = kwargs.pop("name", None)
         ctx = kwargs.pop("ctx", None)
         arrays, params = self.signature.bind(args, kwargs)
