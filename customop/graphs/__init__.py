@@ -12,6 +12,8 @@ Entry points:
 * :func:`customop.graphs.splice.inline`: a Symbol with every op that can inline inlined;
 * :mod:`customop.graphs.binding`: executors and CachedOps built on that Symbol (the
   ``inline`` runtime patch hands them here);
+* :func:`customop.graphs.imperative.call`: an imperative call under ``record()`` that runs
+  the op's native graph (dispatch's ``graph`` path);
 * :func:`customop.explain` (:mod:`customop.graphs.explain`): the verdicts, for users.
 
 The wing imports the eager core below it (``kernel``, ``gradients``, ``value_checks``,
