@@ -40,7 +40,9 @@ def forward_backward_without_host_copy(op, inputs, params, path):
     return [o.asnumpy() for o in outs], [x.grad.asnumpy() for x in xs]
 
 
-class _Block(mx.gluon.HybridBlock):
+class OpBlock(mx.gluon.HybridBlock):
+    """``op(*xs, **params)`` as a Gluon block (hybridizable, exportable)."""
+
     def __init__(self, op, params):
         super().__init__()
         self.op, self.op_params = op, params
@@ -58,7 +60,7 @@ def every_path(op, inputs, params, float_inputs=None):
     direct = op(*[_nd(a) for a in inputs], **params)
     direct = [o.asnumpy() for o in (direct if isinstance(direct, tuple) else [direct])]
     results = {how: paths.run(op, inputs, params, how=how) for how in paths.ALL}
-    net = _Block(op, params)
+    net = OpBlock(op, params)
     net.hybridize()
     xs = [_nd(a) for a in inputs]
     for x in xs:

@@ -10,6 +10,7 @@ import pytest
 
 import ops
 from customop.dispatch import forced_path
+from tests.ops.detection import OpBlock
 
 
 def f32(*shape):
@@ -128,15 +129,6 @@ def test_nd_call_raises_naming_the_op_and_the_argument(case, mode, how):
         assert np.isfinite(out).all()
 
 
-class _Block(mx.gluon.HybridBlock):
-    def __init__(self, op, params):
-        super().__init__()
-        self.op, self.op_params = op, params
-
-    def hybrid_forward(self, F, *xs):
-        return self.op(*xs, **self.op_params)
-
-
 # values checked with customop.require in an op that inlines in a hybridized block
 _VALUE_CHECKED = {"smooth_l1-nan-sigma"}
 
@@ -149,7 +141,7 @@ _VALUE_CHECKED = {"smooth_l1-nan-sigma"}
 def test_hybridized_block_raises_naming_the_op_and_the_argument(case, mode):
     _, op, inputs, params, error, arg = case
     op = op.numpy if mode == "numpy" else op
-    net = _Block(op, params)
+    net = OpBlock(op, params)
     net.hybridize()
     xs = [mx.nd.array(a, dtype=a.dtype) for a in inputs]
     if mode == "mxnet" and case[0] in _VALUE_CHECKED:  # inlined: a failed check is NaN

@@ -6,6 +6,7 @@ import pytest
 import customop
 import ops
 from ops import _rows
+from tests.ops.detection import OpBlock
 
 SHAPES = [((5000, 3), np.float16), ((2, 3000, 2), np.float16), ((7,), np.float32),
           ((3, 4, 5), np.float64), ((1, 1), np.float32)]
@@ -44,15 +45,6 @@ def test_index_along_counts_every_axis_in_float64(shape, dtype, how, monkeypatch
         np.testing.assert_array_equal(got.asnumpy(), np.arange(shape[axis], dtype=np.float64))
 
 
-class _Block(mx.gluon.HybridBlock):
-    def __init__(self, op, params):
-        super().__init__()
-        self.op, self.op_params = op, params
-
-    def hybrid_forward(self, F, *xs):
-        return self.op(*xs, **self.op_params)
-
-
 def _top2(x):
     """float64: the two largest of each row along the last axis, largest first."""
     return -np.sort(-np.asarray(x, np.float64), axis=-1)[..., :2]
@@ -84,7 +76,7 @@ def test_one_hybridized_block_picks_exactly_at_batch_2_then_7_in_float16(case):
     op, params, inputs, reference = CASES[case]
     r = np.random.RandomState(11)
     assert customop.explain(op, *inputs(2, r), **params).inlines  # the graph, not Custom
-    net = _Block(op, params)
+    net = OpBlock(op, params)
     net.hybridize()
     for batch in (2, 7):
         xs = inputs(batch, r)
@@ -95,7 +87,7 @@ def test_one_hybridized_block_picks_exactly_at_batch_2_then_7_in_float16(case):
 def test_a_graph_exported_at_batch_2_picks_exactly_at_batch_7(tmp_path):
     # The deployed graph, exported at batch 2, still counts 7 * 3000 float16 rows exactly.
     r = np.random.RandomState(12)
-    net = _Block(ops.topk, dict(k=2))
+    net = OpBlock(ops.topk, dict(k=2))
     net.hybridize()
     done = customop.export(net, str(tmp_path / "topk"), mx.nd.array(*_topk_inputs(2, r),
                                                                       dtype=np.float16))
