@@ -28,7 +28,9 @@ WORKER = textwrap.dedent('''
     kv.push(3, mx.nd.ones((2,)) * (kv.rank + 1))
     out = mx.nd.zeros((2,))
     kv.pull(3, out=out)
-    print(f"pulled {out.asnumpy().tolist()}", flush=True)
+    def say(line):  # one write(2) of a whole line: the workers share one pipe
+        os.write(1, (line + "\\n").encode())
+    say(f"pulled {out.asnumpy().tolist()}")
     if os.environ.get("LISTENERS") and kv.rank == 0:
         mark = os.environ["TEST_MARK"].encode()
         inodes = set()
@@ -45,7 +47,7 @@ WORKER = textwrap.dedent('''
             for line in Path("/proc/net", table).read_text().splitlines()[1:]:
                 f = line.split()
                 if f[3] == "0A" and f[9] in inodes:
-                    print("LISTEN", table, f[1], flush=True)
+                    say(f"LISTEN {table} {f[1]}")
     if os.environ["DMLC_TASK_ID"] == os.environ.get("WHO"):
         how = os.environ["HOW"]
         if how == "raise":
@@ -56,7 +58,7 @@ WORKER = textwrap.dedent('''
             import time; time.sleep(600)
     kv.push(3, out)
     kv.pull(3, out=out)
-    print(f"done {out.asnumpy().tolist()}", flush=True)
+    say(f"done {out.asnumpy().tolist()}")
 ''')
 
 
@@ -134,8 +136,9 @@ def test_usage_errors(argv, says, capsys):
 def test_every_process_listens_on_loopback_only(good_job):
     proc = good_job
     assert proc.returncode == 0, proc.stderr[-3000:]
-    # (the other worker prints into the same pipe meanwhile: a line may hold pieces of two,
-    # as a CI run saw, so each record is found by its shape, not by its line)
+    # (the other worker prints into the same pipe meanwhile: print() wrote a record in
+    # pieces and a CI run saw a line hold pieces of two; each record is now one write(2),
+    # and is still found by its shape, not by its line)
     listening = re.findall(r"LISTEN (\w+) ([0-9A-F]+):[0-9A-F]{4}", proc.stdout)
     assert len(listening) >= 4, proc.stdout  # scheduler, server, two workers
     assert proc.stdout.count("LISTEN") == len(listening), proc.stdout
