@@ -52,7 +52,12 @@ def _assert_same(got, want, **tol):
         np.testing.assert_allclose(got[key], want[key], err_msg=key, **tol)
 
 
-@pytest.mark.parametrize("api", ["gluon", "module"])
+# Both in `make soak` only (a job is four processes importing MXNet, about 14 s of CPU);
+# `make test` makes both checks another way: gluon, the `make dist-demo` job below (the same
+# loop with ops.center_loss on: the workers agree bit for bit and equal one process);
+# module, module-fit below and the Module job of tests/customop/test_aux_rules.py.
+@pytest.mark.parametrize("api", [pytest.param("gluon", marks=pytest.mark.soak),
+                                 pytest.param("module", marks=pytest.mark.soak)])
 def test_dist_sync_workers_end_equal_to_one_process(api, tmp_path):
     proc, _ = _launch(tmp_path, "--api", api)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -118,17 +123,29 @@ def test_a_worker_whose_op_rejects_its_input_stops_the_job(tmp_path):
     assert took < 60
 
 
-def test_make_dist_demo_runs_as_written():
+def test_make_dist_demo_runs_as_written(tmp_path):
     makefile = (ROOT / "Makefile").read_text()
     recipe = re.search(r"^dist-demo:.*\n((?:\t.*\n)+)", makefile, re.M).group(1)
     command = recipe.replace("\\\n", " ").replace("$(PY)", sys.executable).strip()
     assert "--launcher local" in command and "dist_sync" in command
     assert "make dist-demo" in (ROOT / "docs" / "howto" / "devices_and_workers.md").read_text()
     mark = uuid.uuid4().hex
-    proc = subprocess.run(command, shell=True, cwd=ROOT, capture_output=True, text=True,
-                          timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT),
-                                            "TEST_MARK": mark})
+    # the recipe as written, plus --out: the job also checks what the soak's plain Gluon job
+    # checks (the workers end equal, and equal to one process)
+    proc = subprocess.run(f"{command} --out {tmp_path}", shell=True, cwd=ROOT,
+                          capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(ROOT), "TEST_MARK": mark})
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "rank 0: trained" in proc.stdout and "rank 1: trained" in proc.stdout
     time.sleep(0.2)
     assert _job_processes(mark) == []
+    w0, w1 = _load(tmp_path, "gluon", 0), _load(tmp_path, "gluon", 1)
+    _assert_same(w1, w0, rtol=0, atol=0)  # identical on both workers
+    args = command.split("examples/dist_train.py", 1)[1].split()
+    assert args == ["--api", "gluon", "--kvstore", "dist_sync", "--center-loss", "0.1"]
+    # one process with a device per worker sees the same shards (as the center-loss jobs)
+    one = _example().main(["--api", "gluon", "--kvstore", "local", "--center-loss", "0.1",
+                           "--contexts", "2"])
+    _assert_same(w0, {k: v for k, v in one.items() if k.endswith("@0")}, rtol=1e-5, atol=1e-5)
+    assert max(np.abs(v).max() for v in one.values()) > 0.1
+    assert np.abs(w0["net_center_centers@0"]).max() > 0.5  # the centers moved
