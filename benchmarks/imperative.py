@@ -12,7 +12,12 @@ backward per step, timed from a fresh start (the first cycle's traces included) 
 default dispatch and with ``forced_path('function')`` (the forward and closures in Python,
 as before the graph path), in one run, interleaved by cycle.  Rows: ``x * x`` with a
 ``def_grad`` closure, and ``ops.smooth_l1`` (a library op with a ``sigma`` input and a
-value check).
+value check), recorded and, as in evaluation, not.
+
+A second table: not recording, at one signature, the native graph's forward (the default
+from a signature's second call) against the forward in Python (``forced_path('function')``,
+the path before), medians of interleaved rounds, for ``x * x`` at three sizes and five
+library ops.
 """
 from __future__ import annotations
 
@@ -61,7 +66,59 @@ def _smooth_l1_step(n, rng):
     x.grad.wait_to_read()
 
 
-WORKLOADS = [("x * x with def_grad", _square_step), ("ops.smooth_l1", _smooth_l1_step)]
+def _smooth_l1_predict(n, rng):
+    ops.smooth_l1(mx.nd.array(rng.randn(n, 4)), mx.nd.array([3.0])).wait_to_read()
+
+
+WORKLOADS = [("x * x with def_grad", _square_step), ("ops.smooth_l1", _smooth_l1_step),
+             ("ops.smooth_l1, not recorded", _smooth_l1_predict)]
+
+
+def _fixed_cases(rng):
+    """(name, op, inputs) of the unrecorded table: one signature each."""
+    def f32(*shape):
+        return mx.nd.array(rng.uniform(0.1, 1.0, shape))
+
+    def labels(n, k):
+        return mx.nd.array(rng.randint(0, k, n))
+
+    return [("x * x, 10 elements", square, [f32(10)]),
+            ("x * x, 1e3 elements", square, [f32(1000)]),
+            ("x * x, 1e6 elements", square, [f32(10 ** 6)]),
+            ("ops.smooth_l1 (256, 4)", ops.smooth_l1, [f32(256, 4), mx.nd.array([3.0])]),
+            ("ops.wing_loss (256, 10)", ops.wing_loss, [f32(256, 10), f32(256, 10)]),
+            ("ops.focal_loss (256, 20)", ops.focal_loss, [f32(256, 20), labels(256, 20)]),
+            ("ops.softmax_ce (256, 20)", ops.softmax_ce, [f32(256, 20), labels(256, 20)]),
+            ("ops.box_iou (2, 256, 4) x (2, 7, 4)", ops.box_iou,
+             [f32(2, 256, 4), f32(2, 7, 4)])]
+
+
+def _per_call(op, inputs, path, calls) -> float:
+    with forced_path(path):
+        op(*inputs)  # (a signature's first call takes the Python forward)
+        mx.nd.waitall()
+        start = time.perf_counter()
+        for _ in range(calls):
+            op(*inputs)
+        mx.nd.waitall()
+    return (time.perf_counter() - start) / calls
+
+
+def unrecorded_table(rounds, calls, markdown) -> None:
+    """Not recording, a signature's calls from the second on: the native graph's forward
+    (default) against the forward in Python (``forced_path('function')``), interleaved."""
+    rows = []
+    for name, op, inputs in _fixed_cases(np.random.RandomState(0)):
+        took = {"native graph (default)": [], "Python forward": []}
+        for _ in range(rounds):
+            took["native graph (default)"].append(_per_call(op, inputs, None, calls))
+            took["Python forward"].append(_per_call(op, inputs, "function", calls))
+        med = {k: sorted(v)[len(v) // 2] for k, v in took.items()}
+        rows.append([name, f"{med['native graph (default)'] * 1e6:.1f}",
+                     f"{med['Python forward'] * 1e6:.1f}",
+                     f"{med['native graph (default)'] / med['Python forward']:.2f}x"])
+    print_table(["not recorded: one forward per call", "native graph us", "Python forward us",
+                 "graph / Python"], rows, markdown)
 
 
 def run(step, path, cycles, rng) -> float:
@@ -87,7 +144,7 @@ def main(argv=None) -> None:
             step(LENGTHS[0], rng)  # imports, engine start and the op's registration
         native.clear_cache()
         imperative.clear_cache()
-        total = {"graph path (default)": 0.0, "function path": 0.0}
+        total = {"graph path (default)": 0.0, "function path": 0.0}  # (unrecorded: direct)
         for _ in range(cycles):  # interleaved: load from elsewhere hits both alike
             total["graph path (default)"] += run(step, None, 1, rng)
             total["function path"] += run(step, "function", 1, rng)
@@ -100,6 +157,7 @@ def main(argv=None) -> None:
           f"{cycles} cycles, traces included (the graph path's first cycle)")
     print_table(["workload, 60 input lengths cycled", "variant", "ms/step", "steps",
                  "vs function path"], rows, args.markdown)
+    unrecorded_table(3 if args.quick else 7, 50 if args.quick else 300, args.markdown)
 
 
 if __name__ == "__main__":

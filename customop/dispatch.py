@@ -1,7 +1,10 @@
 """How a call with ``mx.nd`` arrays reaches the forward.
 
 * ``direct``: not recording: run the forward on the caller's thread; no
-  operator machinery at all.
+  operator machinery at all.  From a signature's second call, an op with a native
+  graph runs that graph instead (as on the ``graph`` path, not recorded): measured
+  0.6-0.7x the direct path's time for small ops, 0.2-0.4x for ops whose value checks read
+  the host there (``benchmarks/imperative.py``).
 * ``function``: recording: run the forward on the caller's thread, then
   record one autograd node whose backward calls the gradient closures (the
   mechanism of ``mx.autograd.Function``, with MXNet 1.9.1's ``req`` bug fixed:
@@ -15,8 +18,9 @@
   as a ``CachedOp`` (:mod:`customop.graphs.imperative`), recorded by MXNet's autograd:
   no Python in its backward, and a failed value check gives NaN, as in a hybridized
   block.  The first call of a signature, and an op that does not inline, take
-  ``function`` or ``native``; ``forced_path('function')`` keeps an op off this path
-  (and brings back the named exceptions of value checks, for debugging).
+  ``function`` or ``native`` (``direct`` when not recording); ``forced_path('function')``
+  keeps an op off this path, recorded or not (and brings back the named exceptions of
+  value checks, for debugging).
 * ``custom``: ``mx.nd.Custom`` through the registered CustomOpProp: what
   symbols and hybridized graphs use.  A recorded op with auxiliary states
   always takes this path: its aux arrays are then inputs of MXNet's graph
@@ -126,8 +130,9 @@ def call_ndarray(op: opinfo.Dispatched, inputs: list[Any], params: dict[str, Any
             path = "native"  # its forward's own operators join the graph
     if path != "direct":
         runtime.use()
-    if path in ("function", "native", "graph") and tracing is None and op.mode == "mxnet" \
-            and not op.signature.aux and getattr(_forced, "path", None) in (None, "graph"):
+    if tracing is None and op.mode == "mxnet" and not op.signature.aux \
+            and getattr(_forced, "path", None) in (None, "graph"):
+        # recorded or not (measured faster either way: benchmarks/imperative.py)
         found = _imperative().call(op, nd_inputs, params, at_once=path == "graph")
         if isinstance(found, list):
             return _returned(found)

@@ -120,7 +120,7 @@ SMOKE = {
     "bind_cost.py": ["--binds", "1", "--rounds", "1"],
     "aux_rules.py": ["--steps", "1", "--markdown"],
     "native_graphs.py": ["--repeat", "4", "--images", "1", "--anchors", "200", "--quick"],
-    "imperative.py": ["--cycles", "1"],
+    "imperative.py": ["--quick"],
 }
 
 
@@ -160,6 +160,7 @@ def test_benchmark_runs_and_checks_its_variants(script, benchmark_runs):
     ("bind_cost.py", "binds patch"),
     ("bind_cost.py", "new box count"),
     ("imperative.py", "graph path (default)"),
+    ("imperative.py", "not recorded: one forward per call"),
     ("aux_rules.py", "| 'local' |"),
     ("native_graphs.py", "exported (all inlined)"),
 ])

@@ -42,7 +42,7 @@ class OpReport:
         for verdict in (self.train, self.export):
             lines.append(f"  {_WHERE[verdict.purpose]}: {_said(verdict)}")
         if self.imperative:
-            lines.append(f"  imperative calls under mx.autograd.record(): {self.imperative}")
+            lines.append(f"  imperative calls (mx.nd arrays): {self.imperative}")
         return "\n".join(lines)
 
 
@@ -112,7 +112,7 @@ def explain(target: Any, *inputs: Any, **params: Any) -> OpReport | GraphReport:
         customop 'ops.center_loss' at (4, 3) float32, (4,) float32, (5, 3) float32
           training (hybridized blocks, bound graphs): stays a Custom node: it has auxiliary ...
           deploy export (customop.export): stays a Custom node: it has auxiliary states ...
-          imperative calls under mx.autograd.record(): the custom path ...
+          imperative calls (mx.nd arrays): the custom path ...
     """
     if isinstance(target, CustomOperator):
         return _explain_op(target, inputs, params)
@@ -159,12 +159,14 @@ def _imperative_path(op: CustomOperator, train: native.Verdict) -> str:
         usual = "the native path (its forward's operators, recorded)"
     else:
         usual = "the function path (the forward, then its gradient closures in backward)"
+    usual += " under mx.autograd.record(), else its forward in Python"
     why = imperative.eligible(op) or ("" if train.inlines else "it has no native training "
                                       "graph (see training above)")
     if why:
         return f"{usual}: {why}"
-    return ("its native graph, recorded by MXNet's autograd (no Python in backward), from a "
-            f"signature's second call; the first call takes {usual}")
+    return ("its native graph (under mx.autograd.record() recorded by MXNet's autograd: no "
+            "Python in backward), from a signature's second call; the first call takes "
+            f"{usual}")
 
 
 def _block_graph(block: mx.gluon.HybridBlock, inputs) -> tuple:

@@ -1,11 +1,13 @@
-"""Imperative calls under ``record()`` that run the op's native training graph.
+"""Imperative calls that run the op's native training graph.
 
 An ``'mxnet'``-mode operator whose forward (and ``def_grad`` closures) inlines in
 training graphs (:func:`customop.graphs.native.native_graph`) has a native graph that
 MXNet differentiates itself.  Called on NDArrays under ``mx.autograd.record()``, such an
 op runs that graph as a ``CachedOp``, recorded by MXNet's autograd like any operator: its
-backward runs no Python.  The graph is the one a hybridized block runs, with its checks
-(a failed :func:`customop.require` makes the outputs and gradients NaN).
+backward runs no Python.  Not recording, it runs the same graph's forward (faster than its
+forward in Python, measured in ``benchmarks/imperative.py``).  The graph is the one a
+hybridized block runs, with its checks (a failed :func:`customop.require` makes the outputs
+and gradients NaN).
 
 :func:`call` answers for one call: the outputs, or that the caller's usual path
 (``function`` or ``native`` in :mod:`customop.dispatch`) runs it:
@@ -96,8 +98,9 @@ def eligible(op: Differentiable) -> str:
 
 def call(op: Differentiable, inputs: list[mx.nd.NDArray], params: dict[str, Any],
          at_once: bool = False) -> list[mx.nd.NDArray] | Pending | None:
-    """``op``'s outputs from its native training graph, recorded; else the usual path runs
-    the call (a :class:`Pending` signature: tell :func:`seen` when it returned).
+    """``op``'s outputs from its native training graph (recorded when recording); else the
+    usual path runs the call (a :class:`Pending` signature: tell :func:`seen` when it
+    returned).
 
     ``at_once``: build the graph at a signature's first call (``forced_path('graph')``).
     """

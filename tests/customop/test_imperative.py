@@ -1,6 +1,7 @@
 """Imperative training at native speed (issue 41): an op whose forward and closures inline
 runs, under record(), as its native graph from a signature's second call; its backward runs
-no Python, its numbers are the closures', and what does not inline keeps its path."""
+no Python, its numbers are the closures', and what does not inline keeps its path.
+Not recording, it runs the same graph's forward."""
 import subprocess
 import sys
 import textwrap
@@ -119,6 +120,28 @@ def test_an_op_without_def_grad_runs_its_graph_too():
     assert calls["forward"] == before
     np.testing.assert_allclose(y, np.tanh(x) * 2, rtol=1e-5)
     np.testing.assert_allclose(gx, 2 * (1 - np.tanh(x) ** 2), rtol=1e-5)
+
+
+def test_unrecorded_calls_run_the_graphs_forward_from_a_signatures_second_call():
+    # (evaluation loops: faster than the forward in Python, benchmarks/imperative.py)
+    x, w = np.random.RandomState(6).randn(4, 3), np.full((1, 3), 0.5)
+    for turn in range(4):
+        before = dict(calls)
+        y = surrogate(mx.nd.array(x), mx.nd.array(w)).asnumpy()
+        np.testing.assert_allclose(y, _reference(x, w)[0], rtol=1e-5)
+        assert calls["forward"] == before["forward"] + (turn == 0)  # Python only at first
+        assert calls["closure"] == before["closure"]
+    with forced_path("function"):  # the debugging switch: Python on every call
+        before = calls["forward"]
+        surrogate(mx.nd.array(x), mx.nd.array(w)).wait_to_read()
+        assert calls["forward"] == before + 1
+    with forced_path("direct"):
+        surrogate(mx.nd.array(x), mx.nd.array(w)).wait_to_read()
+        assert calls["forward"] == before + 2
+    # train mode is part of the signature: its first call is a Python forward again
+    with mx.autograd.train_mode():
+        surrogate(mx.nd.array(x), mx.nd.array(w)).wait_to_read()
+    assert calls["forward"] == before + 3
 
 
 def test_grad_req_add_accumulates():

@@ -222,10 +222,15 @@ def test_a_wrong_input_names_the_op_the_user_called_not_its_variant(mode, how):
                     call()
         assert "~" not in str(exc.value) and str(exc.value).count("customop '") == 1
     assert f"is a {kind}" in str(pytest.raises(TypeError, calls[0]).value)
-    # the op's own checks (a bad sigma) name the operator, for either twin
-    with pytest.raises(ValueError, match=r"^customop 'ops\.smooth_l1': sigma ") as exc:
+    # the op's own checks (a bad sigma) name the operator, for either twin, where its
+    # forward runs in Python (forced_path('function'): what a signature's first call takes)
+    with forced_path("function"), \
+            pytest.raises(ValueError, match=r"^customop 'ops\.smooth_l1': sigma ") as exc:
         op(mx.nd.ones((2, 3)), mx.nd.array([float("nan")])).wait_to_read()
     assert "~" not in str(exc.value)
+    if mode == "mxnet":  # from a signature's second call its native graph: NaN
+        op(mx.nd.ones((2, 3)), mx.nd.ones((1,))).wait_to_read()
+        assert np.isnan(op(mx.nd.ones((2, 3)), mx.nd.array([float("nan")])).asnumpy()).all()
 
 
 # Issue 25 item 6: the last errors of the bad-input fuzz that named no operator.
