@@ -29,8 +29,12 @@ def perturbed(values: list[np.ndarray]) -> list[np.ndarray]:
     return out
 
 
+GROWN_SIZES = 6  # a box count is often the fourth distinct size: (B, A, 4) and (B, G, 4)
+
+
 def other_shapes(shapes) -> Iterable[tuple]:
-    """Other input signatures to trace at: one size of the given shapes grown by one."""
+    """Other input signatures to trace at: one size of the given shapes grown by one (up to
+    :data:`GROWN_SIZES` distinct sizes, the batch first)."""
     sizes: list[int] = []
     for s in shapes:
         for axis, d in enumerate(s):
@@ -40,7 +44,7 @@ def other_shapes(shapes) -> Iterable[tuple]:
     if batch in sizes:  # the batch axis first
         sizes.remove(batch)
         sizes.insert(0, batch)
-    for size in sizes[:3]:
+    for size in sizes[:GROWN_SIZES]:
         yield tuple(tuple(d + 1 if d == size and (d > 1 or axis == 0) else d
                           for axis, d in enumerate(s)) for s in shapes)
 
