@@ -158,3 +158,25 @@ def test_a_graph_serves_only_the_size_it_was_checked_at_another_value_of(counted
         want = np.eye(shape[1])[x.argmax(-1)] * x
         np.testing.assert_allclose(got, want, rtol=1e-6, err_msg=str(shape))
     assert counted["trace"] == 3  # (4, 3); (4, 5): another number of classes; (2, 2)
+
+
+def test_a_new_box_count_reuses_the_verified_graph(counted):
+    # box_iou's inputs (B, A, 4) and (B, G, 4): the box count G is their fourth size, checked
+    # at another value since up to six sizes are (three left it out: a rebind at every new
+    # box count traced again, 29x the bind with inlining off; benchmarks/bind_cost.py)
+    from customop import ops
+    sym = ops.box_iou(mx.sym.var("anchors"), mx.sym.var("gt")) * 1
+    rng = np.random.RandomState(4)
+    anchors = np.sort(rng.rand(2, 5, 4), axis=-1)
+    for count in (3, 4, 6, 9):
+        exe = sym.simple_bind(mx.cpu(), anchors=(2, 5, 4), gt=(2, count, 4))
+        assert exe.customop_inlined is not None
+        if count == 3:
+            traced = counted["trace"]
+        gt = np.sort(rng.rand(2, count, 4), axis=-1)
+        exe.arg_dict["anchors"][:] = anchors
+        exe.arg_dict["gt"][:] = gt
+        got = exe.forward(is_train=True)[0].asnumpy()
+        want = mx.nd.contrib.box_iou(mx.nd.array(anchors), mx.nd.array(gt)).asnumpy()
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6, err_msg=str(count))
+    assert counted["trace"] == traced and counted["splice"] == 4
