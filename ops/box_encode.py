@@ -111,8 +111,10 @@ def _encode_nd(samples, matches, anchors, refs, means, stds, one):
     b, n, _ = anchors.shape
     m = refs.shape[1]
     with mx.autograd.pause():
-        offsets = (mx.nd.arange(b, ctx=refs.context, dtype=matches.dtype) * m).reshape((b, 1))
-        flat = mx.nd.broadcast_add(matches, offsets).reshape((-1,))
+        # in float64, not in matches' dtype: float16 counts exactly only to 2048 (past it,
+        # wrong boxes were taken)
+        offsets = (mx.nd.arange(b, ctx=refs.context, dtype="float64") * m).reshape((b, 1))
+        flat = mx.nd.broadcast_add(matches.astype("float64"), offsets).reshape((-1,))
         valid = samples > 0.5
     ref = mx.nd.take(refs.reshape((-1, 4)), flat).reshape((b, n, 4))
     rx, ry, rw, rh = to_center(*mx.nd.split(ref, 4, axis=-1), one)

@@ -80,6 +80,22 @@ def test_encode_equals_reference_and_native(op):
         assert not out.asnumpy().any()
 
 
+def test_legacy_encode_in_float16_takes_the_right_boxes_past_2048_rows():
+    # refs flattened to (B M, 4): image 2's boxes start at row 2 M = 2400, past float16's
+    # exact integers (2048); the row offsets were counted in matches' dtype and took the
+    # wrong boxes there
+    np.random.seed(11)
+    inputs = encode_inputs(b=3, n=5, m=1200)
+    inputs[1][:] = np.random.randint(1000, 1200, inputs[1].shape)
+    inputs[0][:] = 1
+    half = [a.astype(np.float16) for a in inputs]
+    got = ops.box_encode(*[mx.nd.array(a, dtype=a.dtype) for a in half], legacy_box=True)
+    assert got[0].dtype == np.float16
+    want = encode_reference(*[a.astype(np.float64) for a in half], True)
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g.asnumpy().astype(np.float64), w, rtol=2e-2, atol=2e-2)
+
+
 @pytest.mark.parametrize("op", DECODERS, ids=["mxnet", "numpy"])
 @pytest.mark.parametrize("format", ["corner", "center"])
 def test_decode_equals_reference_and_native(op, format):
