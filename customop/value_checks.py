@@ -44,10 +44,12 @@ def require(cond: Any, arg: str, message: str) -> None:
     such as ``label < num_class``), a NumPy array or a bool.  Where the forward
     runs in Python, a failure raises ``ValueError("customop '<op>': <arg>
     <message>")`` (an NDArray condition costs one 1-element read back).  Inside a
-    native graph (a hybridized block, a bound graph, :func:`customop.export`)
-    the forward is traced instead: ``require`` then reads nothing back, and the
-    op's floating outputs come out NaN for inputs that fail the check (integer
-    outputs cannot hold NaN and stay as computed).  Checks that read values
+    native graph (a hybridized block, a bound graph, :func:`customop.export`, and
+    an imperative call from its input signature's second call on) the forward is
+    traced instead: ``require`` then reads nothing back, and the op's floating
+    outputs come out NaN for inputs that fail the check (integer outputs cannot
+    hold NaN and stay as computed); ``customop.dispatch.forced_path('function')``
+    runs imperative calls in Python, for debugging.  Checks that read values
     back to Python (``asnumpy``, ``asscalar``, ``if x.max() > ...``) keep an op out of
     native graphs; checks skipped under :func:`customop.is_tracing` keep it out
     too.  Shape and dtype checks need nothing special: plain Python ``raise``.
@@ -62,9 +64,16 @@ def require(cond: Any, arg: str, message: str) -> None:
         ...                      f'must be in [0, {num_class})')
         ...     return mx.nd.pick(scores, label, axis=1)
         >>> scores = mx.nd.array([[0.1, 0.8, 0.1], [0.7, 0.2, 0.1]])
+        >>> pick_class(scores, mx.nd.array([1, 3]))  # a signature's first call: Python
+        Traceback (most recent call last):
+        ...
+        ValueError: customop 'doc.pick_class': label must be in [0, 3)
         >>> pick_class(scores, mx.nd.array([1, 0])).asnumpy()
         array([0.8, 0.7], dtype=float32)
-        >>> pick_class(scores, mx.nd.array([1, 3]))
+        >>> pick_class(scores, mx.nd.array([1, 3])).asnumpy()  # then its native graph
+        array([nan, nan], dtype=float32)
+        >>> with customop.dispatch.forced_path('function'):  # debugging: Python again
+        ...     pick_class(scores, mx.nd.array([1, 3]))
         Traceback (most recent call last):
         ...
         ValueError: customop 'doc.pick_class': label must be in [0, 3)

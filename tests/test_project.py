@@ -1,4 +1,6 @@
 """Item 9: the skeleton a new user meets: README blocks, demo, packaging, commands."""
+import doctest
+import importlib
 import importlib.util
 import inspect
 import os
@@ -44,6 +46,21 @@ def test_every_readme_block_runs_and_prints_what_the_readme_shows(tmp_path):
         assert out.returncode == 0, (block.name, out.stderr)
         assert block.prints is not None, f"{block.name}: show what it prints"
         assert out.stdout.strip() == block.prints.strip(), (block.name, out.stdout)
+
+
+def test_every_docstring_example_runs():
+    # What CI's install sessions run outside the checkout (.ci/install_check.py), here in the
+    # test process from the checkout, so that `make test` meets a stale example first.
+    check = _install_check()
+    flags = doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE
+    failed, attempted = {}, 0
+    for name in check.installed_modules():
+        result = doctest.testmod(importlib.import_module(name), optionflags=flags)
+        attempted += result.attempted
+        if result.failed:
+            failed[name] = result.failed
+    assert not failed, f"docstring examples failed (the doctest output above): {failed}"
+    assert attempted >= check.MIN_DOCTESTS
 
 
 def test_readme_fragment_marker_is_read(tmp_path):
