@@ -102,7 +102,9 @@ def test_no_page_cites_internal_issue_numbers():
                *(p for p in DOCS.rglob("*.md") if p.name != "changelog.md"
                  and "_build" not in p.parts),
                *(ROOT / "customop").rglob("*.py"), *(ROOT / "ops").glob("*.py")]
-    cited = {str(p.relative_to(ROOT)): check.issue_mentions(p.read_text()) for p in sources}
+    # (sources are no HTML: a "<" would make the tag stripper drop all text up to a ">")
+    cited = {str(p.relative_to(ROOT)): check.issue_mentions(p.read_text().replace("<", " "))
+             for p in sources}
     assert not {k: v for k, v in cited.items() if v}
 
 
