@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import sys
 import time
 
@@ -113,7 +114,7 @@ def unrecorded_table(rounds, calls, markdown) -> None:
         for _ in range(rounds):
             took["native graph (default)"].append(_per_call(op, inputs, None, calls))
             took["Python forward"].append(_per_call(op, inputs, "function", calls))
-        med = {k: sorted(v)[len(v) // 2] for k, v in took.items()}
+        med = {k: statistics.median(v) for k, v in took.items()}
         rows.append([name, f"{med['native graph (default)'] * 1e6:.1f}",
                      f"{med['Python forward'] * 1e6:.1f}",
                      f"{med['native graph (default)'] / med['Python forward']:.2f}x"])
