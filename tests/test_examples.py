@@ -6,13 +6,14 @@ at every step.  The first step's loss (or the graph's parts) is also checked aga
 independent reference: NumPy formulas, or the same head in MXNet's own operators.
 """
 import importlib
-import subprocess
 import sys
 from pathlib import Path
 
 import mxnet as mx
 import numpy as np
 import pytest
+
+from tests import fresh
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "examples"))
@@ -117,8 +118,8 @@ def test_the_faster_rcnn_sampler_draws_seeded_proposals_and_their_targets(numpy_
 def test_the_retinanet_head_equals_the_same_head_in_native_operators():
     # benchmarks/composed.py checks this before it times anything; its --quick run here keeps
     # the benchmark runnable and the check in the suite
-    proc = subprocess.run([sys.executable, "benchmarks/composed.py", "--quick"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=240)
+    proc = fresh.run([sys.executable, "benchmarks/composed.py", "--quick"], cwd=ROOT,
+                     capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "loss and every gradient agree" in proc.stderr
     rows = [line.split("anchors", 1)[1].rsplit(None, 4)[0].strip()

@@ -5,7 +5,6 @@ import importlib.util
 import inspect
 import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 
@@ -13,7 +12,7 @@ import pytest
 
 import customop
 from customop import CustomOperator
-from tests import concurrently
+from tests import concurrently, fresh
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -41,8 +40,8 @@ def test_every_readme_block_runs_and_prints_what_the_readme_shows(tmp_path):
             continue
         script = tmp_path / "block.py"
         script.write_text(block.code)
-        out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                             timeout=120, cwd=tmp_path)
+        out = fresh.run([sys.executable, str(script)], capture_output=True, text=True,
+                        timeout=120, cwd=tmp_path)
         assert out.returncode == 0, (block.name, out.stderr)
         assert block.prints is not None, f"{block.name}: show what it prints"
         assert out.stdout.strip() == block.prints.strip(), (block.name, out.stdout)
@@ -80,8 +79,8 @@ def test_check_command_of_the_docs_runs_as_written(tmp_path):
     page = (ROOT / "docs" / "howto" / "check_loss_gradient.md").read_text()
     command = re.search(r"```sh\n(python -m customop\.check .*?)\n```", page, re.S).group(1)
     argv = re.sub(r"\[.*?\]", "", command.replace("\\\n", " ")).split()[1:]
-    out = subprocess.run([sys.executable, *argv], capture_output=True, text=True, timeout=120,
-                         cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    out = fresh.run([sys.executable, *argv], capture_output=True, text=True, timeout=120,
+                    cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert out.returncode == 0, out.stdout + out.stderr
     assert "check_grad 'my_module.my_softmax': passed" in out.stdout
     assert "skipped: integer input, not differentiable" in out.stdout
@@ -144,8 +143,8 @@ SMOKE = {
 @pytest.fixture(scope="module")
 def benchmark_runs(request):
     def run(script):
-        return lambda: subprocess.run([sys.executable, f"benchmarks/{script}", *SMOKE[script]],
-                                      cwd=ROOT, capture_output=True, text=True, timeout=240)
+        return lambda: fresh.run([sys.executable, f"benchmarks/{script}", *SMOKE[script]],
+                                 cwd=ROOT, capture_output=True, text=True, timeout=240)
 
     # the slowest first: they finish while the quick ones run on the other core
     scripts = sorted(concurrently.selected(request, "script"),

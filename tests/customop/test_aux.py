@@ -1,5 +1,4 @@
 """Auxiliary states: declared with aux=, updated in place, exact on every call style."""
-import subprocess
 import sys
 from pathlib import Path
 
@@ -9,6 +8,7 @@ import pytest
 
 from customop import customop
 from customop.dispatch import forced_path
+from tests import fresh
 from tests.customop import auxops
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -114,8 +114,8 @@ def test_export_keeps_the_state_and_reloads(tmp_path):
         "aux = [p for n, p in net.collect_params().items() if n.endswith('count')]\n"
         "print(aux[0].data().asscalar())\n"
         "print(net(mx.nd.ones((2, 4))).asnumpy().tolist())\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=120, cwd=ROOT)
+    out = fresh.run([sys.executable, "-c", code], capture_output=True, text=True,
+                    timeout=120, cwd=ROOT)
     assert out.returncode == 0, out.stderr
     count, got = out.stdout.strip().splitlines()
     assert float(count) == 3
@@ -202,8 +202,8 @@ def test_bad_aux_use_names_the_op_and_the_state():
 def test_a_handwritten_op_may_still_run_autograd_inside_its_backward():
     """Once aux settling is on, a backward() issued on MXNet's worker thread must not wait."""
     code = NESTED
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=60, cwd=ROOT)
+    out = fresh.run([sys.executable, "-c", code], capture_output=True, text=True,
+                    timeout=60, cwd=ROOT)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["[2.", "4.]", "<NDArray", "2", "@cpu(0)>", "[1.]",
                                   "<NDArray", "1", "@cpu(0)>"]

@@ -1,7 +1,6 @@
 """One set of auxiliary states on every device, equal to one device on the whole batch: by
 Trainer/Module alone (the auxsync patch) and by AuxSync."""
 import os
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -13,6 +12,7 @@ import pytest
 import ops
 from customop import customop
 from customop.distributed.auxsync import AuxSync
+from tests import fresh
 
 ROOT = Path(__file__).resolve().parents[2]
 NUM_CLASS, DIM, BATCH, STEPS = 3, 4, 8, 4
@@ -229,7 +229,7 @@ def test_ops_center_loss_on_two_devices_holds_one_set_of_centers(kvstore, hybrid
 
 def test_ops_center_loss_with_the_auxsync_patch_off_the_centers_go_wrong():
     # MXNet's own behaviour, what the auxsync patch and AuxSync fix: in a fresh process
-    out = subprocess.run([sys.executable, "-c", textwrap.dedent("""
+    out = fresh.run([sys.executable, "-c", textwrap.dedent("""
         import numpy as np
         from tests.customop.test_auxsync import _center_steps
         steps = _center_steps("device", False, sync=False)

@@ -4,7 +4,6 @@ Every gradient below is written from its formula; check_grad is what is under te
 """
 import argparse
 import re
-import subprocess
 import sys
 from pathlib import Path
 
@@ -25,6 +24,7 @@ from customop.check import (
     check_grad,
     main,
 )
+from tests import fresh
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -243,8 +243,8 @@ def test_a_customop_symbol_is_checked_like_a_native_one():
 
 # ---- 5. the command line -----------------------------------------------------------------
 def run_cli(*args):
-    return subprocess.run([sys.executable, "-m", "customop.check", *args], cwd=ROOT,
-                          capture_output=True, text=True, timeout=60)
+    return fresh.run([sys.executable, "-m", "customop.check", *args], cwd=ROOT,
+                     capture_output=True, text=True, timeout=60)
 
 
 def test_cli_passes_and_reports_skipped_integer_inputs():

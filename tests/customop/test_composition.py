@@ -8,7 +8,6 @@ out, a ``'numpy'`` op, ops with aux states, a twin and a generator without input
 its nodes in both orders; creates more custom Symbols (ours and hand-written) between
 binding and backward; and checks the gradients against formulas (composeops.reference).
 """
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -19,7 +18,7 @@ import pytest
 
 import customop
 from customop.dispatch import forced_path
-from tests import concurrently
+from tests import concurrently, fresh
 from tests.customop import composeops as C
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -216,8 +215,8 @@ def handwritten(request):
     """The hand-written loss alone (one run: without ours, "before"/"after" change nothing in
     it), then beside ours for each selected order; two processes at a time."""
     def run(*args):
-        out = subprocess.run([sys.executable, "-c", HANDWRITTEN, *args], capture_output=True,
-                             text=True, timeout=120, cwd=ROOT)
+        out = fresh.run([sys.executable, "-c", HANDWRITTEN, *args], capture_output=True,
+                        text=True, timeout=120, cwd=ROOT)
         assert out.returncode == 0, out.stderr[-3000:]
         return out.stdout.strip().splitlines()[-1]
 
@@ -269,8 +268,8 @@ def test_handwritten_ops_among_themselves_stay_mxnets_and_the_error_names_the_op
         exe.backward()
         print("workaround:", exe.grad_dict["x"].asnumpy().tolist())
     ''')
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=120, cwd=ROOT)
+    out = fresh.run([sys.executable, "-c", code], capture_output=True, text=True,
+                    timeout=120, cwd=ROOT)
     assert out.returncode == 0, out.stderr[-3000:]
     failed, workaround = out.stdout.strip().splitlines()[-2:]
     assert workaround == "workaround: [[5.0, 6.0, 7.0], [8.0, 9.0, 10.0]]"  # x + 5

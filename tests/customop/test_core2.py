@@ -1,5 +1,4 @@
 """Operators without inputs, twins, optional inputs, native recording, reloading, npx."""
-import subprocess
 import sys
 from pathlib import Path
 
@@ -10,6 +9,7 @@ import pytest
 import customop
 from customop import check_grad
 from customop.dispatch import forced_path
+from tests import fresh
 from tests.customop import paths, twinops
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -173,8 +173,8 @@ def _export(tmp_path):
 
 
 def _run(code):
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=120, cwd=ROOT)
+    return fresh.run([sys.executable, "-c", code], capture_output=True, text=True,
+                     timeout=120, cwd=ROOT)
 
 
 def test_imports_and_load_checkpoint_find_the_defining_modules(tmp_path):

@@ -19,6 +19,7 @@ import pytest
 
 import customop
 from customop import ops
+from tests import fresh
 from tests.deploy import c_predict, models
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -98,8 +99,8 @@ def test_a_fresh_process_first_export_converts_to_onnx(tmp_path):
     # node_1 had its outputs named node_10, node_11 by the converter, beside node_10 itself
     # ("Graph must be in single static assignment (SSA) form"); later in a process it passed.
     pytest.importorskip("onnx")
-    run = subprocess.run([sys.executable, "-c", FIRST_EXPORT, str(tmp_path / "p")],
-                         cwd=str(ROOT), capture_output=True, text=True, timeout=300)
+    run = fresh.run([sys.executable, "-c", FIRST_EXPORT, str(tmp_path / "p")],
+                    cwd=str(ROOT), capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
     assert run.stdout.strip().splitlines()[-1] == "['offsets', 'scores', 'anchors']"
 

@@ -1,6 +1,5 @@
 """Item 8: errors keep their type, name the operator and argument, and leave MXNet usable."""
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -10,6 +9,7 @@ import pytest
 
 from customop import customop
 from customop.dispatch import forced_path
+from tests import fresh
 from tests.customop import opdefs, paths
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -338,8 +338,8 @@ except Exception as exc:
 
 
 def test_our_unread_error_is_never_handed_to_a_handwritten_op():
-    out = subprocess.run([sys.executable, "-c", UNREAD_THEN_FOREIGN], capture_output=True,
-                         text=True, timeout=60, cwd=ROOT)
+    out = fresh.run([sys.executable, "-c", UNREAD_THEN_FOREIGN], capture_output=True,
+                    text=True, timeout=60, cwd=ROOT)
     assert out.returncode == 0, out.stderr
     assert "foreign read: LabelError" not in out.stdout, out.stdout
     # Under load MXNet's own CustomOp error slot may hand the hand-written failure to our
@@ -396,8 +396,8 @@ def test_failures_reach_their_own_readers_in_any_order():
     # stays MXNet's: a hand-written op's failure in it is taken by whichever CustomOp
     # finishes next (ours too), so its own read may return and ours get its error (then
     # ours comes at the next waitall); under load that happened in 1 of 60 rounds.
-    out = subprocess.run([sys.executable, "-c", RACE_WITH_FOREIGN.replace("ROUNDS", "60")],
-                         capture_output=True, text=True, timeout=120, cwd=ROOT)
+    out = fresh.run([sys.executable, "-c", RACE_WITH_FOREIGN.replace("ROUNDS", "60")],
+                    capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "wrong owners: []" in out.stdout, out.stdout[-3000:]
 
@@ -413,9 +413,9 @@ try:
 except mx.base.MXNetError as exc:
     print("read:", str(exc).splitlines()[-1])
 """
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=60, cwd=ROOT,
-                         env={**os.environ, "CUSTOMOP_RUNTIME_OFF": "errors"})
+    out = fresh.run([sys.executable, "-c", code], capture_output=True, text=True,
+                    timeout=60, cwd=ROOT,
+                    env={**os.environ, "CUSTOMOP_RUNTIME_OFF": "errors"})
     assert out.returncode == 0, out.stderr[-3000:]
     assert "take operator contains indices out of bound" in out.stdout, out.stdout
     assert "Error in CustomOp.forward" not in out.stdout + out.stderr

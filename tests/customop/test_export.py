@@ -8,7 +8,6 @@ and ``mx.onnx.export_model`` converts them (ONNX Runtime runs them in the
 ``deploy`` nox session, which also builds a fresh venv without customop).
 """
 import json
-import subprocess
 import sys
 import warnings
 from pathlib import Path
@@ -19,6 +18,7 @@ import pytest
 
 import customop
 from customop import customop as decorate
+from tests import fresh
 from tests.deploy import models
 
 DEPLOY = Path(__file__).resolve().parents[1] / "deploy"
@@ -57,7 +57,7 @@ def test_the_exported_graphs_hold_only_mxnet_operators(exported):
 
 def test_plain_mxnet_loads_them_without_customop(exported):
     out, _ = exported
-    run = subprocess.run([sys.executable, "-c", BLOCKED, str(DEPLOY / "run_plain_mxnet.py"),
+    run = fresh.run([sys.executable, "-c", BLOCKED, str(DEPLOY / "run_plain_mxnet.py"),
                           str(out)], cwd=str(out), capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stdout + run.stderr
     cases = [(e["name"], c) for e in exported[1] for c in e["cases"]]

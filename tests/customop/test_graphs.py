@@ -1,12 +1,12 @@
 """Item 3: the same op object in symbol graphs, Module, Gluon (hybridized or not), export."""
 import json
-import subprocess
 import sys
 from pathlib import Path
 
 import mxnet as mx
 import numpy as np
 
+from tests import fresh
 from tests.customop import opdefs
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -101,7 +101,7 @@ x = mx.nd.array(np.load({str(tmp_path / 'x.npy')!r}))
 b = mx.nd.array(np.load({str(tmp_path / 'b.npy')!r}))
 np.save({str(tmp_path / 'out.npy')!r}, net(x, b).asnumpy())
 """
-    subprocess.run([sys.executable, "-c", script], cwd=ROOT, check=True, timeout=120)
+    fresh.run([sys.executable, "-c", script], cwd=ROOT, check=True, timeout=120)
     np.testing.assert_allclose(np.load(tmp_path / "out.npy"), want, rtol=1e-6)
 
 
@@ -117,6 +117,6 @@ try:
 except mx.base.MXNetError:
     print('refused')
 """
-    out = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True,
-                         text=True, timeout=120)
+    out = fresh.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True,
+                    text=True, timeout=120)
     assert "refused" in out.stdout or out.returncode != 0

@@ -2,7 +2,6 @@
 runs, under record(), as its native graph from a signature's second call; its backward runs
 no Python, its numbers are the closures', and what does not inline keeps its path.
 Not recording, it runs the same graph's forward."""
-import subprocess
 import sys
 import textwrap
 import threading
@@ -16,6 +15,7 @@ import customop
 from customop import customop as decorate
 from customop.dispatch import forced_path
 from customop.graphs import imperative
+from tests import fresh as fresh_process
 
 ROOT = Path(__file__).resolve().parents[2]
 calls = {"forward": 0, "closure": 0}
@@ -282,7 +282,7 @@ CHILD = textwrap.dedent('''
 def test_forked_and_spawned_workers_run_the_graph(method, tmp_path):
     script = tmp_path / "child.py"
     script.write_text(CHILD)
-    done = subprocess.run([sys.executable, str(script), method], cwd=str(ROOT), timeout=180,
+    done = fresh_process.run([sys.executable, str(script), method], cwd=str(ROOT), timeout=180,
                           capture_output=True, text=True,
                           env={**__import__("os").environ, "PYTHONPATH": str(ROOT)})
     assert done.stdout.strip().splitlines()[-1] == "True", done.stderr[-2000:]

@@ -10,6 +10,7 @@ import pytest
 import customop as co
 from customop import customop
 from customop.input_shapes import InputShapeWarning
+from tests import fresh
 
 
 def _weight_shape(data, label, weight, *, num_hidden):
@@ -251,7 +252,6 @@ def test_gluon_deferred_initialisation_names_the_op_the_input_and_the_fix(hybrid
 @pytest.mark.parametrize("off", ["", "gluonshape"])
 def test_gluon_deferred_initialisation_under_w_ignore_in_a_fresh_process(off):
     import os
-    import subprocess
     import sys
     import textwrap
     from pathlib import Path
@@ -276,9 +276,9 @@ def test_gluon_deferred_initialisation_under_w_ignore_in_a_fresh_process(off):
         except ValueError as e:
             print(e)
     ''')
-    out = subprocess.run([sys.executable, "-W", "ignore", "-c", code], capture_output=True,
-                         text=True, timeout=120, cwd=Path(__file__).resolve().parents[2],
-                         env={**os.environ, "CUSTOMOP_RUNTIME_OFF": off})
+    out = fresh.run([sys.executable, "-W", "ignore", "-c", code], capture_output=True,
+                    text=True, timeout=120, cwd=Path(__file__).resolve().parents[2],
+                    env={**os.environ, "CUSTOMOP_RUNTIME_OFF": off})
     if off:  # MXNet's own message: Gluon reads the first recorded warning, and none was
         assert out.stdout.strip() == ("Deferred initialization failed because shape cannot be "
                                       "inferred. list index out of range"), out.stderr[-2000:]

@@ -6,7 +6,6 @@ installed and run in onnx's reference evaluator.  The deploy session runs the li
 exports holding them in ONNX Runtime (tests/deploy/run_onnxruntime.py).
 """
 import os
-import subprocess
 import sys
 import warnings
 
@@ -16,6 +15,7 @@ import pytest
 
 from customop import runtime
 from customop.deploy import onnx_rules
+from tests import fresh
 
 onnx = pytest.importorskip("onnx")
 from onnx.reference import ReferenceEvaluator  # noqa: E402
@@ -186,8 +186,8 @@ def test_without_the_patch_the_converter_refuses_as_mxnet_does(tmp_path):
             "    print('refused:', exc)\n"
             "print(sorted(customop.runtime.installed()))\n")
     env = dict(os.environ, CUSTOMOP_RUNTIME_OFF="onnxops")
-    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=300, env=env, cwd=str(onnx_rules.__file__).rsplit(
+    run = fresh.run([sys.executable, "-c", code], capture_output=True, text=True,
+                    timeout=300, env=env, cwd=str(onnx_rules.__file__).rsplit(
                              os.sep + "customop" + os.sep, 1)[0])
     assert run.returncode == 0, run.stderr
     assert "refused: No conversion function registered for op type sort" in run.stdout

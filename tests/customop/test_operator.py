@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from customop import CustomOperator, customop
+from tests import fresh
 from tests.customop import opdefs, paths
 
 
@@ -399,7 +400,6 @@ def test_an_output_count_by_parameters_in_a_hybridized_block(op):
 
 def test_an_output_count_by_parameters_survives_export_and_reload(tmp_path):
     import json
-    import subprocess
     import sys
     from pathlib import Path
     x = np.random.rand(6, 2).astype(np.float32)
@@ -423,7 +423,7 @@ b = mx.gluon.SymbolBlock.imports({prefix + '-symbol.json'!r}, ['data'])
 np.save({str(tmp_path / 'out.npy')!r}, np.stack([a(x).asnumpy(), b(x).asnumpy()]))
 """
     root = Path(__file__).resolve().parents[2]
-    subprocess.run([sys.executable, "-c", script], cwd=root, check=True, timeout=120)
+    fresh.run([sys.executable, "-c", script], cwd=root, check=True, timeout=120)
     for got in np.load(tmp_path / "out.npy"):
         np.testing.assert_allclose(got, want, rtol=1e-6)
 

@@ -9,14 +9,13 @@ suite's time against about 70.
 """
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from tests import concurrently
+from tests import concurrently, fresh
 from tests.customop import pairmatrix
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -34,7 +33,7 @@ WHICH["deps off"] = ("deps off", "bound")
 @pytest.fixture(scope="module")
 def matrix(request):
     def run(setting, paths):
-        return lambda: subprocess.run(
+        return lambda: fresh.run(
             [sys.executable, "-m", "tests.customop.pairmatrix", ",".join(paths)],
             capture_output=True, text=True, timeout=300, cwd=ROOT,
             env={**os.environ, **SETTINGS[setting]})

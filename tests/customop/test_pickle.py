@@ -1,7 +1,6 @@
 """Operators pickle by reference: the same object back, and across multiprocessing children."""
 import os
 import pickle
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -10,7 +9,7 @@ import numpy as np
 import pytest
 
 from customop import customop
-from tests import concurrently
+from tests import concurrently, fresh
 from tests.customop import auxops
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -90,9 +89,9 @@ def children(request, tmp_path_factory):
     def run(method):
         work = tmp_path_factory.mktemp(method)
         (work / "main_script.py").write_text(SCRIPT)
-        return lambda: subprocess.run([sys.executable, "main_script.py", method],
-                                      capture_output=True, text=True, timeout=120, cwd=work,
-                                      env={**os.environ, "PYTHONPATH": str(ROOT)})
+        return lambda: fresh.run([sys.executable, "main_script.py", method],
+                                 capture_output=True, text=True, timeout=120, cwd=work,
+                                 env={**os.environ, "PYTHONPATH": str(ROOT)})
 
     runs = concurrently.run_selected({m: run(m) for m in concurrently.selected(request, "method")})
     yield runs

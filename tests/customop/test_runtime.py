@@ -3,14 +3,13 @@
 See ``customop/runtime/`` for the list of patches.
 """
 import json
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 
-from tests import concurrently
+from tests import concurrently, fresh
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -58,9 +57,9 @@ SNAPSHOT = textwrap.dedent('''
 def _run(code, env=None):
     import os
 
-    out = subprocess.run([sys.executable, "-c", SNAPSHOT + textwrap.dedent(code)], cwd=ROOT,
-                         capture_output=True, text=True, timeout=120,
-                         env={**os.environ, **(env or {})})
+    out = fresh.run([sys.executable, "-c", SNAPSHOT + textwrap.dedent(code)], cwd=ROOT,
+                    capture_output=True, text=True, timeout=120,
+                    env={**os.environ, **(env or {})})
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
 

@@ -1,7 +1,6 @@
 """customop.require, checks in native graphs, index guards, a failed gradient's NaN, and
 concurrent binds (issue 32)."""
 import os
-import subprocess
 import sys
 import textwrap
 import threading
@@ -15,6 +14,7 @@ from customop import customop as decorate
 from customop import dispatch, runtime, value_checks
 from customop.graphs import imperative, native
 from customop.graphs.native import EXPORT, TRAIN
+from tests import fresh
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -296,9 +296,9 @@ BINDS = textwrap.dedent("""
 
 
 def _binds(rounds: int, n: int, env=None) -> str:
-    done = subprocess.run([sys.executable, "-c", BINDS, str(rounds), str(n)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=1500,
-                          env={**os.environ, "PYTHONPATH": ROOT, **(env or {})})
+    done = fresh.run([sys.executable, "-c", BINDS, str(rounds), str(n)], cwd=ROOT,
+                     capture_output=True, text=True, timeout=1500,
+                     env={**os.environ, "PYTHONPATH": ROOT, **(env or {})})
     assert done.returncode == 0, done.stderr[-2000:]
     return done.stdout.strip().splitlines()[-1]
 
@@ -338,8 +338,8 @@ NAMES = textwrap.dedent("""
 def test_threads_listing_one_symbols_outputs_read_whole_names():
     # MXNet's list_outputs_entry keeps the names it hands C++ in one slot per prop: without
     # the 'names' patch this crashed (segmentation fault) or read garbage names
-    done = subprocess.run([sys.executable, "-c", NAMES, "5000"], cwd=ROOT, capture_output=True,
-                          text=True, timeout=300, env={**os.environ, "PYTHONPATH": ROOT})
+    done = fresh.run([sys.executable, "-c", NAMES, "5000"], cwd=ROOT, capture_output=True,
+                     text=True, timeout=300, env={**os.environ, "PYTHONPATH": ROOT})
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip().splitlines()[-1] == "BAD 0"
 
@@ -398,8 +398,8 @@ FORK_WHILE_BINDING = textwrap.dedent("""
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="os.fork: POSIX only")
 def test_a_child_forked_while_the_parent_binds_our_graph_can_bind_it():
-    done = subprocess.run([sys.executable, "-c", FORK_WHILE_BINDING], cwd=ROOT,
-                          capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "PYTHONPATH": ROOT})
+    done = fresh.run([sys.executable, "-c", FORK_WHILE_BINDING], cwd=ROOT,
+                     capture_output=True, text=True, timeout=300,
+                     env={**os.environ, "PYTHONPATH": ROOT})
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip().splitlines()[-1] == "CHILD 0"

@@ -1,6 +1,5 @@
 """ops.box_nms (issue 11): contrib.box_nms plus legacy_box."""
 import itertools
-import subprocess
 import sys
 import textwrap
 
@@ -10,6 +9,7 @@ import pytest
 
 import customop
 import ops
+from tests import fresh
 from tests.ops.detection import every_path, forward_backward_without_host_copy
 
 TWINS = [ops.box_nms, ops.box_nms.numpy]
@@ -240,8 +240,8 @@ def test_numpy_mode_runs_images_without_boxes(shape):
 def test_images_without_boxes_are_refused_naming_the_input():
     # legacy_box once reshaped to the numbers (-1, 0, 6): MXNet divided by zero and the
     # process died (SIGFPE); so the calls run in a process of their own
-    done = subprocess.run([sys.executable, "-c", NO_BOXES], capture_output=True, text=True,
-                          timeout=300)
+    done = fresh.run([sys.executable, "-c", NO_BOXES], capture_output=True, text=True,
+                     timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     lines = done.stdout.splitlines()
     assert len(lines) == 2, done.stdout

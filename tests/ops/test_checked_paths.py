@@ -16,6 +16,7 @@ import pytest
 
 import customop
 import ops
+from tests import fresh
 
 PATHS = ("imperative", "custom", "inlined", "exported")
 R = np.random.RandomState(0)
@@ -193,7 +194,6 @@ for case in json.load(open(sys.argv[1])):
 
 def test_exported_graphs_in_plain_mxnet_give_nan_or_name_the_input(tmp_path):
     import json
-    import subprocess
     import sys
 
     cases = []
@@ -206,8 +206,8 @@ def test_exported_graphs_in_plain_mxnet_give_nan_or_name_the_input(tmp_path):
                       "names": [f"data{i}" for i in read],
                       "bad": [(bad[i].tolist(), bad[i].dtype.name) for i in read]})
     (tmp_path / "cases.json").write_text(json.dumps(cases))
-    run = subprocess.run([sys.executable, "-c", PLAIN, str(tmp_path / "cases.json")],
-                         capture_output=True, text=True, timeout=300)
+    run = fresh.run([sys.executable, "-c", PLAIN, str(tmp_path / "cases.json")],
+                    capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
     said = dict(line.split(" ", 1) for line in run.stdout.strip().splitlines())
     assert set(said) == {c[0] for c in CASES} - NOT_READ_WHEN_EXPORTED

@@ -1,6 +1,5 @@
 """Op types are part of the saved-model format: the list is pinned, and saved graphs reload."""
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -11,6 +10,7 @@ import pytest
 import customop
 import ops
 from customop import CustomOperator
+from tests import fresh
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -56,8 +56,8 @@ def test_a_fresh_import_of_ops_registers_exactly_the_pinned_op_types():
     script = ("import ops\n"
               "from customop import registry\n"
               "print(sorted(t for t in registry.op_types() if t.split('.')[0] == 'ops'))\n")
-    out = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True,
-                         text=True, timeout=120, check=True).stdout.strip()
+    out = fresh.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True,
+                    text=True, timeout=120, check=True).stdout.strip()
     assert out == repr(OP_TYPES)
 
 
@@ -100,7 +100,7 @@ assert "ops" in sys.modules  # imported from the op types' dotted prefix
 x, boxes = (mx.nd.array(np.load({str(tmp_path)!r} + f'/{{n}}.npy')) for n in ('x', 'boxes'))
 np.save({str(tmp_path / 'out.npy')!r}, net(x, boxes).asnumpy())
 """
-    subprocess.run([sys.executable, "-c", script], cwd=ROOT, check=True, timeout=120)
+    fresh.run([sys.executable, "-c", script], cwd=ROOT, check=True, timeout=120)
     np.testing.assert_allclose(np.load(tmp_path / "out.npy"), want, rtol=1e-6)
 
 
