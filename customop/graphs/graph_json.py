@@ -70,7 +70,7 @@ def anonymous(sym: mx.sym.Symbol) -> str:
 
 def graph_of(sym: mx.sym.Symbol) -> dict[str, Any] | None:
     """The symbol's JSON graph, or None when it holds no ``Custom`` node (cheap then)."""
-    # (debug_str: measured 7x cheaper than tojson on a 60-node graph, 0.02 ms)
+    # (debug_str: cheaper than tojson, measured: docs/design.md)
     if "Op:Custom," not in sym.debug_str():
         return None
     return parse(sym)
