@@ -1,4 +1,7 @@
-"""Preparing training graphs: our inlinable ops inlined, the executor shown as the original.
+"""Bound and hybridized models run with our inlinable ops inlined, shown as the original.
+
+A model's executors and CachedOps, not one op's graph (built by
+:mod:`customop.graphs.forward` and :mod:`customop.graphs.transposed`).
 
 MXNet builds a graph's executor at ``Symbol.bind``/``simple_bind`` (shapes
 known) and a hybridized block's ``CachedOp`` before its first call (shapes known
