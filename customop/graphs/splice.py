@@ -68,9 +68,27 @@ def gradient_sources(graph: dict[str, Any], entries: list) -> set[str]:
     return found
 
 
+def ours(graph: dict[str, Any]) -> list[tuple[int, Any]]:
+    """``(index, operator)`` of the ``Custom`` nodes of decorated operators."""
+    found = []
+    for i, _, op_type in graph_json.custom_nodes(graph):
+        op = registry.lookup(op_type)
+        if op is not None:
+            found.append((i, op))
+    return found
+
+
+def foreign(graph: dict[str, Any]) -> list[str]:
+    """The ``Custom`` nodes no decorated operator stands behind (hand-written CustomOps)."""
+    return [f"node {node['name']!r} (op_type {graph_json.attrs(node).get('op_type')!r}): not "
+            "a customop operator (a hand-written mx.operator.CustomOp)"
+            for _, node, op_type in graph_json.custom_nodes(graph)
+            if registry.lookup(op_type) is None]
+
+
 def candidates(graph: dict[str, Any], purpose: str) -> list[int]:
     """Nodes of ``graph`` that are ``Custom`` nodes of ours that may inline for ``purpose``."""
-    return [i for i, op in graph_json.ours(graph, registry.lookup)
+    return [i for i, op in ours(graph)
             if not native.static_reason(op, purpose)]
 
 
@@ -89,12 +107,12 @@ def inline(sym: mx.sym.Symbol, shapes: dict[str, tuple], dtypes: dict[str, Any],
     if graph is None:
         return None
     nodes = graph["nodes"]
-    ours = graph_json.ours(graph, registry.lookup)
-    if not ours:
+    found_ours = ours(graph)
+    if not found_ours:
         return None
     result = Spliced(sym)
     wanted = candidates(graph, purpose)
-    for i, op in ours:
+    for i, op in found_ours:
         if i not in wanted:
             refused = rules.op_refusal(op, purpose)
             result.kept.append(Kept(nodes[i]["name"], errors.shown(op.op_type),

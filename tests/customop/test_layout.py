@@ -443,9 +443,13 @@ def test_no_module_below_operator_names_the_operator_class():
 def test_a_def_grad_blocks_first_call_calls_back_only_through_declared_protocols():
     # A call from one module into another goes where the caller's imports show, or through
     # a protocol the caller declares for what it is handed: the builder verify.verified
-    # checks (verify.Builder), the entries transpose.Transposer asks about, and the
-    # operator/prop objects MXNet creates (mx.operator.CustomOp, CustomOpProp); and
-    # trace.aside, which runs native's verdict on the trace thread as an executor would
+    # checks (verify.Builder), the entries transpose.Transposer asks about (the builder's
+    # knowledge of coefficients and zeros, asked per rule: handing it down as data would
+    # be a redesign of transposed.py), and the operator/prop objects MXNet creates
+    # (mx.operator.CustomOp, CustomOpProp). trace.aside(fn, *args) is no callback up: an
+    # executor (fn on the trace thread, as concurrent.futures runs a submitted function),
+    # it knows nothing of what it runs; on the trace thread itself it calls fn, here
+    # native._decide, directly
     from customop import runtime
     from customop.graphs import verify
 
@@ -461,7 +465,8 @@ def test_a_def_grad_blocks_first_call_calls_back_only_through_declared_protocols
     declared |= {"of", "names", "check_params"}  # an op's parts (opinfo.Forward)
     declared |= {"install", "wanted"}  # runtime.PATCHES' modules, imported by name
     declared |= {"invoked", "read", "pause_enter", "pause_exit"}  # runtime.trace's log
-    declared |= {"lookup"}  # graph_json.foreign(graph, lookup)
+    # (splice.ours/foreign look operators up in registry, which they import; graph_json,
+    # which imports no customop module, took a lookup function for them once)
 
     @decorate("mxnet")
     def surrogate(x):
