@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -17,12 +15,13 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from benchmarks.rounds import fresh_rounds  # noqa: E402
 
 
 def child(args):
     import mxnet as mx
 
-    sys.path.insert(0, str(ROOT))
     import ops
     from customop.distributed.auxsync import AuxSync
 
@@ -61,10 +60,10 @@ def child(args):
         times.append(time.perf_counter() - start)
     c = [d.asnumpy() for d in loss_fn.centers.list_data()]
     assert np.array_equal(c[0], c[1])
-    print("TIMES " + json.dumps(times), flush=True)
+    print(json.dumps(times), flush=True)
 
 
-def main():
+def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--dim", type=int, default=512)
@@ -73,22 +72,16 @@ def main():
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--child", action="store_true")
     parser.add_argument("--by-hand", action="store_true")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.child:
         return child(args)
-    variants = {"automatic (Trainer.step alone)": ([], {}),
-                "AuxSync by hand (CUSTOMOP_RUNTIME_OFF=auxsync)":
-                    (["--by-hand"], {"CUSTOMOP_RUNTIME_OFF": "auxsync"})}
-    times = {name: [] for name in variants}
+    variants = [("automatic (Trainer.step alone)", [], {}),
+                ("AuxSync by hand (CUSTOMOP_RUNTIME_OFF=auxsync)", ["--by-hand"],
+                 {"CUSTOMOP_RUNTIME_OFF": "auxsync"})]
     common = [f"--{k}={getattr(args, k)}" for k in ("batch", "dim", "classes", "steps")]
-    for _ in range(args.rounds):
-        for name, (flags, env) in variants.items():
-            out = subprocess.run([sys.executable, __file__, "--child", *common, *flags],
-                                 cwd=ROOT, capture_output=True, text=True, timeout=600,
-                                 env={**os.environ, **env})
-            if out.returncode != 0:
-                sys.exit(f"{name} failed:\n{out.stderr[-3000:]}")
-            times[name] += json.loads(out.stdout.split("TIMES ", 1)[1].splitlines()[0])
+    found = fresh_rounds(variants, args.rounds, lambda flags: (
+        f"from benchmarks.aux_agreement import main; main({['--child', *common, *flags]!r})"))
+    times = {name: [t for run in runs for t in run] for name, runs in found.items()}
     print(f"two-context ops.CenterLoss loop, batch {args.batch}, dim {args.dim}, "
           f"{args.classes} classes: median step (ms) of {args.rounds} x {args.steps} steps")
     base = float(np.median(times["AuxSync by hand (CUSTOMOP_RUNTIME_OFF=auxsync)"]))

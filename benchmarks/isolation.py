@@ -21,13 +21,12 @@ process (no process-to-process variation).
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from benchmarks.rounds import fresh_rounds  # noqa: E402
 from benchmarks.tables import print_table  # noqa: E402
 
 SETUPS = {
@@ -158,15 +157,11 @@ print(json.dumps([before, measure()]))
 """
 
 
-def run(setup: str, steps: int) -> list:
-    """[rows measured after ``setup``, rows measured again after ``ops.CenterLoss`` ran]."""
+def program(setup: str, steps: int) -> str:
+    """Code printing [rows measured after ``setup``, rows measured again after
+    ``ops.CenterLoss`` ran]."""
     after = SETUPS["ops.CenterLoss used elsewhere"]
-    code = "import mxnet as mx\n" + setup + "\n" + MEASURE.format(steps=steps, after=after)
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
-                         timeout=600)
-    if out.returncode:
-        raise SystemExit(out.stderr)
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return "import mxnet as mx\n" + setup + "\n" + MEASURE.format(steps=steps, after=after)
 
 
 def main(argv=None) -> None:
@@ -176,14 +171,12 @@ def main(argv=None) -> None:
                         help="alternate the three processes this many times; medians of rounds")
     parser.add_argument("--markdown", action="store_true")
     args = parser.parse_args(argv)
-    found = {name: [] for name in SETUPS}
-    found["same process, then ops.CenterLoss used"] = []
-    for _ in range(args.rounds):
-        for name, setup in SETUPS.items():
-            before, after = run(setup, args.steps)
-            found[name].append(before)
-            if name == "without customop":  # the same models, measured again in-process
-                found["same process, then ops.CenterLoss used"].append(after)
+    runs = fresh_rounds([(name, setup, {}) for name, setup in SETUPS.items()], args.rounds,
+                        lambda setup: program(setup, args.steps))
+    found = {name: [before for before, _ in rounds] for name, rounds in runs.items()}
+    # the same models, measured again in the first process
+    found["same process, then ops.CenterLoss used"] = [
+        after for _, after in runs["without customop"]]
     med = {name: {k: sorted(r[k] for r in runs)[len(runs) // 2] for k in runs[0]}
            for name, runs in found.items()}
     base = med["without customop"]

@@ -31,6 +31,7 @@ def fresh_rounds(setups: list[tuple[str, str, dict]], rounds: int,
 
 def _fresh(code: str, env: dict) -> Any:
     done = subprocess.run([sys.executable, "-c", code], cwd=str(ROOT), capture_output=True,
-                          text=True, check=True,
-                          env={**os.environ, "PYTHONPATH": str(ROOT), **env})
+                          text=True, env={**os.environ, "PYTHONPATH": str(ROOT), **env})
+    if done.returncode:  # the child's own traceback, not CalledProcessError's code
+        raise SystemExit(f"a fresh process failed:\n{done.stderr[-3000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])

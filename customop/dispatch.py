@@ -2,9 +2,9 @@
 
 * ``direct``: not recording: run the forward on the caller's thread; no
   operator machinery at all.  From a signature's second call, an op with a native
-  graph runs that graph instead (as on the ``graph`` path, not recorded): measured
-  0.75-0.85x the direct path's time for small ops (``x * x``, ``box_iou``), 0.17-0.34x for
-  ops whose value checks read the host there (``benchmarks/imperative.py``).
+  graph runs that graph instead (as on the ``graph`` path, not recorded): faster than the
+  forward in Python for small ops, and more so for ops whose value checks read the host
+  there (measured in ``benchmarks/imperative.py``, ``BENCHMARKS.md``).
 * ``function``: recording: run the forward on the caller's thread, then
   record one autograd node whose backward calls the gradient closures (the
   mechanism of ``mx.autograd.Function``, with MXNet 1.9.1's ``req`` bug fixed:

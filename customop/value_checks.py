@@ -215,7 +215,7 @@ def poisoned(outputs: Sequence[Any], conditions: Sequence[Condition],
         if isinstance(o, mx.nd.NDArray) and np.issubdtype(o.dtype, np.floating):
             f = nan_or_one.astype(o.dtype, copy=False)
             # spread to o's shape first: the backward of a broadcast_mul by a (1,) array
-            # reduces over o for the factor (measured: 3x the cost of an elemwise_mul's)
+            # reduces over o for the factor (measured: docs/design.md)
             if o.ndim != 1:
                 f = mx.nd.reshape(f, shape=(1,) * o.ndim)
             f = mx.nd.broadcast_like(f, o)

@@ -4,9 +4,10 @@ An op that gathers from its data flattened (``take``) needs where each row start
 with this call's numbers (``b * N``), a traced graph would keep the batch it was traced at.
 So while traced the rows are counted from the data's shape through operators
 (``slice_axis``, ``arange_like``, ``reshape``), and the graph serves any batch size; on arrays
-the starts are this call's numbers, cached.  They are counted in float64: ``arange_like``
-counts in its input's dtype, and float16 is exact only to 2048 (past 2048 rows it gave
-wrong picks), float32 only to 2**24; float64 is exact to 2**53.  Traced or not is asked
+the starts are this call's numbers, cached (:func:`flat_rows` counts from this call's
+numbers also while traced: its graph keeps its batch).  They are counted in float64:
+``arange_like`` counts in its input's dtype, and float16 is exact only to 2048 (past 2048
+rows it gave wrong picks), float32 only to 2**24; float64 is exact to 2**53.  Traced or not is asked
 with ``mx.autograd.is_recording()`` (customop traces recording, pauses included), not
 ``customop.is_tracing()``, which would keep the calling op's ``Custom`` node.
 """
@@ -41,6 +42,16 @@ def row_starts(x):
     row = mx.nd.contrib.arange_like(column).astype("int64")  # 0, 1, 2, ... in column's shape
     length = mx.nd.max(index_along(x, -1)).astype("int64") + 1
     return mx.nd.broadcast_mul(row, length.reshape((1,) * x.ndim))
+
+
+def flat_rows(index, data):
+    """``index[b, n] + b M`` (float64, flat ``(B N,)``): where row ``index[b, n]`` of
+    ``data[b]`` (``data`` of shape ``(B, M, ...)``) sits in ``data`` reshaped to
+    ``(B M, ...)``.  Counted from this call's numbers ``B``, ``M`` also while traced, so a
+    graph keeps them (``box_encode``'s ``legacy_box`` gather)."""
+    b, m = data.shape[:2]
+    offsets = (mx.nd.arange(b, ctx=data.context, dtype="float64") * m).reshape((b, 1))
+    return mx.nd.broadcast_add(index.astype("float64"), offsets).reshape((-1,))
 
 
 def _starts(shape, context):

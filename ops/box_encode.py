@@ -8,7 +8,7 @@ from autograd.tracer import getval
 
 from customop import customop
 
-from . import _checks
+from . import _checks, _rows
 from ._boxes import to_center
 
 
@@ -109,12 +109,8 @@ def box_encode(samples, matches, anchors, refs, means, stds, *, legacy_box=False
 
 def _encode_nd(samples, matches, anchors, refs, means, stds, one):
     b, n, _ = anchors.shape
-    m = refs.shape[1]
     with mx.autograd.pause():
-        # in float64, not in matches' dtype: float16 counts exactly only to 2048 (past it,
-        # wrong boxes were taken)
-        offsets = (mx.nd.arange(b, ctx=refs.context, dtype="float64") * m).reshape((b, 1))
-        flat = mx.nd.broadcast_add(matches.astype("float64"), offsets).reshape((-1,))
+        flat = _rows.flat_rows(matches, refs)  # in float64: see ops/_rows.py
         valid = samples > 0.5
     ref = mx.nd.take(refs.reshape((-1, 4)), flat).reshape((b, n, 4))
     rx, ry, rw, rh = to_center(*mx.nd.split(ref, 4, axis=-1), one)

@@ -20,7 +20,7 @@ from typing import Any
 import mxnet as mx
 import numpy as np
 
-from .. import registry, runtime
+from .. import runtime
 from ..graphs import graph_json, native, splice
 from . import batch_sizes, rewrites
 
@@ -132,7 +132,7 @@ def export(block: mx.gluon.HybridBlock, path: str, *inputs: Any, epoch: int = 0,
         shapes[name], dtypes[name] = param.shape, param.dtype
     found = splice.inline(sym, shapes, dtypes, native.EXPORT)
     kept = [str(k) for k in found.kept] if found is not None else []
-    kept += graph_json.foreign(graph_json.parse(sym), registry.lookup)
+    kept += splice.foreign(graph_json.parse(sym))
     if kept:
         text = ("customop.export: these Custom nodes cannot be written as MXNet operators:\n  "
                 + "\n  ".join(kept))

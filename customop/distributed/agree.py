@@ -52,6 +52,7 @@ from __future__ import annotations
 import os
 import sys
 import warnings
+import weakref
 from typing import Any
 
 import mxnet as mx
@@ -361,7 +362,7 @@ def _checked_kvstore(plan: Plan, kv: Any, on_kv: bool, owner: str) -> Any:
 # ---- the automatic hooks: one Trainer or Module --------------------------------------------
 def trainer_plan(trainer: mx.gluon.Trainer) -> Plan | None:
     """The aux states of our ops among ``trainer``'s parameters (cached), or None."""
-    plan = getattr(trainer, "_customop_aux", None)
+    plan = getattr(trainer, "_customop_aux_plan", None)
     if plan is not None and (plan.pending is not None or plan.generation == _generation):
         return plan if plan.names else None
     names, copies, keys = [], [], []
@@ -379,7 +380,7 @@ def trainer_plan(trainer: mx.gluon.Trainer) -> Plan | None:
     new = Plan(names, copies, keys)
     if plan is not None:
         new.inited, new.counts_inited = plan.inited, plan.counts_inited
-    trainer._customop_aux = new
+    trainer._customop_aux_plan = new
     return new if names else None
 
 
@@ -438,20 +439,30 @@ def trainer_finish(plan: Plan, trainer: mx.gluon.Trainer) -> None:
     finish(plan, kv)
 
 
+# executor -> the aux states of our ops in its graph, by name (noted by the ``aux`` patch)
+_executor_states: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def note_executor(executor: mx.executor.Executor, names: list[str]) -> None:
+    """``executor``'s graph holds aux states ``names`` of our ops (what the ``aux`` patch
+    finds when the executor is made; :func:`module_plan` reads it)."""
+    _executor_states[executor] = names
+
+
 def module_plan(mod: mx.mod.Module) -> Plan | None:
     """The aux states of our ops in ``mod``'s executors (cached), or None."""
     group = getattr(mod, "_exec_group", None)
-    plan = getattr(mod, "_customop_aux", None)
+    plan = getattr(mod, "_customop_aux_plan", None)
     if plan is not None and plan.group is group:
         return plan if plan.names else None
     ours: set = set()
     for exe in getattr(group, "execs", ()):
-        ours.update(getattr(exe, "_customop_aux", ()))
+        ours.update(_executor_states.get(exe, ()))
     names = [n for n in group.aux_names if n in ours] if ours else []
     copies = [group.aux_arrays[group.aux_names.index(n)] for n in names]
     plan = Plan(names, copies, [f"customop_auto:{n}" for n in names])
     plan.group = group
-    mod._customop_aux = plan
+    mod._customop_aux_plan = plan
     return plan if names else None
 
 

@@ -1,4 +1,7 @@
-"""Preparing training graphs: our inlinable ops inlined, the executor shown as the original.
+"""Bound and hybridized models run with our inlinable ops inlined, shown as the original.
+
+A model's executors and CachedOps, not one op's graph (built by
+:mod:`customop.graphs.forward` and :mod:`customop.graphs.transposed`).
 
 MXNet builds a graph's executor at ``Symbol.bind``/``simple_bind`` (shapes
 known) and a hybridized block's ``CachedOp`` before its first call (shapes known
@@ -23,7 +26,7 @@ from typing import Any
 import mxnet as mx
 import numpy as np
 
-from .. import registry, runtime
+from .. import runtime
 from ..runtime import binds
 from . import graph_json, native, splice
 
@@ -55,7 +58,7 @@ def spliced(sym: mx.sym.Symbol, shapes: Any, dtypes: Any, grads: set[str] | None
         shapes = shapes()
     if callable(dtypes):
         dtypes = dtypes()
-    key = (text, tuple(op for _, op in graph_json.ours(graph, registry.lookup)),
+    key = (text, tuple(op for _, op in splice.ours(graph)),
            _signature(shapes), _signature(dtypes),
            None if grads is None else frozenset(grads))
     with _splices_lock:

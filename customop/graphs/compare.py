@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 if TYPE_CHECKING:
-    from .native import NativeGraph
+    from .graph_json import NativeGraph
     from .trace import Recording
 
 

@@ -88,11 +88,8 @@ class _Graph:
 
 
 def eligible(op: Differentiable) -> str:
-    """Why ``op`` never runs a native graph imperatively ("" when it may)."""
-    if op.mode != "mxnet":
-        return "a 'numpy'-mode operator runs its forward in NumPy"
-    if op.signature.aux:
-        return "an operator with auxiliary states keeps its Custom node (aux write-back)"
+    """Why ``op`` never runs a native graph imperatively ("" when it may): the reason of the
+    first entry of ``rules.OP_REFUSALS`` that refuses it for training."""
     return native.static_reason(op, TRAIN)
 
 

@@ -15,6 +15,9 @@ one entry here and one test (tests/customop/test_rules.py: a case of its name).
   fills the ``{}`` of the reason.
 * :data:`TRACE_REFUSALS`: name -> reason, for what the method itself finds (a
   recording that does not stand for the forward: see :mod:`customop.graphs.native`).
+* :data:`NODE_REFUSALS`: name -> reason, for a ``Custom`` node of a graph whose input
+  shapes and dtypes the graph does not tell (:mod:`customop.graphs.splice`; its op is not
+  asked).
 * :data:`REWRITES`: by MXNet operator, how a recorded node is written into the
   graph (``rewrite(attrs) -> (operator, attrs)``).
 * :data:`INDEX_GUARDS`: by MXNet operator, how a kernel that reads at computed
@@ -202,6 +205,16 @@ TRACE_REFUSALS = {
     "closure-shape": "its {} returns a gradient of shape {} for an input of shape {}",
     "closure-reads-g": "its transposed gradient still reads the head gradient",
     "closure-differs": "{} on other input values",
+}
+
+
+# What customop.graphs.splice finds when a graph does not tell a Custom node's input signature:
+# name -> reason, its {} filled with what was found.
+NODE_REFUSALS = {
+    "no-node-rows": "the graph does not say where each node's outputs are",
+    "signature-uninferable": "its input shapes or dtypes could not be inferred: {}",
+    "rows-unmatched": "the graph's outputs could not be matched to its nodes",
+    "input-shapes-unknown": "its input shapes are not known when the graph is built",
 }
 
 

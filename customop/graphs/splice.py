@@ -9,7 +9,7 @@ Symbol is unchanged).  Nodes it cannot inline stay, each with its reason.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import mxnet as mx
 import numpy as np
@@ -21,11 +21,13 @@ from . import graph_json, native, rules, tidy
 
 @dataclass
 class Kept:
-    """A ``Custom`` node left in the graph, and why."""
+    """A ``Custom`` node left in the graph, and why (``rule``: the refusal's name in
+    :mod:`customop.graphs.rules`' tables)."""
 
     node: str
     op_type: str
     reason: str
+    rule: str = ""
 
     def __str__(self) -> str:
         return f"node {self.node!r} (customop {self.op_type!r}): {self.reason}"
@@ -66,9 +68,27 @@ def gradient_sources(graph: dict[str, Any], entries: list) -> set[str]:
     return found
 
 
+def ours(graph: dict[str, Any]) -> list[tuple[int, Any]]:
+    """``(index, operator)`` of the ``Custom`` nodes of decorated operators."""
+    found = []
+    for i, _, op_type in graph_json.custom_nodes(graph):
+        op = registry.lookup(op_type)
+        if op is not None:
+            found.append((i, op))
+    return found
+
+
+def foreign(graph: dict[str, Any]) -> list[str]:
+    """The ``Custom`` nodes no decorated operator stands behind (hand-written CustomOps)."""
+    return [f"node {node['name']!r} (op_type {graph_json.attrs(node).get('op_type')!r}): not "
+            "a customop operator (a hand-written mx.operator.CustomOp)"
+            for _, node, op_type in graph_json.custom_nodes(graph)
+            if registry.lookup(op_type) is None]
+
+
 def candidates(graph: dict[str, Any], purpose: str) -> list[int]:
     """Nodes of ``graph`` that are ``Custom`` nodes of ours that may inline for ``purpose``."""
-    return [i for i, op in graph_json.ours(graph, registry.lookup)
+    return [i for i, op in ours(graph)
             if not native.static_reason(op, purpose)]
 
 
@@ -87,15 +107,16 @@ def inline(sym: mx.sym.Symbol, shapes: dict[str, tuple], dtypes: dict[str, Any],
     if graph is None:
         return None
     nodes = graph["nodes"]
-    ours = graph_json.ours(graph, registry.lookup)
-    if not ours:
+    found_ours = ours(graph)
+    if not found_ours:
         return None
     result = Spliced(sym)
     wanted = candidates(graph, purpose)
-    for i, op in ours:
+    for i, op in found_ours:
         if i not in wanted:
+            refused = rules.op_refusal(op, purpose)
             result.kept.append(Kept(nodes[i]["name"], errors.shown(op.op_type),
-                                    native.static_reason(op, purpose)))
+                                    refused.reason, refused.name))
     if not wanted:
         return result
     signatures = _input_signatures(sym, graph, wanted, shapes, dtypes)
@@ -104,14 +125,16 @@ def inline(sym: mx.sym.Symbol, shapes: dict[str, tuple], dtypes: dict[str, Any],
         node = nodes[i]
         op = registry.lookup(graph_json.attrs(node)["op_type"])
         found = signatures.get(i)
-        if isinstance(found, str):
-            result.kept.append(Kept(node["name"], errors.shown(op.op_type), found))
+        if isinstance(found, _Refused):
+            result.kept.append(Kept(node["name"], errors.shown(op.op_type), found.reason,
+                                    found.rule))
             continue
         params = _params.decode_attrs({k: v for k, v in graph_json.attrs(node).items()
                                        if k != "op_type"})
         verdict = native.native_graph(op, params, found[0], found[1], purpose)
         if verdict.graph is None:
-            result.kept.append(Kept(node["name"], verdict.op_type, verdict.reason))
+            result.kept.append(Kept(node["name"], verdict.op_type, verdict.reason,
+                                    verdict.rule))
         else:
             graphs[i] = verdict.graph
             result.dtype_generic &= verdict.graph.dtype_generic
@@ -129,12 +152,21 @@ def inline(sym: mx.sym.Symbol, shapes: dict[str, tuple], dtypes: dict[str, Any],
     return result
 
 
+class _Refused(NamedTuple):
+    rule: str  # a name of rules.NODE_REFUSALS
+    reason: str
+
+    @classmethod
+    def of(cls, rule: str, *found: Any) -> _Refused:
+        return cls(rule, rules.NODE_REFUSALS[rule].format(*found))
+
+
 def _input_signatures(sym, graph, wanted, shapes, dtypes) -> dict[int, Any]:
-    """(shapes, dtypes) of each wanted node's inputs, or the reason they are unknown."""
+    """(shapes, dtypes) of each wanted node's inputs, or the refusal saying they are unknown."""
     nodes = graph["nodes"]
     rows = graph.get("node_row_ptr")
     if rows is None:  # pragma: no cover - MXNet 1.9 always writes it
-        return {i: "the graph does not say where each node's outputs are" for i in wanted}
+        return {i: _Refused.of("no-node-rows") for i in wanted}
     entries: list[tuple[int, int]] = []
     for i in wanted:
         entries += [(e[0], e[1]) for e in nodes[i]["inputs"]]
@@ -151,17 +183,17 @@ def _input_signatures(sym, graph, wanted, shapes, dtypes) -> dict[int, Any]:
         _, out_types, _ = internals.infer_type_partial(
             **{k: np.dtype(v) for k, v in dtypes.items() if k in names})
     except Exception as exc:  # noqa: BLE001 - binding the graph as it is raises it again
-        text = f"its input shapes or dtypes could not be inferred: {errors.mxnet_text(exc)}"
-        return {i: text for i in wanted}
+        refused = _Refused.of("signature-uninferable", errors.mxnet_text(exc))
+        return {i: refused for i in wanted}
     if len(out_shapes) != rows[-1]:  # pragma: no cover - MXNet lists every node's outputs
-        return {i: "the graph's outputs could not be matched to its nodes" for i in wanted}
+        return {i: _Refused.of("rows-unmatched") for i in wanted}
     known = {(j, k): (tuple(out_shapes[rows[j] + k]) if out_shapes[rows[j] + k] else None,
                       out_types[rows[j] + k]) for j, k in entries}
     found: dict[int, Any] = {}
     for i in wanted:
         sig = [known[(e[0], e[1])] for e in nodes[i]["inputs"]]
         if any(s is None or not all(d > 0 for d in s) or t is None for s, t in sig):
-            found[i] = "its input shapes are not known when the graph is built"
+            found[i] = _Refused.of("input-shapes-unknown")
         else:
             found[i] = ([s for s, _ in sig], [np.dtype(t) for _, t in sig])
     return found

@@ -1,6 +1,8 @@
-"""Training graphs for operators with their own gradient: the closures traced and transposed.
+"""One op's native graph when it has its own gradient: its closures traced and transposed.
 
-A ``def_grad`` closure ``grad(g)`` is linear in the head gradient ``g``.  The
+The builder of that piece of graph (:class:`TransposedGraph`), for one operator at one
+signature; :mod:`customop.graphs.binding` runs whole models' graphs with such pieces
+spliced in.  A ``def_grad`` closure ``grad(g)`` is linear in the head gradient ``g``.  The
 forward and every closure are recorded together (:func:`customop.graphs.trace.record`
 with :mod:`customop.graphs.closures`) with ``g`` as a variable; each closure's graph
 is transposed (:mod:`customop.graphs.transpose`) into ``h(v) = J v``, whose

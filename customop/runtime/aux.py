@@ -157,6 +157,7 @@ def install() -> None:
             self.__class__ = _AuxExecutor
             self._customop_aux = [n for n, _ in found]
             self._customop_aux_ops = [label for _, label in found]
+            agree.note_executor(self, self._customop_aux)
 
     def cached_init_(self, sym, *args, **kwargs):
         cached_init(self, sym, *args, **kwargs)

@@ -75,8 +75,8 @@ _get_grad, _free_array = _LIB.MXNDArrayGetGrad, _LIB.MXNDArrayFree
 
 def _in_autograd(arr) -> bool:
     # Whether autograd can carry a gradient to ``arr``: it has one attached or was recorded
-    # (MXNet keeps a node for it; measured: 2 us, and 13-65 us for an array without one:
-    # the failed call builds an error with a stack trace).
+    # (MXNet keeps a node for it; costly for an array without one, measured in
+    # docs/design.md: the failed call builds an error with a stack trace).
     handle = ctypes.c_void_p()
     if _get_symbol(arr.handle, ctypes.byref(handle)) != 0:
         return False
@@ -85,7 +85,7 @@ def _in_autograd(arr) -> bool:
 
 
 def _has_grad(arr) -> bool:
-    # Whether ``arr`` has a gradient attached (1 us, never fails): all a Gluon parameter's
+    # Whether ``arr`` has a gradient attached (cheap, never fails): all a Gluon parameter's
     # data can have, as it is never the output of a recorded operator.
     handle = ctypes.c_void_p()
     _get_grad(arr.handle, ctypes.byref(handle))

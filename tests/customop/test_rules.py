@@ -49,6 +49,7 @@ def test_every_refusal_has_one_name_and_a_reason():
         assert all(r.reason and callable(r.test) for r in table)
     names = [r.name for r in (*rules.OP_REFUSALS, *rules.RECORDED_REFUSALS)]
     assert not set(names) & set(rules.TRACE_REFUSALS)
+    assert not set(rules.NODE_REFUSALS) & (set(names) | set(rules.TRACE_REFUSALS))
 
 
 @pytest.mark.parametrize("op, purpose, rule", [
@@ -72,7 +73,8 @@ def test_a_verdict_names_the_entry_that_refused_and_explain_says_its_reason(op, 
 
 def test_every_refusal_raised_in_the_graphs_wing_is_a_table_entry():
     # NotNative is raised only through NotNative.of(<rule>) or with a recorded refusal's
-    # entry, never with a literal reason explain could not name
+    # entry, and a kept node (splice.Kept) gets no literal reason: never one explain could
+    # not name
     import ast
     from pathlib import Path
 
@@ -86,6 +88,15 @@ def test_every_refusal_raised_in_the_graphs_wing_is_a_table_entry():
             if isinstance(f, ast.Name) and f.id == "NotNative" and (
                     node.args and isinstance(node.args[0], (ast.Constant, ast.JoinedStr))):
                 literal.append(f"{path.name}:{node.lineno}")
+            if isinstance(f, ast.Name) and f.id == "Kept" and (
+                    len(node.args) < 4 or any(isinstance(a, (ast.Constant, ast.JoinedStr))
+                                              for a in node.args[2:])):
+                literal.append(f"{path.name}:{node.lineno}")
+            if isinstance(f, ast.Attribute) and f.attr == "of" and getattr(
+                    f.value, "id", "") == "_Refused" and not (
+                        isinstance(node.args[0], ast.Constant)
+                        and node.args[0].value in rules.NODE_REFUSALS):
+                unknown.append(f"{path.name}:{node.lineno}")
             if isinstance(f, ast.Attribute) and f.attr == "of" and getattr(
                     f.value, "id", "") == "NotNative":
                 name = node.args[0]
@@ -96,6 +107,20 @@ def test_every_refusal_raised_in_the_graphs_wing_is_a_table_entry():
     assert literal == [] and unknown == []
     assert {forward.ForwardGraph.DIFFERS, transposed.TransposedGraph.DIFFERS} <= set(
         rules.TRACE_REFUSALS)
+
+
+def test_a_kept_node_names_its_entry_and_imperative_calls_say_the_ops():
+    from customop.graphs import imperative, splice
+
+    x = mx.sym.var("x")
+    sym = rules_own_gradient(x) + rules_numpy(x)
+    done = splice.inline(sym, {}, {}, TRAIN)  # no input shapes given
+    assert {k.rule for k in done.kept} == {"input-shapes-unknown", "numpy-mode"}
+    for k in done.kept:
+        reason = rules.NODE_REFUSALS.get(k.rule) or rules.op_refusal(rules_numpy, TRAIN).reason
+        assert k.reason == reason
+    assert imperative.eligible(rules_numpy) == rules.op_refusal(rules_numpy, TRAIN).reason
+    assert imperative.eligible(rules_own_gradient) == ""
 
 
 def test_rewrites_are_keyed_by_mxnet_operator():
