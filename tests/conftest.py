@@ -10,24 +10,22 @@ import pytest
 os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 
 # The test modules that take longest (worker-seconds in one `make test` run on 2 cores,
-# 2026-11-27: most start fresh processes, each paying MXNet's import), run first: under
-# pytest-xdist's --dist loadfile a module is one unit of work, and the longest units first
-# keep both workers busy to the end (docs/development.md, "The suite's time").
+# 2026-11-28, after tests/fresh.py: most start processes), run first: under pytest-xdist's
+# --dist loadfile a module is one unit of work, and the longest units first keep both
+# workers busy to the end (docs/development.md, "The suite's time").
 SLOWEST_FIRST = [
-    "tests/customop/test_pairs.py",  # 102 s
-    "tests/test_dist_train.py",  # 88 s
-    "tests/test_project.py",  # 65 s
-    "tests/test_notebooks.py",  # 57 s
-    "tests/customop/test_launch.py",  # 44 s
-    "tests/customop/test_runtime.py",  # 38 s
-    "tests/test_packaging.py",  # 28 s
-    "tests/customop/test_reliability.py",  # 26 s
-    "tests/customop/test_pickle.py",  # 26 s
-    "tests/customop/test_aux_rules.py",  # 23 s
-    "tests/customop/test_residuals.py",  # 18 s
-    "tests/customop/test_value_checks.py",  # 15 s
-    "tests/customop/test_composition.py",  # 15 s
-    "tests/customop/test_check.py",  # 12 s
+    "tests/customop/test_pairs.py",  # 58 s
+    "tests/test_project.py",  # 58 s
+    "tests/test_notebooks.py",  # 53 s
+    "tests/test_packaging.py",  # 47 s
+    "tests/test_dist_train.py",  # 44 s
+    "tests/customop/test_launch.py",  # 32 s
+    "tests/customop/test_subprocess.py",  # 30 s
+    "tests/customop/test_residuals.py",  # 21 s
+    "tests/customop/test_aux_rules.py",  # 19 s
+    "tests/test_fresh.py",  # 18 s
+    "tests/customop/test_export.py",  # 12 s
+    "tests/test_ci.py",  # 9 s
 ]
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -47,9 +48,14 @@ signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the waiters are reaped by the k
 def child(req):
     import atexit, random, runpy, threading, traceback, types
     import numpy as np
+    if req["session"]:
+        os.setsid()
     for fd, (path, flags) in enumerate(((req["stdin"], os.O_RDONLY),
                                         (req["stdout"], os.O_WRONLY),
                                         (req["stderr"], os.O_WRONLY))):
+        if fd == 2 and path == req["stdout"]:
+            os.dup2(1, 2)  # stderr=STDOUT: one file, one offset
+            continue
         opened = os.open(path, flags)
         os.dup2(opened, fd)
         os.close(opened)
@@ -170,23 +176,32 @@ def _needs_a_new_interpreter(args, env) -> bool:
 
 
 def run(args, *, env=None, cwd=None, timeout=None, input=None, capture_output=False,
-        text=False, check=False, real=False, **kwargs) -> subprocess.CompletedProcess:
-    """``subprocess.run(args, ...)`` for a Python child (see the module docstring)."""
+        text=False, check=False, start_new_session=False, stderr=None, real=False,
+        **kwargs) -> subprocess.CompletedProcess:
+    """``subprocess.run(args, ...)`` for a Python child (see the module docstring).
+
+    ``stderr=subprocess.STDOUT`` merges the streams; with ``start_new_session`` a timeout
+    kills the child's whole process group, as a test that kills its session does.
+    """
     env = dict(os.environ if env is None else env)
-    if real or kwargs or _needs_a_new_interpreter(list(args), env):
-        return subprocess.run(args, env=env, cwd=cwd, timeout=timeout, input=input,
-                              capture_output=capture_output, text=text, check=check, **kwargs)
+    if real or kwargs or stderr not in (None, subprocess.STDOUT) \
+            or _needs_a_new_interpreter(list(args), env):
+        return _new_interpreter(args, env=env, cwd=cwd, timeout=timeout, input=input,
+                                capture_output=capture_output, text=text, check=check,
+                                start_new_session=start_new_session, stderr=stderr, **kwargs)
     args = [str(a) for a in args]
     how, what, rest = (args[1], args[2], args[3:]) if args[1] in ("-c", "-m") \
         else ("script", args[1], args[2:])
     with tempfile.TemporaryDirectory(prefix="customop-child-") as room:
         streams = {name: os.path.join(room, name) for name in ("stdin", "stdout", "stderr")}
+        if stderr == subprocess.STDOUT:
+            streams["stderr"] = streams["stdout"]
         data = input.encode() if isinstance(input, str) else (input or b"")
         with open(streams["stdin"], "wb") as f:
             f.write(data)
         for name in ("stdout", "stderr"):
             open(streams[name], "wb").close()
-        request = dict(how=how, what=what, args=rest, env=env,
+        request = dict(how=how, what=what, args=rest, env=env, session=start_new_session,
                        cwd=os.path.abspath(cwd or os.getcwd()), **streams)
         conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         conn.connect(_address())
@@ -197,7 +212,7 @@ def run(args, *, env=None, cwd=None, timeout=None, input=None, capture_output=Fa
             try:
                 code = replies.next(timeout)
             except socket.timeout:
-                os.kill(pid, 9)
+                (os.killpg if start_new_session else os.kill)(pid, signal.SIGKILL)
                 replies.next(None)
                 out, err = (_read(streams[n], text) for n in ("stdout", "stderr"))
                 raise subprocess.TimeoutExpired(args, timeout, output=out, stderr=err) \
@@ -205,11 +220,34 @@ def run(args, *, env=None, cwd=None, timeout=None, input=None, capture_output=Fa
         finally:
             conn.close()
         out, err = (_read(streams[n], text) for n in ("stdout", "stderr"))
-    if not capture_output:
+    if stderr == subprocess.STDOUT:
+        err = None
+    elif not capture_output:
         for data, stream in ((out, sys.stdout), (err, sys.stderr)):
             stream.write(data if text else data.decode(errors="replace"))
         out = err = None
     done = subprocess.CompletedProcess(args, code, out, err)
+    if check:
+        done.check_returncode()
+    return done
+
+
+def _new_interpreter(args, *, timeout, input, capture_output, check, stderr,
+                     start_new_session, **kwargs) -> subprocess.CompletedProcess:
+    # subprocess.run, but a timeout kills the whole session when it started one
+    if stderr is not None:
+        kwargs.update(stdout=subprocess.PIPE, stderr=stderr)
+    elif capture_output:
+        kwargs.update(stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    with subprocess.Popen(args, stdin=subprocess.PIPE if input is not None else None,
+                          start_new_session=start_new_session, **kwargs) as proc:
+        try:
+            out, err = proc.communicate(input, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            (os.killpg if start_new_session else os.kill)(proc.pid, signal.SIGKILL)
+            out, err = proc.communicate()
+            raise subprocess.TimeoutExpired(args, timeout, output=out, stderr=err) from None
+    done = subprocess.CompletedProcess(args, proc.returncode, out, err)
     if check:
         done.check_returncode()
     return done

@@ -73,3 +73,28 @@ def test_mxnet_comes_imported_and_what_mxnet_reads_at_load_gets_a_new_interprete
                      env=env).stdout.split() == ["False"]
     assert fresh.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
                      real=True).stdout.split() == ["False"]
+
+
+@pytest.mark.parametrize("real", [False, True])
+def test_merged_streams_and_a_session_killed_whole_at_its_timeout(real, tmp_path):
+    code = textwrap.dedent("""
+        import os, subprocess, sys, time
+        print("out", flush=True)
+        print("err", file=sys.stderr, flush=True)
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+        print(os.getsid(0) == os.getpid(), child.pid, flush=True)
+        time.sleep(60)
+    """)
+    with pytest.raises(subprocess.TimeoutExpired) as caught:
+        fresh.run([sys.executable, "-c", code], stderr=subprocess.STDOUT, text=True,
+                  start_new_session=True, timeout=3, real=real)
+    out = caught.value.output
+    if isinstance(out, bytes):
+        out = out.decode()
+    lines = out.split("\n")
+    assert lines[:2] == ["out", "err"] and lines[2].startswith("True "), out
+    grandchild = int(lines[2].split()[1])
+    with pytest.raises(ProcessLookupError):  # the session's other process went too
+        for _ in range(100):
+            os.kill(grandchild, 0)
+            time.sleep(0.05)

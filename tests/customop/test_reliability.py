@@ -4,12 +4,13 @@ Every scenario that could hang runs in a child process under a timeout (its whol
 group is killed on expiry), so a hang fails the test instead of stalling the run.
 """
 import os
-import signal
 import subprocess
 import sys
 import textwrap
 
 import pytest
+
+from tests import fresh
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -21,15 +22,13 @@ def run_child(code, timeout=60, memory_gib=None):
         limit = memory_gib << 30
         pre = f"import resource\nresource.setrlimit(resource.RLIMIT_AS, ({limit}, {limit}))\n"
     env = dict(os.environ, PYTHONPATH=ROOT)
-    proc = subprocess.Popen([sys.executable, "-c", pre + textwrap.dedent(code)], cwd=ROOT,
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
     try:
-        out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
-        pytest.fail(f"child hung (killed after {timeout} s); output:\n{out[-3000:]}")
+        proc = fresh.run([sys.executable, "-c", pre + textwrap.dedent(code)], cwd=ROOT, env=env,
+                         stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                         timeout=timeout)
+    except subprocess.TimeoutExpired as exc:  # its process group was killed
+        pytest.fail(f"child hung (killed after {timeout} s); output:\n{(exc.output or '')[-3000:]}")
+    out = proc.stdout
     return proc.returncode, out
 
 
