@@ -43,11 +43,12 @@ WORKERS = ["-n", "2", "--dist", "loadfile"]  # tests/conftest.py orders the modu
 # On 3.9 and 3.10, what differs by version: the import and packaging, the core (decorator,
 # dispatch, gradients through the autograd each Python pins, shapes, errors), pickling and
 # multiprocessing children, the runtime patches (fork, subprocess, isalive differ by
-# version), the launcher's processes, and the README's and pages' examples (docstring
-# examples run in install-3.X).  Operators' math, graphs and exports run the same code on
-# every Python: tests-3.8 and tests-3.11 run them.
+# version), the launcher's processes, the tests' fork server, and the README's and pages'
+# examples (docstring examples run in install-3.X).  Operators' math, graphs and exports
+# run the same code on every Python: tests-3.8 and tests-3.11 run them.
 VERSION_SUITE = [
     "tests/test_packaging.py",
+    "tests/test_fresh.py",
     "tests/test_docs_site.py",
     "tests/test_project.py::test_every_readme_block_runs_and_prints_what_the_readme_shows",
     "tests/test_project.py::test_readme_fragment_marker_is_read",

@@ -31,7 +31,7 @@ import threading
 
 # Variables read when Python starts or MXNet is loaded: a child whose value differs
 # needs a process that starts with it.
-_READ_AT_START = ("MXNET_", "OMP_", "KMP_", "LD_", "MALLOC_", "PYTHON")
+_READ_AT_START = ("MXNET_", "DMLC_", "OMP_", "KMP_", "LD_", "MALLOC_", "PYTHON")
 _ROOM_FOR_THE_CHILD = {"PYTHONPATH", "PYTHONDONTWRITEBYTECODE", "PYTHONUNBUFFERED"}
 
 SERVER = r'''

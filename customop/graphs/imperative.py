@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import os
 import threading
+import weakref
 from collections import OrderedDict
 from typing import Any
 
@@ -53,6 +54,7 @@ class Pending(tuple):
 _lock = threading.Lock()
 _plans: OrderedDict[tuple, Any] = OrderedDict()  # signature -> _SEEN, _REFUSED or a _Graph
 _graphs: OrderedDict[int, _Graph] = OrderedDict()  # id(NativeGraph) -> its CachedOps
+_never: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # op -> (switch, eligible())
 
 
 class _Graph:
@@ -105,6 +107,12 @@ def call(op: Differentiable, inputs: list[mx.nd.NDArray], params: dict[str, Any]
         return None  # the mx.np interface keeps its path (outputs must be mx.np arrays)
     if "CUSTOMOP_RUNTIME_OFF" in os.environ and runtime.disabled("inline"):
         return None  # every op keeps its Custom node, and its Python path imperatively
+    off = os.environ.get("CUSTOMOP_RUNTIME_OFF")
+    never = _never.get(op)
+    if never is None or never[0] != off:  # (the trace-off rule reads the switch)
+        never = _never[op] = (off, eligible(op))
+    if never[1]:
+        return None  # an op no signature inlines builds no signature key
     key = Pending((op, repr(sorted(params.items())) if params else "",
                    tuple([(a.shape, a.dtype) for a in inputs]), mx.autograd.is_training()))
     with _lock:
@@ -162,3 +170,4 @@ def clear_cache() -> None:
     with _lock:
         _plans.clear()
         _graphs.clear()
+        _never.clear()

@@ -315,3 +315,26 @@ def test_runtime_off_inline_keeps_imperative_calls_on_their_python_paths(monkeyp
     before = calls["forward"]
     _step(surrogate, x, w)
     assert calls["forward"] == before + 1
+
+
+def test_an_op_no_signature_inlines_builds_no_signature_key(monkeypatch):
+    @decorate("mxnet", inline=False)
+    def kept(x):
+        return x * 2
+
+    for n in (3, 4, 3, 4):
+        _, gx = _step(kept, np.ones(n))
+        np.testing.assert_allclose(gx, np.full(n, 2.0))
+        kept(mx.nd.ones(n))  # unrecorded too
+    assert not [k for k in imperative._plans if k[0] is kept]
+    # the trace-off switch is read per call: an op that inlines is refused while it is set
+    x, w = np.ones((2, 3)), np.ones((1, 3))
+    monkeypatch.setenv("CUSTOMOP_RUNTIME_OFF", "trace")
+    for _ in range(3):
+        _step(surrogate, x, w)
+    assert not [k for k in imperative._plans if k[0] is surrogate]
+    monkeypatch.delenv("CUSTOMOP_RUNTIME_OFF")
+    for _ in range(3):
+        before = dict(calls)
+        _step(surrogate, x, w)
+    assert calls == before  # the graph ran
