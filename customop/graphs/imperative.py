@@ -105,9 +105,9 @@ def call(op: Differentiable, inputs: list[mx.nd.NDArray], params: dict[str, Any]
     """
     if any(isinstance(a, _NP_ARRAY) for a in inputs):
         return None  # the mx.np interface keeps its path (outputs must be mx.np arrays)
-    if "CUSTOMOP_RUNTIME_OFF" in os.environ and runtime.disabled("inline"):
-        return None  # every op keeps its Custom node, and its Python path imperatively
     off = os.environ.get("CUSTOMOP_RUNTIME_OFF")
+    if off and runtime.disabled("inline"):
+        return None  # every op keeps its Custom node, and its Python path imperatively
     never = _never.get(op)
     if never is None or never[0] != off:  # (the trace-off rule reads the switch)
         never = _never[op] = (off, eligible(op))

@@ -18,7 +18,7 @@ both depend on ``g``, an added constant, ``sqrt(g)``).
 """
 from __future__ import annotations
 
-from typing import Any, Callable  # noqa: UP035 - Callable[...] evaluated at run time (3.8)
+from typing import Any, Callable, Protocol  # noqa: UP035 - Callable[...] evaluated at run time (3.8)
 
 import numpy as np
 
@@ -38,20 +38,31 @@ TRANSPOSE: dict[str, Rule] = {}
 ZEROS = frozenset({"zeros_like", "_zeros", "_npi_zeros", "_zeros_without_dtype"})
 
 
+class Entries(Protocol):
+    """What the rules ask about the traced graph's entries (the graph being transposed
+    answers: :mod:`customop.graphs.transposed`)."""
+
+    def shape(self, ref: Ref) -> tuple: ...  # of any entry
+
+    def dtype(self, ref: Ref) -> Any: ...
+
+    def like(self, ref: Ref) -> Ref | None:
+        """A ``g``-free entry of ``ref``'s shape (to broadcast or reshape to without
+        writing shapes into the graph), or None."""
+
+    def coefficient(self, ref: Ref) -> Ref: ...  # a g-free ref as a coefficient (stopped)
+
+    def is_zero(self, ref: Ref) -> bool: ...  # whether a g-free ref is zero everywhere
+
+
 class Transposer:
-    """Builds the transposed nodes into ``nodes`` (NativeGraph node dicts, refs as inputs).
+    """Builds the transposed nodes into ``nodes`` (NativeGraph node dicts, refs as inputs),
+    asking ``entries`` about the traced graph's entries."""
 
-    ``shape(ref)``/``dtype(ref)``: of any entry of the traced graph; ``like(ref)``:
-    a ``g``-free entry of the same shape as ``ref`` (to broadcast or reshape to
-    without writing shapes into the graph), or None.
-    """
-
-    def __init__(self, nodes: list, shape: Callable[[Ref], tuple], dtype: Callable[[Ref], Any],
-                 like: Callable[[Ref], Ref | None], coefficient: Callable[[Ref], Ref],
-                 is_zero: Callable[[Ref], bool]):
-        self.nodes, self.shape, self.dtype, self.like = nodes, shape, dtype, like
-        self.coefficient = coefficient  # a g-free ref as a coefficient (gradient stopped)
-        self.is_zero = is_zero  # whether a g-free ref is zero everywhere
+    def __init__(self, nodes: list, entries: Entries):
+        self.nodes = nodes
+        self.shape, self.dtype, self.like = entries.shape, entries.dtype, entries.like
+        self.coefficient, self.is_zero = entries.coefficient, entries.is_zero
 
     def add(self, op: str, inputs: list, **attrs: Any) -> Ref:
         self.nodes.append({"op": op, "name": f"t{len(self.nodes)}_{op.strip('_').lower()}",

@@ -192,10 +192,9 @@ class _Assembly:
         self.closure_heads = list(frag.heads[self.n_out:])
         self.stopped: dict[tuple, tuple] = {}
         self.seeds: dict[int, tuple] = {}
-        self.t = Transposer(self.nodes, self.shape, self.dtype, self.like, self.coefficient,
-                            self.is_zero)
+        self.t = Transposer(self.nodes, self)
 
-    # ---- what the transposition rules ask (customop.graphs.transpose.Transposer) -----------
+    # ---- what the transposition rules ask (customop.graphs.transpose.Entries) -------------
     def shape(self, r) -> tuple:
         if r[0] == "in":
             return self.shapes[r[1]] if r[1] < self.n else self.out_shapes[r[1] - self.n]

@@ -443,22 +443,22 @@ def test_no_module_below_operator_names_the_operator_class():
 def test_a_def_grad_blocks_first_call_calls_back_only_through_declared_protocols():
     # A call from one module into another goes where the caller's imports show, or through
     # a protocol the caller declares for what it is handed: the builder verify.verified
-    # checks (verify.Builder), the entries transpose.Transposer asks about (the builder's
-    # knowledge of coefficients and zeros, asked per rule: handing it down as data would
-    # be a redesign of transposed.py), and the operator/prop objects MXNet creates
+    # checks (verify.Builder), the entries transpose.Transposer asks about
+    # (transpose.Entries: the graph being transposed knows coefficients and zeros, asked
+    # per rule), and the operator/prop objects MXNet creates
     # (mx.operator.CustomOp, CustomOpProp). trace.aside(fn, *args) is no callback up: an
     # executor (fn on the trace thread, as concurrent.futures runs a submitted function),
     # it knows nothing of what it runs; on the trace thread itself it calls fn, here
     # native._decide, directly
     from customop import runtime
-    from customop.graphs import verify
+    from customop.graphs import transpose, verify
 
     graph = {name: {m for m, _ in _run_time_imports(name, path) if m != name}
              for name, path in _modules()}
     module_of = {os.path.relpath(path, PKG): name for name, path in _modules()}
     declared = {m for m in dir(verify.Builder) if not m.startswith("_")}
     declared |= {"frozen"}  # forward.ForwardGraph's, which transposed.TransposedGraph extends
-    declared |= {"shape", "dtype", "like", "coefficient", "is_zero"}  # transpose.Transposer
+    declared |= {m for m in dir(transpose.Entries) if not m.startswith("_")}
     declared |= {"backward", "release", "list_arguments", "list_outputs",
                  "list_auxiliary_states", "infer_shape", "infer_type",
                  "declare_backward_dependency"}  # prop.py's objects, called by the runtime
