@@ -153,7 +153,7 @@ def _address() -> str:
             env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
             proc = subprocess.Popen([sys.executable, "-c", SERVER, str(listener.fileno())],
                                     pass_fds=[listener.fileno()], cwd="/", env=env,
-                                    stdin=subprocess.DEVNULL)
+                                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
             listener.close()
             atexit.register(proc.kill)
             _server.update(proc=proc, address=address, env=env)

@@ -98,3 +98,32 @@ def test_merged_streams_and_a_session_killed_whole_at_its_timeout(real, tmp_path
         for _ in range(100):
             os.kill(grandchild, 0)
             time.sleep(0.05)
+
+
+@pytest.mark.parametrize("ending", ["exit", "killed"])
+def test_the_server_ends_with_the_process_that_started_it(ending, tmp_path):
+    code = textwrap.dedent("""
+        import os, sys, time
+        sys.path.insert(0, sys.argv[1])
+        from tests import fresh
+        fresh.run([sys.executable, "-c", "pass"], timeout=60, check=True)
+        print(fresh._server["proc"].pid, flush=True)
+        if sys.argv[2] == "killed":
+            os.kill(os.getpid(), 9)  # no atexit: the server sees its parent go
+    """)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    done = subprocess.run([sys.executable, "-c", code, root, ending], capture_output=True,
+                          text=True, timeout=120)
+    server = int(done.stdout.split()[0])
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        try:
+            os.kill(server, 0)
+            with open(f"/proc/{server}/stat") as stat:  # a zombie has ended
+                if stat.read().split(") ")[-1].startswith("Z"):
+                    return
+        except (ProcessLookupError, FileNotFoundError):
+            return
+        time.sleep(0.1)
+    os.kill(server, signal.SIGKILL)
+    pytest.fail(f"the fork server {server} outlived the process that started it")
