@@ -22,6 +22,7 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -156,6 +157,7 @@ def _address() -> str:
                                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
             listener.close()
             atexit.register(proc.kill)
+            atexit.register(shutil.rmtree, room, True)
             _server.update(proc=proc, address=address, env=env)
         return _server["address"]
 
