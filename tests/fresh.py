@@ -37,7 +37,9 @@ _ROOM_FOR_THE_CHILD = {"PYTHONPATH", "PYTHONDONTWRITEBYTECODE", "PYTHONUNBUFFERE
 
 SERVER = r'''
 import json, os, signal, socket, sys
-import mxnet  # noqa: F401  (the point of the server)
+for name in sys.argv[2].split(","):  # mxnet: the point of the server
+    if name:
+        __import__(name)
 
 listener = socket.socket(fileno=int(sys.argv[1]))
 listener.settimeout(2)
@@ -138,6 +140,7 @@ while os.getppid() == worker:  # ends with the test worker that started it
     conn.close()
 '''
 
+PRELOAD = ["mxnet"]  # what the server imports (its own tests need none of it)
 _lock = threading.Lock()
 _server: dict = {}
 
@@ -152,7 +155,8 @@ def _address() -> str:
             listener.bind(address)
             listener.listen(64)
             env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-            proc = subprocess.Popen([sys.executable, "-c", SERVER, str(listener.fileno())],
+            proc = subprocess.Popen([sys.executable, "-c", SERVER, str(listener.fileno()),
+                                     ",".join(PRELOAD)],
                                     pass_fds=[listener.fileno()], cwd="/", env=env,
                                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
             listener.close()
