@@ -141,8 +141,7 @@ def seen(key: Pending) -> None:
 
 
 def _planned(op: Differentiable, params: dict[str, Any], inputs: list[mx.nd.NDArray]) -> Any:
-    if eligible(op):
-        return _REFUSED
+    # (call() has asked eligible(op) already; native_graph applies the same rules)
     shapes, dtypes = tuple(a.shape for a in inputs), tuple(np.dtype(a.dtype) for a in inputs)
     verdict = native.native_graph(op, params, shapes, dtypes, TRAIN)
     if verdict.graph is None:
