@@ -75,6 +75,14 @@ VERSION_SUITE = [
 LIMIT_MIN = {"suite": 15, "version suite": 8, "install": 10, "check": 10}
 
 nox.options.sessions = ["tests", "install", "install_minimal", "docs", "deploy"]
+# `.ci/run` runs these streams at once, each a nox run of its sessions in this order: the two
+# full suites (CPU-bound on both cores), and the rest, whose installs and short suites leave a
+# core idle most of their time.  Together they are nox.options.sessions, each once
+# (tests/test_ci.py).
+STREAMS = {
+    "suites": ["tests-3.11", "tests-3.8"],
+    "rest": ["tests-3.9", "tests-3.10", "install", "install_minimal", "docs", "deploy"],
+}
 nox.options.default_venv_backend = "venv"
 nox.options.download_python = "never"
 nox.options.error_on_missing_interpreters = True

@@ -1,6 +1,7 @@
 """The suite's own guards: time limits that turn a hang into a named failure, the selections
 CI runs on each Python, and optional extras that never break an import."""
 import ast
+import json
 import re
 import subprocess
 import sys
@@ -86,6 +87,24 @@ def test_the_selections_name_real_tests():
         if name:
             assert re.search(rf"^def {re.escape(name)}\(", (ROOT / path).read_text(), re.M), entry
     assert _constant("FULL_SUITE_PYTHONS") == ["3.8", "3.11"]
+
+
+def _nox_sessions(*selection: str) -> list:
+    out = subprocess.run([str(Path(sys.executable).parent / "nox"), "--list", "--json",
+                          *selection], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return [s["session"] for s in json.loads(out.stdout)]
+
+
+def test_cis_streams_run_every_session_once():
+    # .ci/run runs noxfile.STREAMS at once: together they are the default sessions, none
+    # twice, and the full suites are a stream of their own.
+    streams = _constant("STREAMS")
+    selected = [name for sessions in streams.values() for name in _nox_sessions("-s", *sessions)]
+    assert sorted(selected) == sorted(_nox_sessions()) and len(set(selected)) == len(selected)
+    assert streams["suites"] == [f"tests-{v}" for v in ("3.11", "3.8")]
+    script = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
+    assert "noxfile.STREAMS" in script and 'failed+=("${names[$i]}")' in script
 
 
 def test_every_module_imports_without_the_optional_extras(tmp_path):
