@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from tests import fresh
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -197,7 +199,10 @@ def test_checkout_gives_one_module_object_for_ops_and_customop_ops():
             assert again is ops
             print(ops.focal_loss.op_type)
             """)
-        proc = run([sys.executable, "-c", script], cwd=ROOT)
+        # (a child of the tests' fork server: its site setup, the editable install's
+        # finder included, is a new interpreter's)
+        proc = fresh.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True,
+                         text=True, timeout=300)
         assert proc.returncode == 0, proc.stderr
 
 
