@@ -38,6 +38,7 @@ PYTHONS = ["3.8", "3.9", "3.10", "3.11"]
 FULL_SUITE_PYTHONS = ["3.8", "3.11"]
 DOCS_PYTHON = "3.11"
 ROOT = Path(__file__).resolve().parent
+BUILD_LOCK = ROOT / ".nox" / "checkout-build.lock"  # one build of the checkout at a time
 WORKERS = ["-n", "2", "--dist", "loadfile"]  # tests/conftest.py orders the modules for it
 
 # On 3.9 and 3.10, what differs by version: the import (install-3.X builds and installs the
@@ -114,6 +115,11 @@ def _run(session: nox.Session, limit: str, *cmd: str, codes: tuple = (0,), **kwa
     """``cmd`` under ``timeout``: past LIMIT_MIN[limit] minutes it is killed and the session
     fails, naming the command."""
     seconds = LIMIT_MIN[limit] * 60
+    if any(arg == "." or arg.startswith(".[") for arg in cmd):
+        # a build of the checkout: setuptools writes build/ and customop.egg-info in the tree,
+        # and two at once (CI's streams) broke each other's wheel (measured, 2026-11-28)
+        BUILD_LOCK.parent.mkdir(exist_ok=True)
+        cmd = ("flock", str(BUILD_LOCK), *cmd)
     try:
         session.run("timeout", "--kill-after=30", str(seconds), *cmd, external=True,
                     success_codes=list(codes), **kwargs)

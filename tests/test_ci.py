@@ -107,6 +107,8 @@ def test_cis_streams_run_every_session_once():
                                                     for s in expand(n)}
     script = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
     assert "noxfile.STREAMS" in script and 'failed+=("${names[$i]}")' in script
+    # the sessions building the checkout (-e ., .[extras]) in both streams take turns
+    assert '("flock", str(BUILD_LOCK), *cmd)' in (ROOT / "noxfile.py").read_text(encoding="utf-8")
 
 
 def _nox_options_sessions() -> list:
