@@ -1,4 +1,5 @@
 """python -m customop.distributed.launch: a local dist_sync job runs; a failing worker ends it."""
+import ast
 import os
 import re
 import subprocess
@@ -10,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from customop.distributed import launch
+from customop.distributed import launch, serve
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -48,6 +49,16 @@ WORKER = textwrap.dedent('''
                 f = line.split()
                 if f[3] == "0A" and f[9] in inodes:
                     say(f"LISTEN {table} {f[1]}")
+        for proc in Path("/proc").iterdir():  # every process of the job: role and command
+            try:
+                environ = (proc / "environ").read_bytes().split(b"\\0")
+                if proc.name.isdigit() and b"TEST_MARK=" + mark in environ:
+                    role = [v[10:].decode() for v in environ if v.startswith(b"DMLC_ROLE=")]
+                    command = (proc / "cmdline").read_bytes().rstrip(b"\\0").split(b"\\0")
+                    numpy = "_multiarray_umath" in (proc / "maps").read_text()
+                    say(f"ROLE {role[0] if role else '-'} numpy={numpy} {command[-1].decode()}")
+            except OSError:
+                pass
     if os.environ["DMLC_TASK_ID"] == os.environ.get("WHO"):
         how = os.environ["HOW"]
         if how == "raise":
@@ -59,6 +70,12 @@ WORKER = textwrap.dedent('''
     kv.push(3, out)
     kv.pull(3, out=out)
     say(f"done {out.asnumpy().tolist()}")
+    if os.environ.get("OPTIMIZER"):  # on the servers: w = 1 - 0.25 * (1 + 1)
+        kv.set_optimizer(mx.optimizer.SGD(learning_rate=0.25, rescale_grad=1.0))
+        kv.init(5, mx.nd.ones((2,)))
+        kv.push(5, mx.nd.ones((2,)))
+        kv.pull(5, out=out)
+        say(f"optimized {out.asnumpy().tolist()}")
 ''')
 
 
@@ -93,7 +110,7 @@ def _launch(tmp_path, *launch_args, **env):
 def good_job(tmp_path_factory):
     """One job that succeeds, read by the tests that need one (each job costs 4 processes)."""
     proc, _ = _launch(tmp_path_factory.mktemp("job"), "-n", "2", "-s", "1", "--launcher",
-                      "local", "--timeout", "90", LISTENERS="1")
+                      "local", "--timeout", "90", LISTENERS="1", OPTIMIZER="1")
     return proc
 
 
@@ -144,3 +161,28 @@ def test_every_process_listens_on_loopback_only(good_job):
     assert proc.stdout.count("LISTEN") == len(listening), proc.stdout
     for table, address in listening:  # 0100007F is 127.0.0.1 in /proc/net/tcp's byte order
         assert table == "tcp" and address == "0100007F", listening
+
+
+def test_scheduler_and_servers_run_from_libmxnet_and_import_mxnet_for_an_optimizer(
+        good_job, monkeypatch, capsys):
+    # `import mxnet` starts a scheduler or server too, after 3.5 s of CPU building MXNet's
+    # Python operator functions; the launcher runs serve.py, which makes the same C calls
+    # from the library alone, and imports mxnet in a server when an optimizer arrives
+    proc = good_job
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    roles = re.findall(r"ROLE (\w+) numpy=(\w+) ([^\n]+)", proc.stdout)
+    assert sorted(r[:2] for r in roles) == [("scheduler", "False"), ("server", "False"),
+                                            ("worker", "True"), ("worker", "True")], roles
+    assert {command for role, _, command in roles if role != "worker"} == {serve.__file__}
+    # the SGD step ran on the server (without it the server would store the sum, 2)
+    assert proc.stdout.count("optimized [0.5, 0.5]") == 2, proc.stdout
+    tree = ast.parse(Path(serve.__file__).read_text())
+    imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import)
+                for a in n.names}
+    imported |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    assert imported == {"__future__", "ctypes", "importlib", "os", "sys", "typing", "mxnet"}
+    import mxnet
+    assert serve.library_path() == mxnet.libinfo.find_lib_path()[0]
+    monkeypatch.setenv("DMLC_ROLE", "worker")
+    assert serve.main() == 2
+    assert "needs DMLC_ROLE=scheduler or server (got 'worker')" in capsys.readouterr().err
