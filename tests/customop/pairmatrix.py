@@ -1,15 +1,15 @@
 """Issue 25 item 3: every ordered pair of differentiable operators in one graph, on each path.
 
-Run as ``python -m tests.customop.pairmatrix PATHS`` (a comma-separated list of ``bound``,
-``hybridized`` and ``exported``) from the repository root: for every ordered pair (A, B)
-of the operators in ``CASES`` it builds one graph holding both (A's node created first;
-B's main input shifted by ``0.1 * mean`` of A's first output, so B's gradient also flows
-through A), runs forward and backward on each path and the same math recorded
-imperatively (the ops called on ``mx.nd`` under ``mx.autograd.record()``, their default
-dispatch), and prints one JSON object: ``{PATH: {"A>B": {"path": {...}, "recorded":
+Run as ``python -m tests.customop.pairmatrix PATHS [--errors-only]`` (a comma-separated
+list of ``bound``, ``hybridized`` and ``exported``) from the repository root: for every
+ordered pair (A, B) of the operators in ``CASES`` it builds one graph holding both (A's
+node created first; B's main input shifted by ``0.1 * mean`` of A's first output, so B's
+gradient also flows through A), runs forward and backward on each path and the same math
+recorded imperatively (the ops called on ``mx.nd`` under ``mx.autograd.record()``, their
+default dispatch), and prints one JSON object: ``{PATH: {"A>B": {"path": {...}, "recorded":
 {...}}}}`` with the heads' values, the gradient of every differentiable input and the aux
-states after the backward, or ``{PATH: {"A>B": {"error": "..."}}}`` when a run raised.
-tests/customop/test_pairs.py compares.
+states after the backward, or ``{PATH: {"A>B": {"error": "..."}}}`` when a run raised
+(``--errors-only``: without the recorded runs).  tests/customop/test_pairs.py compares.
 
 Operators in the matrix: those of ``ops/`` with a gradient for some float input, plus
 four user-style ops from tests/customop/composeops.py.  Left out, because no float input
@@ -269,17 +269,18 @@ def exported(pair):
 PATHS = {"bound": bound, "hybridized": hybridized, "exported": exported}
 
 
-def main(paths):
+def main(paths, references=True):
     """Every pair on each of ``paths`` (one process serves them all: MXNet's import, about
     3.5 s of CPU, and the recorded reference are paid once), as one JSON line:
-    ``{path: {"A>B": {...}}}``."""
+    ``{path: {"A>B": {...}}}``.  Without ``references`` (``--errors-only``: a setting whose
+    test reads only which pairs raise) the recorded runs are left out."""
     result = {path: {} for path in paths}
     for a, b in PAIRS:
         key = f"{a}>{b}"
         try:
             pair = Pair(a, b)
-            reference = recorded(pair)
-            graph = recorded(pair, "graph") if "bound" in paths else None
+            reference = recorded(pair) if references else None
+            graph = recorded(pair, "graph") if references and "bound" in paths else None
         except Exception:  # noqa: BLE001 -- every failing pair is reported, not only the first
             for path in paths:
                 result[path][key] = {"error": traceback.format_exc(limit=-3)}
@@ -287,7 +288,7 @@ def main(paths):
         for path in paths:
             try:
                 result[path][key] = {"recorded": reference, "path": PATHS[path](pair)}
-                if path == "bound":  # (one run of the matrix also checks the imperative graphs)
+                if path == "bound" and references:  # (one run also checks the imperative graphs)
                     result[path][key]["graph"] = graph
             except Exception:  # noqa: BLE001
                 result[path][key] = {"error": traceback.format_exc(limit=-3)}
@@ -295,4 +296,4 @@ def main(paths):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1].split(","))
+    main(sys.argv[1].split(","), references="--errors-only" not in sys.argv[2:])
