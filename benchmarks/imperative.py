@@ -83,6 +83,11 @@ def _fixed_cases(rng):
     def labels(n, k):
         return mx.nd.array(rng.randint(0, k, n))
 
+    def boxes(*shape):  # corner boxes (x1, y1, x2, y2), positive sizes
+        corner = rng.uniform(0, 20, shape + (2,))
+        return mx.nd.array(np.concatenate([corner, corner + rng.uniform(2, 8, shape + (2,))],
+                                          axis=-1))
+
     return [("x * x, 10 elements", square, [f32(10)]),
             ("x * x, 1e3 elements", square, [f32(1000)]),
             ("x * x, 1e6 elements", square, [f32(10 ** 6)]),
@@ -91,7 +96,11 @@ def _fixed_cases(rng):
             ("ops.focal_loss (256, 20)", ops.focal_loss, [f32(256, 20), labels(256, 20)]),
             ("ops.softmax_ce (256, 20)", ops.softmax_ce, [f32(256, 20), labels(256, 20)]),
             ("ops.box_iou (2, 256, 4) x (2, 7, 4)", ops.box_iou,
-             [f32(2, 256, 4), f32(2, 7, 4)])]
+             [f32(2, 256, 4), f32(2, 7, 4)]),
+            # a def_grad op with costly coefficients: its graph without them runs here
+            ("ops.box_encode (8, 768) anchors, 8 boxes", ops.box_encode,
+             [mx.nd.array(rng.randint(-1, 2, (8, 768))), labels((8, 768), 8),
+              boxes(8, 768), boxes(8, 8), mx.nd.zeros(4), mx.nd.array([0.1, 0.1, 0.2, 0.2])])]
 
 
 def _per_call(op, inputs, path, calls) -> float:

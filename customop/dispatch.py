@@ -133,7 +133,8 @@ def call_ndarray(op: opinfo.Dispatched, inputs: list[Any], params: dict[str, Any
     if tracing is None and op.mode == "mxnet" and not op.signature.aux \
             and getattr(_forced, "path", None) in (None, "graph"):
         # recorded or not (measured faster either way: benchmarks/imperative.py)
-        found = _imperative().call(op, nd_inputs, params, at_once=path == "graph")
+        found = _imperative().call(op, nd_inputs, params, at_once=path == "graph",
+                                   recording=recording)
         if isinstance(found, list):
             return _returned(found)
     else:

@@ -4,8 +4,9 @@ An ``'mxnet'``-mode operator whose forward (and ``def_grad`` closures) inlines i
 training graphs (:func:`customop.graphs.native.native_graph`) has a native graph that
 MXNet differentiates itself.  Called on NDArrays under ``mx.autograd.record()``, such an
 op runs that graph as a ``CachedOp``, recorded by MXNet's autograd like any operator: its
-backward runs no Python.  Not recording, it runs the same graph's forward (faster than its
-forward in Python, measured in ``benchmarks/imperative.py``).  The graph is the one a
+backward runs no Python.  Not recording, it runs the same graph's forward alone, a
+``def_grad`` op's without its transposed closures' coefficients (faster than its forward in
+Python, measured in ``benchmarks/imperative.py``).  The graph is the one a
 hybridized block runs, with its checks (a failed :func:`customop.require` makes the outputs
 and gradients NaN).
 
@@ -57,16 +58,34 @@ _graphs: OrderedDict[int, _Graph] = OrderedDict()  # id(NativeGraph) -> its Cach
 _never: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # op -> (switch, eligible())
 
 
-class _Graph:
-    """One native graph as a Symbol, and a ``CachedOp`` of it per thread."""
+class _Runner:
+    """One graph as a Symbol, and a ``CachedOp`` of it per thread."""
 
     def __init__(self, graph: graph_json.NativeGraph, n: int):
-        self.graph = graph
         names = [f"input{i}" for i in range(n)]
         self.symbol = graph_json.load(graph_json.to_json(graph, names))
         self.used = set(self.symbol.list_inputs())
         self.order = [names.index(u) for u in self.symbol.list_inputs()]
         self.local = threading.local()
+
+    def __call__(self, inputs: list[mx.nd.NDArray]) -> list[mx.nd.NDArray]:
+        cached = getattr(self.local, "cached", None)
+        if cached is None:
+            cached = self.local.cached = mx.nd.CachedOp(self.symbol)
+        outs = cached(*[inputs[i] for i in self.order])
+        return [outs] if isinstance(outs, mx.nd.NDArray) else list(outs)
+
+
+class _Graph:
+    """One native graph, and its forward without the transposed closures (a ``def_grad``
+    op's ``forward_only``), which calls that are not recorded run: nothing can need their
+    coefficients there."""
+
+    def __init__(self, graph: graph_json.NativeGraph, n: int):
+        self.graph, self.n = graph, n
+        self.full = _Runner(graph, n)
+        self.symbol, self.used = self.full.symbol, self.full.used
+        self._alone: _Runner | None = None
 
     def holds(self, shapes, dtypes) -> bool:
         """Whether MXNet's shape and type inference of the graph pass at this signature (a
@@ -81,12 +100,14 @@ class _Graph:
             return False
         return outs is not None and all(s and all(d > 0 for d in s) for s in outs)
 
-    def __call__(self, inputs: list[mx.nd.NDArray]) -> list[mx.nd.NDArray]:
-        cached = getattr(self.local, "cached", None)
-        if cached is None:
-            cached = self.local.cached = mx.nd.CachedOp(self.symbol)
-        outs = cached(*[inputs[i] for i in self.order])
-        return [outs] if isinstance(outs, mx.nd.NDArray) else list(outs)
+    def __call__(self, inputs: list[mx.nd.NDArray], recording: bool = True
+                 ) -> list[mx.nd.NDArray]:
+        if recording or self.graph.forward_only is None:
+            return self.full(inputs)
+        alone = self._alone
+        if alone is None:
+            alone = self._alone = _Runner(self.graph.forward_only, self.n)
+        return alone(inputs)
 
 
 def eligible(op: Differentiable) -> str:
@@ -96,10 +117,11 @@ def eligible(op: Differentiable) -> str:
 
 
 def call(op: Differentiable, inputs: list[mx.nd.NDArray], params: dict[str, Any],
-         at_once: bool = False) -> list[mx.nd.NDArray] | Pending | None:
-    """``op``'s outputs from its native training graph (recorded when recording); else the
-    usual path runs the call (a :class:`Pending` signature: tell :func:`seen` when it
-    returned).
+         at_once: bool = False, recording: bool = True
+         ) -> list[mx.nd.NDArray] | Pending | None:
+    """``op``'s outputs from its native training graph (recorded when ``recording``; not
+    recording, a ``def_grad`` op's graph without its transposed closures); else the usual
+    path runs the call (a :class:`Pending` signature: tell :func:`seen` when it returned).
 
     ``at_once``: build the graph at a signature's first call (``forced_path('graph')``).
     """
@@ -129,7 +151,7 @@ def call(op: Differentiable, inputs: list[mx.nd.NDArray], params: dict[str, Any]
             _remember(key, plan)
         if plan is _REFUSED:
             return None
-    return plan(inputs)
+    return plan(inputs, recording)
 
 
 def seen(key: Pending) -> None:

@@ -131,6 +131,11 @@ def test_unrecorded_calls_run_the_graphs_forward_from_a_signatures_second_call()
         np.testing.assert_allclose(y, _reference(x, w)[0], rtol=1e-5)
         assert calls["forward"] == before["forward"] + (turn == 0)  # Python only at first
         assert calls["closure"] == before["closure"]
+    # not recorded, nothing can need the closure's coefficients: the graph without them ran
+    (plan,) = [p for p in imperative._plans.values() if isinstance(p, imperative._Graph)]
+    alone, full = plan._alone.symbol.tojson(), plan.full.symbol.tojson()
+    assert alone.count('"op": "BlockGrad"') == 0 < full.count('"op": "BlockGrad"')
+    assert plan.full.local.__dict__ == {}  # (the full graph's CachedOp was never made)
     with forced_path("function"):  # the debugging switch: Python on every call
         before = calls["forward"]
         surrogate(mx.nd.array(x), mx.nd.array(w)).wait_to_read()
@@ -142,6 +147,13 @@ def test_unrecorded_calls_run_the_graphs_forward_from_a_signatures_second_call()
     with mx.autograd.train_mode():
         surrogate(mx.nd.array(x), mx.nd.array(w)).wait_to_read()
     assert calls["forward"] == before + 3
+    # recorded (train mode), the full graph runs, the closure's gradient included
+    for _ in range(2):
+        before = dict(calls)
+        y, gx = _step(surrogate, x, w)
+        np.testing.assert_allclose(gx, _reference(x, w)[1], rtol=1e-5)
+    assert calls == before
+    assert plan.full.local.__dict__ != {}
 
 
 def test_grad_req_add_accumulates():
