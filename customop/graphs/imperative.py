@@ -84,7 +84,6 @@ class _Graph:
     def __init__(self, graph: graph_json.NativeGraph, n: int):
         self.graph, self.n = graph, n
         self.full = _Runner(graph, n)
-        self.symbol, self.used = self.full.symbol, self.full.used
         self._alone: _Runner | None = None
 
     def holds(self, shapes, dtypes) -> bool:
@@ -92,10 +91,11 @@ class _Graph:
         graph of the shape family serves signatures its op never ran at: one whose sizes
         do not broadcast keeps the usual path, which raises the op's own error)."""
         names = [f"input{i}" for i in range(len(shapes))]
-        given = {n: s for n, s in zip(names, shapes) if n in self.used}
+        symbol, used = self.full.symbol, self.full.used
+        given = {n: s for n, s in zip(names, shapes) if n in used}
         try:
-            _, outs, _ = self.symbol.infer_shape(**given)
-            self.symbol.infer_type(**{n: d for n, d in zip(names, dtypes) if n in self.used})
+            _, outs, _ = symbol.infer_shape(**given)
+            symbol.infer_type(**{n: d for n, d in zip(names, dtypes) if n in used})
         except mx.base.MXNetError:
             return False
         return outs is not None and all(s and all(d > 0 for d in s) for s in outs)
