@@ -58,9 +58,13 @@ def smooth_l1(data, sigma, weight=None):
     """
     _check(data, sigma, weight)
     _checks.require((sigma > 0) * (sigma - sigma == 0), "sigma", _SIGMA)  # inf - inf: NaN
-    s2 = (sigma * sigma).astype(data.dtype, copy=False)
+    # sigma^2 at every element first: MXNet's backward of a broadcast_mul/div sums over the
+    # broadcast axes even for an input that needs no gradient (0.5 ms of a 1 ms native
+    # step at 8 x 768 x 4, measured), and training graphs run MXNet's gradient of this forward
+    s2 = mx.nd.broadcast_add(mx.nd.zeros_like(data), (sigma * sigma).astype(data.dtype,
+                                                                             copy=False))
     # smooth_l1(x; sigma) = smooth_l1(sigma^2 x; 1) / sigma^2: MXNet's fused kernel does the rest
-    loss = mx.nd.broadcast_div(mx.nd.smooth_l1(mx.nd.broadcast_mul(s2, data), scalar=1.0), s2)
+    loss = mx.nd.smooth_l1(s2 * data, scalar=1.0) / s2
     return loss if weight is None else loss * weight.astype(data.dtype, copy=False)
 
 
