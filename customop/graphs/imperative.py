@@ -42,9 +42,10 @@ from .. import runtime
 from ..opinfo import Differentiable
 from . import graph_json, native
 from .rules import TRAIN
+from .signatures import signature
 
 KEPT = 4096  # signatures remembered
-_NP_ARRAY = mx.np.ndarray
+_NDARRAY, _NP_ARRAY = mx.nd.NDArray, mx.np.ndarray
 _SEEN, _REFUSED = "seen", "refused"
 
 
@@ -125,9 +126,10 @@ def call(op: Differentiable, inputs: list[mx.nd.NDArray], params: dict[str, Any]
 
     ``at_once``: build the graph at a signature's first call (``forced_path('graph')``).
     """
-    if any(isinstance(a, _NP_ARRAY) for a in inputs):
-        return None  # the mx.np interface keeps its path (outputs must be mx.np arrays)
-    off = os.environ.get("CUSTOMOP_RUNTIME_OFF")
+    for a in inputs:
+        if type(a) is not _NDARRAY and isinstance(a, _NP_ARRAY):
+            return None  # the mx.np interface keeps its path (outputs must be mx.np arrays)
+    off = _switch()
     if off and runtime.disabled("inline"):
         return None  # every op keeps its Custom node, and its Python path imperatively
     never = _never.get(op)
@@ -136,11 +138,13 @@ def call(op: Differentiable, inputs: list[mx.nd.NDArray], params: dict[str, Any]
     if never[1]:
         return None  # an op no signature inlines builds no signature key
     key = Pending((op, repr(sorted(params.items())) if params else "",
-                   tuple([(a.shape, a.dtype) for a in inputs]), mx.autograd.is_training()))
-    with _lock:
-        plan = _plans.get(key)
-        if plan is not None:
+                   signature(inputs, range(len(inputs))), mx.autograd.is_training()))
+    plan = _plans.get(key)  # (one C call under the GIL; _remember changes it under _lock)
+    if plan is not None:
+        try:
             _plans.move_to_end(key)
+        except KeyError:  # another thread's _remember let it go meanwhile
+            pass
     if plan is _REFUSED:
         return None
     if plan is None and not at_once:
@@ -152,6 +156,18 @@ def call(op: Differentiable, inputs: list[mx.nd.NDArray], params: dict[str, Any]
         if plan is _REFUSED:
             return None
     return plan(inputs, recording)
+
+
+# The switch read per call: os.environ.get costs 6 us a call in a training loop (it encodes
+# the key and decodes the value), this one dictionary read of the same mapping under 1 us.
+_ENVIRON = getattr(os.environ, "_data", None)
+_SWITCH = os.environ.encodekey("CUSTOMOP_RUNTIME_OFF") if _ENVIRON is not None else None
+
+
+def _switch() -> Any:
+    if _ENVIRON is None:  # pragma: no cover - a Python whose os.environ has no _data
+        return os.environ.get("CUSTOMOP_RUNTIME_OFF")
+    return _ENVIRON.get(_SWITCH)
 
 
 def seen(key: Pending) -> None:

@@ -33,6 +33,7 @@ from mxnet.base import _LIB
 
 from .. import runtime
 from ..graphs import binding, graph_json, native
+from ..graphs.signatures import signature
 from . import aux
 
 _plans: dict[int, Any] = {}  # id(CachedOp) -> its CachedPlan
@@ -67,8 +68,6 @@ def inner_cached_op(sym, flags) -> mx.nd.CachedOp:
         _inner.building = False
 
 
-_buffers = threading.local()  # .out: this thread's ctypes out-parameters for signature()
-_get_shape, _get_dtype = _LIB.MXNDArrayGetShapeEx, _LIB.MXNDArrayGetDType
 _get_symbol, _free_symbol = _LIB.MXAutogradGetSymbol, _LIB.MXSymbolFree
 _get_grad, _free_array = _LIB.MXNDArrayGetGrad, _LIB.MXNDArrayFree
 
@@ -101,24 +100,6 @@ def needs_grad(args, which, params=()) -> tuple:
     if not mx.autograd.is_recording():
         return (False,) * len(which)
     return tuple(_has_grad(args[i]) if i in params else _in_autograd(args[i]) for i in which)
-
-
-def signature(args, which) -> tuple:
-    """``((shape, dtype code), ...)`` of ``args[i]`` for ``i`` in ``which``: a CachedOp's
-    per-call key, read with two C calls an array (half what ``.shape``/``.dtype`` cost)."""
-    out = getattr(_buffers, "out", None)
-    if out is None:
-        ndim, dims, dtype = ctypes.c_int(), ctypes.POINTER(ctypes.c_int)(), ctypes.c_int()
-        out = _buffers.out = (ndim, dims, dtype, ctypes.byref(ndim), ctypes.byref(dims),
-                              ctypes.byref(dtype))
-    ndim, dims, dtype, ndim_ref, dims_ref, dtype_ref = out
-    key = []
-    for i in which:
-        handle = args[i].handle
-        _get_shape(handle, ndim_ref, dims_ref)
-        _get_dtype(handle, dtype_ref)
-        key.append((tuple(dims[:ndim.value]), dtype.value))
-    return tuple(key)
 
 
 class CachedPlan:
