@@ -42,13 +42,14 @@ lint: $(STAMP)
 # Under 5 minutes on 2 idle cores (docs/development.md, "The suite's time"): two
 # pytest-xdist workers, a test module per unit of work (tests/conftest.py puts the slowest
 # first).  Tests marked soak (long soaks, and jobs whose checks make test also makes
-# elsewhere) run in `make soak`, one at a time, each allowed an hour.
+# elsewhere) run in `make soak`, one at a time, each allowed an hour; so do the benchmark
+# scripts' smoke runs (marked benchmarks), which CI's full suites run too.
 WORKERS ?= 2
 test: lint
-	$(PY) -m pytest -q -m "not soak" -n $(WORKERS) --dist loadfile tests
+	$(PY) -m pytest -q -m "not soak and not benchmarks" -n $(WORKERS) --dist loadfile tests
 
 soak: $(STAMP)
-	$(PY) -m pytest -q -m soak --timeout 3600 tests
+	$(PY) -m pytest -q -m "soak or benchmarks" --timeout 3600 tests
 
 notebooks: $(STAMP)
 	$(PY) notebooks/run_notebooks.py

@@ -126,7 +126,9 @@ def test_public_api_is_type_hinted():
 
 # Smoke runs of the benchmark scripts at their smallest sizes: the scripts stay runnable and
 # check their variants; their numbers live in BENCHMARKS.md.  Each is a process (or several:
-# fork_cost.py and bind_cost.py start one per row), two of them at a time.
+# fork_cost.py and bind_cost.py start one per row), two of them at a time.  Marked
+# benchmarks: CI's full suites and `make soak` run them, `make test` does not (70 s of CPU,
+# an eighth of it: docs/development.md, "The suite's time").
 SMOKE = {
     "overhead.py": ["--sizes", "10", "--repeats", "4", "--quick"],
     "losses.py": ["--quick", "--turns", "1", "--ops", "smooth_l1,wing_loss"],
@@ -154,6 +156,7 @@ def benchmark_runs(request):
     runs.wait()
 
 
+@pytest.mark.benchmarks
 @pytest.mark.parametrize("script", ["overhead.py"])
 def test_benchmark_runs_and_checks_its_variants(script, benchmark_runs):
     # `make bench`'s script: every variant is first checked against native, then timed
@@ -168,6 +171,7 @@ def test_benchmark_runs_and_checks_its_variants(script, benchmark_runs):
     assert "allocator: MALLOC_MMAP_THRESHOLD_" in proc.stdout and "Targets:" in proc.stdout
 
 
+@pytest.mark.benchmarks
 @pytest.mark.parametrize("script, expect", [
     ("losses.py", "wing_loss"),
     ("detection.py", "ohem_sampler"),
