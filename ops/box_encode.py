@@ -141,8 +141,9 @@ def _encode_grads(ans, samples, matches, anchors, refs, means, stds, *, legacy_b
         mx.nd.contrib.arange_like(refs, axis=1), shape=(1, 1, -1))).astype(dtype)  # (B, N, M)
     ref = mx.nd.batch_dot(hot, refs)  # each anchor's reference box (zeros: unmatched)
     centers, logs, sign = _mixers(stds, dtype)
-    width = mx.nd.dot(anchors, logs - centers) + one  # (w, h, w, h) of the anchors
-    ref_width = mx.nd.dot(ref, logs - centers) + one
+    widths = logs - centers  # v . widths = (v2 - v0, v3 - v1, v2 - v0, v3 - v1)
+    width = mx.nd.dot(anchors, widths) + one  # (w, h, w, h) of the anchors
+    ref_width = mx.nd.dot(ref, widths) + one
     t = mx.nd.dot(ref - anchors, (centers + logs) * 0.5) / width  # centers: (x1 + x2 + one) / 2
     on, zeros = masks > 0.5, mx.nd.zeros_like(anchors)
     # anchors: x1 <- G0 (t/w - 1/2w) + G2 / w; x2 <- G0 (-t/w - 1/2w) - G2 / w; y alike
