@@ -1,0 +1,260 @@
+"""Ports as ``torch.library`` custom ops: the forward graph as the op, the training graph's
+gradient as its backward.
+
+Each port is two custom ops in the ``customop`` namespace: ``<name>`` (the forward graph,
+translated by :data:`customop.port.torch_rules.RULES`) and ``<name>_backward``, whose
+kernel runs the training graph under autograd (``BlockGrad`` detaches, ``make_loss``
+values get a cotangent of ones) and returns the inputs' gradients.  The forward op's
+``register_autograd`` calls the backward op, so that eager code, ``torch.compile``
+(which sees both as opaque ops with fake kernels) and ``opcheck`` take the same path.
+"""
+from __future__ import annotations
+
+import itertools
+import re
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from . import torch_rules
+from .graph import compile_graph, port_error
+from .portfile import Record
+
+_lock = threading.Lock()
+_records: dict[str, Record] = {}  # by key: what the backward op's kernel reads
+_runs: dict[tuple, Callable] = {}
+_made: dict[Any, Any] = {}
+_count = itertools.count()
+
+
+def _key(record: Record) -> str:
+    key = getattr(record, "_torch_key", None)
+    if key is None:
+        with _lock:
+            key = getattr(record, "_torch_key", None)
+            if key is None:
+                key = f"r{next(_count)}"
+                _records[key] = record
+                record._torch_key = key  # type: ignore[attr-defined]
+    return key
+
+
+def _run(record: Record, which: str) -> Callable:
+    k = (id(record), which)
+    found = _runs.get(k)
+    if found is None:
+        found = compile_graph(getattr(record, which), torch_rules.RULES, record.op_type)
+        _runs[k] = found
+    return found
+
+
+def _dtype_name(t: torch.Tensor) -> str:
+    return str(t.dtype).replace("torch.", "")
+
+
+def run_forward(record: Record, tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    run = _run(record, "forward")
+    torch_rules.DEVICE[0] = tensors[0].device if tensors else None
+    with torch.no_grad():
+        heads, _ = run(list(tensors))
+    out = []
+    for h in heads:
+        if h._is_view() or any(h is t for t in tensors):
+            h = h.clone()
+        out.append(h.contiguous() if not h.is_contiguous() else h)
+    return out
+
+
+def run_backward(record: Record, tensors: Sequence[torch.Tensor],
+                 grads: Sequence[torch.Tensor | None]) -> list[torch.Tensor]:
+    """The gradients of the inputs ``record.grads`` (in that order) for head gradients
+    ``grads``: MXNet's backward of the training graph, by torch's autograd."""
+    if getattr(record, "host", False):
+        from . import host
+        return host.torch_backward(record, list(tensors), list(grads))
+    run = _run(record, "train")
+    torch_rules.DEVICE[0] = tensors[0].device if tensors else None
+    with torch.enable_grad():
+        leaves = [t.detach().requires_grad_(i in record.grads) for i, t in enumerate(tensors)]
+        heads, losses = run(leaves)
+        outs, cots = [], []
+        for h, g in zip(heads, grads):
+            if g is not None and h.requires_grad:
+                outs.append(h)
+                cots.append(g.to(h.dtype))
+        for loss in losses:
+            if loss.requires_grad:
+                outs.append(loss)
+                cots.append(torch.ones_like(loss))
+        wrt = [leaves[i] for i in record.grads]
+        if not outs:
+            return [torch.zeros_like(w) for w in wrt]
+        found = torch.autograd.grad(outs, wrt, cots, allow_unused=True)
+    return [torch.zeros_like(w) if f is None else f for f, w in zip(found, wrt)]
+
+
+def _lib_name(op_type: str, extra: str = "") -> str:
+    base = re.sub(r"[^0-9A-Za-z_]", "_", op_type)
+    return f"customop::{base}{extra}"
+
+
+_backward_op = None
+
+
+def _backward() -> Any:
+    """The one backward op every port shares: its kernel reads the record by key."""
+    global _backward_op
+    if _backward_op is not None:
+        return _backward_op
+    with _lock:
+        if _backward_op is None:
+            @torch.library.custom_op("customop::port_backward", mutates_args=(),
+                                     schema="(Tensor[] inputs, Tensor?[] grads, str key) "
+                                            "-> Tensor[]")
+            def port_backward(inputs, grads, key):
+                return run_backward(_records[key], inputs, grads)
+
+            @port_backward.register_fake
+            def _(inputs, grads, key):
+                return [torch.empty_like(inputs[i]) for i in _records[key].grads]
+
+            _backward_op = port_backward
+    return _backward_op
+
+
+def _check_inputs(record: Record, tensors: Sequence[torch.Tensor]) -> None:
+    for name, t in zip(record.inputs, tensors):
+        if not isinstance(t, torch.Tensor):
+            raise port_error(record.op_type, (
+                f"input {name!r} must be a torch.Tensor, got {type(t).__name__}"), TypeError)
+    record.check([tuple(t.shape) for t in tensors], [_dtype_name(t) for t in tensors])
+
+
+def _attach_autograd(custom: Any, n_in: int, find: Callable) -> None:
+    """``find(inputs, kwargs) -> (record, present tensors, their positions)``."""
+
+    def setup_context(ctx, inputs, output, keyword_only_inputs=None):
+        record, tensors, where = find(inputs, keyword_only_inputs or {})
+        ctx.key, ctx.where, ctx.n_grad = _key(record), where, record.grads
+        ctx.save_for_backward(*tensors)
+
+    def backward(ctx, *grads):
+        tensors = ctx.saved_tensors
+        found = run_backward(_records[ctx.key], list(tensors), list(grads))
+        out: list[Any] = [None] * n_in
+        for g, i in zip(found, ctx.n_grad):
+            out[ctx.where[i]] = g
+        return tuple(out)
+
+    custom.register_autograd(backward, setup_context=setup_context)
+
+
+def from_record(record: Record) -> Any:
+    """A loaded port: a custom op of the saved inputs, parameters fixed."""
+    name = _lib_name(record.op_type, f"_port{next(_count)}")
+    n = len(record.inputs)
+    args = ", ".join(f"Tensor {x}" for x in record.inputs)
+    outs = "Tensor" if record.n_out == 1 else "(" + ", ".join(["Tensor"] * record.n_out) + ")"
+
+    def impl(*tensors):
+        _check_inputs(record, tensors)
+        out = run_forward(record, tensors)
+        return out[0] if record.n_out == 1 else tuple(out)
+
+    custom = torch.library.custom_op(name, impl, mutates_args=(), schema=f"({args}) -> {outs}")
+    custom.register_fake(impl)
+    _attach_autograd(custom, n, lambda inputs, kw: (record, list(inputs), list(range(n))))
+    custom.record = record
+    return custom
+
+
+_TYPES = ((bool, "bool"), (int, "int"), (float, "float"), (str, "str"))
+
+
+def _schema_type(value: Any) -> str | None:
+    for kind, name in _TYPES:
+        if type(value) is kind:
+            return name
+    if isinstance(value, tuple) and all(type(v) is int for v in value):
+        return "int[]"
+    return None
+
+
+def to_torch(op: Any, **fixed: Any) -> Any:
+    """``op`` as a ``torch.library`` custom op; see :func:`customop.to_torch`."""
+    from . import extract, host
+    op = extract.live_op(op)
+    sig = op.signature
+    missing = [p for p in sig.required if p not in fixed]
+    if missing:
+        raise port_error(op.op_type, (
+            f"parameter(s) {', '.join(map(repr, missing))} have no default: fix them in "
+            f"customop.to_torch(op, {missing[0]}=...)"), TypeError)
+    count = op.outputs.declared
+    if callable(count):  # the output count depends on the parameters: fix them all
+        fixed = {**sig.defaults, **fixed}
+    key = (op, repr(sorted(fixed.items())))
+    if key in _made:
+        return _made[key]
+    free = {k: v for k, v in sig.defaults.items() if k not in fixed}
+    n_out = op.outputs.of({**sig.defaults, **fixed})
+    names = list(sig.inputs)
+    parts = [f"Tensor? {x}=None" if x in sig.optional else f"Tensor {x}" for x in names]
+    kw = []
+    for k, v in free.items():
+        t = _schema_type(v)
+        if t is None:
+            fixed[k] = v
+            continue
+        default = {True: "True", False: "False"}.get(v, repr(list(v)) if isinstance(v, tuple)
+                                                     else repr(v))
+        kw.append(f"{t} {k}={default}")
+    free = {k: v for k, v in free.items() if k not in fixed}
+    schema_args = ", ".join(parts + (["*"] + kw if kw else []))
+    outs = "Tensor" if n_out == 1 else "(" + ", ".join(["Tensor"] * n_out) + ")"
+    name = _lib_name(op.op_type, f"_{len(_made)}" if _made else "")
+    numpy_mode = op.mode != "mxnet" or bool(sig.aux)
+    if sig.aux:
+        raise port_error(op.op_type, f"cannot be ported: {extract.why_not_native(op)}")
+
+    def find(inputs, kwargs):
+        params = {**fixed, **{k: kwargs.get(k, free[k]) for k in free}}
+        params = {k: tuple(v) if isinstance(v, list) else v for k, v in params.items()}
+        arrays = list(inputs)
+        target, present, pnames, params = extract.split_call(op, arrays, params)
+        tensors = [arrays[i] for i in present]
+        for nm, t in zip(pnames, tensors):
+            if not isinstance(t, torch.Tensor):
+                raise port_error(op.op_type, f"input {nm!r} must be a torch.Tensor, got "
+                                 f"{type(t).__name__}", TypeError)
+        if numpy_mode:
+            record = host.record(target, op, tensors, pnames, params, n_out)
+        else:
+            record = extract.record_for(target, [tuple(t.shape) for t in tensors],
+                                        [_dtype_name(t) for t in tensors], params, pnames)
+        return record, tensors, present
+
+    def impl(*inputs, **kwargs):
+        record, tensors, _ = find(inputs, kwargs)
+        if numpy_mode:
+            out = host.torch_forward(record, tensors)
+        else:
+            out = run_forward(record, tensors)
+        return out[0] if n_out == 1 else tuple(out)
+
+    def fake(*inputs, **kwargs):
+        record, tensors, _ = find(inputs, kwargs)
+        if numpy_mode:
+            out = host.torch_fake(record, tensors)
+        else:
+            out = run_forward(record, tensors)
+        return out[0] if n_out == 1 else tuple(out)
+
+    custom = torch.library.custom_op(name, impl, mutates_args=(),
+                                     schema=f"({schema_args}) -> {outs}")
+    custom.register_fake(fake)
+    _attach_autograd(custom, len(names), find)
+    _made[key] = custom
+    return custom
