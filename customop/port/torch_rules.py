@@ -371,7 +371,9 @@ def box_iou(lhs, rhs, fmt: str):
     h = (torch.minimum(b1, b2) - torch.maximum(t1, t2)).clamp(min=0)
     inter = w * h
     union = (r1 - l1) * (b1 - t1) + (r2 - l2) * (b2 - t2) - inter
-    return torch.where(union > 0, inter / union, torch.zeros_like(inter))
+    ok = union > 0
+    return torch.where(ok, inter / torch.where(ok, union, torch.ones_like(union)),
+                       torch.zeros_like(inter))
 
 
 def _box_encode(a: Attrs, samples, matches, anchors, refs, means, stds):
