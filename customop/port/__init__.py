@@ -21,10 +21,10 @@ from .portfile import PortError, load_port  # noqa: F401 - the MXNet-free entry 
 __all__ = ["to_torch", "to_jax", "save_port", "load_port", "PortError"]
 
 
-def to_torch(op: Any) -> Any:
+def to_torch(op: Any, **params: Any) -> Any:
     """``op`` as a ``torch.library`` custom op; see :func:`customop.to_torch`."""
     from .torch_port import to_torch as _to_torch
-    return _to_torch(op)
+    return _to_torch(op, **params)
 
 
 def to_jax(op: Any) -> Any:

@@ -208,8 +208,8 @@ def to_torch(op: Any, **fixed: Any) -> Any:
         if t is None:
             fixed[k] = v
             continue
-        default = {True: "True", False: "False"}.get(v, repr(list(v)) if isinstance(v, tuple)
-                                                     else repr(v))
+        default = (str(v) if type(v) is bool else repr(list(v)) if isinstance(v, tuple)
+                   else repr(v))
         kw.append(f"{t} {k}={default}")
     free = {k: v for k, v in free.items() if k not in fixed}
     schema_args = ", ".join(parts + (["*"] + kw if kw else []))
