@@ -49,7 +49,7 @@ WORKERS = ["-n", "2", "--dist", "loadfile"]  # tests/conftest.py orders the modu
 # examples (docstring examples run in install-3.X).  Operators' math, graphs and exports
 # run the same code on every Python: tests-3.8 and tests-3.11 run them.
 VERSION_SUITE = [
-    "tests/test_packaging.py::test_import_customop_without_mxnet_names_the_extras",
+    "tests/test_packaging.py::test_customop_without_mxnet_names_the_extras_and_loads_ports",
     "tests/test_packaging.py::test_checkout_gives_one_module_object_for_ops_and_customop_ops",
     "tests/test_fresh.py",
     "tests/test_docs_site.py",

@@ -40,8 +40,9 @@ def _reduce(fn):
         keep = a.bool("keepdims")
         if axes is None:
             out = fn(x, axis=None)
-            return out.reshape((1,) * x.ndim) if keep else out.reshape(())
-        return fn(x, axis=axes, keepdims=keep)
+            return out.reshape((1,) * x.ndim) if keep else out.reshape((1,))  # MXNet: no 0-d
+        out = fn(x, axis=axes, keepdims=keep)
+        return out.reshape((1,)) if out.ndim == 0 else out
     return rule
 
 

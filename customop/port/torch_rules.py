@@ -43,8 +43,9 @@ def _reduce(fn):
         keep = a.bool("keepdims")
         if axes is None:
             out = fn(x, tuple(range(x.dim())), False)
-            return out.reshape((1,) * x.dim()) if keep else out.reshape(())
-        return fn(x, axes, keep)
+            return out.reshape((1,) * x.dim()) if keep else out.reshape((1,))  # MXNet: no 0-d
+        out = fn(x, axes, keep)
+        return out.reshape((1,)) if out.dim() == 0 else out
     return rule
 
 
