@@ -9,7 +9,7 @@ What has no such graph is a :class:`~customop.port.graph.PortError` saying why.
 """
 from __future__ import annotations
 
-import json
+import dataclasses
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -49,13 +49,12 @@ def why_not_native(op: CustomOperator) -> str:
 def record_for(op: CustomOperator, shapes: Sequence[Sequence[int]], dtypes: Sequence[Any],
                params: dict[str, Any], names: Sequence[str] | None = None) -> Record:
     """The op's graphs at this signature (``op`` a variant when optional inputs are absent)."""
-    shapes = [tuple(int(d) for d in s) for s in shapes]
-    dtypes = [np.dtype(d).name for d in dtypes]
-    key = (op, tuple(shapes), tuple(dtypes), json.dumps(_jsonable(params), sort_keys=True))
-    with _lock:
-        found = _records.get(key)
+    key = (op, tuple(map(tuple, shapes)), tuple(map(str, dtypes)), repr(sorted(params.items())))
+    found = _records.get(key)
     if found is not None:
         return found
+    shapes = [tuple(int(d) for d in s) for s in shapes]
+    dtypes = [np.dtype(d).name for d in dtypes]
     why = why_not_native(op)
     if why:
         raise port_error(op.op_type, f"cannot be ported as graphs: {why}")
@@ -132,9 +131,9 @@ def save_port(op: Any, path: Any, *inputs: Any, **params: Any) -> None:
         raise port_error(op.op_type, f"cannot be saved as a port: {why_not_native(target)}")
     shapes = [arrays[i].shape for i in present]
     dtypes = [arrays[i].dtype for i in present]
-    record = record_for(target, shapes, dtypes, params, names)
-    record.absent = [n for n in op.signature.inputs if n not in names]
-    record.op_type = op.op_type
+    record = dataclasses.replace(record_for(target, shapes, dtypes, params, names),
+                                 absent=[n for n in op.signature.inputs if n not in names],
+                                 op_type=op.op_type)  # a copy: live ports share the record
     portfile.write(record, path)
 
 

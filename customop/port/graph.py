@@ -31,10 +31,11 @@ def port_error(op_type: str, msg: str, cls: type = PortError) -> Exception:
 class Attrs:
     """An MXNet node's attributes (strings, as graph JSON keeps them), read by type."""
 
-    __slots__ = ("raw",)
+    __slots__ = ("raw", "_parsed")
 
     def __init__(self, raw: dict[str, str]):
         self.raw = raw
+        self._parsed: dict[str, Any] = {}  # parsed once: rules read them on every call
 
     def __contains__(self, name: str) -> bool:
         return name in self.raw
@@ -42,13 +43,18 @@ class Attrs:
     def value(self, name: str, default: Any = None) -> Any:
         if name not in self.raw:
             return default
+        if name in self._parsed:
+            return self._parsed[name]
         text = str(self.raw[name])
         if text in ("None", "none"):
-            return None
-        try:  # literals only (numbers, tuples, booleans): never code
-            return ast.literal_eval(text) if len(text) < 4096 else text
-        except (ValueError, SyntaxError):
-            return text
+            found = None
+        else:
+            try:  # literals only (numbers, tuples, booleans): never code
+                found = ast.literal_eval(text) if len(text) < 4096 else text
+            except (ValueError, SyntaxError):
+                found = text
+        self._parsed[name] = found
+        return found
 
     def int(self, name: str, default: Any = None) -> Any:
         v = self.value(name, default)

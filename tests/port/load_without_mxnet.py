@@ -1,10 +1,12 @@
 """Loads a saved port in a process without MXNet and writes what it computes.
 
-``python load_without_mxnet.py PORT INPUTS OUT [--block-mxnet]``: ``INPUTS`` an ``.npz``
-(``x0``, ``x1``, ... the op's inputs, ``head`` the head gradient, ``grad`` the indices of the
-inputs to differentiate); ``OUT`` an ``.npz`` with each framework's output and gradients.
-``--block-mxnet`` makes ``import mxnet`` fail (a venv that has it); the nox session
-``port`` runs it in a venv without MXNet and with NumPy 2.  Read with ``allow_pickle=False``.
+``python load_without_mxnet.py PORT INPUTS OUT [EXPECTED] [--block-mxnet] [--numpy2]``:
+``INPUTS`` an ``.npz`` (``x0``, ``x1``, ... the op's inputs, ``head`` the head gradient,
+``grad`` the indices of the inputs to differentiate); ``OUT`` an ``.npz`` with each
+framework's output and gradients; ``EXPECTED`` (from ``save_example.py``: MXNet's ``out``
+and ``grad<i>``) is compared with both.  ``--block-mxnet`` makes ``import mxnet`` fail (a
+venv that has it); ``--numpy2`` requires NumPy 2.  The nox session ``port`` runs it in a
+venv without MXNet and with NumPy 2.  Arrays are read with ``allow_pickle=False``.
 """
 import sys
 
@@ -21,7 +23,9 @@ import numpy as np  # noqa: E402
 from customop.port import load_port  # noqa: E402
 
 
-def main(port_path, inputs_path, out_path):
+def main(port_path, inputs_path, out_path, expected_path=None):
+    if "--numpy2" in sys.argv:
+        assert int(np.__version__.split(".")[0]) >= 2, f"numpy {np.__version__}, not 2"
     data = np.load(inputs_path, allow_pickle=False)
     xs = [data[f"x{i}"] for i in range(sum(k.startswith("x") for k in data.files))]
     head, grads = data["head"], [int(i) for i in data["grad"]]
@@ -46,6 +50,14 @@ def main(port_path, inputs_path, out_path):
         found[f"jax_grad{i}"] = np.asarray(gi)
     assert "mxnet" not in sys.modules, "the port loader imported mxnet"
     np.savez(out_path, numpy_version=np.array(np.__version__), **found)
+    if expected_path:
+        want = np.load(expected_path, allow_pickle=False)
+        for fw in ("torch", "jax"):
+            np.testing.assert_allclose(found[f"{fw}_out"], want["out"], rtol=2e-5, atol=2e-6)
+            for i in grads:
+                np.testing.assert_allclose(found[f"{fw}_grad{i}"], want[f"grad{i}"],
+                                           rtol=2e-5, atol=2e-6)
+        print("torch and jax agree with MXNet's output and gradient")
     print("loaded without mxnet, numpy", np.__version__)
 
 
