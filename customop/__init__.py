@@ -10,6 +10,9 @@ when their forward traces to one (``explain(op, ...)`` says whether, and why not
 ``export(block, path, *inputs)`` writes a model plain MXNet loads, ``to_onnx`` converts it;
 ``require(cond, arg, message)`` checks input values: an exception where the forward runs
 in Python, NaN outputs in a native graph.
+``to_torch(op)`` and ``to_jax(op)`` run an op's native graphs, its own gradient included, as
+a PyTorch custom op or a JAX ``custom_vjp`` function; ``save_port`` writes them to a file
+that ``load_port`` runs where MXNet is not installed (``customop.port``).
 
 Importing this package changes nothing in MXNet or Python, and imports MXNet only when a
 public name is first used; what an operator needs from MXNet is installed when it is first
