@@ -49,11 +49,11 @@ def why_not_native(op: CustomOperator) -> str:
 def record_for(op: CustomOperator, shapes: Sequence[Sequence[int]], dtypes: Sequence[Any],
                params: dict[str, Any], names: Sequence[str] | None = None) -> Record:
     """The op's graphs at this signature (``op`` a variant when optional inputs are absent)."""
-    key = (op, tuple(map(tuple, shapes)), tuple(map(str, dtypes)), repr(sorted(params.items())))
+    shapes = [tuple(int(d) for d in s) for s in shapes]  # (int(): a SymInt is not hashable)
+    key = (op, tuple(shapes), tuple(map(str, dtypes)), repr(sorted(params.items())))
     found = _records.get(key)
     if found is not None:
         return found
-    shapes = [tuple(int(d) for d in s) for s in shapes]
     dtypes = [np.dtype(d).name for d in dtypes]
     why = why_not_native(op)
     if why:

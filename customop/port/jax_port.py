@@ -23,7 +23,6 @@ from .graph import compile_graph, port_error
 from .portfile import Record
 
 _lock = threading.Lock()
-_made: dict[int, Callable] = {}
 
 
 def _dtype_name(x: Any) -> str:
@@ -32,17 +31,15 @@ def _dtype_name(x: Any) -> str:
 
 def _vjp_fn(record: Record) -> Callable:
     """The ``custom_vjp`` function of the record's present inputs (one per record)."""
-    found = _made.get(id(record))
-    if found is not None:
-        return found
-    if getattr(record, "host", False):
-        made = _host_fn(record)
-    else:
-        made = _graph_fn(record)
-    with _lock:
-        _made[id(record)] = made
-        record._jax_keep = made  # type: ignore[attr-defined] # (id reuse: the record holds it)
-    return made
+    found = record.__dict__.get("_jax_fn")  # kept by the record it runs
+    if found is None:
+        with _lock:
+            found = record.__dict__.get("_jax_fn")
+            if found is None:
+                found = _host_fn(record) if getattr(record, "host", False) else \
+                    _graph_fn(record)
+                record.__dict__["_jax_fn"] = found
+    return found
 
 
 def _graph_fn(record: Record) -> Callable:

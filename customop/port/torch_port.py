@@ -1,18 +1,19 @@
 """Ports as ``torch.library`` custom ops: the forward graph as the op, the training graph's
 gradient as its backward.
 
-Each port is two custom ops in the ``customop`` namespace: ``<name>`` (the forward graph,
-translated by :data:`customop.port.torch_rules.RULES`) and ``<name>_backward``, whose
-kernel runs the training graph under autograd (``BlockGrad`` detaches, ``make_loss``
-values get a cotangent of ones) and returns the inputs' gradients.  The forward op's
-``register_autograd`` calls the backward op, so that eager code, ``torch.compile``
-(which sees both as opaque ops with fake kernels) and ``opcheck`` take the same path.
+The op's kernel runs the forward graph, translated by
+:data:`customop.port.torch_rules.RULES`, one torch call per node.  Its ``register_autograd``
+backward runs the training graph again on the saved inputs under autograd (``BlockGrad``
+detaches, ``make_loss`` values get a cotangent of ones) and returns the inputs' gradients:
+MXNet's backward of that graph, which is the op's ``def_grad`` closures'.  (The backward
+runs in the autograd function itself, not in a second custom op: inside a custom op's kernel
+autograd does not record, measured on torch 2.14.)  The fake kernel runs the forward graph
+on fake tensors, so ``torch.compile`` traces the op with its shapes.
 """
 from __future__ import annotations
 
 import itertools
 import re
-import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -22,31 +23,16 @@ from . import torch_rules
 from .graph import compile_graph, port_error
 from .portfile import Record
 
-_lock = threading.Lock()
-_records: dict[str, Record] = {}  # by key: what the backward op's kernel reads
-_runs: dict[tuple, Callable] = {}
 _made: dict[Any, Any] = {}
 _count = itertools.count()
 
 
-def _key(record: Record) -> str:
-    key = getattr(record, "_torch_key", None)
-    if key is None:
-        with _lock:
-            key = getattr(record, "_torch_key", None)
-            if key is None:
-                key = f"r{next(_count)}"
-                _records[key] = record
-                record._torch_key = key  # type: ignore[attr-defined]
-    return key
-
-
 def _run(record: Record, which: str) -> Callable:
-    k = (id(record), which)
-    found = _runs.get(k)
+    runs = record.__dict__.setdefault("_torch_runs", {})  # kept by the record it runs
+    found = runs.get(which)
     if found is None:
-        found = compile_graph(getattr(record, which), torch_rules.RULES, record.op_type)
-        _runs[k] = found
+        found = runs[which] = compile_graph(getattr(record, which), torch_rules.RULES,
+                                            record.op_type)
     return found
 
 
@@ -100,30 +86,6 @@ def _lib_name(op_type: str, extra: str = "") -> str:
     return f"customop::{base}{extra}"
 
 
-_backward_op = None
-
-
-def _backward() -> Any:
-    """The one backward op every port shares: its kernel reads the record by key."""
-    global _backward_op
-    if _backward_op is not None:
-        return _backward_op
-    with _lock:
-        if _backward_op is None:
-            @torch.library.custom_op("customop::port_backward", mutates_args=(),
-                                     schema="(Tensor[] inputs, Tensor?[] grads, str key) "
-                                            "-> Tensor[]")
-            def port_backward(inputs, grads, key):
-                return run_backward(_records[key], inputs, grads)
-
-            @port_backward.register_fake
-            def _(inputs, grads, key):
-                return [torch.empty_like(inputs[i]) for i in _records[key].grads]
-
-            _backward_op = port_backward
-    return _backward_op
-
-
 def _check_inputs(record: Record, tensors: Sequence[torch.Tensor]) -> None:
     for name, t in zip(record.inputs, tensors):
         if not isinstance(t, torch.Tensor):
@@ -137,14 +99,14 @@ def _attach_autograd(custom: Any, n_in: int, find: Callable) -> None:
 
     def setup_context(ctx, inputs, output, keyword_only_inputs=None):
         record, tensors, where = find(inputs, keyword_only_inputs or {})
-        ctx.key, ctx.where, ctx.n_grad = _key(record), where, record.grads
+        ctx.record, ctx.where = record, where
         ctx.save_for_backward(*tensors)
 
     def backward(ctx, *grads):
         tensors = ctx.saved_tensors
-        found = run_backward(_records[ctx.key], list(tensors), list(grads))
+        found = run_backward(ctx.record, list(tensors), list(grads))
         out: list[Any] = [None] * n_in
-        for g, i in zip(found, ctx.n_grad):
+        for g, i in zip(found, ctx.record.grads):
             out[ctx.where[i]] = g
         return tuple(out)
 
