@@ -104,7 +104,7 @@ def test_customop_without_mxnet_names_the_extras_and_loads_ports():
     proc = run([sys.executable, "-c", blocker], cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
     first, _, rest = proc.stdout.partition("\n")
-    assert first == "customop.port.portfile", proc.stdout
+    assert first == "customop.port.loading", proc.stdout
     assert rest.startswith("ModuleNotFoundError mxnet "), proc.stdout
     assert "customop[cpu]" in proc.stdout and "customop[cu112]" in proc.stdout
     assert "never both" in proc.stdout

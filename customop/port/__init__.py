@@ -7,16 +7,19 @@ its training graph, whose gradient by the framework's own autograd is the op's (
 (:mod:`.torch_rules`, :mod:`.jax_rules`); ``save_port`` writes them to one JSON file that
 ``load_port`` reads where MXNet is not installed.
 
-Only :mod:`.extract` and :mod:`.host` import MXNet (and the rest of customop); the file
-format (:mod:`.portfile`), the graph runner (:mod:`.graph`) and the two frameworks'
-modules import neither, so ``from customop.port import load_port`` works without MXNet.
-torch and jax are imported when a port for them is first built.
+Entry points: :func:`to_torch`, :func:`to_jax`, :func:`save_port` (they import
+:mod:`.extract`, which needs MXNet) and :func:`load_port` (:mod:`.loading`).  Only
+:mod:`.extract` and :mod:`.host` import MXNet (and the rest of customop); the file format
+(:mod:`.portfile`), the graph runner (:mod:`.graph`) and the two frameworks' modules import
+neither, so ``from customop.port import load_port`` works without MXNet.  torch and jax are
+imported when a port for them is first built.
 """
 from __future__ import annotations
 
 from typing import Any
 
-from .portfile import PortError, load_port  # noqa: F401 - the MXNet-free entry point
+from .graph import PortError
+from .loading import load_port  # the MXNet-free entry point
 
 __all__ = ["to_torch", "to_jax", "save_port", "load_port", "PortError"]
 

@@ -17,7 +17,6 @@ from typing import Any
 import numpy as np
 
 from ..graphs import native
-from ..operator import CustomOperator
 from . import portfile
 from .graph import PortError, port_error
 from .portfile import Record
@@ -26,14 +25,14 @@ _lock = threading.Lock()
 _records: dict[tuple, Record] = {}
 
 
-def live_op(op: Any) -> CustomOperator:
-    if not isinstance(op, CustomOperator):
+def live_op(op: Any) -> Any:
+    if not (hasattr(op, "op_type") and hasattr(op, "signature") and hasattr(op, "variants")):
         raise TypeError(f"customop port: expected an operator made with @customop, got "
                         f"{type(op).__name__}")
     return op
 
 
-def why_not_native(op: CustomOperator) -> str:
+def why_not_native(op: Any) -> str:
     """Why ``op`` has no graphs to port ("" when it may have some)."""
     if op.mode != "mxnet":
         return ("it is a 'numpy'-mode op: its forward is NumPy code run by Python, not a "
@@ -46,7 +45,7 @@ def why_not_native(op: CustomOperator) -> str:
     return ""
 
 
-def record_for(op: CustomOperator, shapes: Sequence[Sequence[int]], dtypes: Sequence[Any],
+def record_for(op: Any, shapes: Sequence[Sequence[int]], dtypes: Sequence[Any],
                params: dict[str, Any], names: Sequence[str] | None = None) -> Record:
     """The op's graphs at this signature (``op`` a variant when optional inputs are absent)."""
     shapes = [tuple(int(d) for d in s) for s in shapes]  # (int(): a SymInt is not hashable)
@@ -102,8 +101,8 @@ def _sig(shapes, dtypes) -> str:
     return ", ".join(f"{tuple(s)} {d}" for s, d in zip(shapes, dtypes))
 
 
-def split_call(op: CustomOperator, arrays: Sequence[Any], params: dict[str, Any]
-               ) -> tuple[CustomOperator, list[int], list[str], dict[str, Any]]:
+def split_call(op: Any, arrays: Sequence[Any], params: dict[str, Any]
+               ) -> tuple[Any, list[int], list[str], dict[str, Any]]:
     """``(the op or its variant, positions of the present inputs, their names, params)``
     for a call whose ``arrays`` may hold ``None`` for absent optional inputs."""
     bound, params = op.signature.bind(tuple(arrays), params)
