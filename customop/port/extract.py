@@ -10,6 +10,7 @@ What has no such graph is a :class:`~customop.port.graph.PortError` saying why.
 from __future__ import annotations
 
 import dataclasses
+import re
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -22,6 +23,9 @@ from .graph import PortError, port_error
 from .portfile import Record
 
 _lock = threading.Lock()
+# a verdict whose trace failed in the op's own checks (customop.errors' "customop 'op': ...")
+_BAD_INPUT = re.compile(r"failed while being traced on placeholder inputs: "
+                        r"(TypeError|ValueError): (customop '[^']+'.*)", re.S)
 _records: dict[tuple, Record] = {}
 
 
@@ -59,6 +63,10 @@ def record_for(op: Any, shapes: Sequence[Sequence[int]], dtypes: Sequence[Any],
         raise port_error(op.op_type, f"cannot be ported as graphs: {why}")
     verdict = native.native_graph(op, params, shapes, dtypes, native.TRAIN)
     if verdict.graph is None:
+        bad = _BAD_INPUT.search(verdict.reason)
+        if bad:  # the op's own input check failed: a shape or dtype error, not a trace's
+            raise port_error(op.op_type, f"at {_sig(shapes, dtypes)}: {bad.group(2)}",
+                             TypeError if bad.group(1) == "TypeError" else ValueError)
         raise port_error(op.op_type, (
             f"its forward does not trace to MXNet operators at {_sig(shapes, dtypes)}, so "
             f"there is no graph to port: {verdict.reason}"))

@@ -176,7 +176,10 @@ def to_torch(op: Any, **fixed: Any) -> Any:
     free = {k: v for k, v in free.items() if k not in fixed}
     schema_args = ", ".join(parts + (["*"] + kw if kw else []))
     outs = "Tensor" if n_out == 1 else "(" + ", ".join(["Tensor"] * n_out) + ")"
-    name = _lib_name(op.op_type, f"_{len(_made)}" if _made else "")
+    name = _lib_name(op.op_type)
+    taken = {c._qualname for c in _made.values()}
+    if name in taken:  # the same op again with other fixed parameters
+        name = _lib_name(op.op_type, f"_{sum(n.startswith(name) for n in taken)}")
     numpy_mode = op.mode != "mxnet" or bool(sig.aux)
     if sig.aux:
         raise port_error(op.op_type, f"cannot be ported: {extract.why_not_native(op)}")

@@ -121,3 +121,11 @@ def test_numpy_mode_op_runs_on_the_host():
     got_outs, got = _torch_run(to_torch(op), inputs, {}, [0], heads)
     _close(got_outs[0], outs[0], "output")
     _close(got[0], want[0], "gradient")
+
+
+def test_shape_and_dtype_errors_name_the_op():
+    port = to_torch(ops.focal_loss)
+    with pytest.raises(TypeError, match=r"'ops.focal_loss.*\(port\).*pred"):
+        port(torch.zeros(2, 3, 4, dtype=torch.int32), torch.zeros(2, 3))
+    with pytest.raises(ValueError, match=r"'ops.focal_loss.*\(port\).*label"):
+        port(torch.zeros(2, 3, 4), torch.zeros(2, 4))
