@@ -40,31 +40,89 @@ def _dtype_name(t: torch.Tensor) -> str:
     return str(t.dtype).replace("torch.", "")
 
 
+# Eager calls that will be differentiated run the training graph under autograd in the
+# kernel and hand it to setup_context here (by the first output's id), so the backward does
+# not run the graph again: 2.9x -> see BENCHMARKS.md.  A kernel does not record autograd
+# (its dispatch excludes the autograd keys: gradients taken there came back wrong, torch
+# 2.14); the ForceDispatchKeyGuard below lifts that for the graph's own leaves only.
+_pending: dict[int, tuple] = {}
+# Graphs whose setup_context never came (a call under torch.no_grad() with inputs that
+# require grad: the kernel cannot tell, grad mode is off inside it either way) are dropped,
+# oldest first, past this many.
+_PENDING_MAX = 4
+_AUTOGRAD_KEY = getattr(torch._C.DispatchKey, "AutogradFunctionality", None)
+
+
+def _recordable(record: Record, tensors: Sequence[torch.Tensor]) -> bool:
+    if _AUTOGRAD_KEY is None or getattr(record, "host", False):
+        return False
+    if torch.compiler.is_compiling() or torch._C._get_dispatch_mode(
+            torch._C._TorchDispatchModeKey.FAKE) is not None:
+        return False
+    return any(tensors[i].requires_grad for i in record.grads) and all(
+        type(t) is torch.Tensor or type(t) is torch.nn.Parameter for t in tensors)
+
+
+def _own(h: torch.Tensor, tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+    """``h`` as an output of a custom op: aliasing no input, contiguous."""
+    if h._is_view() or any(torch._C._is_alias_of(h, t) for t in tensors):
+        h = h.clone()
+    return h.contiguous() if not h.is_contiguous() else h
+
+
 def run_forward(record: Record, tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-    run = _run(record, "forward")
     torch_rules.DEVICE[0] = tensors[0].device if tensors else None
+    if _recordable(record, tensors):
+        graph = _graph(record, tensors, recorded=True)
+        out = [_own(h.detach(), tensors) for h in graph[1]]
+        if out:
+            if len(_pending) >= _PENDING_MAX:
+                _pending.pop(next(iter(_pending)))
+            _pending[id(out[0])] = (out[0], graph)
+        return out
+    run = _run(record, "forward")
     with torch.no_grad():
         heads, _ = run(list(tensors))
-    out = []
-    for h in heads:
-        if h._is_view() or any(h is t for t in tensors):
-            h = h.clone()
-        out.append(h.contiguous() if not h.is_contiguous() else h)
-    return out
+    return [_own(h, tensors) for h in heads]
+
+
+def _graph(record: Record, tensors: Sequence[torch.Tensor], recorded: bool = False) -> tuple:
+    """``(leaves, heads, losses)``: the training graph run under autograd."""
+    run = _run(record, "train")
+    with torch.enable_grad():
+        if recorded:  # inside the kernel: let autograd record the graph's own operators
+            with torch._C._ForceDispatchKeyGuard(
+                    torch._C._dispatch_tls_local_include_set(),
+                    torch._C._dispatch_tls_local_exclude_set().remove(_AUTOGRAD_KEY)):
+                leaves = [t.detach().requires_grad_(i in record.grads)
+                          for i, t in enumerate(tensors)]
+                heads, losses = run(leaves)
+        else:
+            leaves = [t.detach().requires_grad_(i in record.grads)
+                      for i, t in enumerate(tensors)]
+            heads, losses = run(leaves)
+    return leaves, heads, losses
+
+
+def recorded_graph(output: Any) -> tuple | None:
+    """The graph an eager kernel ran for this output (once), or None."""
+    first = output[0] if isinstance(output, (tuple, list)) else output
+    found = _pending.pop(id(first), None)
+    return found[1] if found is not None and found[0] is first else None
 
 
 def run_backward(record: Record, tensors: Sequence[torch.Tensor],
-                 grads: Sequence[torch.Tensor | None]) -> list[torch.Tensor]:
+                 grads: Sequence[torch.Tensor | None], graph: tuple | None = None
+                 ) -> list[torch.Tensor]:
     """The gradients of the inputs ``record.grads`` (in that order) for head gradients
-    ``grads``: MXNet's backward of the training graph, by torch's autograd."""
+    ``grads``: MXNet's backward of the training graph, by torch's autograd (``graph``: the
+    one the forward kernel recorded, else it is run again here)."""
     if getattr(record, "host", False):
         from . import host
         return host.torch_backward(record, list(tensors), list(grads))
-    run = _run(record, "train")
     torch_rules.DEVICE[0] = tensors[0].device if tensors else None
+    leaves, heads, losses = graph if graph is not None else _graph(record, tensors)
     with torch.enable_grad():
-        leaves = [t.detach().requires_grad_(i in record.grads) for i, t in enumerate(tensors)]
-        heads, losses = run(leaves)
         outs, cots = [], []
         for h, g in zip(heads, grads):
             if g is not None and h.requires_grad:
@@ -100,11 +158,13 @@ def _attach_autograd(custom: Any, n_in: int, find: Callable) -> None:
     def setup_context(ctx, inputs, output, keyword_only_inputs=None):
         record, tensors, where = find(inputs, keyword_only_inputs or {})
         ctx.record, ctx.where = record, where
+        ctx.graph = recorded_graph(output)
         ctx.save_for_backward(*tensors)
 
     def backward(ctx, *grads):
         tensors = ctx.saved_tensors
-        found = run_backward(ctx.record, list(tensors), list(grads))
+        graph, ctx.graph = ctx.graph, None  # (used once: a second backward runs it again)
+        found = run_backward(ctx.record, list(tensors), list(grads), graph)
         out: list[Any] = [None] * n_in
         for g, i in zip(found, ctx.record.grads):
             out[ctx.where[i]] = g

@@ -128,3 +128,18 @@ def test_shape_and_dtype_errors_name_the_op():
         port(torch.zeros(2, 3, 4, dtype=torch.int32), torch.zeros(2, 3))
     with pytest.raises(ValueError, match=r"'ops.focal_loss.*\(port\).*label"):
         port(torch.zeros(2, 3, 4), torch.zeros(2, 4))
+
+
+def test_a_second_backward_runs_the_graph_again_and_no_grad_calls_keep_little():
+    from customop.port import torch_port
+    port = to_torch(ops.focal_loss)
+    pred, label = (torch.tensor(a) for a in CASES[0][2](R(7)))
+    pred.requires_grad_(True)
+    total = port(pred, label).sum()
+    (first,) = torch.autograd.grad(total, pred, retain_graph=True)  # the kernel's graph
+    (second,) = torch.autograd.grad(total, pred)  # run again from the saved inputs
+    torch.testing.assert_close(first, second)
+    with torch.no_grad():  # the kernel cannot tell: what it records waits, bounded
+        for _ in range(3 * torch_port._PENDING_MAX):
+            port(pred, label)
+    assert len(torch_port._pending) <= torch_port._PENDING_MAX
