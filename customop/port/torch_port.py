@@ -3,12 +3,15 @@ gradient as its backward.
 
 The op's kernel runs the forward graph, translated by
 :data:`customop.port.torch_rules.RULES`, one torch call per node.  Its ``register_autograd``
-backward runs the training graph again on the saved inputs under autograd (``BlockGrad``
-detaches, ``make_loss`` values get a cotangent of ones) and returns the inputs' gradients:
-MXNet's backward of that graph, which is the op's ``def_grad`` closures'.  (The backward
-runs in the autograd function itself, not in a second custom op: inside a custom op's kernel
-autograd does not record, measured on torch 2.14.)  The fake kernel runs the forward graph
-on fake tensors, so ``torch.compile`` traces the op with its shapes.
+backward differentiates the training graph by torch's autograd (``BlockGrad`` detaches,
+``make_loss`` values get a cotangent of ones) and returns the inputs' gradients: MXNet's
+backward of that graph, which is the op's ``def_grad`` closures'.  An eager call whose
+inputs require grad runs the training graph itself in the kernel, recorded, and hands it to
+``setup_context`` (the outputs are its values); elsewhere (``torch.compile``, a second
+backward) the backward runs the graph again from the saved inputs.  A kernel's dispatch
+excludes the autograd keys (gradients taken there came back wrong, torch 2.14): the
+recording lifts that exclusion for the graph's own operators only.  The fake kernel runs the
+forward graph on fake tensors, so ``torch.compile`` traces the op with its shapes.
 """
 from __future__ import annotations
 
@@ -70,7 +73,9 @@ def _own(h: torch.Tensor, tensors: Sequence[torch.Tensor]) -> torch.Tensor:
     return h.contiguous() if not h.is_contiguous() else h
 
 
-def run_forward(record: Record, tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+def run_forward(record: Record, tensors: Sequence[torch.Tensor], found: Any = None
+                ) -> list[torch.Tensor]:
+    """The outputs; ``found``: what setup_context would look up again (kept with the graph)."""
     torch_rules.DEVICE[0] = tensors[0].device if tensors else None
     if _recordable(record, tensors):
         graph = _graph(record, tensors, recorded=True)
@@ -78,7 +83,7 @@ def run_forward(record: Record, tensors: Sequence[torch.Tensor]) -> list[torch.T
         if out:
             if len(_pending) >= _PENDING_MAX:
                 _pending.pop(next(iter(_pending)))
-            _pending[id(out[0])] = (out[0], graph)
+            _pending[id(out[0])] = (out[0], graph, found)
         return out
     run = _run(record, "forward")
     with torch.no_grad():
@@ -104,11 +109,11 @@ def _graph(record: Record, tensors: Sequence[torch.Tensor], recorded: bool = Fal
     return leaves, heads, losses
 
 
-def recorded_graph(output: Any) -> tuple | None:
-    """The graph an eager kernel ran for this output (once), or None."""
+def recorded_graph(output: Any) -> tuple:
+    """``(graph, found)`` the eager kernel kept for this output (once), or ``(None, None)``."""
     first = output[0] if isinstance(output, (tuple, list)) else output
-    found = _pending.pop(id(first), None)
-    return found[1] if found is not None and found[0] is first else None
+    kept = _pending.pop(id(first), None)
+    return kept[1:] if kept is not None and kept[0] is first else (None, None)
 
 
 def run_backward(record: Record, tensors: Sequence[torch.Tensor],
@@ -156,9 +161,9 @@ def _attach_autograd(custom: Any, n_in: int, find: Callable) -> None:
     """``find(inputs, kwargs) -> (record, present tensors, their positions)``."""
 
     def setup_context(ctx, inputs, output, keyword_only_inputs=None):
-        record, tensors, where = find(inputs, keyword_only_inputs or {})
+        ctx.graph, found = recorded_graph(output)
+        record, tensors, where = found or find(inputs, keyword_only_inputs or {})
         ctx.record, ctx.where = record, where
-        ctx.graph = recorded_graph(output)
         ctx.save_for_backward(*tensors)
 
     def backward(ctx, *grads):
@@ -182,7 +187,7 @@ def from_record(record: Record) -> Any:
 
     def impl(*tensors):
         _check_inputs(record, tensors)
-        out = run_forward(record, tensors)
+        out = run_forward(record, tensors, (record, list(tensors), list(range(n))))
         return out[0] if record.n_out == 1 else tuple(out)
 
     custom = torch.library.custom_op(name, impl, mutates_args=(), schema=f"({args}) -> {outs}")
@@ -262,11 +267,12 @@ def to_torch(op: Any, **fixed: Any) -> Any:
         return record, tensors, present
 
     def impl(*inputs, **kwargs):
-        record, tensors, _ = find(inputs, kwargs)
+        found = find(inputs, kwargs)
+        record, tensors, _ = found
         if numpy_mode:
             out = host.torch_forward(record, tensors)
         else:
-            out = run_forward(record, tensors)
+            out = run_forward(record, tensors, found)
         return out[0] if n_out == 1 else tuple(out)
 
     def fake(*inputs, **kwargs):
