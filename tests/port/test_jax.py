@@ -95,3 +95,14 @@ def test_numpy_mode_op_runs_through_pure_callback():
     _close(out, outs[0], "output")
     _close(vjp(jnp.asarray(heads[0]))[0], want[0], "gradient")
     _close(jax.jit(lambda x: port(x, jnp.asarray(sigma)))(jnp.asarray(x)), outs[0], "jit")
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_forward_and_gradient_on_a_gpu(case):
+    try:
+        gpu = jax.devices("gpu")[0]
+    except RuntimeError:
+        pytest.skip("jax sees no GPU")
+    with jax.default_device(gpu):
+        test_forward_and_gradient_equal_mxnet_under_jit(case)
