@@ -6,7 +6,8 @@
 #     bash tests/port_cuda.sh            # uses .venv (make venv; pip install '.[port]')
 #
 # It fails if torch sees no CUDA device, so that a run on the wrong machine is not mistaken
-# for a pass.
+# for a pass.  The jax variants need a CUDA jaxlib (pip install 'jax[cuda12]'); with the CPU
+# jaxlib they skip, saying so.
 set -euo pipefail
 PY=${PY:-.venv/bin/python}
 "$PY" - <<'PY'
