@@ -10,6 +10,7 @@ imported, and load it when the caller chose the module (imported it, ``modules=`
 import json
 import os
 import sys
+import uuid
 from pathlib import Path
 
 import mxnet as mx
@@ -108,7 +109,7 @@ def test_a_model_file_does_not_choose_a_module_to_import(loader, on_path):
 
 @pytest.mark.parametrize("loader", LOADERS)
 def test_a_module_the_caller_names_is_imported(loader, on_path):
-    name = f"chosen_by_name_{loader}"
+    name = f"chosen_by_name_{uuid.uuid4().hex[:8]}"  # a module and op type new to the process
     folder = _folder(on_path, name)
     _squares(_load(loader, folder, modules=[name]))
     assert (folder / "ran").exists() and name in sys.modules
@@ -125,7 +126,7 @@ def test_one_name_or_a_module_object_may_be_passed(on_path):
 
 @pytest.mark.parametrize("loader", LOADERS)
 def test_trust_op_modules_imports_what_the_file_names(loader, on_path):
-    name = f"chosen_by_trust_{loader}"
+    name = f"chosen_by_trust_{uuid.uuid4().hex[:8]}"
     folder = _folder(on_path, name)
     _squares(_load(loader, folder, trust_op_modules=True))
     assert (folder / "ran").exists() and name in sys.modules
