@@ -192,6 +192,8 @@ def _locate(op_type: str) -> tuple[str | None, str | None]:
     found: tuple[str | None, str | None] = (None, None)
     path = None  # where the next part is looked for; None: sys.path
     for k in range(1, len(parts)):
+        if not parts[k - 1].isidentifier():  # no module has that name ('', '/x', '..')
+            break
         name = ".".join(parts[:k])
         if name in sys.modules:
             module = sys.modules[name]
