@@ -234,6 +234,9 @@ def _import_defining_module(op_type: str) -> list[tuple[str, bool]]:
     tried = []
     for k in range(len(parts) - 1, 0, -1):
         module = ".".join(parts[:k])
+        if not all(p.isidentifier() for p in parts[:k]):
+            tried.append((module, False))
+            continue
         if module in _SCRIPTS:
             tried.append((module, False))
             break

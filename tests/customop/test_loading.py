@@ -149,6 +149,16 @@ def test_an_imported_module_and_the_operator_library_need_nothing(tmp_path):
     np.testing.assert_allclose(got, want, rtol=1e-6)
 
 
+@pytest.mark.parametrize("trust", [False, True])
+def test_an_op_type_that_names_no_module_imports_nothing(trust, on_path):
+    folder = _folder(on_path, "evil_helpers")
+    for op_type in ("..evil_helpers.sq", f"{folder}/evil_helpers.sq", "/evil_helpers.sq"):
+        (folder / "model-symbol.json").write_text(_graph(op_type))
+        with pytest.raises(RuntimeError, match="no (importable|imported or found) module"):
+            _load("imports", folder, trust_op_modules=trust)
+    assert not (folder / "ran").exists()
+
+
 def test_modules_must_be_names_or_modules(tmp_path):
     folder = _folder(tmp_path, "evil_helpers")
     for bad in (3, [None], [""], [b"evil_helpers"]):
