@@ -152,3 +152,16 @@ def test_a_closures_gradient_in_another_dtype_is_cast_to_its_inputs(op, path):
             y.backward(mx.nd.array([1.0, 2.0, 4.0]))
     assert x.grad.dtype == np.float32
     np.testing.assert_array_equal(x.grad.asnumpy(), [2.0, 4.0, 8.0])
+
+
+def test_graph_comparison_reads_bfloat16():
+    # MXNet hands bfloat16 to NumPy as a two-byte structured dtype no ufunc takes: the
+    # comparison raised TypeError ("ufunc 'isfinite' not supported") while verifying a graph
+    from customop.graphs import compare
+
+    values = np.array([1.5, -2.25, 3e-3, np.nan, np.inf])
+    a = _bf16(values).asnumpy()
+    assert a.dtype == BF16
+    np.testing.assert_array_equal(compare.host(a), _f32(_bf16(values)).astype(np.float32))
+    assert compare.close([a], [a]) and compare.close([a], [values.astype(np.float32)])
+    assert not compare.close([a], [(values * 1.1).astype(np.float32)])
