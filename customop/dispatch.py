@@ -59,13 +59,12 @@ from mxnet.ndarray import NDArray
 
 from . import errors, kernel, opinfo, runtime
 from . import params as _params
-from .modes import NumpyMode
+from .modes import BFLOAT16, NumpyMode
 from .outputs import OutputsSymbol
 from .runtime import aux as aux_patch
 from .runtime import callbacks
 from .runtime import trace as trace_hooks
 
-_BF16 = np.dtype([("bfloat16", np.uint16)])  # how MXNet hands bfloat16 to NumPy
 PATHS = ("direct", "function", "native", "custom", "graph")
 _forced = threading.local()
 
@@ -155,7 +154,7 @@ def half_inputs(nd_inputs: list[NDArray], n: int) -> tuple[bool, bool]:
 
 
 def _cast_in(nd_inputs: list[NDArray], n: int, amp: bool) -> list[NDArray]:
-    half = (np.float16, _BF16) if amp else (_BF16,)
+    half = (np.float16, BFLOAT16) if amp else (BFLOAT16,)
     return [mx.nd.amp_cast(a, dtype=np.float32) if i < n and a.dtype in half else a
             for i, a in enumerate(nd_inputs)]
 
@@ -168,7 +167,7 @@ def call_ndarray(op: opinfo.Dispatched, inputs: list[Any], params: dict[str, Any
     outs = _call_ndarray(op, _cast_in(nd_inputs, len(op.signature.inputs), not cast_back),
                          params)
     if cast_back:  # recorded: the gradient reaches the cast as bfloat16, and goes on float32
-        outs = [mx.nd.amp_cast(o, dtype=_BF16) if o.dtype == np.float32 else o for o in outs]
+        outs = [mx.nd.amp_cast(o, dtype=BFLOAT16) if o.dtype == np.float32 else o for o in outs]
     return _returned(outs)
 
 

@@ -5,12 +5,13 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ..modes import BFLOAT16
+
 if TYPE_CHECKING:
     from .graph_json import NativeGraph
     from .trace import Recording
 
 
-BFLOAT16 = np.dtype([("bfloat16", np.uint16)])  # how MXNet hands bfloat16 to NumPy
 
 
 def host(a: np.ndarray) -> np.ndarray:

@@ -165,3 +165,42 @@ def test_graph_comparison_reads_bfloat16():
     np.testing.assert_array_equal(compare.host(a), _f32(_bf16(values)).astype(np.float32))
     assert compare.close([a], [a]) and compare.close([a], [values.astype(np.float32)])
     assert not compare.close([a], [(values * 1.1).astype(np.float32)])
+
+
+class _Cube(mx.gluon.HybridBlock):
+    def __init__(self, op, **kwargs):
+        super().__init__(**kwargs)
+        self.op = op
+
+    def hybrid_forward(self, F, x):
+        return self.op(x)
+
+
+@pytest.mark.parametrize("op", [_cube_np, _cube_nd], ids=["numpy", "mxnet"])
+@pytest.mark.parametrize("inlining", ["on", "off"])
+def test_bfloat16_without_amp_in_a_hybridized_block_computes_as_imperatively(op, inlining,
+                                                                             monkeypatch):
+    # The Custom node does what an imperative call does: float32 inside, bfloat16 out
+    # (a bfloat16 signature has no native graph: the rule 'bfloat16')
+    if inlining == "off":
+        monkeypatch.setenv("CUSTOMOP_RUNTIME_OFF", "inline")
+    values = np.array([[0.5, -1.25, 2.0], [3.0, -0.75, 1.5]])
+    block = _Cube(op)
+    block.hybridize()
+    x = _bf16(values)
+    x.attach_grad()
+    for _ in range(2):
+        with mx.autograd.record():
+            y = block(x)
+        y.backward(_bf16(np.ones_like(values)))
+    assert y.dtype == BF16 and x.grad.dtype == BF16
+    np.testing.assert_allclose(_f32(y), values ** 3, rtol=2 ** -8)
+    np.testing.assert_allclose(_f32(x.grad), 3 * values ** 2, rtol=2 ** -8)
+
+
+def test_explain_names_the_bfloat16_rule():
+    from customop import explain
+
+    report = repr(explain(_cube_nd, _bf16(np.ones((2, 3)))))
+    assert "an input is bfloat16" in report
+    assert "bfloat16 inputs cast to float32, then its native graph" in report
