@@ -39,6 +39,7 @@ CASES = [
     ("auto", "native", 0, "on", "bfloat16"),
     ("res", "graph", 0, "on", "bfloat16"),
     ("numpy", "default", 0, "on", "bfloat16"),    # NumPy has no bfloat16
+    ("numpy_auto", "function", 0, "on", "bfloat16"),
     ("losses", "default", 0, "on", "bfloat16"),   # ops.focal_loss + ops.smooth_l1
     ("dg", "default", 1, "on", "bfloat16"),
     ("dg", "default", 1, "off", "bfloat16"),
