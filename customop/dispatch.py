@@ -124,8 +124,9 @@ def to_ndarrays(op: opinfo.Forward, inputs: list[Any]) -> list[mx.nd.NDArray]:
     return out
 
 
-_FLOAT32, _FLOAT16, _BFLOAT16 = 0, 2, 12  # MXNet's dtype codes (ndarray._DTYPE_MX_TO_NP)
-_dtype_code = ctypes.c_int()
+_FLOAT16, _BFLOAT16 = 2, 12  # MXNet's dtype codes (ndarray._DTYPE_MX_TO_NP)
+_codes = threading.local()  # .out: this thread's out-parameter (ctypes calls drop the GIL)
+_get_dtype = _LIB.MXNDArrayGetDType
 
 
 def amp_on() -> bool:
@@ -139,9 +140,13 @@ def half_inputs(nd_inputs: list[NDArray], n: int) -> tuple[bool, bool]:
     the half-precision inputs to ``float32`` on entry, and the outputs back to ``bfloat16``
     (see the module doc)."""
     has_half = has_bf16 = False
-    code = _dtype_code
+    out = getattr(_codes, "out", None)
+    if out is None:
+        code = ctypes.c_int()
+        out = _codes.out = (code, ctypes.byref(code))
+    code, ref = out
     for a in nd_inputs[:n]:
-        _LIB.MXNDArrayGetDType(a.handle, ctypes.byref(code))  # (.dtype costs 3x this)
+        _get_dtype(a.handle, ref)  # (.dtype costs 3x this)
         if code.value == _BFLOAT16:
             has_half = has_bf16 = True
         elif code.value == _FLOAT16:
