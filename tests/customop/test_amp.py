@@ -48,6 +48,7 @@ CASES = [
     ("dg", "default", 0, "on", "float16"),
     ("numpy", "function", 0, "on", "float16"),
     ("auto", "default", 1, "on", "float16"),
+    ("losses", "default", 0, "on", "float16"),
 ]
 
 
