@@ -21,6 +21,7 @@ import mxnet as mx
 import numpy as np
 
 from . import errors, kernel, opinfo, value_checks
+from .modes import BFLOAT16
 from .runtime import randomness
 
 Shape = Tuple[int, ...]  # noqa: UP006 - evaluated at run time on Python 3.8
@@ -123,9 +124,13 @@ class Inference:
 
     def _run_here(self, params, shapes, dtypes) -> tuple[OutputMeta, ...]:
         mode = self.op.mode_impl
-        args = [mode.placeholder(s, d) for s, d in zip(shapes, dtypes)]
+        # a bfloat16 input is computed on as float32, and the float32 outputs stored back as
+        # bfloat16 (modes.widened)
+        bf16 = BFLOAT16 in dtypes
+        run_dtypes = tuple(np.dtype(np.float32) if d == BFLOAT16 else d for d in dtypes)
+        args = [mode.placeholder(s, d) for s, d in zip(shapes, run_dtypes)]
         if self.op.signature.aux:  # scratch states: whatever the forward writes is dropped
-            aux_dtype = kernel.aux_dtype_for(dtypes)
+            aux_dtype = kernel.aux_dtype_for(run_dtypes)
             args += [mode.placeholder(s, aux_dtype)
                      for s in kernel.aux_shapes(self.op, list(shapes), params)]
         # value checks (customop.require) are about values, not shapes: placeholders may
@@ -134,7 +139,8 @@ class Inference:
                 value_checks.collecting(lenient=True):
             outs = kernel.run_forward(self.op, args, params,
                                       where="shape inference on placeholder inputs")
-        metas = [OutputMeta.of(mode.shape(o), mode.dtype(o)) for o in outs]
+        metas = [OutputMeta.of(mode.shape(o), BFLOAT16 if bf16 and mode.dtype(o) == np.float32
+                               else mode.dtype(o)) for o in outs]
         if self.op.user_infer_type is not None:
             out_dtypes = self.dtypes_only(params, dtypes)
             metas = [OutputMeta.of(() if m.scalar else m.shape, d)
@@ -183,5 +189,5 @@ class Inference:
             out = op.user_infer_type(*dtypes, **params)
             out = list(out) if isinstance(out, (list, tuple)) else [out]
             return [np.dtype(d) for d in out]
-        floats = [d for d in dtypes if np.issubdtype(d, np.floating)]
+        floats = [d for d in dtypes if kernel.floating(d)]
         return [floats[0] if floats else np.dtype(np.float32)] * op.outputs.of(params)

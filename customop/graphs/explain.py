@@ -8,6 +8,7 @@ import mxnet as mx
 import numpy as np
 
 from .. import errors
+from ..modes import BFLOAT16
 from ..operator import CustomOperator
 from . import graph_json, imperative, native, splice
 
@@ -148,8 +149,12 @@ def _explain_op(op: CustomOperator, inputs, params) -> OpReport:
     # given only say the shapes and dtypes, so explain never answers otherwise than a graph.
     verdicts = [native.native_graph(op, params, shapes, dtypes, p)
                 for p in native.PURPOSES]
-    return OpReport(errors.shown(op.op_type), shapes, dtypes, *verdicts,
-                    imperative=_imperative_path(op, verdicts[0]))
+    imperative = _imperative_path(op, verdicts[0])
+    if BFLOAT16 in dtypes:  # an imperative call casts them to float32 first (dispatch)
+        wide = tuple(np.dtype(np.float32) if d == BFLOAT16 else d for d in dtypes)
+        imperative = ("bfloat16 inputs cast to float32, then " + _imperative_path(
+            op, native.native_graph(op, params, shapes, wide, native.TRAIN)))
+    return OpReport(errors.shown(op.op_type), shapes, dtypes, *verdicts, imperative=imperative)
 
 
 def _imperative_path(op: CustomOperator, train: native.Verdict) -> str:

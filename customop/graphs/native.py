@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from .. import errors
+from ..modes import BFLOAT16
 from ..opinfo import Differentiable
 from . import closure_values, rules, trace, transposed, verify
 from .forward import ForwardGraph
@@ -161,6 +162,8 @@ def _decide(op, params, shapes, dtypes, purpose, values) -> Verdict:
         verdict.reason, verdict.rule = refused.reason, refused.name
         return verdict
     try:
+        if BFLOAT16 in dtypes:
+            raise NotNative.of("bfloat16")
         if purpose == TRAIN and transposed.has_own_gradient(op):
             first = list(values) if values is not None else closure_values.passing(
                 op, params, placeholders(shapes, dtypes, 1))

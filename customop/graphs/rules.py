@@ -185,6 +185,9 @@ TRACE_REFUSALS = {
                          "shape operators (zeros_like, broadcast_like), not numbers read "
                          "from x.shape",
     "unread-array": "it uses an array the trace could not read",
+    "bfloat16": "an input is bfloat16: the op computes in float32 there, cast at its Custom "
+                "node (as MXNet's AMP casts a Custom node's inputs), and its graph is traced "
+                "and checked on NumPy values, which have no bfloat16",
     "constant-unheld": "it builds a constant array of shape {} ({}) that a graph cannot hold "
                        "without a parameter; pass it in as an input",
     "constant-inexact": "it builds a constant array of shape {} ({}) that the graph cannot "
