@@ -155,8 +155,10 @@ class Inference:
                     first_error = first_error or exc
             if k >= 2:
                 break
-        if not errors.is_own_check(first_error, self.op.op_type):
-            # (the message names the op already: once is enough)
+        if not errors.is_own_check(first_error, self.op.op_type) and not _users_raise(
+                first_error):
+            # (the message names the op already: once is enough; a raise of the forward's
+            # own code is its check of the inputs: they are wrong, not the inference)
             errors.add_context(first_error, (
                 "Its forward ran on placeholder inputs (ones; integer zeros) to infer output "
                 "shapes; if it cannot, pass infer_shape= (and infer_type=) to @customop"))
@@ -185,3 +187,19 @@ class Inference:
             return [np.dtype(d) for d in out]
         floats = [d for d in dtypes if np.issubdtype(d, np.floating)]
         return [floats[0] if floats else np.dtype(np.float32)] * op.outputs.of(params)
+
+
+_LIBRARIES = tuple(os.path.dirname(os.path.abspath(m.__file__)) + os.sep
+                   for m in (mx, np, errors))  # mxnet/, numpy/, customop/
+
+
+def _users_raise(exc: BaseException) -> bool:
+    """Whether ``exc`` was raised by the user's own code (its innermost frame outside MXNet,
+    NumPy and this package), not by an operator that failed on the placeholders."""
+    tb = exc.__traceback__
+    if tb is None or isinstance(exc, mx.base.MXNetError):
+        return False
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    where = os.path.abspath(tb.tb_frame.f_code.co_filename)
+    return not where.startswith(_LIBRARIES) and "<frozen" not in where
