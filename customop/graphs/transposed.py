@@ -97,7 +97,10 @@ class TransposedGraph(ForwardGraph):
             raise NotNative.of("closure-reads", _reader(rec), closure_reads[0])
 
     def build(self, rec: trace.Recording, shapes) -> NativeGraph:
-        return _Assembly(self, rec, shapes).graph()
+        graph = _Assembly(self, rec, shapes).graph()
+        graph.note = ("its gradient is its def_grad closures' own graph, transposed" if
+                      self.closures else "")
+        return graph
 
     def differs(self, graph: NativeGraph, first, second, rec2: trace.Recording) -> str:
         # Other values for the inputs that get gradients; labels, indices and scales keep

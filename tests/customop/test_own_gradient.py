@@ -178,3 +178,20 @@ def test_forced_graph_path_on_a_nonlinear_closure_still_calls_the_closure():
         out = op(xs)
     out.backward(mx.nd.array(HEAD))
     _check([xs.grad.asnumpy()], [np.clip(HEAD.astype("f8"), -1, 1) * 2 * x])
+
+
+def test_explain_of_a_block_lists_each_ops_operators_and_reason():
+    relu1, clipped = relu_subgradient(), clipped_head()
+
+    class Net(mx.gluon.HybridBlock):
+        def hybrid_forward(self, F, x):
+            return relu1(x) + clipped(x)
+
+    report = customop.explain(Net(), mx.nd.ones((2, 3)))
+    text = repr(report)
+    (_, _, train1, _), (_, _, train2, export2) = report.nodes
+    assert train1.startswith("inlines as ") and "elemwise_sub" in train1
+    assert "def_grad closures' own graph, transposed" in train1
+    assert "not linear in the head gradient (clip)" in train2
+    assert export2.startswith("inlines as 1 MXNet operator")
+    assert len(report.kept["train"]) == 1 and not report.kept["export"], text

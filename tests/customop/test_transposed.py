@@ -106,7 +106,7 @@ def test_a_single_closure_is_transposed():
 def test_a_closure_equal_to_mxnets_gradient_is_still_the_closure_transposed():
     # Issue 51: never MXNet's gradient of the forward because the two agreed on samples.
     found = graph(square, (3, 4))
-    assert "elemwise_sub" in found.operators() and not found.note
+    assert "elemwise_sub" in found.operators() and "transposed" in found.note
     x, g = rng.randn(3, 4).astype("f"), rng.randn(3, 4).astype("f")
     _, grads = closure_values.run_graph(found, [x], [g])
     np.testing.assert_allclose(grads[0], 2 * x.astype("f8") * g, rtol=1e-5, atol=1e-6)
@@ -122,7 +122,7 @@ clipped.def_grad(lambda ans, x: lambda g: mx.nd.clip(2 * x, -5, 5) * g)
 
 def test_a_closure_that_differs_only_on_large_values_is_transposed():
     found = graph(clipped, (3, 4))
-    assert not found.note
+    assert "transposed" in found.note
     x = np.array([[-9, -3, -1, 0], [0.5, 2, 2.6, 4], [10, 20, -30, 1]], "f")
     g = rng.randn(3, 4).astype("f")
     _, grads = closure_values.run_graph(found, [x], [g])
