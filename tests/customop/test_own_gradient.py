@@ -195,3 +195,24 @@ def test_explain_of_a_block_lists_each_ops_operators_and_reason():
     assert "not linear in the head gradient (clip)" in train2
     assert export2.startswith("inlines as 1 MXNet operator")
     assert len(report.kept["train"]) == 1 and not report.kept["export"], text
+
+
+def test_an_exported_graph_reloaded_for_training_gives_the_closures_subgradient(tmp_path):
+    op = relu_subgradient()
+
+    class Net(mx.gluon.HybridBlock):
+        def hybrid_forward(self, F, x):
+            return op(x)
+
+    net = Net()
+    net.hybridize()
+    net(mx.nd.array(X))
+    net.export(str(tmp_path / "net"))
+    again = customop.imports(str(tmp_path / "net-symbol.json"), ["data"])
+    x = mx.nd.array(X)
+    x.attach_grad()
+    for _ in range(2):
+        with mx.autograd.record():
+            y = again(x)
+        y.backward(mx.nd.array(HEAD))
+        _check([x.grad.asnumpy()], [HEAD.astype("f8") * (X >= 0)])
