@@ -251,6 +251,9 @@ def _where(t, node, ct, linear):
 
 @_rule("Cast", "cast", "amp_cast")
 def _cast(t, node, ct, linear):
+    if not np.issubdtype(np.dtype(t.dtype(node["out"])), np.floating):
+        raise NotLinear(node["op"], "rounds the head gradient g to integers: the closure is "
+                        "not linear in g")
     return [(0, t.add("Cast", [ct], dtype=np.dtype(t.dtype(node["inputs"][0])).name))]
 
 

@@ -216,3 +216,9 @@ def test_an_exported_graph_reloaded_for_training_gives_the_closures_subgradient(
             y = again(x)
         y.backward(mx.nd.array(HEAD))
         _check([x.grad.asnumpy()], [HEAD.astype("f8") * (X >= 0)])
+
+
+def test_a_closure_rounding_g_to_integers_keeps_its_node():
+    op = _fresh(lambda x: x * x, lambda ans, x: lambda g: g.astype("int32").astype("f") * x)
+    reason = customop.explain(op, (2, 3)).train.reason
+    assert "not linear in the head gradient (Cast)" in reason and "rounds" in reason, reason
