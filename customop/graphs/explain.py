@@ -56,7 +56,8 @@ class GraphReport:
     @property
     def kept(self) -> dict[str, list[str]]:
         """Nodes that stay ``Custom`` nodes, per purpose."""
-        return {p: [n for n, _, t, e in self.nodes if (t if p == native.TRAIN else e) != "inlines"]
+        return {p: [n for n, _, t, e in self.nodes
+                    if not (t if p == native.TRAIN else e).startswith("inlines")]
                 for p in native.PURPOSES}
 
     def __repr__(self) -> str:
@@ -190,7 +191,8 @@ def _explain_graph(sym: mx.sym.Symbol, shapes, dtypes) -> GraphReport:
     said = {}
     for purpose, result in found.items():
         for name in result.inlined:
-            said[(name, purpose)] = "inlines"
+            verdict = result.verdicts.get(name)
+            said[(name, purpose)] = _said(verdict) if verdict is not None else "inlines"
         for kept in result.kept:
             said[(kept.node, purpose)] = f"stays a Custom node: {kept.reason}"
     graph = graph_json.graph_of(sym)

@@ -201,7 +201,8 @@ TRACE_REFUSALS = {
                      "graph would keep what it read once",
     "closure-unknown-shape": "the shape of MXNet operator {!r}'s output in its gradient "
                              "closure is not known",
-    "closure-not-linear": "its {} cannot be transposed: {}",
+    "closure-not-linear": "its {} is not linear in the head gradient ({}): {}; it runs with "
+                          "the real head gradient in a Custom node",
     "closure-constant": "its {} gives input {} a gradient that does not depend on the head "
                         "gradient g: it is not linear in g (an output layer ignoring g "
                         "declares need_top_grad=False)",
