@@ -220,12 +220,13 @@ def _ranks_unmerged(entry: _Tracked) -> None:
     if rule_of(entry.op_type, entry.state) == "local":
         return  # its copies are meant to differ
     raise AuxStateError(
-        f"customop {entry.op_type!r} (aux state {entry.state!r}): the last {owner} step merged "
-        f"its copies on this process only, but this is a Horovod job of "
-        f"{workers_mod.horovod_ranks()} ranks: each rank's copy would drift apart. Fix: train "
-        "with hvd.DistributedTrainer (or hvd.DistributedOptimizer), which merge it across the "
-        "ranks themselves, or create customop.distributed.auxsync.AuxSync([...its "
-        "Parameter...], hvd) before the first step and call it after every step")
+        f"customop {entry.op_type!r} (aux state {entry.state!r}): the last {owner} step left "
+        f"its copies unmerged: this is a Horovod job of {workers_mod.horovod_ranks()} ranks "
+        f"and Horovod does not drive that {owner} (gradients summed by hand), so each rank's "
+        "copy would drift apart. Fix: train with hvd.DistributedTrainer (or "
+        "hvd.DistributedOptimizer), which merge it across the ranks themselves, or create "
+        "customop.distributed.auxsync.AuxSync([...its Parameter...], hvd) before the first "
+        "step and call it after every step")
 
 
 def warn(op_type: str, state: str, what: str, fix: str, kind: str) -> None:
