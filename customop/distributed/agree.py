@@ -23,8 +23,12 @@ it``), and the state's **merge rule** (``aux={'name': (shape_fn, rule)}``, one o
 The merged delta is summed over the workers through the kvstore (push, then
 pull, so MXNet's engine orders them with the reads and writes of the arrays;
 ``'mean'`` also sums the copy counts, ``'first'`` pushes zeros on workers other
-than rank 0), and ``value before the step + merged delta`` is written into every
-copy.  All copies then hold the same value.
+than rank 0), or over Horovod's ranks (``hvd.allreduce_``, where
+``hvd.DistributedTrainer`` or ``hvd.DistributedOptimizer`` trains; the engines:
+:mod:`customop.distributed.workers`), and ``value before the step + merged delta`` is
+written into every copy.  All copies then hold the same value.  In a Horovod job a
+Trainer or Module that Horovod does not drive merges nothing: ``AuxSync(..., hvd)``
+does, and a training pass after a step without it raises :class:`AuxStateError`.
 
 **Automatic** (the ``auxsync`` patch of :mod:`customop.runtime`, installed by the
 first use of an op with aux states): every ``gluon.Trainer.step`` (or
