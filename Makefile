@@ -47,8 +47,9 @@ lint: $(STAMP)
 # (a 300-step 2-rank job) runs in the `horovod` nox session's venv, where Horovod is built
 # (once per machine, cached outside the checkout: noxfile.py).
 WORKERS ?= 2
+# -rs: the reasons of skipped tests (tests/test_horovod.py's where Horovod is not installed).
 test: lint
-	$(PY) -m pytest -q -m "not soak and not benchmarks" -n $(WORKERS) --dist loadfile tests
+	$(PY) -m pytest -q -rs -m "not soak and not benchmarks" -n $(WORKERS) --dist loadfile tests
 
 soak: $(STAMP)
 	$(PY) -m pytest -q -m "soak or benchmarks" --timeout 3600 tests

@@ -184,7 +184,9 @@ def tests(session: nox.Session) -> None:
     if session.posargs:
         _pytest(session, list(session.posargs), "suite", selection=True)
     elif session.python in FULL_SUITE_PYTHONS:
-        _pytest(session, ["-q", "-m", "not soak", *WORKERS, "tests"], "suite", selection=False)
+        # -rs: the reasons of skipped tests (tests/test_horovod.py's: the horovod session's)
+        _pytest(session, ["-q", "-rs", "-m", "not soak", *WORKERS, "tests"], "suite",
+                selection=False)
     else:
         _pytest(session, ["-q", "-m", "not soak", *WORKERS, *VERSION_SUITE], "version suite",
                 selection=False)

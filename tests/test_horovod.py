@@ -40,7 +40,7 @@ def _horovod_mxnet() -> bool:
 
 pytestmark = pytest.mark.skipif(
     not _horovod_mxnet(), reason="Horovod with its MXNet extension is not installed; "
-    "`nox -s horovod` builds it (docs/howto/devices_and_workers.md) and runs these tests")
+    "`nox -s horovod` builds it and runs these tests (docs/development.md)")
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "dist_train.py"
