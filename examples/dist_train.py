@@ -11,6 +11,8 @@ no call of ours (``--aux-sync`` adds the explicit
 batch of ``--batch`` rows, cut into one shard per device of the job: every worker
 takes its devices' shards, so the summed gradients are those of the whole batch,
 and 2 workers with 1 device each see exactly what 1 process with 2 devices sees.
+``--focal-loss W`` (Gluon) adds :func:`customop.ops.focal_loss` on the logits, an
+``'mxnet'``-mode op that runs as MXNet's own operators in a hybridized graph.
 
 One process::
 
@@ -78,8 +80,9 @@ def make_data(steps, batch):
 
 
 class Net(mx.gluon.HybridBlock):
-    def __init__(self, center_weight, **kwargs):
+    def __init__(self, center_weight, focal_weight=0.0, **kwargs):
         super().__init__(**kwargs)
+        self.focal_weight = focal_weight
         with self.name_scope():
             self.body = mx.gluon.nn.Dense(HIDDEN, activation="relu", in_units=DIM)
             self.head = mx.gluon.nn.Dense(NUM_CLASS, in_units=HIDDEN)
@@ -89,14 +92,18 @@ class Net(mx.gluon.HybridBlock):
 
     def hybrid_forward(self, F, x, label):
         feat = self.body(x)
-        loss = softmax_xent(self.head(feat), label)
+        logits = self.head(feat)
+        loss = softmax_xent(logits, label)
+        if self.focal_weight:  # the library's focal loss: native operators when hybridized
+            focal = ops.focal_loss(logits, label, normalization="none")  # per-row: exact
+            loss = loss + self.focal_weight * F.sum(focal, axis=1)
         if self.center is not None:  # scale/2 * |feat - c_label|^2; backward moves the centers
             loss = loss + self.center(feat, label)
         return loss
 
 
 def train_gluon(args, kv, ctxs, x, y):
-    net = Net(args.center_loss, prefix="net_")  # the same names in every process
+    net = Net(args.center_loss, args.focal_loss, prefix="net_")  # the same names everywhere
     net.initialize(mx.init.Xavier(), ctx=ctxs)
     if args.hybridize:
         net.hybridize()
@@ -210,6 +217,8 @@ def main(argv=None):
     parser.add_argument("--batch", type=int, default=16, help="global batch (all workers)")
     parser.add_argument("--lr", type=float, default=0.1)
     parser.add_argument("--center-loss", type=float, default=0.0, help="its weight (0: off)")
+    parser.add_argument("--focal-loss", type=float, default=0.0,
+                        help="Gluon: add ops.focal_loss (no normalization) with this weight")
     parser.add_argument("--hybridize", action="store_true")
     parser.add_argument("--fit", action="store_true", help="Module: train with fit()")
     parser.add_argument("--aux-sync", action="store_true",

@@ -102,7 +102,10 @@ def test_a_forgotten_aux_sync_is_an_error_that_stops_the_job(tmp_path):
     assert took < 60
 
 
-@pytest.mark.parametrize("api, extra", [("gluon", []), ("gluon", ["--hybridize"]),
+# softmax_xent: a 'numpy' op with def_grad (a Custom node); ops.focal_loss (Gluon): an
+# 'mxnet' op, MXNet's operators in the hybridized graph and in the recorded imperative calls
+@pytest.mark.parametrize("api, extra", [("gluon", ["--focal-loss", "1"]),
+                                        ("gluon", ["--focal-loss", "1", "--hybridize"]),
                                         ("module", [])],
                          ids=["gluon", "gluon-hybridized", "module"])
 def test_center_loss_on_two_horovod_ranks_equals_one_process(api, extra, tmp_path):
