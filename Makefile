@@ -44,7 +44,7 @@ lint: $(STAMP)
 # first).  Tests marked soak (long soaks, and jobs whose checks make test also makes
 # elsewhere) run in `make soak`, one at a time, each allowed an hour; so do the benchmark
 # scripts' smoke runs (marked benchmarks), which CI's full suites run too.  The Horovod soak
-# (a 300-step 2-rank job) runs in the `horovod` nox session's venv, where Horovod is built
+# (a 3,000-step 2-rank job) runs in the `horovod` nox session's venv, where Horovod is built
 # (once per machine, cached outside the checkout: noxfile.py).
 WORKERS ?= 2
 # -rs: the reasons of skipped tests (tests/test_horovod.py's where Horovod is not installed).

@@ -137,7 +137,9 @@ def test_a_rank_whose_op_rejects_its_input_stops_the_job(tmp_path):
 
 @pytest.mark.soak
 def test_a_longer_horovod_job_keeps_the_ranks_equal(tmp_path):
-    args = ["--api", "gluon", "--center-loss", "0.1", "--hybridize", "--steps", "300"]
+    # 3,000 steps (about 50 s on 2 cores), against one process with two devices
+    args = ["--api", "gluon", "--center-loss", "0.1", "--focal-loss", "1", "--hybridize",
+            "--steps", "3000"]
     proc, _ = _horovodrun(EXAMPLE, "--horovod", "--out", tmp_path, *args, timeout=400)
     assert proc.returncode == 0, proc.stderr[-3000:]
     r0, r1 = _load(tmp_path, "gluon", 0), _load(tmp_path, "gluon", 1)
