@@ -84,8 +84,9 @@ class AuxStateWarning(UserWarning):
 
 
 class AuxStateError(RuntimeError):
-    """A training pass in a Horovod job would move an aux state whose last step merged it on
-    this process only: the ranks' copies would drift apart."""
+    """A training pass in a Horovod job would move an aux state that the last step left
+    unmerged (a Trainer or Module Horovod does not drive, and no ``AuxSync(..., hvd)``): the
+    ranks' copies would drift apart."""
 
 
 # ---- which arrays are aux states of our ops, and their value when a step first used them ----
@@ -100,7 +101,7 @@ class _Tracked:
         self.step_mark = 0
         self.synced = False
         self.first = self.last = 0  # touch() calls counted when the base was taken / last
-        self.ranks_left = ""  # merged on this process only, in a Horovod job: who stepped
+        self.ranks_left = ""  # left unmerged by a step in a Horovod job: what stepped
 
 
 _tracked: dict[int, _Tracked] = {}  # handle value -> the array (held) and its base
@@ -345,13 +346,12 @@ def finish(plan: Plan, kv: Any, priority_base: int = 0) -> None:
             d.wait_to_read()  # reads right after see the new values
 
 
-def _mark_synced(devs: list[mx.nd.NDArray], value: mx.nd.NDArray | None,
-                 ranks_left: str = "") -> None:
+def _mark_synced(devs: list[mx.nd.NDArray], value: mx.nd.NDArray | None) -> None:
     for d in devs:
         entry = _entry(d)
         if entry is not None:
             entry.synced, entry.passes, entry.step_mark = True, 0, _steps
-            entry.ranks_left = ranks_left
+            entry.ranks_left = ""
             # with tracking, the next pass takes its own base (a write between steps,
             # e.g. set_params, is not a delta); without, the synced value is the base
             entry.base = None if _tracking or value is None else value.copyto(d.context)
