@@ -152,3 +152,31 @@ def test_a_longer_horovod_job_keeps_the_ranks_equal(tmp_path):
     one = _example().main(["--kvstore", "local", "--contexts", "2", *args])
     for key in r0:
         np.testing.assert_allclose(r0[key], one[key], rtol=1e-4, atol=1e-4, err_msg=key)
+
+
+def test_horovodrun_here_listens_on_the_loopback_only():
+    # horovodrun's own rendezvous server binds every interface; tests/horovodrun.py's binds
+    # 127.0.0.1 (Gloo's connections use the interface given, lo)
+    import importlib.util as util
+
+    from horovod.runner.http import http_server
+
+    spec = util.spec_from_file_location("horovodrun_lo", ROOT / "tests" / "horovodrun.py")
+    runner = util.module_from_spec(spec)
+    spec.loader.exec_module(runner)
+    bare = http_server.RendezvousServer(verbose=0)
+    bare.start()
+    try:
+        assert bare._httpd.server_address[0] == "0.0.0.0"  # what tests/horovodrun.py fixes
+    finally:
+        bare.stop()
+    http_server.find_port, saved = runner._loopback_port, http_server.find_port
+    try:
+        server = http_server.RendezvousServer(verbose=0)
+        server.start()
+    finally:
+        http_server.find_port = saved
+    try:
+        assert server._httpd.server_address[0] == "127.0.0.1"
+    finally:
+        server.stop()
