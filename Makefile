@@ -43,13 +43,17 @@ lint: $(STAMP)
 # pytest-xdist workers, a test module per unit of work (tests/conftest.py puts the slowest
 # first).  Tests marked soak (long soaks, and jobs whose checks make test also makes
 # elsewhere) run in `make soak`, one at a time, each allowed an hour; so do the benchmark
-# scripts' smoke runs (marked benchmarks), which CI's full suites run too.
+# scripts' smoke runs (marked benchmarks), which CI's full suites run too.  The Horovod soak
+# (a 3,000-step 2-rank job) runs in the `horovod` nox session's venv, where Horovod is built
+# (once per machine, cached outside the checkout: noxfile.py).
 WORKERS ?= 2
+# -rs: the reasons of skipped tests (tests/test_horovod.py's where Horovod is not installed).
 test: lint
-	$(PY) -m pytest -q -m "not soak and not benchmarks" -n $(WORKERS) --dist loadfile tests
+	$(PY) -m pytest -q -rs -m "not soak and not benchmarks" -n $(WORKERS) --dist loadfile tests
 
 soak: $(STAMP)
 	$(PY) -m pytest -q -m "soak or benchmarks" --timeout 3600 tests
+	$(VENV)/bin/nox -s horovod -- -q -m soak --timeout 3600 tests/test_horovod.py
 
 notebooks: $(STAMP)
 	$(PY) notebooks/run_notebooks.py
