@@ -50,6 +50,7 @@ CASES = {
     "ops.focal_loss, default": ("focal", 1),
     "ops.focal_loss, forced_path('function')": ("focal:function", 1),
     "ops.focal_loss, hybridized": ("focal:hybrid", 1),
+    "mxnet: focal_loss's graph as a CachedOp": ("focal_graph", 1),
 }
 
 
@@ -114,6 +115,21 @@ def _step_function(kind: str, lengths: int):
                 return x * x
         square.def_grad(lambda ans, x: lambda g: 2 * x * g)
         f = square
+    elif base == "focal_graph":  # the reference: the same operators, MXNet alone
+        import numpy as np
+
+        from customop import ops
+        from customop.graphs import imperative
+
+        extra = [mx.nd.array(np.random.RandomState(0).randint(-1, 5, (8, 100)))]
+        xs = [mx.nd.random.normal(shape=(8, 100, 5))]
+        for _ in range(2):  # its second call builds the graph the default path runs
+            with mx.autograd.record():
+                ops.focal_loss(xs[0], extra[0])
+        runner, = [g.full for g in imperative._graphs.values()]
+        symbol = runner.symbol
+        cached = mx.nd.CachedOp(symbol)
+        f = lambda *args: cached(*[args[i] for i in runner.order])  # noqa: E731
     elif base == "focal":
         import numpy as np
 

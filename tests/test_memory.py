@@ -5,7 +5,8 @@ Each case runs in a fresh interpreter (its readings are the process's own): the 
 after warm-up with ``mx.nd.waitall()`` and ``gc.collect()``.  The reference is the same
 loop in MXNet's own operators, run beside it.  The short run (make test) fails on a
 leak of 100 KiB a call or an end 64 MiB above MXNet's; ``make soak`` runs 5,000 calls a
-case and asks for at most 2 KiB a call.
+case and asks for at most 2 KiB a call (``ops.focal_loss``: 2 KiB more
+than MXNet's own operators of its graph).
 """
 import importlib.util
 import sys
@@ -26,6 +27,7 @@ def _memory():
 memory = _memory()
 SHORT = ["ours, forced_path('function'), 10 lengths", "ours, forced_path('custom')",
          "ours, inline=False, hybridized", "ops.focal_loss, default"]
+FOCAL_GRAPH = "mxnet: focal_loss's graph as a CachedOp"
 OURS = [name for name in memory.CASES if name.startswith(("ours", "ops."))]
 
 
@@ -48,7 +50,10 @@ def test_a_short_loop_stays_near_mxnets_own(case, native_short):
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self")
 @pytest.mark.parametrize("case", OURS)
 def test_a_long_loop_stays_flat(case):
-    native = memory.measure("mxnet x*x", 200, 5000, timeout=1800)
-    found = memory.measure(case, 200, 5000, timeout=1800)
-    assert found["growth_kib"] <= 2, found
+    # ops.focal_loss's own operators grow in MXNet alone: its native graph run as a raw
+    # CachedOp grew 24-41 KiB a call (BENCHMARKS.md); it may grow no more than they do
+    reference = FOCAL_GRAPH if case.startswith("ops.focal_loss") else "mxnet x*x"
+    native = memory.measure(reference, 1000, 5000, timeout=1800)
+    found = memory.measure(case, 1000, 5000, timeout=1800)
+    assert found["growth_kib"] <= max(2, native["growth_kib"] + 2), (found, native)
     assert found["end_mib"] < native["end_mib"] + 64, (found, native)
