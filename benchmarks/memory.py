@@ -12,7 +12,8 @@ gives the growth per call between the two readings, the resident memory at the e
 peak (``VmHWM``) and the OS threads the process holds at the end (``/proc/self/task``).
 
 The op is an ``'mxnet'``-mode ``x * x`` with ``def_grad(lambda ans, x: lambda g: 2 * x * g)``
-on 1,000 floats (``10 lengths``: 1,000 to 1,063 floats, cycled), next to the same loop in
+on 1,000 floats (``10 lengths``: 1,000 to 1,063 floats, cycled; ``1,000 lengths``: 1,000 to
+7,993 floats, cycled: read its end, not its growth, with ``--calls 4000``), next to the same loop in
 MXNet's own operators, a hand-written ``CustomOp`` + ``CustomOpProp``, and
 ``mx.autograd.Function`` (capped at 300 calls: it grows about 2 MiB a call in MXNet 1.9.1);
 then ``ops.focal_loss`` on ``(8, 100, 5)`` logits, and a ``'numpy'``-mode ``def_grad`` op.
@@ -39,6 +40,8 @@ CASES = {
     "mx.autograd.Function, 10 lengths": ("ag_function", 10),
     "ours, default": ("ours", 1),
     "ours, default, 10 lengths": ("ours", 10),
+    "mxnet x*x, 1,000 lengths": ("native", 1000),
+    "ours, default, 1,000 lengths": ("ours", 1000),
     "ours, forced_path('function')": ("ours:function", 1),
     "ours, forced_path('function'), 10 lengths": ("ours:function", 10),
     "ours, forced_path('custom')": ("ours:custom", 1),
