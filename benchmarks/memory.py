@@ -50,6 +50,9 @@ CASES = {
     "ours, hybridized": ("ours:hybrid", 1),
     "ours, inline=False, hybridized": ("noinline:hybrid", 1),
     "ours, 'numpy' mode": ("numpy", 1),
+    "ours, simple_bind executor": ("ours:executor", 1),
+    "ops.CenterLoss (aux states), Gluon": ("center", 1),
+    "ops.CenterLoss (aux states), hybridized": ("center:hybrid", 1),
     "ops.focal_loss, default": ("focal", 1),
     "ops.focal_loss, forced_path('function')": ("focal:function", 1),
     "ops.focal_loss, hybridized": ("focal:hybrid", 1),
@@ -68,6 +71,7 @@ def _rss_kib(field: str = "VmRSS") -> int:
 def _step_function(kind: str, lengths: int):
     """The loop's step for ``kind``: a function of the call number."""
     import mxnet as mx
+    import numpy as np
 
     xs = [mx.nd.random.uniform(shape=(1000 + 7 * i,)) for i in range(lengths)]
     extra: list = []  # further inputs of every call
@@ -119,8 +123,6 @@ def _step_function(kind: str, lengths: int):
         square.def_grad(lambda ans, x: lambda g: 2 * x * g)
         f = square
     elif base == "focal_graph":  # the reference: the same operators, MXNet alone
-        import numpy as np
-
         from customop import ops
         from customop.graphs import imperative
 
@@ -133,9 +135,14 @@ def _step_function(kind: str, lengths: int):
         symbol = runner.symbol
         cached = mx.nd.CachedOp(symbol)
         f = lambda *args: cached(*[args[i] for i in runner.order])  # noqa: E731
-    elif base == "focal":
-        import numpy as np
+    elif base == "center":
+        from customop import ops
 
+        extra = [mx.nd.array(np.random.RandomState(0).randint(0, 10, (32,)))]
+        xs = [mx.nd.random.normal(shape=(32, 16))]
+        f = ops.CenterLoss(num_class=10, feature_dim=16)
+        f.initialize()
+    elif base == "focal":
         from customop import ops
 
         extra = [mx.nd.array(np.random.RandomState(0).randint(-1, 5, (8, 100)))]
@@ -143,7 +150,28 @@ def _step_function(kind: str, lengths: int):
         f = ops.focal_loss
     else:
         raise ValueError(kind)
-    if variant == "hybrid":
+    if variant == "executor":  # bound once: each step a forward and a backward
+        data = mx.sym.Variable("x")
+        executors = {}
+
+        def f(x):
+            exe = executors.get(x.shape)
+            if exe is None:
+                exe = executors[x.shape] = inner(data).simple_bind(mx.cpu(), x=x.shape)
+            exe.arg_dict["x"][:] = x
+            exe.forward(is_train=True)
+            return exe
+
+        inner = square
+
+        def step(i: int) -> None:
+            exe = f(xs[i % len(xs)])
+            exe.backward(mx.nd.ones_like(exe.outputs[0]))
+
+        return step
+    if variant == "hybrid" and isinstance(f, mx.gluon.HybridBlock):
+        f.hybridize()
+    elif variant == "hybrid":
         inner = f
 
         class Block(mx.gluon.HybridBlock):
