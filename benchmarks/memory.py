@@ -50,7 +50,12 @@ CASES = {
     "ours, hybridized": ("ours:hybrid", 1),
     "ours, inline=False, hybridized": ("noinline:hybrid", 1),
     "ours, 'numpy' mode": ("numpy", 1),
+    "ours, 'numpy' mode, hybridized": ("numpy:hybrid", 1),
+    "ours, 'numpy' mode, 10 lengths": ("numpy", 10),
     "ours, simple_bind executor": ("ours:executor", 1),
+    "ours, joint closure with residuals, 2 inputs": ("joint", 1),
+    "ours, joint closure with residuals, forced_path('function')": ("joint:function", 1),
+    "ours, mx.np interface": ("npx", 1),
     "ops.CenterLoss (aux states), Gluon": ("center", 1),
     "ops.CenterLoss (aux states), hybridized": ("center:hybrid", 1),
     "ops.focal_loss, default": ("focal", 1),
@@ -135,6 +140,30 @@ def _step_function(kind: str, lengths: int):
         symbol = runner.symbol
         cached = mx.nd.CachedOp(symbol)
         f = lambda *args: cached(*[args[i] for i in runner.order])  # noqa: E731
+    elif base == "joint":
+        from customop import customop, residuals
+
+        @customop("mxnet", name="memory_bench.scaled")
+        def scaled(x, w):
+            t = mx.nd.tanh(x)
+            return residuals(t * w, t=t)
+
+        scaled.def_grad(lambda ans, x, w, t: lambda g: (g * w * (1 - t * t), g * t),
+                        argnum=(0, 1))
+        extra = [mx.nd.random.uniform(shape=(1000,))]
+        extra[0].attach_grad()
+        f = scaled
+    elif base == "npx":
+        from customop import customop
+
+        mx.npx.set_np()
+
+        @customop("mxnet", name="memory_bench.square")
+        def square(x):
+            return x * x
+        square.def_grad(lambda ans, x: lambda g: 2 * x * g)
+        xs = [mx.np.random.uniform(size=(1000,))]
+        f = square
     elif base == "center":
         from customop import ops
 
