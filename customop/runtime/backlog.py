@@ -27,6 +27,11 @@ does not waits once every :data:`LIMIT` calls.  Nothing waits on a thread MXNet 
 (a callback's own thread: waiting there would wait for itself), nor where no Python
 backward is queued.  Switched off, MXNet's workers grow with the backlog as they do for a
 hand-written ``CustomOp``.
+
+The wait is a synchronisation point, as MXNet's ``waitall()`` is: an earlier operator's
+asynchronous failure is raised there (MXNet then clears every array's failure).  So it
+is skipped while a failure of one of our callbacks waits for the reader of the arrays it
+poisoned (:func:`customop.errors.pending`), which then gets it where it reads them.
 """
 from __future__ import annotations
 
@@ -35,6 +40,7 @@ from typing import Any
 
 import mxnet as mx
 
+from .. import errors
 from . import callbacks
 
 LIMIT = 4  # our live nodes past the last wait before the calling thread waits for them
@@ -62,6 +68,8 @@ def throttle() -> None:
             _mark.live = live
         return
     if threading.current_thread().daemon:  # MXNet's workers (and daemon threads) never wait
+        return
+    if errors.pending():  # a failure of ours waits for its reader: waitall would clear it
         return
     mx.nd.waitall()
     _mark.live = live  # the nodes it freed lower the mark at the next call
