@@ -4,7 +4,7 @@ Run from the repository root (about 2 minutes on 2 CPU cores; ``--quick`` about 
 
     .venv/bin/python benchmarks/memory.py [--markdown] [--quick] [--calls N] [--only "CASE;..."]
 
-The loop of issue 50, as a new user writes it: ``x.attach_grad()``, a recorded call,
+The loop a new user writes: ``x.attach_grad()``, a recorded call,
 ``backward()``, and nothing read back (so the engine may run behind Python).  Each case
 runs in a fresh process: ``--warmup`` calls, then ``mx.nd.waitall()`` and ``gc.collect()``
 and a reading of ``VmRSS``, then ``--calls`` more calls and a second reading.  The table

@@ -1,4 +1,4 @@
-"""Issue 50: resident memory stays flat on every path (benchmarks/memory.py's loops).
+"""Resident memory stays flat on every path (benchmarks/memory.py's loops).
 
 Each case runs in a fresh interpreter (its readings are the process's own): the loop of
 ``x.attach_grad()``, a recorded call, ``backward()`` with nothing read back, measured
@@ -41,7 +41,7 @@ def native_short():
 def test_a_short_loop_stays_near_mxnets_own(case, native_short):
     found = memory.measure(case, 60, 200, timeout=120)
     # a leak of 100 KiB a call shows as 20 MiB over these 200 calls; the pile-up of
-    # MXNet's custom-op workers (issue 50) as 250-350 MiB above MXNet's loop
+    # MXNet's custom-op workers as 250-350 MiB above MXNet's loop
     assert found["growth_kib"] < 100, found
     assert found["end_mib"] < native_short["end_mib"] + 64, (found, native_short)
 

@@ -1,4 +1,4 @@
-"""graphs/budget.py: the per-signature tables are bounded by memory (issue 50, item 2)."""
+"""graphs/budget.py: the per-signature tables are bounded by memory."""
 import mxnet as mx
 import numpy as np
 import pytest
