@@ -8,7 +8,7 @@ DOCS_STAMP := $(VENV)/.docs-installed
 SPHINX := $(VENV)/bin/sphinx-build -W --keep-going -q -d docs/_build/doctrees
 
 .PHONY: venv demo test soak lint bench bench-imperative bench-detection bench-losses bench-dist bench-aux bench-isolation \
-	bench-residuals bench-fork bench-binds bench-composed bench-native bench-rules dist-demo notebooks docs clean
+	bench-residuals bench-fork bench-binds bench-composed bench-memory bench-native bench-rules dist-demo notebooks docs clean
 
 venv: $(STAMP)
 
@@ -92,6 +92,10 @@ bench-binds: $(STAMP)
 
 bench-composed: $(STAMP)
 	$(PY) benchmarks/composed.py
+	$(PY) benchmarks/composed.py --peak 200
+
+bench-memory: $(STAMP)
+	$(PY) benchmarks/memory.py
 
 bench-imperative: $(STAMP)
 	$(PY) benchmarks/imperative.py

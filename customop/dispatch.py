@@ -62,7 +62,7 @@ from . import params as _params
 from .modes import BFLOAT16, NumpyMode
 from .outputs import OutputsSymbol
 from .runtime import aux as aux_patch
-from .runtime import callbacks
+from .runtime import backlog, callbacks
 from .runtime import trace as trace_hooks
 
 PATHS = ("direct", "function", "native", "custom", "graph")
@@ -261,6 +261,7 @@ def call_native(op: opinfo.Differentiable, nd_inputs: list[mx.nd.NDArray],
 _alive: dict[int, Any] = {}  # what MXNet's record of each node needs kept alive, by node
 _states: dict[int, _Recorded] = {}  # what each node's backward needs, by node
 _counter = itertools.count(1)  # a node's key, its callbacks' context pointer (never NULL)
+backlog.TABLES.append(_states)  # counted where our callbacks may queue up (runtime.backlog)
 
 
 class _Recorded:
@@ -331,6 +332,8 @@ def call_function(op: opinfo.Differentiable, nd_inputs: list[mx.nd.NDArray],
     # recorded state; the callbacks (one pair for every node) reach it only through ``key``.
     _states[key] = _Recorded(op, args, outs, params, aux_nd, saved)
     _alive[key] = callbacks.record_function(nd_inputs, nd_outs, key, _backward, _delete)
+    if runtime.is_installed("backlog"):
+        backlog.throttle()
     return nd_outs
 
 

@@ -23,7 +23,7 @@ from .inference import known
 from .input_shapes import unknown_ndim
 from .modes import BFLOAT16
 from .runtime import aux as aux_patch
-from .runtime import binds, callbacks, deps, names, release, shapes
+from .runtime import backlog, binds, callbacks, deps, names, release, shapes
 
 _decoded: dict[tuple, dict[str, Any]] = {}
 _UNKNOWN = 2**31 - 1  # dimensions from here up are MXNet's -1 (unknown) read as unsigned
@@ -164,6 +164,8 @@ class _Prop(mx.operator.CustomOpProp):
         dtypes = tuple(np.dtype(_DTYPE_MX_TO_NP[t]) for t in dtypes[:n])
         metas = self._reporting(self.op.inference.outputs, self.pkey, self.params,
                               shapes, dtypes)
+        if runtime.is_installed("backlog"):  # a node of ours per call: imperative, hybridized
+            backlog.throttle()
         # The thread that binds (or calls) it reads its errors.
         return _Op(self.op, self.params, [m.scalar for m in metas], self.call,
                    threading.get_ident(), ctx)
