@@ -8,7 +8,7 @@ DOCS_STAMP := $(VENV)/.docs-installed
 SPHINX := $(VENV)/bin/sphinx-build -W --keep-going -q -d docs/_build/doctrees
 
 .PHONY: venv demo test soak lint bench bench-imperative bench-detection bench-losses bench-dist bench-aux bench-isolation \
-	bench-residuals bench-port bench-fork bench-binds bench-composed bench-native bench-rules dist-demo notebooks docs clean
+	bench-residuals bench-port bench-fork bench-binds bench-composed bench-memory bench-native bench-rules dist-demo notebooks docs clean
 
 venv: $(STAMP)
 
@@ -43,13 +43,17 @@ lint: $(STAMP)
 # pytest-xdist workers, a test module per unit of work (tests/conftest.py puts the slowest
 # first).  Tests marked soak (long soaks, and jobs whose checks make test also makes
 # elsewhere) run in `make soak`, one at a time, each allowed an hour; so do the benchmark
-# scripts' smoke runs (marked benchmarks), which CI's full suites run too.
+# scripts' smoke runs (marked benchmarks), which CI's full suites run too.  The Horovod soak
+# (a 3,000-step 2-rank job) runs in the `horovod` nox session's venv, where Horovod is built
+# (once per machine, cached outside the checkout: noxfile.py).
 WORKERS ?= 2
+# -rs: the reasons of skipped tests (tests/test_horovod.py's where Horovod is not installed).
 test: lint
-	$(PY) -m pytest -q -m "not soak and not benchmarks" -n $(WORKERS) --dist loadfile tests
+	$(PY) -m pytest -q -rs -m "not soak and not benchmarks" -n $(WORKERS) --dist loadfile tests
 
 soak: $(STAMP)
 	$(PY) -m pytest -q -m "soak or benchmarks" --timeout 3600 tests
+	$(VENV)/bin/nox -s horovod -- -q -m soak --timeout 3600 tests/test_horovod.py
 
 notebooks: $(STAMP)
 	$(PY) notebooks/run_notebooks.py
@@ -92,6 +96,10 @@ bench-binds: $(STAMP)
 
 bench-composed: $(STAMP)
 	$(PY) benchmarks/composed.py
+	$(PY) benchmarks/composed.py --peak 200
+
+bench-memory: $(STAMP)
+	$(PY) benchmarks/memory.py
 
 bench-imperative: $(STAMP)
 	$(PY) benchmarks/imperative.py

@@ -11,7 +11,9 @@
   torchvision, jax), then a saved port loaded in a venv without MXNet and with NumPy 2;
 - ``deploy-3.11``: the exported models (tests/deploy/models.py) checked in two fresh venvs:
   plain MXNet without customop (``SymbolBlock.imports``, ``Module``, and MXNet's C predict
-  API from a C program compiled there with gcc), and ONNX Runtime with a current NumPy.
+  API from a C program compiled there with gcc), and ONNX Runtime with a current NumPy;
+- ``horovod-3.11``: Horovod built against the pinned MXNet (Gloo, no MPI; the wheel cached
+  outside the checkout, :func:`_horovod_wheel`), then tests/test_horovod.py's 2-rank jobs.
 
 Every command runs under a time limit (:data:`LIMIT_MIN`): a hang fails its session, named,
 and nox goes on with the others.  The venvs the suite runs in are filled by uv (pinned in
@@ -26,6 +28,7 @@ PYENV_ROOT is unset), else ``python3.X`` on PATH.
 """
 from __future__ import annotations
 
+import fcntl
 import glob
 import os
 import re
@@ -78,9 +81,23 @@ VERSION_SUITE = [
 # stream (2026-11-28): the full suite 10-11 min (6 alone), the version suite 3-4, a venv
 # filled by uv well under 1, an install check 1-5 (notebooks included on 3.11).  CI's own
 # limit is 90 minutes.
-LIMIT_MIN = {"suite": 20, "version suite": 10, "install": 10, "check": 10, "port": 10}
+LIMIT_MIN = {"suite": 20, "version suite": 10, "install": 10, "check": 10, "build": 20, "port": 10}
 
-nox.options.sessions = ["tests", "install", "install_minimal", "docs", "deploy", "port"]
+# Horovod for the `horovod` session: built from source against the pinned MXNet (PyPI has no
+# wheel), Gloo as the controller, no MPI, no other framework; 161 s with two make jobs on 2
+# cores (2026-11-28).  HOROVOD_BUILD_TOOLS: what `pip wheel --no-build-isolation` needs in the
+# venv (setuptools as Python 3.11's venv has it; wheel for bdist_wheel); cmake and a C++ compiler
+# come from the machine (apt).
+HOROVOD = "0.28.1"
+HOROVOD_PYTHON = "3.11"
+HOROVOD_BUILD_TOOLS = ["setuptools==65.5.0", "wheel==0.48.0"]
+HOROVOD_BUILD_ENV = {"HOROVOD_WITH_MXNET": "1", "HOROVOD_WITH_GLOO": "1",
+                     "HOROVOD_WITHOUT_MPI": "1", "HOROVOD_WITHOUT_TENSORFLOW": "1",
+                     "HOROVOD_WITHOUT_PYTORCH": "1", "MAKEFLAGS": "-j2"}
+HOROVOD_WHEELS = Path(os.environ.get("CUSTOMOP_CACHE") or "~/.cache/customop").expanduser() \
+    / "horovod-wheels"
+
+nox.options.sessions = ["tests", "install", "install_minimal", "docs", "deploy", "horovod", "port"]
 # `.ci/run` runs these two streams at once, each a nox run of its sessions in this order.  One
 # after another the sessions kept 77% of two cores busy (2,469 s of CPU in 1,599 s,
 # 2026-11-28); the streams fill the rest, balanced by their times side by side (the full
@@ -88,7 +105,8 @@ nox.options.sessions = ["tests", "install", "install_minimal", "docs", "deploy",
 # Together they are nox.options.sessions, each once (tests/test_ci.py).
 STREAMS = {
     "suites": ["tests-3.11", "tests-3.8", "docs"],
-    "rest": ["tests-3.9", "tests-3.10", "install", "install_minimal", "deploy", "port"],
+    "rest": ["tests-3.9", "tests-3.10", "install", "install_minimal", "deploy", "horovod",
+             "port"],
 }
 nox.options.default_venv_backend = "venv"
 nox.options.download_python = "never"
@@ -169,7 +187,9 @@ def tests(session: nox.Session) -> None:
     if session.posargs:
         _pytest(session, list(session.posargs), "suite", selection=True)
     elif session.python in FULL_SUITE_PYTHONS:
-        _pytest(session, ["-q", "-m", "not soak", *WORKERS, "tests"], "suite", selection=False)
+        # -rs: the reasons of skipped tests (tests/test_horovod.py's: the horovod session's)
+        _pytest(session, ["-q", "-rs", "-m", "not soak", *WORKERS, "tests"], "suite",
+                selection=False)
     else:
         _pytest(session, ["-q", "-m", "not soak", *WORKERS, *VERSION_SUITE], "version suite",
                 selection=False)
@@ -243,6 +263,53 @@ def deploy(session: nox.Session) -> None:
             _fill(session, "-r", str(here / pins), python=python)
             with session.chdir(work):  # nothing of the checkout on sys.path
                 _run(session, "check", python, str(here / check), out, env={"PYTHONPATH": ""})
+
+
+def _pinned(name: str) -> str:
+    for line in (ROOT / "requirements.txt").read_text().splitlines():
+        if line.startswith(f"{name}=="):
+            return line.split("==", 1)[1].split(";")[0].strip()
+    raise RuntimeError(f"requirements.txt pins no {name}")
+
+
+def _horovod_wheel(session: nox.Session) -> Path:
+    """The Horovod wheel for this Python and the pinned MXNet, built into the cache outside
+    the checkout (``$CUSTOMOP_CACHE``, else ``~/.cache/customop``) when it is not there yet:
+    CI's machine builds it once.  One build at a time (a lock in the cache)."""
+    key = f"horovod-{HOROVOD}-mxnet-{_pinned('mxnet')}-py{session.python}"
+    cache = HOROVOD_WHEELS / key
+    cache.mkdir(parents=True, exist_ok=True)
+    with open(HOROVOD_WHEELS / f"{key}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # a second run waits, then finds the wheel
+        found = sorted(cache.glob("horovod-*.whl"))
+        if found:
+            session.log(f"Horovod {HOROVOD}: the cached wheel {found[-1]}")
+            return found[-1]
+        _fill(session, *HOROVOD_BUILD_TOOLS)
+        with tempfile.TemporaryDirectory(prefix="customop-horovod-") as out:
+            _run(session, "build", "python", "-m", "pip", "wheel", "--quiet",
+                 "--no-build-isolation", "--no-deps", "--no-binary", "horovod", "-w", out,
+                 f"horovod=={HOROVOD}", env=HOROVOD_BUILD_ENV)
+            (built,) = Path(out).glob("horovod-*.whl")
+            shutil.copy(built, cache / (built.name + ".part"))
+            (cache / (built.name + ".part")).rename(cache / built.name)  # whole, or absent
+        return cache / built.name
+
+
+@nox.session(python=HOROVOD_PYTHON)
+def horovod(session: nox.Session) -> None:
+    """2-rank Horovod jobs on 127.0.0.1 (tests/test_horovod.py; the full suites skip it):
+    Horovod built against the pinned MXNet once per machine (cached), installed, checked to
+    hold MXNet and Gloo.  Words after ``--`` replace the pytest arguments (``make soak``:
+    ``-m soak``)."""
+    _fill(session, "-r", "requirements-dev.txt")
+    _fill(session, "--no-deps", "-e", ".")
+    _fill(session, str(_horovod_wheel(session)))
+    # what `horovodrun --check-build` lists, as a check: the MXNet extension loads, Gloo is in
+    _run(session, "check", "python", "-c", "import horovod.mxnet as hvd; "
+         "assert hvd.gloo_built() and not hvd.mpi_built(), 'Horovod without Gloo or with MPI'")
+    args = list(session.posargs) or ["-q", "-m", "not soak", "tests/test_horovod.py"]
+    _pytest(session, args, "suite", selection=bool(session.posargs))
 
 
 # What the port tests run beside MXNet (numpy 1.23.5 keeps jax at 0.4.30), and what the

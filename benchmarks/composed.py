@@ -29,9 +29,11 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import time
 
@@ -159,13 +161,57 @@ def time_steps(heads, data, turns, calls):
     return times
 
 
+def _rss_mib(field):
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith(field + ":")) / 1024
+
+
+def peak_child(variant, steps):
+    """Train ``variant`` (a key of make_heads) ``steps`` steps at 8x64x16x16 in this
+    process; print its peak and final resident memory (MiB) as one JSON line."""
+    data = make_batch(8, 64, 16, 8)
+    heads = make_heads(64, 16)
+    head = heads[variant]
+    heads.clear()
+    trainer = mx.gluon.Trainer(head.collect_params(), "sgd", {"learning_rate": 1e-4})
+    for _ in range(steps):
+        _step(head, trainer, data)
+    mx.nd.waitall()
+    print(json.dumps({"peak": _rss_mib("VmHWM"), "end": _rss_mib("VmRSS")}))
+
+
+def peak_table(steps, markdown):
+    """Each head trained ``steps`` steps in a fresh process: peak and final RSS."""
+    rows, found = [], {}
+    for variant in ("native", "ours", "native imperative", "ours imperative"):
+        proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--peak-child",
+                               variant, str(steps)], capture_output=True, text=True,
+                              check=True)
+        found[variant] = r = json.loads(proc.stdout.strip().splitlines()[-1])
+        native = found["native imperative" if "imperative" in variant else "native"]
+        rows.append([variant, f"{r['peak']:.0f}", f"{r['end']:.0f}",
+                     f"{r['peak'] / native['peak']:.2f}x"])
+    print(f"peak resident memory, {steps} steps at 8x64x16x16, each head in a fresh process")
+    print_table(["variant", "peak RSS (MiB)", "end RSS (MiB)", "peak vs native"], rows,
+                markdown, align="---|---:|---:|---:")
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--markdown", action="store_true")
     parser.add_argument("--quick", action="store_true", help="small sizes, few steps")
     parser.add_argument("--turns", type=int, default=30)
     parser.add_argument("--calls", type=int, default=4)
+    parser.add_argument("--peak", type=int, metavar="STEPS", default=0,
+                        help="instead: each head's peak RSS over STEPS steps, fresh processes")
+    parser.add_argument("--peak-child", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.peak_child:
+        peak_child(args.peak_child[0], int(args.peak_child[1]))
+        return
+    if args.peak:
+        peak_table(args.peak, args.markdown)
+        return
     # (batch, channels, map size, ground-truth boxes): a tiny head, where the fixed cost of
     # four custom nodes shows, and one of a realistic small size
     sizes = [(2, 8, 4, 2)] if args.quick else [(2, 8, 4, 2), (8, 64, 16, 8)]

@@ -10,8 +10,8 @@ call synchronised):
    (``CUSTOMOP_RUNTIME_OFF=inline`` while the block is built), and the same
    composition written natively (``x * x`` on NDArrays records ``broadcast_mul``;
    ``F``'s ``x * x`` in a graph is ``elemwise_mul``, shown too); at 10, 1e3 and
-   1e6 elements.  A ``def_grad`` twin (issue 33: its closure is MXNet's gradient, so the
-   forward stands alone) and a surrogate-gradient twin (``3 x g``: its closure transposed
+   1e6 elements.  A ``def_grad`` twin (its closure ``2 x g`` is MXNet's gradient; since issue 51
+   transposed all the same) and a surrogate-gradient twin (``3 x g``: its closure transposed
    into the graph), each inlined and as a ``Custom`` node.
 2. Inference latency of a detection post-processing block (``ops.box_decode`` ->
    ``ops.box_nms`` -> ``ops.topk``): with ``Custom`` nodes; hybridized with

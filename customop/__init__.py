@@ -4,7 +4,8 @@
 MXNet CustomOp; ``op.def_grad(fn, argnum)`` attaches gradients (``return residuals(out, p=p)``
 hands the forward's intermediate values to them);
 ``check_grad(op, *inputs)`` checks them against finite differences;
-``imports``/``load_checkpoint`` reload saved graphs, importing their ops first.
+``imports``/``load_checkpoint`` reload saved graphs, registering their ops from code the
+caller chose (``modules=``; a model file never chooses what is imported).
 ``'mxnet'``-mode ops run as MXNet's own operators in hybridized and bound graphs
 when their forward traces to one (``explain(op, ...)`` says whether, and why not);
 ``export(block, path, *inputs)`` writes a model plain MXNet loads, ``to_onnx`` converts it;
@@ -44,7 +45,7 @@ _WITHOUT_MXNET = {"load_port", "port", "PortError"}
 if TYPE_CHECKING:
     from .check import check_grad
     from .deploy.export import NotInlinedError, export, to_onnx
-    from .deploy.loading import imports, load_checkpoint
+    from .deploy.loading import UntrustedModuleError, imports, load_checkpoint
     from .graphs.explain import explain
     from .graphs.trace import is_tracing
     from .operator import CustomOperator, customop
@@ -54,8 +55,8 @@ if TYPE_CHECKING:
 
 __all__ = ["customop", "CustomOperator", "residuals", "check_grad", "imports",
            "load_checkpoint", "explain", "is_tracing", "export", "to_onnx",
-           "NotInlinedError", "require", "to_torch", "to_jax", "save_port", "load_port",
-           "PortError"]
+           "NotInlinedError", "require", "UntrustedModuleError", "to_torch", "to_jax",
+           "save_port", "load_port", "PortError"]
 __version__ = "0.1.0"
 
 # Each public name comes from its module on first use: `import customop` alone imports
@@ -66,8 +67,9 @@ _HOME = {"customop": "operator", "CustomOperator": "operator", "residuals": "sav
          "check_grad": "check", "imports": "deploy.loading", "load_checkpoint": "deploy.loading",
          "explain": "graphs.explain", "is_tracing": "graphs.trace", "export": "deploy.export",
          "to_onnx": "deploy.export", "NotInlinedError": "deploy.export",
-         "require": "value_checks", "to_torch": "port", "to_jax": "port",
-         "save_port": "port", "load_port": "port", "PortError": "port"}
+         "require": "value_checks", "UntrustedModuleError": "deploy.loading",
+         "to_torch": "port", "to_jax": "port", "save_port": "port", "load_port": "port",
+         "PortError": "port"}
 
 
 def __getattr__(name: str) -> Any:

@@ -29,28 +29,40 @@
 Calls with Symbols build a ``Custom`` node; calls with NumPy arrays just run the
 forward.
 
+Half precision is decided here too, once for every path (:func:`half_inputs`): under
+MXNet's AMP (``mxnet.contrib.amp.init()``) a ``float16`` or ``bfloat16`` input is cast to
+``float32`` on entry and the outputs stay ``float32``, which is what AMP does to a
+``Custom`` node (its lists put ``Custom`` in ``FP32_FUNCS``), so a hybridized block and an
+imperative call compute alike.  Without AMP a ``bfloat16`` input (which NumPy cannot hold,
+and few MXNet CPU kernels take) is cast to ``float32`` on entry and the floating outputs
+back to ``bfloat16``; ``float16`` without AMP runs as given.  The casts are recorded, so the
+gradients flow back in each input's dtype.
+
 :func:`forced_path` pins one path (tests prove them equivalent; benchmarks
 compare them).
 """
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import functools
 import itertools
+import sys
 import threading
 from collections.abc import Iterator
 from typing import Any
 
 import mxnet as mx
 import numpy as np
+from mxnet.base import _LIB
 from mxnet.ndarray import NDArray
 
 from . import errors, kernel, opinfo, runtime
 from . import params as _params
-from .modes import NumpyMode
+from .modes import BFLOAT16, NumpyMode
 from .outputs import OutputsSymbol
 from .runtime import aux as aux_patch
-from .runtime import callbacks
+from .runtime import backlog, callbacks
 from .runtime import trace as trace_hooks
 
 PATHS = ("direct", "function", "native", "custom", "graph")
@@ -112,8 +124,60 @@ def to_ndarrays(op: opinfo.Forward, inputs: list[Any]) -> list[mx.nd.NDArray]:
     return out
 
 
+_FLOAT16, _BFLOAT16 = 2, 12  # MXNet's dtype codes (ndarray._DTYPE_MX_TO_NP)
+_codes = threading.local()  # .out: this thread's out-parameter (ctypes calls drop the GIL)
+_get_dtype = _LIB.MXNDArrayGetDType
+
+
+def amp_on() -> bool:
+    """Whether ``mxnet.contrib.amp.init()`` has run in this process (read, never imported)."""
+    amp = sys.modules.get("mxnet.contrib.amp.amp")
+    return bool(getattr(amp, "_amp_initialized", False))
+
+
+def half_inputs(nd_inputs: list[NDArray], n: int) -> tuple[bool, bool]:
+    """``(cast in, cast back)`` for a call whose first ``n`` arrays are its inputs: cast
+    the half-precision inputs to ``float32`` on entry, and the outputs back to ``bfloat16``
+    (see the module doc)."""
+    has_half = has_bf16 = False
+    out = getattr(_codes, "out", None)
+    if out is None:
+        code = ctypes.c_int()
+        out = _codes.out = (code, ctypes.byref(code))
+    code, ref = out
+    for a in nd_inputs[:n]:
+        _get_dtype(a.handle, ref)  # (.dtype costs 3x this)
+        if code.value == _BFLOAT16:
+            has_half = has_bf16 = True
+        elif code.value == _FLOAT16:
+            has_half = True
+    if not has_half:
+        return False, False
+    if amp_on():
+        return True, False
+    return has_bf16, has_bf16
+
+
+def _cast_in(nd_inputs: list[NDArray], n: int, amp: bool) -> list[NDArray]:
+    half = (np.float16, BFLOAT16) if amp else (BFLOAT16,)
+    return [mx.nd.amp_cast(a, dtype=np.float32) if i < n and a.dtype in half else a
+            for i, a in enumerate(nd_inputs)]
+
+
 def call_ndarray(op: opinfo.Dispatched, inputs: list[Any], params: dict[str, Any]) -> Any:
     nd_inputs = to_ndarrays(op, inputs)
+    cast_in, cast_back = half_inputs(nd_inputs, len(op.signature.inputs))
+    if not cast_in:
+        return _returned(_call_ndarray(op, nd_inputs, params))
+    outs = _call_ndarray(op, _cast_in(nd_inputs, len(op.signature.inputs), not cast_back),
+                         params)
+    if cast_back:  # recorded: the gradient reaches the cast as bfloat16, and goes on float32
+        outs = [mx.nd.amp_cast(o, dtype=BFLOAT16) if o.dtype == np.float32 else o for o in outs]
+    return _returned(outs)
+
+
+def _call_ndarray(op: opinfo.Dispatched, nd_inputs: list[NDArray],
+                  params: dict[str, Any]) -> list[NDArray]:
     kernel.check_aux(op, nd_inputs, params)
     recording = mx.autograd.is_recording()
     path = choose(recording, op.records_natively)
@@ -136,7 +200,7 @@ def call_ndarray(op: opinfo.Dispatched, inputs: list[Any], params: dict[str, Any
         found = _imperative().call(op, nd_inputs, params, at_once=path == "graph",
                                    recording=recording)
         if isinstance(found, list):
-            return _returned(found)
+            return found
     else:
         found = None
     if path == "graph":
@@ -151,7 +215,7 @@ def call_ndarray(op: opinfo.Dispatched, inputs: list[Any], params: dict[str, Any
         outs = call_custom(op, nd_inputs, params)
     if found is not None:  # its forward ran here: the next call of this signature may not
         _imperative().seen(found)
-    return _returned(outs)
+    return outs
 
 
 @functools.lru_cache(maxsize=None)
@@ -197,6 +261,7 @@ def call_native(op: opinfo.Differentiable, nd_inputs: list[mx.nd.NDArray],
 _alive: dict[int, Any] = {}  # what MXNet's record of each node needs kept alive, by node
 _states: dict[int, _Recorded] = {}  # what each node's backward needs, by node
 _counter = itertools.count(1)  # a node's key, its callbacks' context pointer (never NULL)
+backlog.TABLES.append(_states)  # counted where our callbacks may queue up (runtime.backlog)
 
 
 class _Recorded:
@@ -267,6 +332,8 @@ def call_function(op: opinfo.Differentiable, nd_inputs: list[mx.nd.NDArray],
     # recorded state; the callbacks (one pair for every node) reach it only through ``key``.
     _states[key] = _Recorded(op, args, outs, params, aux_nd, saved)
     _alive[key] = callbacks.record_function(nd_inputs, nd_outs, key, _backward, _delete)
+    if runtime.is_installed("backlog"):
+        backlog.throttle()
     return nd_outs
 
 

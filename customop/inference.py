@@ -21,6 +21,7 @@ import mxnet as mx
 import numpy as np
 
 from . import errors, kernel, opinfo, value_checks
+from .modes import BFLOAT16
 from .runtime import randomness
 
 Shape = Tuple[int, ...]  # noqa: UP006 - evaluated at run time on Python 3.8
@@ -114,18 +115,29 @@ class Inference:
             self.by_shapes[(pkey, shapes)] = metas
         return metas
 
-    def _run(self, params, shapes, dtypes) -> tuple[OutputMeta, ...]:
+    def _run(self, params, shapes, dtypes, seed=None) -> tuple[OutputMeta, ...]:
         if self.op.mode == "mxnet":
             # MXNet asks for shapes from inside an imperative call; NDArray ops issued on
             # that thread (while it records) corrupt its state, so run them on our own thread.
-            return _infer_thread().submit(self._run_here, params, shapes, dtypes).result()
-        return self._run_here(params, shapes, dtypes)
+            return _infer_thread().submit(self._run_here, params, shapes, dtypes,
+                                          seed).result()
+        return self._run_here(params, shapes, dtypes, seed)
 
-    def _run_here(self, params, shapes, dtypes) -> tuple[OutputMeta, ...]:
+    def _run_here(self, params, shapes, dtypes, seed=None) -> tuple[OutputMeta, ...]:
         mode = self.op.mode_impl
-        args = [mode.placeholder(s, d) for s, d in zip(shapes, dtypes)]
+        # a bfloat16 input is computed on as float32, and the float32 outputs stored back as
+        # bfloat16 (modes.widened)
+        bf16 = BFLOAT16 in dtypes
+        run_dtypes = tuple(np.dtype(np.float32) if d == BFLOAT16 else d for d in dtypes)
+        if seed is None:
+            args = [mode.placeholder(s, d) for s, d in zip(shapes, run_dtypes)]
+        else:  # other values than the placeholders' (see _guess_dtypes)
+            rng = np.random.RandomState(seed)
+            args = [mode.from_numpy((rng.randint(0, 1000, s) if np.issubdtype(d, np.integer)
+                                     else rng.uniform(-100, 100, s)).astype(d))
+                    for s, d in zip(shapes, run_dtypes)]
         if self.op.signature.aux:  # scratch states: whatever the forward writes is dropped
-            aux_dtype = kernel.aux_dtype_for(dtypes)
+            aux_dtype = kernel.aux_dtype_for(run_dtypes)
             args += [mode.placeholder(s, aux_dtype)
                      for s in kernel.aux_shapes(self.op, list(shapes), params)]
         # value checks (customop.require) are about values, not shapes: placeholders may
@@ -134,33 +146,48 @@ class Inference:
                 value_checks.collecting(lenient=True):
             outs = kernel.run_forward(self.op, args, params,
                                       where="shape inference on placeholder inputs")
-        metas = [OutputMeta.of(mode.shape(o), mode.dtype(o)) for o in outs]
+        metas = [OutputMeta.of(mode.shape(o), BFLOAT16 if bf16 and mode.dtype(o) == np.float32
+                               else mode.dtype(o)) for o in outs]
         if self.op.user_infer_type is not None:
             out_dtypes = self.dtypes_only(params, dtypes)
             metas = [OutputMeta.of(() if m.scalar else m.shape, d)
                      for m, d in zip(metas, out_dtypes)]
         return tuple(metas)
 
-    def _guess_dtypes(self, params, shapes) -> tuple[OutputMeta, ...]:
-        # MXNet's shape pass does not tell dtypes: try float32, then int32 for
-        # each subset of inputs (labels), smallest subsets first.
-        n = len(shapes)
-        first_error = None
-        for k in range(n + 1):
+    def _guesses(self, n: int) -> Iterator[tuple[np.dtype, ...]]:
+        # MXNet's shape pass does not tell dtypes: float32, then int32 for each subset of
+        # inputs (labels), smallest subsets first (at most two).
+        for k in range(min(n, 2) + 1):
             for ints in itertools.combinations(range(n), k):
-                dtypes = tuple(np.dtype(np.int32 if i in ints else np.float32) for i in range(n))
-                try:
-                    return self._run(params, shapes, dtypes)
-                except Exception as exc:  # noqa: BLE001 - any failure means "try the next guess"
-                    first_error = first_error or exc
-            if k >= 2:
-                break
-        if not errors.is_own_check(first_error, self.op.op_type):
-            # (the message names the op already: once is enough)
+                yield tuple(np.dtype(np.int32 if i in ints else np.float32) for i in range(n))
+
+    def _guess_dtypes(self, params, shapes) -> tuple[OutputMeta, ...]:
+        first_error = None
+        for dtypes in self._guesses(len(shapes)):
+            try:
+                return self._run(params, shapes, dtypes)
+            except Exception as exc:  # noqa: BLE001 - any failure means "try the next guess"
+                first_error = first_error or exc
+        if not errors.is_own_check(first_error, self.op.op_type) and not (
+                _users_raise(first_error) and not self._passes_elsewhere(params, shapes)):
+            # (the message names the op already: once is enough; the forward's own code
+            # raising whatever the values is its check of the inputs: they are wrong, not
+            # the inference)
             errors.add_context(first_error, (
                 "Its forward ran on placeholder inputs (ones; integer zeros) to infer output "
                 "shapes; if it cannot, pass infer_shape= (and infer_type=) to @customop"))
         raise first_error
+
+    def _passes_elsewhere(self, params, shapes) -> bool:
+        """Whether the forward runs on random values of these shapes (then what it raised
+        on the placeholders was about their values: infer_shape= helps)."""
+        for dtypes in self._guesses(len(shapes)):
+            try:
+                self._run(params, shapes, dtypes, seed=0)
+                return True
+            except Exception:  # noqa: BLE001 - raised again: try the next guess
+                continue
+        return False
 
     def _from_user(self, params, shapes, dtypes) -> tuple[OutputMeta, ...]:
         op = self.op
@@ -183,5 +210,21 @@ class Inference:
             out = op.user_infer_type(*dtypes, **params)
             out = list(out) if isinstance(out, (list, tuple)) else [out]
             return [np.dtype(d) for d in out]
-        floats = [d for d in dtypes if np.issubdtype(d, np.floating)]
+        floats = [d for d in dtypes if kernel.floating(d)]
         return [floats[0] if floats else np.dtype(np.float32)] * op.outputs.of(params)
+
+
+_LIBRARIES = tuple(os.path.dirname(os.path.abspath(m.__file__)) + os.sep
+                   for m in (mx, np, errors))  # mxnet/, numpy/, customop/
+
+
+def _users_raise(exc: BaseException) -> bool:
+    """Whether ``exc`` was raised by the user's own code (its innermost frame outside MXNet,
+    NumPy and this package), not by an operator that failed on the placeholders."""
+    tb = exc.__traceback__
+    if tb is None or isinstance(exc, mx.base.MXNetError):
+        return False
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    where = os.path.abspath(tb.tb_frame.f_code.co_filename)
+    return not where.startswith(_LIBRARIES) and "<frozen" not in where

@@ -13,6 +13,7 @@ import mxnet as mx
 import numpy as np
 
 from . import errors, gradients, opinfo, value_checks
+from .modes import BFLOAT16, MODES
 from .saved import residuals
 
 
@@ -127,7 +128,9 @@ def write_back(mode_name: str, dst: list[mx.nd.NDArray], values: list[Any], wait
     MXNet's worker threads nothing else orders them).
     """
     for nd, value in zip(dst, values):
-        if mode_name == "numpy":
+        if nd.dtype == BFLOAT16:  # computed on a float32 copy (modes.widened)
+            MODES[mode_name].assign(nd, "write", value)
+        elif mode_name == "numpy":
             nd[:] = np.asarray(value).reshape(nd.shape).astype(nd.dtype, copy=False)
         if wait:
             nd.wait_to_read()
@@ -150,8 +153,12 @@ def aux_shapes(op: opinfo.Forward, input_shapes: list[tuple[int, ...]],
 
 def aux_dtype_for(dtypes) -> np.dtype:
     """The dtype of an op's aux states: its first floating input's (float32 without one)."""
-    return next((np.dtype(d) for d in dtypes if np.issubdtype(d, np.floating)),
-                np.dtype(np.float32))
+    return next((np.dtype(d) for d in dtypes if floating(d)), np.dtype(np.float32))
+
+
+def floating(dtype) -> bool:
+    """Whether ``dtype`` is a float one, MXNet's ``bfloat16`` (a structured dtype) too."""
+    return np.issubdtype(dtype, np.floating) or np.dtype(dtype) == BFLOAT16
 
 
 def check_aux(op: opinfo.Forward, arrays: list[Any], params: dict[str, Any]) -> None:

@@ -12,6 +12,15 @@ from typing import Any
 import mxnet as mx
 import numpy as np
 
+BFLOAT16 = np.dtype([("bfloat16", np.uint16)])  # how MXNet hands bfloat16 to NumPy
+
+
+def widened(arr: mx.nd.NDArray) -> mx.nd.NDArray:
+    """``arr``, a ``bfloat16`` one as ``float32``: a forward and its closures compute in
+    float32 there (NumPy has no bfloat16, few MXNet CPU kernels take it), and their
+    results are stored back as ``bfloat16`` (:meth:`NumpyMode.assign`)."""
+    return arr.astype(np.float32) if arr.dtype == BFLOAT16 else arr
+
 
 class NumpyMode:
     name = "numpy"
@@ -19,7 +28,7 @@ class NumpyMode:
 
     @staticmethod
     def from_nd(arr: mx.nd.NDArray) -> np.ndarray:
-        return arr.asnumpy()
+        return widened(arr).asnumpy()
 
     @staticmethod
     def to_nd(value: np.ndarray, ctx: mx.Context) -> mx.nd.NDArray:
@@ -55,7 +64,10 @@ class NumpyMode:
         if req == "null":
             return
         value = np.asarray(value)
-        if req == "add":
+        if dst.dtype == BFLOAT16:  # (NumPy cannot write it: cast on the device)
+            value = mx.nd.array(value.reshape(dst.shape), ctx=dst.context, dtype=np.float32)
+            MXNetMode.assign(dst, req, value)
+        elif req == "add":
             dst += mx.nd.array(value.reshape(dst.shape), ctx=dst.context, dtype=dst.dtype)
         else:  # write / inplace: one host-to-device copy straight into the buffer
             dst[:] = value.reshape(dst.shape).astype(dst.dtype, copy=False)
@@ -75,7 +87,7 @@ class MXNetMode:
 
     @staticmethod
     def from_nd(arr: mx.nd.NDArray) -> mx.nd.NDArray:
-        return arr
+        return widened(arr)
 
     @staticmethod
     def to_nd(value: mx.nd.NDArray, ctx: mx.Context) -> mx.nd.NDArray:

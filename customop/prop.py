@@ -21,8 +21,9 @@ from . import errors, kernel, opinfo, runtime
 from . import params as _params
 from .inference import known
 from .input_shapes import unknown_ndim
+from .modes import BFLOAT16
 from .runtime import aux as aux_patch
-from .runtime import binds, callbacks, deps, names, release, shapes
+from .runtime import backlog, binds, callbacks, deps, names, release, shapes
 
 _decoded: dict[tuple, dict[str, Any]] = {}
 _UNKNOWN = 2**31 - 1  # dimensions from here up are MXNet's -1 (unknown) read as unsigned
@@ -153,8 +154,8 @@ class _Prop(mx.operator.CustomOpProp):
             metas = self._reporting(self.op.inference.outputs, self.pkey, self.params,
                                   shapes, dtypes)
             out = [m.dtype for m in metas]
-        aux = [kernel.aux_dtype_for(dtypes).type] * len(self.op.signature.aux)
-        return [d.type for d in dtypes], [np.dtype(d).type for d in out], aux
+        aux = [_mx_type(kernel.aux_dtype_for(dtypes))] * len(self.op.signature.aux)
+        return [_mx_type(d) for d in dtypes], [_mx_type(d) for d in out], aux
 
     def create_operator(self, ctx, shapes, dtypes):
         n = len(self.op.signature.inputs)  # MXNet also passes the output shapes
@@ -163,6 +164,8 @@ class _Prop(mx.operator.CustomOpProp):
         dtypes = tuple(np.dtype(_DTYPE_MX_TO_NP[t]) for t in dtypes[:n])
         metas = self._reporting(self.op.inference.outputs, self.pkey, self.params,
                               shapes, dtypes)
+        if runtime.is_installed("backlog"):  # a node of ours per call: imperative, hybridized
+            backlog.throttle()
         # The thread that binds (or calls) it reads its errors.
         return _Op(self.op, self.params, [m.scalar for m in metas], self.call,
                    threading.get_ident(), ctx)
@@ -282,3 +285,9 @@ class _Op(mx.operator.CustomOp):
                                residuals)
         except Exception as exc:
             self._fail(exc, "backward", [g for g, r in zip(in_grad, req) if r != "null"])
+
+
+def _mx_type(dtype) -> Any:
+    # MXNet's table keys type classes (np.float32), and bfloat16 by its structured dtype
+    dtype = np.dtype(dtype)
+    return dtype if dtype == BFLOAT16 else dtype.type

@@ -11,6 +11,8 @@ no call of ours (``--aux-sync`` adds the explicit
 batch of ``--batch`` rows, cut into one shard per device of the job: every worker
 takes its devices' shards, so the summed gradients are those of the whole batch,
 and 2 workers with 1 device each see exactly what 1 process with 2 devices sees.
+``--focal-loss W`` (Gluon) adds :func:`customop.ops.focal_loss` on the logits, an
+``'mxnet'``-mode op that runs as MXNet's own operators in a hybridized graph.
 
 One process::
 
@@ -20,6 +22,12 @@ Two workers and one server on 127.0.0.1::
 
     python -m customop.distributed.launch -n 2 -s 1 --launcher local \\
         python examples/dist_train.py --api gluon --kvstore dist_sync --out /tmp/run
+
+Two Horovod ranks (Gloo, one device each; ``hvd.DistributedTrainer`` in Gluon,
+``hvd.DistributedOptimizer`` in Module), the same shards::
+
+    horovodrun --gloo -np 2 -H localhost:2 --network-interface lo \\
+        python examples/dist_train.py --api gluon --horovod --center-loss 0.1 --out /tmp/run
 
 Each worker writes ``<out>/<api>-rank<r>.npz``: every parameter's copy on every
 device (``<name>@<device index>``).
@@ -72,8 +80,9 @@ def make_data(steps, batch):
 
 
 class Net(mx.gluon.HybridBlock):
-    def __init__(self, center_weight, **kwargs):
+    def __init__(self, center_weight, focal_weight=0.0, **kwargs):
         super().__init__(**kwargs)
+        self.focal_weight = focal_weight
         with self.name_scope():
             self.body = mx.gluon.nn.Dense(HIDDEN, activation="relu", in_units=DIM)
             self.head = mx.gluon.nn.Dense(NUM_CLASS, in_units=HIDDEN)
@@ -83,17 +92,27 @@ class Net(mx.gluon.HybridBlock):
 
     def hybrid_forward(self, F, x, label):
         feat = self.body(x)
-        loss = softmax_xent(self.head(feat), label)
+        logits = self.head(feat)
+        loss = softmax_xent(logits, label)
+        if self.focal_weight:  # the library's focal loss: native operators when hybridized
+            focal = ops.focal_loss(logits, label, normalization="none")  # per-row: exact
+            loss = loss + self.focal_weight * F.sum(focal, axis=1)
         if self.center is not None:  # scale/2 * |feat - c_label|^2; backward moves the centers
             loss = loss + self.center(feat, label)
         return loss
 
 
 def train_gluon(args, kv, ctxs, x, y):
-    net = Net(args.center_loss, prefix="net_")  # the same names in every process
+    net = Net(args.center_loss, args.focal_loss, prefix="net_")  # the same names everywhere
     net.initialize(mx.init.Xavier(), ctx=ctxs)
     if args.hybridize:
         net.hybridize()
+    if isinstance(kv, Ranks):  # Horovod: rank 0's initial values everywhere, centers too
+        kv.hvd.broadcast_parameters(net.collect_params(), root_rank=0)
+        # Horovod averages the gradients over the ranks: divide by this rank's share
+        trainer = kv.hvd.DistributedTrainer(net.collect_params(), "sgd",
+                                            {"learning_rate": args.lr})
+        return _gluon_loop(args, kv, net, trainer, ctxs, x, y, args.batch // kv.num_workers)
     dist = kv is not None and "dist" in kv.type
     # dist_* with aux states: the servers only sum (the center deltas must not go through
     # the optimizer). Without, MXNet's default: its first step with update_on_kvstore=False
@@ -102,6 +121,10 @@ def train_gluon(args, kv, ctxs, x, y):
     trainer = mx.gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": args.lr},
                                kvstore=kv if kv is not None else "device",
                                update_on_kvstore=on_kv)
+    return _gluon_loop(args, kv, net, trainer, ctxs, x, y, args.batch)
+
+
+def _gluon_loop(args, kv, net, trainer, ctxs, x, y, batch):
     sync = AuxSync([net.center.centers], trainer) if args.center_loss and args.aux_sync else None
     for rows in _batches(args, kv, x):
         xs = mx.gluon.utils.split_and_load(mx.nd.array(x[rows]), ctxs)
@@ -110,7 +133,7 @@ def train_gluon(args, kv, ctxs, x, y):
             losses = [net(a, b) for a, b in zip(xs, ys)]
         for loss in losses:
             loss.backward()
-        trainer.step(args.batch)  # the global batch: workers' gradients are summed
+        trainer.step(batch)  # the global batch: workers' gradients are summed
         if sync:
             sync()
     return {name: p.list_data() for name, p in net.collect_params().items()}
@@ -135,6 +158,13 @@ def train_module(args, kv, ctxs, x, y):
     # Module divides by batch * num_workers itself (rescale_grad).
     opt = dict(kvstore=kv if kv is not None else "device",
                optimizer_params={"learning_rate": args.lr})
+    if isinstance(kv, Ranks):  # Horovod: rank 0's initial values, gradients averaged
+        arg_params, aux_params = mod.get_params()
+        kv.hvd.broadcast_parameters(arg_params, root_rank=0)
+        kv.hvd.broadcast_parameters(aux_params, root_rank=0)
+        mod.set_params(arg_params, aux_params)
+        sgd = mx.optimizer.SGD(learning_rate=args.lr, rescale_grad=1.0 / local)
+        opt = dict(kvstore=None, optimizer=kv.hvd.DistributedOptimizer(sgd))
     if args.fit:  # the same batches, in order, through fit()
         rows = np.concatenate(list(_batches(args, kv, x)))
         mod.fit(mx.io.NDArrayIter(x[rows], y[rows], batch_size=local), num_epoch=1,
@@ -152,6 +182,13 @@ def train_module(args, kv, ctxs, x, y):
     out = {n: arrs for n, arrs in zip(group.param_names, group.param_arrays)}
     out.update({n: arrs for n, arrs in zip(group.aux_names, group.aux_arrays)})
     return out
+
+
+class Ranks:
+    """A Horovod job's rank and size, where the loops read a kvstore's."""
+
+    def __init__(self, hvd):
+        self.hvd, self.rank, self.num_workers, self.type = hvd, hvd.rank(), hvd.size(), "horovod"
 
 
 def _batches(args, kv, x):
@@ -180,6 +217,8 @@ def main(argv=None):
     parser.add_argument("--batch", type=int, default=16, help="global batch (all workers)")
     parser.add_argument("--lr", type=float, default=0.1)
     parser.add_argument("--center-loss", type=float, default=0.0, help="its weight (0: off)")
+    parser.add_argument("--focal-loss", type=float, default=0.0,
+                        help="Gluon: add ops.focal_loss (no normalization) with this weight")
     parser.add_argument("--hybridize", action="store_true")
     parser.add_argument("--fit", action="store_true", help="Module: train with fit()")
     parser.add_argument("--aux-sync", action="store_true",
@@ -188,11 +227,22 @@ def main(argv=None):
                         help="dist_*: run the optimizer on the servers (aux states then warn)")
     parser.add_argument("--fail-rank", type=int, default=-1,
                         help="this worker feeds a bad label at step 1 (tests fail-fast)")
+    parser.add_argument("--horovod", action="store_true",
+                        help="a rank of a horovodrun job (instead of --kvstore)")
     parser.add_argument("--out", default=None, help="directory for <api>-rank<r>.npz")
     args = parser.parse_args(argv)
     mx.random.seed(0)
     np.random.seed(0)
-    kv = None if args.kvstore == "none" else mx.kv.create(args.kvstore)
+    if args.horovod:
+        import horovod.mxnet as hvd
+
+        hvd.init()
+        kv, args.kvstore = Ranks(hvd), "horovod"
+        # each rank draws its own initial values, as on separate machines:
+        # hvd.broadcast_parameters makes them rank 0's (the seed one process uses)
+        mx.random.seed(hvd.rank())
+    else:
+        kv = None if args.kvstore == "none" else mx.kv.create(args.kvstore)
     ctxs = [mx.cpu(i) for i in range(args.contexts)]
     x, y = make_data(args.steps, args.batch)
     train = train_gluon if args.api == "gluon" else train_module

@@ -72,8 +72,14 @@ class RetinaHead(mx.gluon.HybridBlock):
 
         # losses: focal loss (normalized by the positives itself) + smooth L1 on positives
         cls_loss = F.sum(ops.focal_loss(cls_pred, cls_target))
-        box_loss = F.sum(ops.smooth_l1(box_pred - box_target, F.full((1,), 3.0), box_mask))
+        box_loss = F.sum(ops.smooth_l1(box_pred - box_target, self.sigma(F, stds), box_mask))
         return F.make_loss(cls_loss + F.broadcast_div(box_loss, F.maximum(F.sum(samples > 0), 1)))
+
+
+    def sigma(self, F, stds):
+        """smooth-L1's ``sigma`` (shape ``(1,)``), a constant of the graph (``amp_training.py``
+        makes it another way: ``F.full`` fails under AMP in symbol mode)."""
+        return F.full((1,), 3.0)
 
 
 class RetinaDetect(mx.gluon.HybridBlock):

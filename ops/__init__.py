@@ -7,7 +7,7 @@ blocks (``ops.FocalLoss``, ``ops.SmoothL1Loss``, ...).
 
 Op types are stable, ``'ops.<name>'`` and ``'ops.<name>.numpy'`` (and ``~without_<input>``
 variants for optional inputs left out): saved graphs store them, and loading one imports
-``ops`` (``tests/ops/test_names.py`` pins the list).
+``customop.ops`` (``tests/ops/test_names.py`` pins the list).
 
 Installed from a wheel this package is ``customop.ops`` (``from customop import ops``): a
 top-level ``ops`` belongs to Canonical's Juju package.  In a checkout the same folder is

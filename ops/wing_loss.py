@@ -36,9 +36,13 @@ def wing_loss(pred, target, weight=None, *, w=10.0, epsilon=2.0):
         \qquad x = \mathrm{pred} - \mathrm{target},\; C = w - w \ln(1 + w/\epsilon)
 
     elementwise.  It is continuous at :math:`|x| = w` but not differentiable there
-    (slope :math:`w/(\epsilon + w)` inside, 1 outside).  Every input gets its gradient
-    (``target`` the negative of ``pred``'s, ``weight`` the unweighted loss summed over the
-    axes it is broadcast along).
+    (slope :math:`w/(\epsilon + w)` inside, 1 outside: the gradient takes 1 there, and 0 at
+    :math:`x = 0`).  Every input gets its gradient (``target`` the negative of ``pred``'s,
+    ``weight`` the unweighted loss summed over the axes it is broadcast along).  In
+    ``'mxnet'`` mode that is MXNet's automatic gradient of the forward (``abs``, ``where``,
+    ``log1p``: exactly this rule), with no ``def_grad`` closure: a closure would be
+    transposed into training graphs, up to 1.5x the cost of the forward's own backward
+    there (``benchmarks/own_gradients.py``).
 
     Parameters
     ----------
@@ -96,21 +100,9 @@ def _summed_axes(shape, to):
                                       shape[lead + i] != 1)
 
 
-def _unbroadcast_nd(x, to):
-    axes = _summed_axes(x.shape, to)
-    return (x.sum(axis=axes, keepdims=True) if axes else x).reshape(to)
-
-
 def _unbroadcast_np(x, to):
     axes = _summed_axes(x.shape, to)
     return (x.sum(axis=axes, keepdims=True) if axes else x).reshape(to)
-
-
-def _slope_mxnet(pred, target, weight, w, epsilon, g):
-    x = pred - target.astype(pred.dtype, copy=False)
-    ax = mx.nd.abs(x)
-    d = mx.nd.sign(x) * mx.nd.where(ax < w, w / (epsilon + ax), mx.nd.ones_like(ax)) * g
-    return d if weight is None else d * weight.astype(pred.dtype, copy=False)
 
 
 def _slope_numpy(pred, target, weight, w, epsilon, g):
@@ -120,13 +112,6 @@ def _slope_numpy(pred, target, weight, w, epsilon, g):
     return d if weight is None else d * weight
 
 
-wing_loss.def_grad(lambda ans, pred, target, weight=None, *, w=10.0, epsilon=2.0:
-                   lambda g: _slope_mxnet(pred, target, weight, w, epsilon, g))
-wing_loss.def_grad(lambda ans, pred, target, weight=None, *, w=10.0, epsilon=2.0:
-                   lambda g: -_slope_mxnet(pred, target, weight, w, epsilon, g), 1)
-wing_loss.def_grad(lambda ans, pred, target, weight=None, *, w=10.0, epsilon=2.0:
-                   lambda g: _unbroadcast_nd(_wing_nd(pred, target, w, epsilon) * g,
-                                             weight.shape), 2)
 wing_loss.numpy.def_grad(lambda ans, pred, target, weight=None, *, w=10.0, epsilon=2.0:
                          lambda g: _slope_numpy(pred, target, weight, w, epsilon, g))
 wing_loss.numpy.def_grad(lambda ans, pred, target, weight=None, *, w=10.0, epsilon=2.0:

@@ -6,6 +6,7 @@ at every step.  The first step's loss (or the graph's parts) is also checked aga
 independent reference: NumPy formulas, or the same head in MXNet's own operators.
 """
 import importlib
+import json
 import sys
 from pathlib import Path
 
@@ -126,3 +127,46 @@ def test_the_retinanet_head_equals_the_same_head_in_native_operators():
             for line in proc.stdout.splitlines() if line.startswith("RetinaNet")]
     assert rows == ["ours", "native", "ours imperative", "native imperative",
                     "ours imperative, function path"]
+
+
+AMP_CHILD = r'''
+import json, sys
+import numpy as np
+sys.path[:0] = ["examples", "benchmarks"]
+import amp_training as A, retinanet_head as R
+from composed import NativeRetinaHead
+A.main()  # amp.init(), then the example as written
+runs = {}
+for name, cls in (("ours", A.AmpRetinaHead), ("native", NativeRetinaHead)):
+    for hybridize in (False, True):
+        runs[name, hybridize] = A.train(cls(R.make_anchors(), prefix="retina_"), hybridize)
+rel = lambda a, b: float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-12))
+out = {}
+for (name, hybridize), (losses, params) in runs.items():
+    want_losses, want_params = runs["native", hybridize]
+    out[f"{name} {hybridize}"] = {
+        "losses": losses,
+        "finite": bool(np.isfinite(losses).all()
+                       and all(np.isfinite(p).all() for p in params.values())),
+        "loss": rel(np.array(losses), np.array(want_losses)),
+        "params": max(rel(params[k], want_params[k]) for k in want_params)}
+print(json.dumps(out))
+'''
+
+
+def test_the_retinanet_head_trains_under_amp_as_in_native_operators():
+    # Issue 52 item 5: examples/amp_training.py under amp.init() (bfloat16 on CPU), in a
+    # process of its own (amp.init() patches MXNet process-wide); the same head in MXNet's
+    # own operators (benchmarks/composed.py) under AMP is the reference.
+    done = fresh.run([sys.executable, "-c", AMP_CHILD], cwd=str(ROOT), capture_output=True,
+                     text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.strip().splitlines()
+    assert lines[0].startswith("imperative") and lines[1].startswith("hybridized"), lines
+    got = json.loads(lines[-1])
+    for key, run in got.items():
+        assert run["finite"], (key, run)
+        assert run["loss"] <= 0.05 and run["params"] <= 0.05, (key, run)
+    ours = np.array(got["ours False"]["losses"])
+    np.testing.assert_allclose(got["ours True"]["losses"], ours, rtol=0.05)
+    assert ours[2] < ours[0] and ours[3] < ours[1], ours  # it trains

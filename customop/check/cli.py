@@ -39,6 +39,20 @@ def _shape(text: str) -> tuple[int, ...]:
     return tuple(int(d) for d in text.split(",") if d.strip())
 
 
+def _ranges(text: str) -> list[tuple[float, float]]:
+    out = []
+    for part in text.split(","):
+        low, sep, high = part.partition(":")
+        if not sep:
+            raise ValueError("expected LOW:HIGH (e.g. 0:1), or one LOW:HIGH per position of "
+                             "the last axis, comma-separated")
+        lo, hi = float(low), float(high)
+        if not lo < hi:
+            raise ValueError(f"LOW must be below HIGH, got {part}")
+        out.append((lo, hi))
+    return out
+
+
 def _literal(text: str) -> Any:
     return ast.literal_eval(text) if _is_literal(text) else text
 
@@ -78,6 +92,11 @@ def _parser() -> argparse.ArgumentParser:
                    help="dtype of an input (default float32); integer inputs are not checked")
     p.add_argument("--int-high", action="append", metavar="NAME=N",
                    help="integer inputs are uniform in [0, N) (default 2)")
+    p.add_argument("--range", action="append", metavar="NAME=LOW:HIGH[,LOW:HIGH...]",
+                   help="a float input uniform in [LOW, HIGH) instead of standard normal "
+                   "(default); several ranges, comma-separated, one per position of the last "
+                   "axis: boxes (x1, y1, x2, y2) that are never inverted are "
+                   "--range boxes=0:1,0:1,2:3,2:3")
     p.add_argument("--param", action="append", metavar="KEY=VALUE",
                    help="operator parameter, a Python literal (0.25, 'a', (1, 2), True); a "
                    "bare word is a string, accepted only where the parameter's default is one")
@@ -135,13 +154,22 @@ def _is_literal(text: str) -> bool:
     return True
 
 
-def _random_inputs(names, shapes, dtypes, highs, seed) -> list[np.ndarray]:
+def _random_inputs(names, shapes, dtypes, highs, seed, ranges=None) -> list[np.ndarray]:
     rng = np.random.RandomState(seed)
+    ranges = ranges or {}
     out = []
     for name in names:
         dtype = np.dtype(dtypes.get(name, "float32"))
         if np.issubdtype(dtype, np.integer):
             out.append(rng.randint(0, highs.get(name, 2), size=shapes[name]).astype(dtype))
+        elif name in ranges:
+            shape, found = shapes[name], ranges[name]
+            if len(found) > 1 and (not shape or shape[-1] != len(found)):
+                raise ValueError(f"--range {name}: {len(found)} ranges, one per position of "
+                                 f"the last axis, but {name}'s shape is {shape}")
+            lo = np.array([r[0] for r in found]) if len(found) > 1 else found[0][0]
+            hi = np.array([r[1] for r in found]) if len(found) > 1 else found[0][1]
+            out.append((lo + (hi - lo) * rng.uniform(size=shape)).astype(dtype))
         else:
             out.append(rng.normal(size=shapes[name]).astype(dtype))
     return out
@@ -178,6 +206,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         shapes = _pairs(args.shape, "--shape", _shape)
         dtypes = _pairs(args.dtype, "--dtype", lambda s: np.dtype(s).name)
         highs = _pairs(args.int_high, "--int-high", int)
+        ranges = _pairs(args.range, "--range", _ranges)
+        unknown = [n for n in ranges if n not in shapes]
+        if unknown:
+            raise ValueError(f"--range {unknown[0]}: no input of that name has a --shape")
         raw = _pairs(args.param, "--param", str)
         params = {key: _literal(value) for key, value in raw.items()}
         names = _cli_names(obj, shapes)
@@ -189,7 +221,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         # one line, as for argparse's own errors but without the usage block
         print(f"{parser.prog}: error: {str(exc).splitlines()[0]}", file=sys.stderr)
         raise SystemExit(2) from None
-    inputs = _random_inputs(names, shapes, dtypes, highs, args.seed)
+    try:
+        inputs = _random_inputs(names, shapes, dtypes, highs, args.seed, ranges)
+    except ValueError as exc:
+        print(f"{parser.prog}: error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
     argnums = None
     if args.wrt:
         argnums = [names.index(n) if n in names else n for n in args.wrt]

@@ -9,8 +9,8 @@ Entry points:
   through :mod:`customop.deploy.batch_sizes`); ONNX translations MXNet's converter
   lacks are :mod:`customop.deploy.onnx_rules`;
 * :func:`customop.imports` / :func:`customop.load_checkpoint`
-  (:mod:`customop.deploy.loading`): saved graphs, the module behind every ``Custom``
-  node imported first.
+  (:mod:`customop.deploy.loading`): saved graphs, every ``Custom`` node's op registered
+  first from code the caller chose (a model file never chooses what is imported).
 
 The wing sits above :mod:`customop.graphs` and the core; nothing below imports it (the
 ``onnxops`` runtime patch imports the ONNX rules when :func:`customop.to_onnx` installs it).

@@ -23,8 +23,12 @@ it``), and the state's **merge rule** (``aux={'name': (shape_fn, rule)}``, one o
 The merged delta is summed over the workers through the kvstore (push, then
 pull, so MXNet's engine orders them with the reads and writes of the arrays;
 ``'mean'`` also sums the copy counts, ``'first'`` pushes zeros on workers other
-than rank 0), and ``value before the step + merged delta`` is written into every
-copy.  All copies then hold the same value.
+than rank 0), or over Horovod's ranks (``hvd.allreduce_``, where
+``hvd.DistributedTrainer`` or ``hvd.DistributedOptimizer`` trains; the engines:
+:mod:`customop.distributed.workers`), and ``value before the step + merged delta`` is
+written into every copy.  All copies then hold the same value.  In a Horovod job a
+Trainer or Module that Horovod does not drive merges nothing: ``AuxSync(..., hvd)``
+does, and a training pass after a step without it raises :class:`AuxStateError`.
 
 **Automatic** (the ``auxsync`` patch of :mod:`customop.runtime`, installed by the
 first use of an op with aux states): every ``gluon.Trainer.step`` (or
@@ -57,6 +61,8 @@ from typing import Any
 
 import mxnet as mx
 
+from . import workers as workers_mod
+
 _AUTO_KEY = 1 << 25  # + the parameter's index in its Trainer: the same on every worker
 
 # How the copies of one aux state become one (aux={'name': (shape_fn, rule)}); see merge().
@@ -77,10 +83,16 @@ class AuxStateWarning(UserWarning):
     """Copies of an operator's aux state can drift apart and nothing keeps them equal."""
 
 
+class AuxStateError(RuntimeError):
+    """A training pass in a Horovod job would move an aux state that the last step left
+    unmerged (a Trainer or Module Horovod does not drive, and no ``AuxSync(..., hvd)``): the
+    ranks' copies would drift apart."""
+
+
 # ---- which arrays are aux states of our ops, and their value when a step first used them ----
 class _Tracked:
     __slots__ = ("array", "base", "op_type", "state", "passes", "step_mark", "synced", "first",
-                 "last")
+                 "last", "ranks_left")
 
     def __init__(self, array, op_type, state):
         self.array, self.op_type, self.state = array, op_type, state
@@ -89,6 +101,7 @@ class _Tracked:
         self.step_mark = 0
         self.synced = False
         self.first = self.last = 0  # touch() calls counted when the base was taken / last
+        self.ranks_left = ""  # left unmerged by a step in a Horovod job: what stepped
 
 
 _tracked: dict[int, _Tracked] = {}  # handle value -> the array (held) and its base
@@ -141,6 +154,8 @@ def touch(arrays: list[mx.nd.NDArray], labels: list[tuple[str, str]]) -> None:
                     _prune()
             entry.op_type, entry.state = op_type, state
         entry.last = _touches
+        if entry.ranks_left:
+            _ranks_unmerged(entry)
         if entry.base is None:
             with mx.autograd.pause():
                 entry.base = a.copy()
@@ -203,6 +218,20 @@ def _check_unsynced(entry: _Tracked) -> None:
              "owns it in Trainer(net.collect_params(), ...)), or create "
              "customop.distributed.auxsync.AuxSync([...its Parameter...], trainer) and call "
              "it after every step", "unsynced")
+
+
+def _ranks_unmerged(entry: _Tracked) -> None:
+    owner, entry.ranks_left = entry.ranks_left, ""
+    if rule_of(entry.op_type, entry.state) == "local":
+        return  # its copies are meant to differ
+    raise AuxStateError(
+        f"customop {entry.op_type!r} (aux state {entry.state!r}): the last {owner} step left "
+        f"its copies unmerged: this is a Horovod job of {workers_mod.horovod_ranks()} ranks "
+        f"and Horovod does not drive that {owner} (gradients summed by hand), so each rank's "
+        "copy would drift apart. Fix: train with hvd.DistributedTrainer (or "
+        "hvd.DistributedOptimizer), which merge it across the ranks themselves, or create "
+        "customop.distributed.auxsync.AuxSync([...its Parameter...], hvd) before the first "
+        "step and call it after every step")
 
 
 def warn(op_type: str, state: str, what: str, fix: str, kind: str) -> None:
@@ -276,10 +305,13 @@ def _count_key(key: Any) -> Any:
 
 
 def finish(plan: Plan, kv: Any, priority_base: int = 0) -> None:
-    """Merge the pending deltas over ``kv``'s workers (if any), write every copy, reset bases."""
+    """Merge the pending deltas over the workers (``kv``: a kvstore, or the engine of
+    :mod:`customop.distributed.workers`; None: this process's devices only), write every
+    copy, reset bases."""
     pending, plan.pending = plan.pending, None
     if pending is None:
         return
+    workers = workers_mod.KVStoreWorkers(kv) if isinstance(kv, mx.kv.KVStore) else kv
     for i, (key, (rule, start, total), devs) in enumerate(zip(plan.keys, pending, plan.copies)):
         if rule == "local":
             for d, saved in zip(devs, start or ()):
@@ -289,28 +321,20 @@ def finish(plan: Plan, kv: Any, priority_base: int = 0) -> None:
         count = None
         if rule == "mean":
             count = mx.nd.full((1,), len(devs), ctx=total.context, dtype=total.dtype)
-        if kv is not None:
+        if workers is not None:
+            priority = priority_base - i
             if key not in plan.inited:
-                # Every worker starts from worker 0's value (MXNet's own broadcast of the
-                # initial value came after this step's updates).
-                kv.init(key, start)
-                kv.pull(key, out=start, priority=priority_base - i)
-                # MXNet does not order this pull with the push below (another array, the
-                # same key): sent after every worker's push, it returns their sum (measured:
-                # Module's centers 3.05 apart on 2 workers in 9 runs of 14; see
-                # initial_broadcast). Wait for it, once per key.
-                start.wait_to_read()
+                # Every worker starts from worker 0's value (dist_*: MXNet's own broadcast
+                # of the initial value came after this step's updates).
+                workers.start(key, start, priority)
                 plan.inited.add(key)
-            if count is not None and key not in plan.counts_inited:
-                kv.init(_count_key(key), mx.nd.zeros_like(count))
-                plan.counts_inited.add(key)
-            if rule == "first" and kv.rank != 0:
+            if rule == "first" and workers.rank != 0:
                 total[:] = 0  # worker 0's first device wins
-            kv.push(key, total, priority=priority_base - i)
-            kv.pull(key, out=total, priority=priority_base - i)
+            workers.sum(key, total, priority, first=False)
             if count is not None:
-                kv.push(_count_key(key), count, priority=priority_base - i)
-                kv.pull(_count_key(key), out=count, priority=priority_base - i)
+                workers.sum(_count_key(key), count, priority,
+                            first=key not in plan.counts_inited)
+                plan.counts_inited.add(key)
         if count is not None:
             total = mx.nd.broadcast_div(total, count.reshape((1,) * total.ndim))
         start += total
@@ -327,6 +351,7 @@ def _mark_synced(devs: list[mx.nd.NDArray], value: mx.nd.NDArray | None) -> None
         entry = _entry(d)
         if entry is not None:
             entry.synced, entry.passes, entry.step_mark = True, 0, _steps
+            entry.ranks_left = ""
             # with tracking, the next pass takes its own base (a write between steps,
             # e.g. set_params, is not a delta); without, the synced value is the base
             entry.base = None if _tracking or value is None else value.copyto(d.context)
@@ -418,6 +443,9 @@ def _updates_on_workers(trainer: mx.gluon.Trainer) -> bool:
 
 def trainer_begin(trainer: mx.gluon.Trainer) -> Plan | None:
     plan = trainer_plan(trainer)
+    if plan is not None and _left_to_auxsync(plan, trainer, trainer._kvstore_params["kvstore"],
+                                             "gluon.Trainer"):
+        return None
     if plan is not None:
         # the first step broadcasts every Parameter (under dist_*: worker 0's), 'local'
         # states too
@@ -434,9 +462,29 @@ def trainer_begin(trainer: mx.gluon.Trainer) -> Plan | None:
 
 
 def trainer_finish(plan: Plan, trainer: mx.gluon.Trainer) -> None:
-    kv = _checked_kvstore(plan, trainer._kvstore, bool(trainer._update_on_kvstore),
-                          "gluon.Trainer")
-    finish(plan, kv)
+    workers = workers_mod.horovod_of(trainer)  # hvd.DistributedTrainer, DistributedOptimizer
+    if workers is None:
+        workers = _checked_kvstore(plan, trainer._kvstore, bool(trainer._update_on_kvstore),
+                                   "gluon.Trainer")
+    finish(plan, workers)
+
+
+def _left_to_auxsync(plan: Plan, owner: Any, kvstore: Any, what: str) -> bool:
+    """In a Horovod job of several ranks, a Trainer or Module that Horovod does not drive
+    (its gradients summed by hand) merges nothing: ``AuxSync(..., hvd)`` after the step
+    merges the devices' and ranks' deltas, and the next training pass without that call
+    raises :class:`AuxStateError` (see :func:`touch`)."""
+    if workers_mod.horovod_ranks() <= 1 or workers_mod.horovod_of(owner) is not None:
+        return False
+    if "dist" in str(getattr(kvstore, "type", kvstore) or ""):
+        return False  # a dist_* kvstore joins the processes
+    plan.pending = None
+    for devs in plan.copies:
+        for d in devs:
+            entry = _entry(d)
+            if entry is not None:
+                entry.ranks_left = what
+    return True
 
 
 # executor -> the aux states of our ops in its graph, by name (noted by the ``aux`` patch)
@@ -468,14 +516,18 @@ def module_plan(mod: mx.mod.Module) -> Plan | None:
 
 def module_begin(mod: mx.mod.Module) -> Plan | None:
     plan = module_plan(mod)
+    if plan is not None and _left_to_auxsync(plan, mod, mod._kvstore, "Module"):
+        return None
     if plan is not None:
         begin(plan)
     return plan
 
 
 def module_finish(plan: Plan, mod: mx.mod.Module) -> None:
-    kv = _checked_kvstore(plan, mod._kvstore, bool(mod._update_on_kvstore), "Module")
-    finish(plan, kv)
+    workers = workers_mod.horovod_of(mod)  # hvd.DistributedOptimizer
+    if workers is None:
+        workers = _checked_kvstore(plan, mod._kvstore, bool(mod._update_on_kvstore), "Module")
+    finish(plan, workers)
 
 
 def own(copy: mx.nd.NDArray, label: tuple[str, str] | None = None) -> None:

@@ -11,6 +11,14 @@ Parameters outside the Trainer's, or ``CUSTOMOP_RUNTIME_OFF=auxsync``::
 
     sync = AuxSync(mod)                      # Module: found in its symbol
     ...; my_module_step(); sync()
+
+    sync = AuxSync([net.centers], hvd)       # Horovod, gradients allreduced by hand
+    ...; trainer.step(batch); sync()
+
+Under Horovod, ``hvd.DistributedTrainer`` (and a Trainer or Module whose optimizer is
+``hvd.DistributedOptimizer``) merge the states across the ranks by themselves; a
+Trainer or Module Horovod does not drive leaves them to this call, and the next
+training pass without it raises :class:`AuxStateError`.
 """
 from __future__ import annotations
 
@@ -21,10 +29,10 @@ from typing import Any
 import mxnet as mx
 
 from .. import registry
-from . import agree
-from .agree import AuxStateWarning
+from . import agree, workers
+from .agree import AuxStateError, AuxStateWarning
 
-__all__ = ["AuxSync", "AuxStateWarning"]
+__all__ = ["AuxSync", "AuxStateError", "AuxStateWarning"]
 
 _int_keys = itertools.count(1 << 24)  # Gluon's Trainer uses keys 0..n-1
 
@@ -42,8 +50,10 @@ class AuxSync:
             states are found in its symbol), or the Gluon ``Parameter``\\ s holding
             aux states (one, a list, or a ``ParameterDict``).
         kvstore: a Gluon ``Trainer`` (its kvstore; its first-step broadcast is done
-            now, before any update), an ``mx.kv.KVStore``, or ``None`` (Module: its
-            own kvstore; Gluon: devices of this process only).
+            now, before any update), an ``mx.kv.KVStore``, the ``horovod.mxnet`` module
+            in a Horovod job (its ranks, by ``hvd.allreduce_``), or ``None`` (Module: its
+            own kvstore; Gluon: devices of this process only; refused in a Horovod job
+            of several ranks).
 
     Create it before the first training step, at the same point on every worker;
     call it (no arguments, or as Module's ``batch_end_callback``) after every step.
@@ -54,6 +64,7 @@ class AuxSync:
         if isinstance(source, mx.mod.Module):
             names, copies, kv, on_kv, labels = _module_aux(source)
             kv = kvstore if kvstore is not None else kv
+            kv = workers.horovod_of(kv) or workers.horovod_of(source) or kv
             keys: list[Any] = [f"customop_aux:{n}" for n in names]
         else:
             names, copies = _gluon_aux(source)
@@ -62,14 +73,22 @@ class AuxSync:
             labels = [None] * len(names)
         self.names = names
         self.copies = copies
-        self.kvstore = kv if kv is not None and kv.num_workers > 1 else None
-        if self.kvstore is not None and on_kv:
+        if isinstance(kv, workers.HorovodWorkers):
+            self.kvstore: Any = kv
+        else:
+            self.kvstore = kv if kv is not None and kv.num_workers > 1 else None
+            if self.kvstore is None and workers.horovod_ranks() > 1:
+                raise ValueError(
+                    f"customop.AuxSync: this is a Horovod job of {workers.horovod_ranks()} "
+                    "ranks, and without Horovod the states would be merged on this process's "
+                    "devices only; pass it: AuxSync([...], hvd) (import horovod.mxnet as hvd)")
+        if isinstance(self.kvstore, mx.kv.KVStore) and on_kv:
             raise ValueError(
                 "customop.AuxSync: the kvstore runs the optimizer on its servers "
                 "(update_on_kvstore=True), which would apply it to the aux deltas too; create "
                 "the Trainer with update_on_kvstore=False (Module: set "
                 "MXNET_UPDATE_ON_KVSTORE=0 before init_optimizer)")
-        if self.kvstore is not None and "async" in self.kvstore.type:
+        if isinstance(self.kvstore, mx.kv.KVStore) and "async" in self.kvstore.type:
             raise ValueError(f"customop.AuxSync: kvstore {self.kvstore.type!r} does not wait for "
                              "every worker's push, so deltas cannot be summed; use dist_sync")
         self.keys = keys
@@ -84,7 +103,7 @@ class AuxSync:
                 continue  # each copy keeps its own
             for d in devs[1:]:
                 devs[0].copyto(d)
-        if self.kvstore is not None:
+        if isinstance(self.kvstore, mx.kv.KVStore):
             for key, devs in zip(keys, copies):
                 self.kvstore.init(key, mx.nd.zeros(devs[0].shape, devs[0].context,
                                                    devs[0].dtype))
@@ -96,7 +115,8 @@ class AuxSync:
         agree.finish(self._plan, self.kvstore)
 
     def __repr__(self) -> str:
-        where = "devices" if self.kvstore is None else f"devices and {self.kvstore.type}"
+        engine = getattr(self.kvstore, "type", self.kvstore)
+        where = "devices" if self.kvstore is None else f"devices and {engine}"
         return f"<customop.AuxSync {', '.join(self.names)} over {where}>"
 
 
@@ -118,6 +138,9 @@ def _gluon_aux(source: Any) -> tuple[list[str], list[list[mx.nd.NDArray]]]:
 
 
 def _gluon_kvstore(kvstore: Any) -> tuple[Any, bool]:
+    horovod = workers.horovod_of(kvstore)
+    if horovod is not None:  # the hvd module, or Horovod's trainer
+        return horovod, False
     if isinstance(kvstore, mx.gluon.Trainer):
         trainer = kvstore
         agree.initial_broadcast(trainer)  # initial values everywhere, before any update
@@ -126,8 +149,8 @@ def _gluon_kvstore(kvstore: Any) -> tuple[Any, bool]:
         return kvstore, False
     if isinstance(kvstore, str):
         return mx.kv.create(kvstore), False
-    raise TypeError(f"customop.AuxSync: kvstore must be a Trainer, an mx.kv.KVStore or None, "
-                    f"got {type(kvstore).__name__}")
+    raise TypeError(f"customop.AuxSync: kvstore must be a Trainer, an mx.kv.KVStore, "
+                    f"horovod.mxnet (in a Horovod job) or None, got {type(kvstore).__name__}")
 
 
 def _module_aux(mod: mx.mod.Module) -> tuple[list[str], list[list[mx.nd.NDArray]], Any, bool,

@@ -5,9 +5,21 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ..modes import BFLOAT16
+
 if TYPE_CHECKING:
     from .graph_json import NativeGraph
     from .trace import Recording
+
+
+
+
+def host(a: np.ndarray) -> np.ndarray:
+    """``a`` as NumPy computes with it: MXNet's ``bfloat16`` (a two-byte structured dtype,
+    which no ufunc takes) widened to ``float32``, exactly; any other array as it is."""
+    if a.dtype != BFLOAT16:
+        return a
+    return (a.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
 
 
 def close(got: list[np.ndarray], want: list[np.ndarray]) -> bool:
@@ -15,11 +27,13 @@ def close(got: list[np.ndarray], want: list[np.ndarray]) -> bool:
     if len(got) != len(want):
         return False
     for g, w in zip(got, want):
+        half = BFLOAT16 in (g.dtype, w.dtype) or w.dtype == np.float16
+        g, w = host(g), host(w)
         g = g.reshape(w.shape) if g.size == w.size else g
         if g.shape != w.shape:
             return False
         if np.issubdtype(w.dtype, np.floating):
-            tol = 1e-2 if w.dtype == np.float16 else 1e-5
+            tol = 1e-2 if half else 1e-5
             if not np.allclose(g, w, rtol=tol, atol=tol * 0.1, equal_nan=True):
                 return False
         elif not np.array_equal(g, w):

@@ -8,6 +8,7 @@ import mxnet as mx
 import numpy as np
 
 from .. import errors
+from ..modes import BFLOAT16
 from ..operator import CustomOperator
 from . import graph_json, imperative, native, splice
 
@@ -55,7 +56,8 @@ class GraphReport:
     @property
     def kept(self) -> dict[str, list[str]]:
         """Nodes that stay ``Custom`` nodes, per purpose."""
-        return {p: [n for n, _, t, e in self.nodes if (t if p == native.TRAIN else e) != "inlines"]
+        return {p: [n for n, _, t, e in self.nodes
+                    if not (t if p == native.TRAIN else e).startswith("inlines")]
                 for p in native.PURPOSES}
 
     def __repr__(self) -> str:
@@ -148,8 +150,12 @@ def _explain_op(op: CustomOperator, inputs, params) -> OpReport:
     # given only say the shapes and dtypes, so explain never answers otherwise than a graph.
     verdicts = [native.native_graph(op, params, shapes, dtypes, p)
                 for p in native.PURPOSES]
-    return OpReport(errors.shown(op.op_type), shapes, dtypes, *verdicts,
-                    imperative=_imperative_path(op, verdicts[0]))
+    imperative = _imperative_path(op, verdicts[0])
+    if BFLOAT16 in dtypes:  # an imperative call casts them to float32 first (dispatch)
+        wide = tuple(np.dtype(np.float32) if d == BFLOAT16 else d for d in dtypes)
+        imperative = ("bfloat16 inputs cast to float32, then " + _imperative_path(
+            op, native.native_graph(op, params, shapes, wide, native.TRAIN)))
+    return OpReport(errors.shown(op.op_type), shapes, dtypes, *verdicts, imperative=imperative)
 
 
 def _imperative_path(op: CustomOperator, train: native.Verdict) -> str:
@@ -185,7 +191,8 @@ def _explain_graph(sym: mx.sym.Symbol, shapes, dtypes) -> GraphReport:
     said = {}
     for purpose, result in found.items():
         for name in result.inlined:
-            said[(name, purpose)] = "inlines"
+            verdict = result.verdicts.get(name)
+            said[(name, purpose)] = _said(verdict) if verdict is not None else "inlines"
         for kept in result.kept:
             said[(kept.node, purpose)] = f"stays a Custom node: {kept.reason}"
     graph = graph_json.graph_of(sym)

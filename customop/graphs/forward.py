@@ -46,9 +46,6 @@ class ForwardGraph:
         if found is not None:
             raise NotNative(found[1], found[0].name)
 
-    def shortcut(self, shapes, dtypes, first) -> NativeGraph | None:
-        return None  # a forward has no simpler graph than its own
-
     def build(self, rec: trace.Recording, shapes) -> NativeGraph:
         return self.fragment(rec, shapes)
 

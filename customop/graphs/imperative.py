@@ -20,10 +20,10 @@ and gradients NaN).
   shape inference refuses at that signature, keeps the usual path (which raises the op's
   own error there).
 
-Plans are kept per operator, parameters and signature (at most :data:`KEPT`, least
-recently used out); a verified graph also serves the signatures that differ from its own
-in the size it was checked at another value of (:mod:`customop.graphs.native`), and each
-thread runs its own ``CachedOp`` of it.
+Plans are kept per operator, parameters and signature, within the memory budget of
+:mod:`customop.graphs.budget` (least recently used out); a verified graph also serves
+the signatures that differ from its own in the size it was checked at another value of
+(:mod:`customop.graphs.native`), and each thread runs its own ``CachedOp`` of it.
 ``CUSTOMOP_RUNTIME_OFF=inline`` (every op keeps its ``Custom`` node in graphs) keeps
 imperative calls on their Python paths too.
 """
@@ -40,11 +40,11 @@ import numpy as np
 
 from .. import runtime
 from ..opinfo import Differentiable
-from . import graph_json, native
+from . import budget, graph_json, native
 from .rules import TRAIN
 from .signatures import signature
 
-KEPT = 4096  # signatures remembered
+KEPT = 4096  # graphs kept (one per shape family; plans: the budget of graphs/budget.py)
 _NDARRAY, _NP_ARRAY = mx.nd.NDArray, mx.np.ndarray
 _SEEN, _REFUSED = "seen", "refused"
 
@@ -54,7 +54,7 @@ class Pending(tuple):
 
 
 _lock = threading.Lock()
-_plans: OrderedDict[tuple, Any] = OrderedDict()  # signature -> _SEEN, _REFUSED or a _Graph
+_plans = budget.Table()  # signature -> _SEEN, _REFUSED or a _Graph (the shared budget)
 _graphs: OrderedDict[int, _Graph] = OrderedDict()  # id(NativeGraph) -> its CachedOps
 _never: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # op -> (switch, eligible())
 
@@ -196,10 +196,7 @@ def _planned(op: Differentiable, params: dict[str, Any], inputs: list[mx.nd.NDAr
 
 
 def _remember(key: tuple, plan: Any) -> None:
-    _plans[key] = plan
-    _plans.move_to_end(key)
-    while len(_plans) > KEPT:
-        _plans.popitem(last=False)
+    _plans.keep(key, plan, budget.RECALLED)
 
 
 def clear_cache() -> None:

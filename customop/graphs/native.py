@@ -21,9 +21,9 @@ signature and once or more at other signatures; the graph is kept only when it d
 not depend on the values, reads nothing back to Python, calls no random operator,
 and, evaluated, gives the op's own outputs (and closures' gradients) at the other
 values and signatures.  Every refusal is a table entry of :mod:`customop.graphs.rules`.
-Answers are cached per operator, parameters, signature and purpose (at most
-:data:`CACHE_SIZE`, least recently used out); a training graph serves every signature of
-its shape family without another trace (:func:`_family`).
+Answers are cached per operator, parameters, signature and purpose, within the memory
+budget of :mod:`customop.graphs.budget` (least recently used out); a training graph serves
+every signature of its shape family without another trace (:func:`_family`).
 """
 from __future__ import annotations
 
@@ -36,19 +36,20 @@ from typing import Any
 import numpy as np
 
 from .. import errors
+from ..modes import BFLOAT16
 from ..opinfo import Differentiable
-from . import closure_values, rules, trace, transposed, verify
+from . import budget, closure_values, rules, trace, transposed, verify
 from .forward import ForwardGraph
 from .graph_json import NativeGraph
 from .rules import EXPORT, PURPOSES, TRAIN, NotNative  # noqa: F401 - native.EXPORT names a purpose
 from .values import placeholders
 
 _lock = threading.RLock()
-_cache: OrderedDict[tuple, Verdict] = OrderedDict()  # by signature, least recent first
+_cache = budget.Table()  # verdicts by signature, least recent first (the shared budget)
 # A training graph by shape family: verified at one signature and at a grown one, it serves
 # every signature of the family (see _family) without a trace.
 _families: OrderedDict[tuple, Verdict] = OrderedDict()
-CACHE_SIZE = 4096  # verdicts kept, each table (an op, parameters, signature and purpose)
+CACHE_SIZE = 4096  # family entries kept (an op, parameters, dtypes and ranks)
 
 
 @dataclass
@@ -99,11 +100,14 @@ def native_graph(op: Differentiable, params: dict[str, Any], shapes: Sequence[Se
         graph = next((v.graph for v in known or () if _serves(v, shapes)), None)
         if graph is not None:
             found = Verdict(errors.shown(op.op_type), purpose, shapes, dtypes, graph)
+            cost = budget.RECALLED
         else:
             found = trace.aside(_decide, op, dict(params), shapes, dtypes, purpose, None)
+            cost = budget.TRACED
             if family is not None and found.graph is not None and found.graph.generic:
                 _kept(_families, family, [found, *(known or ())][:FAMILY_SIZE])
-        _kept(_cache, key, found)
+        with _lock:
+            _cache.keep(key, found, cost)
     return found
 
 
@@ -161,6 +165,8 @@ def _decide(op, params, shapes, dtypes, purpose, values) -> Verdict:
         verdict.reason, verdict.rule = refused.reason, refused.name
         return verdict
     try:
+        if BFLOAT16 in dtypes:
+            raise NotNative.of("bfloat16")
         if purpose == TRAIN and transposed.has_own_gradient(op):
             first = list(values) if values is not None else closure_values.passing(
                 op, params, placeholders(shapes, dtypes, 1))

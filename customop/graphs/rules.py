@@ -185,6 +185,9 @@ TRACE_REFUSALS = {
                          "shape operators (zeros_like, broadcast_like), not numbers read "
                          "from x.shape",
     "unread-array": "it uses an array the trace could not read",
+    "bfloat16": "an input is bfloat16: the op computes in float32 there, cast at its Custom "
+                "node (as MXNet's AMP casts a Custom node's inputs), and its graph is traced "
+                "and checked on NumPy values, which have no bfloat16",
     "constant-unheld": "it builds a constant array of shape {} ({}) that a graph cannot hold "
                        "without a parameter; pass it in as an input",
     "constant-inexact": "it builds a constant array of shape {} ({}) that the graph cannot "
@@ -198,7 +201,8 @@ TRACE_REFUSALS = {
                      "graph would keep what it read once",
     "closure-unknown-shape": "the shape of MXNet operator {!r}'s output in its gradient "
                              "closure is not known",
-    "closure-not-linear": "its {} cannot be transposed: {}",
+    "closure-not-linear": "its {} is not linear in the head gradient ({}): {}; it runs with "
+                          "the real head gradient in a Custom node",
     "closure-constant": "its {} gives input {} a gradient that does not depend on the head "
                         "gradient g: it is not linear in g (an output layer ignoring g "
                         "declares need_top_grad=False)",

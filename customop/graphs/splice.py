@@ -39,6 +39,7 @@ class Spliced:
 
     symbol: mx.sym.Symbol
     inlined: list[str] = field(default_factory=list)  # the nodes replaced
+    verdicts: dict[str, Any] = field(default_factory=dict)  # node -> its native.Verdict
     kept: list[Kept] = field(default_factory=list)
     constants: dict[str, np.ndarray] = field(default_factory=dict)  # new variables (export)
     dtype_generic: bool = True
@@ -137,6 +138,7 @@ def inline(sym: mx.sym.Symbol, shapes: dict[str, tuple], dtypes: dict[str, Any],
                                     verdict.rule))
         else:
             graphs[i] = verdict.graph
+            result.verdicts[node["name"]] = verdict
             result.dtype_generic &= verdict.graph.dtype_generic
             if verdict.graph.forward_only is not None and grads is not None:
                 sources = gradient_sources(graph, [node["inputs"][k]

@@ -9,6 +9,13 @@ asks :data:`TRANSPOSE` (keyed by MXNet operator) for the nodes that carry a
 cotangent of the node's output back to its linear inputs.  The result maps each
 ``g`` to an expression linear in the cotangents fed at the closure's outputs.
 
+Before any rule runs, :func:`nonlinear_use` reads the closure's graph statically: each
+operator's entry in :data:`LINEAR_IN` says which of its operands it is linear in (JAX's
+linear primitives); an operator applied to ``g`` without an entry (``clip``, ``sign``,
+``abs``, ``norm``, comparisons), or applied to ``g`` in an operand it is not linear in
+(``g * g``, ``x / g``), makes the closure not linear in ``g``: it keeps its ``Custom``
+node and is called with the real head gradient.  No sampled values decide it.
+
 A rule is ``rule(t, node, ct, linear) -> [(input position, cotangent ref)]``:
 ``node`` the traced node (``op``, ``attrs``, ``inputs`` as refs), ``ct`` the ref
 of its output's cotangent, ``linear`` which inputs depend on ``g``; ``t`` (a
@@ -28,12 +35,17 @@ class NotLinear(Exception):
 
     def __init__(self, op: str, why: str):
         super().__init__(f"MXNet operator {op!r} {why}")
-        self.op = op
+        self.op, self.why = op, why
 
 
 Ref = tuple
 Rule = Callable[["Transposer", dict, Ref, list], list]
 TRANSPOSE: dict[str, Rule] = {}
+# Which operands each operator is linear in (one entry per operator, beside its transpose):
+# SUM: in all of them jointly (a sum, a join); PRODUCT: in each alone, so at most one may
+# depend on g (a product); a tuple: in those positions only, the others must be g-free.
+SUM, PRODUCT = "sum", "product"
+LINEAR_IN: dict[str, Any] = {}
 # Operators whose output is zero whatever their inputs: a term built from them adds nothing.
 ZEROS = frozenset({"zeros_like", "_zeros", "_npi_zeros", "_zeros_without_dtype"})
 
@@ -95,10 +107,11 @@ class Transposer:
         return self.to_shape_of(ct, ref) if lead else ct
 
 
-def _rule(*names: str) -> Callable[[Rule], Rule]:
+def _rule(*names: str, linear_in: Any = (0,)) -> Callable[[Rule], Rule]:
     def register(fn: Rule) -> Rule:
         for name in names:
             TRANSPOSE[name] = fn
+            LINEAR_IN[name] = linear_in
         return fn
     return register
 
@@ -110,7 +123,7 @@ def _one_linear(node: dict, linear: list) -> int:
     return linear.index(True)
 
 
-@_rule("elemwise_mul", "_mul", "_Mul", "broadcast_mul")
+@_rule("elemwise_mul", "_mul", "_Mul", "broadcast_mul", linear_in=PRODUCT)
 def _mul(t, node, ct, linear):
     i = _one_linear(node, linear)
     other = t.coefficient(node["inputs"][1 - i])
@@ -145,11 +158,10 @@ def _sum_of_terms(sign: int):
     return rule
 
 
-TRANSPOSE.update({op: _sum_of_terms(1) for op in (
-    "elemwise_add", "_plus", "_Plus", "_add", "broadcast_add", "broadcast_plus", "add_n",
-    "ElementWiseSum", "_grad_add")})
-TRANSPOSE.update({op: _sum_of_terms(-1) for op in (
-    "elemwise_sub", "_minus", "_Minus", "_sub", "broadcast_sub", "broadcast_minus")})
+_rule("elemwise_add", "_plus", "_Plus", "_add", "broadcast_add", "broadcast_plus", "add_n",
+      "ElementWiseSum", "_grad_add", linear_in=SUM)(_sum_of_terms(1))
+_rule("elemwise_sub", "_minus", "_Minus", "_sub", "broadcast_sub", "broadcast_minus",
+      linear_in=SUM)(_sum_of_terms(-1))
 
 
 @_rule("_mul_scalar", "_div_scalar", "negative", "_copy", "BlockGrad", "stop_gradient",
@@ -217,7 +229,7 @@ def _sum(t, node, ct, linear):
     return [(0, t.broadcast_to_shape_of(ct, src))]
 
 
-@_rule("where")
+@_rule("where", linear_in=(1, 2))
 def _where(t, node, ct, linear):
     if linear[0]:
         raise NotLinear(node["op"], "chooses by a condition that depends on the head gradient g")
@@ -239,6 +251,9 @@ def _where(t, node, ct, linear):
 
 @_rule("Cast", "cast", "amp_cast")
 def _cast(t, node, ct, linear):
+    if not np.issubdtype(np.dtype(t.dtype(node["out"])), np.floating):
+        raise NotLinear(node["op"], "rounds the head gradient g to integers: the closure is "
+                        "not linear in g")
     return [(0, t.add("Cast", [ct], dtype=np.dtype(t.dtype(node["inputs"][0])).name))]
 
 
@@ -268,12 +283,12 @@ def _slice_axis(t, node, ct, linear):
     return [(0, t.add("Concat", parts, dim=axis, num_args=len(parts)))]
 
 
-@_rule(*ZEROS)
+@_rule(*ZEROS, linear_in=SUM)
 def _zeros(t, node, ct, linear):
     return []  # zeros_like(g): the zero map, whose transpose gives nothing
 
 
-@_rule("Concat", "concat")
+@_rule("Concat", "concat", linear_in=SUM)
 def _concat(t, node, ct, linear):
     # concatenate <-> slice the cotangent back into the parts
     ndim = len(t.shape(node["out"]))
@@ -294,7 +309,7 @@ def _flag(node: dict, name: str) -> bool:
     return node["attrs"].get(name, "False") in ("True", "1", "true")
 
 
-@_rule("dot", "batch_dot")
+@_rule("dot", "batch_dot", linear_in=PRODUCT)
 def _dot(t, node, ct, linear):
     # y = a' b' (a' = a or a^T, b' = b or b^T): the linear factor's cotangent is the product
     # of ct with the other factor, transposed to match.
@@ -364,3 +379,32 @@ def transpose(nodes: list[dict], linear: list[bool], seeds: list[tuple[Ref, Ref]
 
 def _is_linear(ref: Ref, linear: list[bool], sources: list[Ref]) -> bool:
     return ref in sources or (ref[0] == "node" and linear[ref[1]])
+
+
+def nonlinear_use(nodes: list[dict], linear: list[bool], heads: list[Ref],
+                  sources: list[Ref]) -> NotLinear | None:
+    """The first node on the way from ``g`` to ``heads`` that is not linear in ``g`` by its
+    :data:`LINEAR_IN` entry (or has none), as the :class:`NotLinear` to raise; None when
+    every one is.  Static: read from the graph, whatever values it was traced on."""
+    seen: set[int] = set()
+    stack = [h[1] for h in heads if h[0] == "node" and linear[h[1]]]
+    while stack:
+        k = stack.pop()
+        if k in seen:
+            continue
+        seen.add(k)
+        stack.extend(r[1] for r in nodes[k]["inputs"] if r[0] == "node" and linear[r[1]])
+    for k in sorted(seen):
+        node = nodes[k]
+        lin = [i for i, r in enumerate(node["inputs"]) if _is_linear(r, linear, sources)]
+        kind = LINEAR_IN.get(node["op"])
+        if kind is None:
+            return NotLinear(node["op"], "is applied to the head gradient g and is not linear "
+                             "in it (or has no linearity rule)")
+        if kind == PRODUCT and len(lin) > 1:
+            return NotLinear(node["op"], "multiplies two values that both depend on the head "
+                             "gradient g")
+        if kind not in (SUM, PRODUCT) and any(i not in kind for i in lin):
+            return NotLinear(node["op"], f"takes the head gradient g in operand {lin[0]}, in "
+                             f"which it is not linear")
+    return None

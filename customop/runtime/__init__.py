@@ -48,6 +48,10 @@ The index (:data:`PATCHES`: off-switch name -> module, and when it is installed)
 ``gluonshape`` (:mod:`.gluonshape`)
     Gluon's deferred initialization names the op and input whose shape stays unknown;
     the first Symbol call of one of our ops.
+``backlog`` (:mod:`.backlog`)
+    a thread that calls our ops without reading their results waits for MXNet's engine
+    once every few nodes, so the Python callbacks queued on MXNet's custom-op workers
+    never pile up (each pile-up starts threads that stay); the first call of a decorated op.
 ``isAlive`` (:mod:`.isalive`)
     ``Thread.isAlive`` for MXNet's ``tools/launch.py``; ``launch --launcher ssh|mpi|...``.
 ``onnxops`` (:mod:`.onnxops`)
@@ -80,7 +84,8 @@ from typing import Any
 PATCHES = {"errors": "errors", "fork": "fork", "aux": "aux", "auxsync": "auxsync",
            "release": "release", "deps": "deps", "shapes": "shapes", "names": "names",
            "binds": "binds", "trace": "trace", "randomness": "randomness", "inline": "inline",
-           "gluonshape": "gluonshape", "isAlive": "isalive", "onnxops": "onnxops"}
+           "gluonshape": "gluonshape", "isAlive": "isalive", "onnxops": "onnxops",
+           "backlog": "backlog"}
 
 # MXNet's own pthread_atfork handlers (src/initialize.cc), which the ``fork`` patch runs;
 # internal, C++-mangled names:
@@ -129,10 +134,11 @@ def install(name: str) -> None:
 
 def use() -> None:
     """A decorated op is being called or bound: install what every op needs (idempotent)."""
-    if "fork" in _installed and "errors" in _installed:  # the common case
-        return
+    if "backlog" in _installed and "fork" in _installed and "errors" in _installed:
+        return  # the common case
     install("errors")
     install("fork")
+    install("backlog")
 
 
 def note_graph_op(op: Any) -> None:

@@ -37,3 +37,16 @@ def wrong_square(x):
 
 
 wrong_square.def_grad(lambda ans, x: lambda g: 3 * x * g)  # seeded bug: d(x^2)/dx is 2x
+
+
+@customop("numpy")
+def sqrt_area(boxes):
+    """``sqrt((x2 - x1) (y2 - y1))`` of (x1, y1, x2, y2) rows: NaN for an inverted box."""
+    w, h = boxes[:, 2] - boxes[:, 0], boxes[:, 3] - boxes[:, 1]
+    with numpy.errstate(invalid="ignore"):
+        return numpy.sqrt(w * h)
+
+
+sqrt_area.def_grad(lambda ans, boxes: lambda g: (g / (2 * ans))[:, None] * numpy.stack([
+    -(boxes[:, 3] - boxes[:, 1]), -(boxes[:, 2] - boxes[:, 0]),
+    boxes[:, 3] - boxes[:, 1], boxes[:, 2] - boxes[:, 0]], axis=1))

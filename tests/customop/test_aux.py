@@ -110,7 +110,7 @@ def test_export_keeps_the_state_and_reloads(tmp_path):
     code = (
         "import mxnet as mx, numpy as np, customop\n"
         f"net = customop.imports({str(tmp_path / 'net-symbol.json')!r}, ['data'], "
-        f"{str(tmp_path / 'net-0000.params')!r})\n"
+        f"{str(tmp_path / 'net-0000.params')!r}, modules=['tests.customop.auxops'])\n"
         "aux = [p for n, p in net.collect_params().items() if n.endswith('count')]\n"
         "print(aux[0].data().asscalar())\n"
         "print(net(mx.nd.ones((2, 4))).asnumpy().tolist())\n")

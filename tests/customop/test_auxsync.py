@@ -244,8 +244,8 @@ def test_ops_center_loss_with_the_auxsync_patch_off_the_centers_go_wrong():
     """)], cwd=ROOT, capture_output=True, text=True, timeout=120,
         env={**os.environ, "CUSTOMOP_RUNTIME_OFF": "auxsync"})
     assert out.returncode == 0, out.stderr[-3000:]
-    assert out.stdout.strip().splitlines()[-1] == ("['aux', 'binds', 'deps', 'errors', 'fork', "
-                                                   "'names', 'release', 'shapes']")
+    assert out.stdout.strip().splitlines()[-1] == ("['aux', 'backlog', 'binds', 'deps', 'errors', "
+                                                   "'fork', 'names', 'release', 'shapes']")
 
 
 def test_ops_center_loss_two_devices_bare_ndarrays_move_by_the_summed_shard_updates():

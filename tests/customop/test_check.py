@@ -357,3 +357,20 @@ def test_cli_malformed_param_exits_2_with_one_line_naming_the_parameter(capsys):
     # a bare word is a string where the default is one
     assert main(["tests.customop.checkme_ops:leaky", "--shape", "x=3", "--param",
                  "kind=leaky"]) == 0
+
+
+def test_cli_ranges_draw_inputs_in_their_domain(capsys):
+    # standard-normal boxes are inverted half the time (sqrt of a negative area: NaN);
+    # one range per position of the last axis keeps x2 > x1 and y2 > y1
+    op = "tests.customop.checkme_ops:sqrt_area"
+    assert main([op, "--shape", "boxes=6,4"]) == 1
+    capsys.readouterr()
+    assert main([op, "--shape", "boxes=6,4", "--range", "boxes=0:1,0:1,2:3,2:3"]) == 0
+    assert "sqrt_area': passed" in capsys.readouterr().out
+    for bad in ("boxes=0:1,0:1", "boxes=1:0", "boxes=0-1", "other=0:1"):
+        with pytest.raises(SystemExit) as info:
+            main([op, "--shape", "boxes=6,4", "--range", bad])
+        assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert "--range boxes: 2 ranges" in err and "LOW must be below HIGH" in err
+    assert "--range other: no input" in err

@@ -177,11 +177,12 @@ def _run(code):
                      timeout=120, cwd=ROOT)
 
 
-def test_imports_and_load_checkpoint_find_the_defining_modules(tmp_path):
+def test_imports_and_load_checkpoint_import_the_modules_the_caller_names(tmp_path):
     want = _export(tmp_path)
     code = (
         "import sys, mxnet as mx, customop\n"
-        f"net = customop.imports({str(tmp_path / 'm-symbol.json')!r}, ['data'])\n"
+        f"net = customop.imports({str(tmp_path / 'm-symbol.json')!r}, ['data'],\n"
+        "                       modules=['tests.customop.twinops'])\n"
         "print(net(mx.nd.array([[1.0, 2.0]])).asnumpy().tolist())\n"
         "assert 'tests.customop.twinops' in sys.modules\n"
         f"sym, args, aux = customop.load_checkpoint({str(tmp_path / 'm')!r}, 0)\n"
@@ -200,10 +201,11 @@ def test_a_missing_operator_is_named_before_mxnet_fails(tmp_path):
         text.replace("tests.customop.twinops.scaled_square.numpy", "gone_module.sq"))
     code = (
         "import mxnet as mx, customop\n"
-        f"customop.imports({str(tmp_path / 'm-symbol.json')!r}, ['data'])\n")
+        f"customop.imports({str(tmp_path / 'm-symbol.json')!r}, ['data'],\n"
+        "                 modules=['tests.customop.twinops'])\n")  # weighted_square's
     out = _run(code)
     assert out.returncode != 0
-    assert "'gone_module.sq': no importable module among 'gone_module'" in out.stderr
+    assert "'gone_module.sq': no imported or found module among 'gone_module'" in out.stderr
     assert "Cannot find custom operator" not in out.stderr
 
 

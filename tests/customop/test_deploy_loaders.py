@@ -6,6 +6,7 @@ and 5) runs in SymbolBlock, Module and MXNet's C predict API in test_export.py's
 subprocess (tests/deploy/run_plain_mxnet.py) and in ONNX Runtime in the deploy nox
 session.  Here: what makes that work, each part on its own, so that a failure names it.
 """
+import importlib.util
 import json
 import os
 import re
@@ -262,3 +263,44 @@ def test_an_export_that_keeps_a_custom_node_still_runs_at_other_batch_sizes(tmp_
     assert done.fixed == [] and done.batch_inputs == ["data"]
     loaded = customop.imports(done.symbol_file, list(done.inputs), done.params_file)
     np.testing.assert_array_equal(loaded(mx.nd.ones((5, 3))).asnumpy(), np.full((5, 6), 2.0))
+
+
+DATA_ONLY = """
+import json, sys
+import mxnet as mx
+import customop
+from customop.deploy import loading  # noqa: F401  (customop's own modules, imported first)
+from tests.deploy import models
+name, block, inputs, options, _ = next(models.models())
+prefix = sys.argv[1]
+done = customop.export(block, prefix, *inputs, **options)
+onnx = None
+if sys.argv[2] == "onnx":
+    import onnx
+    customop.to_onnx(done, prefix + ".onnx")
+events = []
+WATCHED = ("import", "exec", "compile", "pickle.find_class", "marshal.loads", "os.system",
+           "subprocess.Popen", "ctypes.dlopen")
+sys.addaudithook(lambda event, args: events.append([event, repr(args)[:200]])
+                 if event in WATCHED else None)
+names = list(done.inputs)
+net = mx.gluon.SymbolBlock.imports(done.symbol_file, names, done.params_file)
+outs = net(*inputs)
+again = customop.imports(done.symbol_file, names, done.params_file)
+sym, args, auxs = mx.model.load_checkpoint(prefix, 0)
+sym, args, auxs = customop.load_checkpoint(prefix, 0)
+if onnx is not None:
+    onnx.checker.check_model(onnx.load(prefix + ".onnx"))
+print(json.dumps(events))
+"""
+
+
+def test_exported_files_load_as_data(tmp_path):
+    # An export's symbol JSON, params and ONNX file load without pickle, without eval, exec
+    # or compile, and without importing anything (Python's audit events, in a child: an
+    # audit hook cannot be removed)
+    have_onnx = "onnx" if importlib.util.find_spec("onnx") else "-"
+    run = fresh.run([sys.executable, "-c", DATA_ONLY, str(tmp_path / "p"), have_onnx],
+                    cwd=str(ROOT), capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert json.loads(run.stdout.strip().splitlines()[-1]) == []

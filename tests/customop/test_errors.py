@@ -419,3 +419,26 @@ except mx.base.MXNetError as exc:
     assert out.returncode == 0, out.stderr[-3000:]
     assert "take operator contains indices out of bound" in out.stdout, out.stdout
     assert "Error in CustomOp.forward" not in out.stdout + out.stderr
+
+
+@customop("mxnet")
+def needs_four_columns(boxes):
+    if boxes.shape[-1] != 4:
+        raise ValueError("boxes must have 4 columns")
+    return boxes * 2
+
+
+@customop("mxnet")
+def dot_by_seven(x):
+    return mx.nd.dot(x, mx.nd.ones((7, 3)))
+
+
+def test_shape_inference_hints_infer_shape_only_when_an_operator_fails_not_the_users_check():
+    # The user's own check raising in the forward: the input is wrong, not the inference.
+    data = mx.sym.var("data")
+    with pytest.raises(ValueError, match="boxes must have 4 columns") as info:
+        needs_four_columns(data).infer_shape(data=(2, 5))
+    assert "infer_shape=" not in str(info.value)
+    with pytest.raises(ValueError, match="dot shape error") as info:
+        dot_by_seven(data).infer_shape(data=(2, 5))
+    assert "pass infer_shape=" in str(info.value)

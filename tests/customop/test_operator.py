@@ -418,7 +418,8 @@ import mxnet as mx, numpy as np
 import customop
 assert "tests.customop.opdefs" not in sys.modules
 x = mx.nd.array(np.load({str(tmp_path / 'x.npy')!r}))
-a = customop.imports({prefix + '-symbol.json'!r}, ['data'])  # imports the defining module
+a = customop.imports({prefix + '-symbol.json'!r}, ['data'],
+                     modules=['tests.customop.opdefs'])  # imports the defining module
 b = mx.gluon.SymbolBlock.imports({prefix + '-symbol.json'!r}, ['data'])
 np.save({str(tmp_path / 'out.npy')!r}, np.stack([a(x).asnumpy(), b(x).asnumpy()]))
 """

@@ -1,5 +1,6 @@
 """The native-graph rules are tables: each refusal is one named entry, and verdicts name it."""
 import mxnet as mx
+import numpy as np
 import pytest
 
 import customop
@@ -141,3 +142,11 @@ def test_index_guards_are_keyed_by_mxnet_operator():
     node["attrs"] = {}
     outs = rules.INDEX_GUARDS["take"](node, add, ["float32", "float32"])
     assert added[-1] == "broadcast_mul" and "take" in added and len(outs) == 1
+
+
+def test_a_bfloat16_signature_is_refused_by_its_entry():
+    # NumPy has no bfloat16: such a Custom node computes in float32 itself (modes.widened)
+    verdict = native.native_graph(rules_detached, {}, [(3,)],
+                                  [np.dtype([("bfloat16", np.uint16)])], TRAIN)
+    assert verdict.graph is None and verdict.rule == "bfloat16"
+    assert verdict.reason == rules.TRACE_REFUSALS["bfloat16"]

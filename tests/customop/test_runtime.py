@@ -94,7 +94,7 @@ def test_the_first_recorded_call_installs_only_what_it_needs():
         print(json.dumps({"changed": sorted(k for k in before if before[k] != after[k]),
                           "installed": runtime.installed()}))
     ''')
-    assert result["installed"] == ["errors", "fork"]
+    assert result["installed"] == ["backlog", "errors", "fork"]
     # the error hook and the exit drain; the aux patch is not there (no aux op was used)
     assert set(result["changed"]) <= {"base.get_last_ffi_error", "ffi.get_last_ffi_error",
                                       "operator.print", "autograd.print", "atexit callbacks",
@@ -112,7 +112,7 @@ def test_switched_off_patches_stay_out():
             ops.focal_loss(x, mx.nd.array([0, 1]), alpha=0.25, gamma=2.0).wait_to_read()
         from customop import runtime
         print(json.dumps({"installed": runtime.installed()}))
-    ''', env={"CUSTOMOP_RUNTIME_OFF": "fork,errors"})
+    ''', env={"CUSTOMOP_RUNTIME_OFF": "fork,errors,backlog"})
     assert result == {"installed": []}
 
 
@@ -157,8 +157,8 @@ def test_after_an_aux_op_is_used_only_its_own_graphs_wait():
             "unrelated cachedop": type(net._cached_op).__name__,
         }))
     '''))
-    assert result == {"installed": ["aux", "auxsync", "binds", "deps", "errors", "fork",
-                                    "gluonshape", "names", "release", "shapes"],
+    assert result == {"installed": ["aux", "auxsync", "backlog", "binds", "deps", "errors",
+                                    "fork", "gluonshape", "names", "release", "shapes"],
                       "aux executor": "_AuxExecutor", "aux cachedop": "_AuxCachedOp",
                       "unrelated executor": "Executor", "unrelated cachedop": "CachedOp"}
 
@@ -266,8 +266,8 @@ def test_release_frees_only_our_operators_and_mxnet_still_deletes_them(off, rele
     result = releases[off]
     # MXNet's own deleter ran for every operator (ours through the release hook), and a
     # hand-written CustomOp is left to the cycle collector, as MXNet leaves it
-    installed = sorted({"binds", "deps", "errors", "fork", "gluonshape", "names", "release",
-                        "shapes"}
+    installed = sorted({"backlog", "binds", "deps", "errors", "fork", "gluonshape", "names",
+                        "release", "shapes"}
                        - set(off.split(",")))
     assert result == {"installed": installed,
                       "left in registry": 0, "watched": 0, "hand-written alive": 5}

@@ -96,7 +96,8 @@ import mxnet as mx, numpy as np
 import customop
 assert "ops" not in sys.modules
 net = customop.imports({prefix + '-symbol.json'!r}, ['data0', 'data1'])
-assert "ops" in sys.modules  # imported from the op types' dotted prefix
+assert "customop.ops" in sys.modules  # for the op types' 'ops.' prefix
+assert sys.modules["ops"] is sys.modules["customop.ops"]  # a checkout's one library
 x, boxes = (mx.nd.array(np.load({str(tmp_path)!r} + f'/{{n}}.npy')) for n in ('x', 'boxes'))
 np.save({str(tmp_path / 'out.npy')!r}, net(x, boxes).asnumpy())
 """

@@ -113,7 +113,9 @@ def test_mxnet_mode_copies_nothing_to_the_host(how):
     x, sigma = np.random.randn(4, 5).astype(np.float32), np.array([1.0, 2.0, 1.0, 1.0, 3.0],
                                                                   np.float32)
     forward, backward = common.hot_path_reads(ops.smooth_l1, [x, sigma], {}, how)
-    assert forward <= 1 and backward == 0  # the one flag is the sigma > 0 check
+    # the one flag is the sigma > 0 check; MXNet's automatic gradient (no closure since
+    # issue 51) runs the forward again in backward on these paths, its check too
+    assert forward <= 1 and backward <= 1
 
 
 @pytest.mark.parametrize("op", OPS, ids=ids)
