@@ -209,6 +209,11 @@ def _pick(a: Attrs, x, idx):
     return out if a.bool("keepdims") else jnp.squeeze(out, ax)
 
 
+def _gather_nd(a: Attrs, x, idx):
+    i = idx.astype(jnp.int32)
+    return x[tuple(i[k] for k in range(i.shape[0]))]
+
+
 def _where(a: Attrs, c, x, y):
     if c.ndim == 1 and x.ndim > 1:
         c = c.reshape((-1,) + (1,) * (x.ndim - 1))
@@ -439,6 +444,7 @@ RULES = {
     "one_hot": _one_hot,
     "take": _take,
     "pick": _pick,
+    "gather_nd": _gather_nd,
     "where": _where,
     "clip": lambda a, x: jnp.clip(x, a.float("a_min"), a.float("a_max")),
     "softmax": _softmax,

@@ -278,6 +278,11 @@ def _pick(a: Attrs, x, idx):
     return out if a.bool("keepdims") else out.squeeze(ax)
 
 
+def _gather_nd(a: Attrs, x, idx):
+    i = idx.to(torch.int64)
+    return x[tuple(i[k] for k in range(i.shape[0]))]
+
+
 def _where(a: Attrs, c, x, y):
     if c.dim() == 1 and x.dim() > 1:
         c = c.reshape((-1,) + (1,) * (x.dim() - 1))
@@ -516,6 +521,7 @@ RULES = {
     "one_hot": _one_hot,
     "take": _take,
     "pick": _pick,
+    "gather_nd": _gather_nd,
     "where": _where,
     "clip": _clip,
     "softmax": _softmax,
