@@ -8,7 +8,7 @@ DOCS_STAMP := $(VENV)/.docs-installed
 SPHINX := $(VENV)/bin/sphinx-build -W --keep-going -q -d docs/_build/doctrees
 
 .PHONY: venv demo test soak lint bench bench-imperative bench-detection bench-losses bench-dist bench-aux bench-isolation \
-	bench-residuals bench-fork bench-binds bench-composed bench-memory bench-native bench-rules dist-demo notebooks docs clean
+	bench-residuals bench-port bench-fork bench-binds bench-composed bench-memory bench-native bench-rules dist-demo notebooks docs clean
 
 venv: $(STAMP)
 
@@ -83,6 +83,10 @@ bench-isolation: $(STAMP)
 
 bench-residuals: $(STAMP)
 	$(PY) benchmarks/residuals.py
+
+# needs the port extra in .venv: .venv/bin/pip install '.[port]' numpy==1.23.5
+bench-port: $(STAMP)
+	$(PY) benchmarks/port.py
 
 bench-fork: $(STAMP)
 	$(PY) benchmarks/fork_cost.py

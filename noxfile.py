@@ -7,6 +7,8 @@
   used outside the checkout (``.ci/install_check.py``), on every Python;
   ``install_minimal``: ``.[cpu]`` alone, as the README's first install line gives it;
 - ``docs`` (3.11): the site built with -W and doctested;
+- ``port`` (3.11): the port tests (``tests/port``) with the ``port`` extra (torch,
+  torchvision, jax), then a saved port loaded in a venv without MXNet and with NumPy 2;
 - ``deploy-3.11``: the exported models (tests/deploy/models.py) checked in two fresh venvs:
   plain MXNet without customop (``SymbolBlock.imports``, ``Module``, and MXNet's C predict
   API from a C program compiled there with gcc), and ONNX Runtime with a current NumPy;
@@ -52,7 +54,7 @@ WORKERS = ["-n", "2", "--dist", "loadfile"]  # tests/conftest.py orders the modu
 # examples (docstring examples run in install-3.X).  Operators' math, graphs and exports
 # run the same code on every Python: tests-3.8 and tests-3.11 run them.
 VERSION_SUITE = [
-    "tests/test_packaging.py::test_import_customop_without_mxnet_names_the_extras",
+    "tests/test_packaging.py::test_customop_without_mxnet_names_the_extras_and_loads_ports",
     "tests/test_packaging.py::test_checkout_gives_one_module_object_for_ops_and_customop_ops",
     "tests/test_fresh.py",
     "tests/test_docs_site.py",
@@ -79,7 +81,7 @@ VERSION_SUITE = [
 # stream (2026-11-28): the full suite 10-11 min (6 alone), the version suite 3-4, a venv
 # filled by uv well under 1, an install check 1-5 (notebooks included on 3.11).  CI's own
 # limit is 90 minutes.
-LIMIT_MIN = {"suite": 20, "version suite": 10, "install": 10, "check": 10, "build": 20}
+LIMIT_MIN = {"suite": 20, "version suite": 10, "install": 10, "check": 10, "build": 20, "port": 10}
 
 # Horovod for the `horovod` session: built from source against the pinned MXNet (PyPI has no
 # wheel), Gloo as the controller, no MPI, no other framework; 161 s with two make jobs on 2
@@ -95,7 +97,7 @@ HOROVOD_BUILD_ENV = {"HOROVOD_WITH_MXNET": "1", "HOROVOD_WITH_GLOO": "1",
 HOROVOD_WHEELS = Path(os.environ.get("CUSTOMOP_CACHE") or "~/.cache/customop").expanduser() \
     / "horovod-wheels"
 
-nox.options.sessions = ["tests", "install", "install_minimal", "docs", "deploy", "horovod"]
+nox.options.sessions = ["tests", "install", "install_minimal", "docs", "deploy", "horovod", "port"]
 # `.ci/run` runs these two streams at once, each a nox run of its sessions in this order.  One
 # after another the sessions kept 77% of two cores busy (2,469 s of CPU in 1,599 s,
 # 2026-11-28); the streams fill the rest, balanced by their times side by side (the full
@@ -103,7 +105,8 @@ nox.options.sessions = ["tests", "install", "install_minimal", "docs", "deploy",
 # Together they are nox.options.sessions, each once (tests/test_ci.py).
 STREAMS = {
     "suites": ["tests-3.11", "tests-3.8", "docs"],
-    "rest": ["tests-3.9", "tests-3.10", "install", "install_minimal", "deploy", "horovod"],
+    "rest": ["tests-3.9", "tests-3.10", "install", "install_minimal", "deploy", "horovod",
+             "port"],
 }
 nox.options.default_venv_backend = "venv"
 nox.options.download_python = "never"
@@ -307,3 +310,34 @@ def horovod(session: nox.Session) -> None:
          "assert hvd.gloo_built() and not hvd.mpi_built(), 'Horovod without Gloo or with MPI'")
     args = list(session.posargs) or ["-q", "-m", "not soak", "tests/test_horovod.py"]
     _pytest(session, args, "suite", selection=bool(session.posargs))
+
+
+# What the port tests run beside MXNet (numpy 1.23.5 keeps jax at 0.4.30), and what the
+# MXNet-free venv gets: NumPy 2, the same torch, the newest jax.
+PORT_PINS = ["torch==2.14.1", "torchvision==0.29.1", "jax==0.4.30", "jaxlib==0.4.30",
+             "numpy==1.23.5"]
+PORT_FREE = ["numpy>=2", "torch==2.14.1", "jax", "jaxlib"]
+
+
+@nox.session(python=DOCS_PYTHON)
+def port(session: nox.Session) -> None:
+    """customop.to_torch / to_jax / save_port against MXNet (tests/port, the `port` extra),
+    then the saved port loaded in a second venv without MXNet and with NumPy 2."""
+    _fill(session, "-r", "requirements-dev.txt", *PORT_PINS)
+    _fill(session, "--no-deps", "-e", ".")
+    _pytest(session, list(session.posargs) or ["-q", *WORKERS, "tests/port"], "port",
+            selection=bool(session.posargs))
+    here = ROOT / "tests" / "port"
+    with tempfile.TemporaryDirectory(prefix="customop-port-") as work:
+        _run(session, "check", "python", str(here / "save_example.py"), work)
+        venv = os.path.join(work, "no-mxnet")
+        _run(session, "install", _uv(), "venv", "--quiet", "--python", "python3.11", venv)
+        python = os.path.join(venv, "bin", "python")
+        # customop without its dependencies: its `numpy<1.24` is MXNet's, not the loader's
+        _fill(session, *PORT_FREE, python=python)
+        _fill(session, "--no-deps", ".", python=python)
+        with session.chdir(work):
+            _run(session, "check", python, str(here / "load_without_mxnet.py"),
+                 os.path.join(work, "focal.port.json"), os.path.join(work, "inputs.npz"),
+                 os.path.join(work, "found.npz"), os.path.join(work, "expected.npz"),
+                 "--numpy2", env={"PYTHONPATH": ""})

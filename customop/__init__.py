@@ -11,6 +11,9 @@ when their forward traces to one (``explain(op, ...)`` says whether, and why not
 ``export(block, path, *inputs)`` writes a model plain MXNet loads, ``to_onnx`` converts it;
 ``require(cond, arg, message)`` checks input values: an exception where the forward runs
 in Python, NaN outputs in a native graph.
+``to_torch(op)`` and ``to_jax(op)`` run an op's native graphs, its own gradient included, as
+a PyTorch custom op or a JAX ``custom_vjp`` function; ``save_port`` writes them to a file
+that ``load_port`` runs where MXNet is not installed (``customop.port``).
 
 Importing this package changes nothing in MXNet or Python, and imports MXNet only when a
 public name is first used; what an operator needs from MXNet is installed when it is first
@@ -30,11 +33,14 @@ def _mxnet_missing() -> bool:
         return False
 
 
-if _mxnet_missing():
-    raise ModuleNotFoundError(
-        "customop needs MXNet 1.9.1, which is not installed. Install customop with one "
-        "extra: pip install 'customop[cpu]' (mxnet==1.9.1) or 'customop[cu112]' "
-        "(mxnet-cu112==1.9.1, CUDA 11.2), never both.", name="mxnet")
+_NO_MXNET = (
+    "customop needs MXNet 1.9.1, which is not installed. Install customop with one "
+    "extra: pip install 'customop[cpu]' (mxnet==1.9.1) or 'customop[cu112]' "
+    "(mxnet-cu112==1.9.1, CUDA 11.2), never both. (Without MXNet only saved ports load: "
+    "customop.load_port, from customop.port.)")
+# Without MXNet the package imports, and offers only what reads saved ports (customop.port
+# imports neither MXNet nor the rest of customop); every other name raises naming the extras.
+_WITHOUT_MXNET = {"load_port", "port", "PortError"}
 
 if TYPE_CHECKING:
     from .check import check_grad
@@ -43,12 +49,14 @@ if TYPE_CHECKING:
     from .graphs.explain import explain
     from .graphs.trace import is_tracing
     from .operator import CustomOperator, customop
+    from .port import PortError, load_port, save_port, to_jax, to_torch
     from .saved import residuals
     from .value_checks import require
 
 __all__ = ["customop", "CustomOperator", "residuals", "check_grad", "imports",
            "load_checkpoint", "explain", "is_tracing", "export", "to_onnx",
-           "NotInlinedError", "require", "UntrustedModuleError"]
+           "NotInlinedError", "require", "UntrustedModuleError", "to_torch", "to_jax",
+           "save_port", "load_port", "PortError"]
 __version__ = "0.1.0"
 
 # Each public name comes from its module on first use: `import customop` alone imports
@@ -59,10 +67,14 @@ _HOME = {"customop": "operator", "CustomOperator": "operator", "residuals": "sav
          "check_grad": "check", "imports": "deploy.loading", "load_checkpoint": "deploy.loading",
          "explain": "graphs.explain", "is_tracing": "graphs.trace", "export": "deploy.export",
          "to_onnx": "deploy.export", "NotInlinedError": "deploy.export",
-         "require": "value_checks", "UntrustedModuleError": "deploy.loading"}
+         "require": "value_checks", "UntrustedModuleError": "deploy.loading",
+         "to_torch": "port", "to_jax": "port", "save_port": "port", "load_port": "port",
+         "PortError": "port"}
 
 
 def __getattr__(name: str) -> Any:
+    if name not in _WITHOUT_MXNET and not name.startswith("__") and _mxnet_missing():
+        raise ModuleNotFoundError(_NO_MXNET, name="mxnet")
     if name in _HOME:
         value = getattr(_importlib.import_module(f"{__name__}.{_HOME[name]}"), name)
     elif not name.startswith("__") and _util.find_spec(f"{__name__}.{name}") is not None:

@@ -8,7 +8,7 @@ from autograd.tracer import getval
 
 from customop import customop
 
-from . import _checks, _rows
+from . import _checks
 from ._boxes import to_center
 
 
@@ -108,18 +108,20 @@ def box_encode(samples, matches, anchors, refs, means, stds, *, legacy_box=False
 
 
 def _encode_nd(samples, matches, anchors, refs, means, stds, one):
-    b, n, _ = anchors.shape
+    # Each anchor's reference by a one-hot product (as _encode_grads), shapes by operators:
+    # the graph holds at every (B, N, M) (rows counted from refs.shape did not).
     with mx.autograd.pause():
-        flat = _rows.flat_rows(matches, refs)  # in float64: see ops/_rows.py
         valid = samples > 0.5
-    ref = mx.nd.take(refs.reshape((-1, 4)), flat).reshape((b, n, 4))
+    work = np.float64 if anchors.dtype == np.float64 else np.float32  # (no float16 dot on CPU)
+    ref = mx.nd.batch_dot(_one_hot_refs(matches, refs, work), refs.astype(work, copy=False))
+    ref = ref.astype(anchors.dtype, copy=False)
     rx, ry, rw, rh = to_center(*mx.nd.split(ref, 4, axis=-1), one)
     ax, ay, aw, ah = to_center(*mx.nd.split(anchors, 4, axis=-1), one)
     t = mx.nd.concat((rx - ax) / aw, (ry - ay) / ah, mx.nd.log(rw / aw), mx.nd.log(rh / ah),
                      dim=-1)
     t = mx.nd.broadcast_div(mx.nd.broadcast_sub(t, means.reshape((1, 1, 4))),
                             stds.reshape((1, 1, 4)))
-    masks = mx.nd.broadcast_to(valid.reshape((b, n, 1)), (b, n, 4))
+    masks = mx.nd.broadcast_like(mx.nd.expand_dims(valid, axis=2), anchors)
     return mx.nd.where(masks, t, mx.nd.zeros_like(t)), masks
 
 
@@ -132,13 +134,18 @@ def _encode_nd(samples, matches, anchors, refs, means, stds, one):
 # 4 x 4 matrices of 0, 1 and 1/2 (_mixers), never split and concatenated on the last axis:
 # MXNet's split and Concat there took 2.2 of the graph's 5.4 ms at 8 x 768 anchors, and
 # slicing or broadcasting g would transpose into Concat and slow sums (both measured).
+def _one_hot_refs(matches, refs, dtype):
+    index = mx.nd.floor(matches.astype(dtype, copy=False))  # (as MXNet's kernel truncates)
+    return mx.nd.broadcast_equal(index.expand_dims(2), mx.nd.reshape(
+        mx.nd.contrib.arange_like(refs, axis=1).astype(dtype, copy=False), shape=(1, 1, -1))
+    ).astype(dtype)
+
+
 def _encode_grads(ans, samples, matches, anchors, refs, means, stds, *, legacy_box=False):
     one = 1 if legacy_box else 0
     targets, masks = ans
     dtype = anchors.dtype
-    index = mx.nd.floor(matches.astype(dtype, copy=False))  # (as MXNet's kernel truncates)
-    hot = mx.nd.broadcast_equal(index.expand_dims(2), mx.nd.reshape(
-        mx.nd.contrib.arange_like(refs, axis=1), shape=(1, 1, -1))).astype(dtype)  # (B, N, M)
+    hot = _one_hot_refs(matches, refs, dtype)  # (B, N, M)
     ref = mx.nd.batch_dot(hot, refs)  # each anchor's reference box (zeros: unmatched)
     centers, logs, sign = _mixers(stds, dtype)
     widths = logs - centers  # v . widths = (v2 - v0, v3 - v1, v2 - v0, v3 - v1)

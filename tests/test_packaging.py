@@ -82,7 +82,7 @@ def test_wheel_metadata_pythons_and_exclusive_mxnet_extras(wheel):
     assert not any(n.startswith("ops/") for n in names)
 
 
-def test_import_customop_without_mxnet_names_the_extras():
+def test_customop_without_mxnet_names_the_extras_and_loads_ports():
     blocker = textwrap.dedent("""
         import sys
 
@@ -92,8 +92,10 @@ def test_import_customop_without_mxnet_names_the_extras():
                     raise ModuleNotFoundError(f"No module named {name!r}", name=name)
 
         sys.meta_path.insert(0, NoMXNet())
+        import customop  # imports: saved ports load without MXNet (customop.load_port)
+        print(customop.load_port.__module__)
         try:
-            import customop
+            customop.customop
         except ModuleNotFoundError as exc:
             print(type(exc).__name__, exc.name, exc)
         else:
@@ -101,7 +103,9 @@ def test_import_customop_without_mxnet_names_the_extras():
         """)
     proc = run([sys.executable, "-c", blocker], cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.startswith("ModuleNotFoundError mxnet "), proc.stdout
+    first, _, rest = proc.stdout.partition("\n")
+    assert first == "customop.port.loading", proc.stdout
+    assert rest.startswith("ModuleNotFoundError mxnet "), proc.stdout
     assert "customop[cpu]" in proc.stdout and "customop[cu112]" in proc.stdout
     assert "never both" in proc.stdout
 

@@ -1,0 +1,291 @@
+"""Ports as ``torch.library`` custom ops: the forward graph as the op, the training graph's
+gradient as its backward.
+
+The op's kernel runs the forward graph, translated by
+:data:`customop.port.torch_rules.RULES`, one torch call per node.  Its ``register_autograd``
+backward differentiates the training graph by torch's autograd (``BlockGrad`` detaches,
+``make_loss`` values get a cotangent of ones) and returns the inputs' gradients: MXNet's
+backward of that graph, which is the op's ``def_grad`` closures'.  An eager call whose
+inputs require grad runs the training graph itself in the kernel, recorded, and hands it to
+``setup_context`` (the outputs are its values); elsewhere (``torch.compile``, a second
+backward) the backward runs the graph again from the saved inputs.  A kernel's dispatch
+excludes the autograd keys (gradients taken there came back wrong, torch 2.14): the
+recording lifts that exclusion for the graph's own operators only.  The fake kernel runs the
+forward graph on fake tensors, so ``torch.compile`` traces the op with its shapes.
+"""
+from __future__ import annotations
+
+import itertools
+import re
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from . import torch_rules
+from .graph import compile_graph, port_error
+from .portfile import Record
+
+_made: dict[Any, Any] = {}
+_count = itertools.count()
+
+
+def _run(record: Record, which: str) -> Callable:
+    runs = record.__dict__.setdefault("_torch_runs", {})  # kept by the record it runs
+    found = runs.get(which)
+    if found is None:
+        found = runs[which] = compile_graph(getattr(record, which), torch_rules.RULES,
+                                            record.op_type)
+    return found
+
+
+def _dtype_name(t: torch.Tensor) -> str:
+    return str(t.dtype).replace("torch.", "")
+
+
+# Eager calls that will be differentiated run the training graph under autograd in the
+# kernel and hand it to setup_context here (by the first output's id), so the backward does
+# not run the graph again: 2.9x -> see BENCHMARKS.md.  A kernel does not record autograd
+# (its dispatch excludes the autograd keys: gradients taken there came back wrong, torch
+# 2.14); the ForceDispatchKeyGuard below lifts that for the graph's own leaves only.
+_pending: dict[int, tuple] = {}
+# Graphs whose setup_context never came (a call under torch.no_grad() with inputs that
+# require grad: the kernel cannot tell, grad mode is off inside it either way) are dropped,
+# oldest first, past this many.
+_PENDING_MAX = 4
+_AUTOGRAD_KEY = getattr(torch._C.DispatchKey, "AutogradFunctionality", None)
+
+
+def _recordable(record: Record, tensors: Sequence[torch.Tensor]) -> bool:
+    if _AUTOGRAD_KEY is None or getattr(record, "host", False):
+        return False
+    if torch.compiler.is_compiling() or torch._C._get_dispatch_mode(
+            torch._C._TorchDispatchModeKey.FAKE) is not None:
+        return False
+    return any(tensors[i].requires_grad for i in record.grads) and all(
+        type(t) is torch.Tensor or type(t) is torch.nn.Parameter for t in tensors)
+
+
+def _own(h: torch.Tensor, tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+    """``h`` as an output of a custom op: aliasing no input, contiguous."""
+    if h._is_view() or any(torch._C._is_alias_of(h, t) for t in tensors):
+        h = h.clone()
+    return h.contiguous() if not h.is_contiguous() else h
+
+
+def run_forward(record: Record, tensors: Sequence[torch.Tensor], found: Any = None
+                ) -> list[torch.Tensor]:
+    """The outputs; ``found``: what setup_context would look up again (kept with the graph)."""
+    torch_rules.DEVICE[0] = tensors[0].device if tensors else None
+    if _recordable(record, tensors):
+        graph = _graph(record, tensors, recorded=True)
+        out = [_own(h.detach(), tensors) for h in graph[1]]
+        if out:
+            if len(_pending) >= _PENDING_MAX:
+                _pending.pop(next(iter(_pending)))
+            _pending[id(out[0])] = (out[0], graph, found)
+        return out
+    run = _run(record, "forward")
+    with torch.no_grad():
+        heads, _ = run(list(tensors))
+    return [_own(h, tensors) for h in heads]
+
+
+def _graph(record: Record, tensors: Sequence[torch.Tensor], recorded: bool = False) -> tuple:
+    """``(leaves, heads, losses)``: the training graph run under autograd."""
+    run = _run(record, "train")
+    with torch.enable_grad():
+        if recorded:  # inside the kernel: let autograd record the graph's own operators
+            with torch._C._ForceDispatchKeyGuard(
+                    torch._C._dispatch_tls_local_include_set(),
+                    torch._C._dispatch_tls_local_exclude_set().remove(_AUTOGRAD_KEY)):
+                leaves = [t.detach().requires_grad_(i in record.grads)
+                          for i, t in enumerate(tensors)]
+                heads, losses = run(leaves)
+        else:
+            leaves = [t.detach().requires_grad_(i in record.grads)
+                      for i, t in enumerate(tensors)]
+            heads, losses = run(leaves)
+    return leaves, heads, losses
+
+
+def recorded_graph(output: Any) -> tuple:
+    """``(graph, found)`` the eager kernel kept for this output (once), or ``(None, None)``."""
+    first = output[0] if isinstance(output, (tuple, list)) else output
+    kept = _pending.pop(id(first), None)
+    return kept[1:] if kept is not None and kept[0] is first else (None, None)
+
+
+def run_backward(record: Record, tensors: Sequence[torch.Tensor],
+                 grads: Sequence[torch.Tensor | None], graph: tuple | None = None
+                 ) -> list[torch.Tensor]:
+    """The gradients of the inputs ``record.grads`` (in that order) for head gradients
+    ``grads``: MXNet's backward of the training graph, by torch's autograd (``graph``: the
+    one the forward kernel recorded, else it is run again here)."""
+    if getattr(record, "host", False):
+        from . import host
+        return host.torch_backward(record, list(tensors), list(grads))
+    torch_rules.DEVICE[0] = tensors[0].device if tensors else None
+    leaves, heads, losses = graph if graph is not None else _graph(record, tensors)
+    with torch.enable_grad():
+        outs, cots = [], []
+        for h, g in zip(heads, grads):
+            if g is not None and h.requires_grad:
+                outs.append(h)
+                cots.append(g.to(h.dtype))
+        for loss in losses:
+            if loss.requires_grad:
+                outs.append(loss)
+                cots.append(torch.ones_like(loss))
+        wrt = [leaves[i] for i in record.grads]
+        if not outs:
+            return [torch.zeros_like(w) for w in wrt]
+        found = torch.autograd.grad(outs, wrt, cots, allow_unused=True)
+    return [torch.zeros_like(w) if f is None else f for f, w in zip(found, wrt)]
+
+
+def _lib_name(op_type: str, extra: str = "") -> str:
+    base = re.sub(r"[^0-9A-Za-z_]", "_", op_type)
+    return f"customop::{base}{extra}"
+
+
+def _check_inputs(record: Record, tensors: Sequence[torch.Tensor]) -> None:
+    for name, t in zip(record.inputs, tensors):
+        if not isinstance(t, torch.Tensor):
+            raise port_error(record.op_type, (
+                f"input {name!r} must be a torch.Tensor, got {type(t).__name__}"), TypeError)
+    record.check([tuple(t.shape) for t in tensors], [_dtype_name(t) for t in tensors])
+
+
+def _attach_autograd(custom: Any, n_in: int, find: Callable) -> None:
+    """``find(inputs, kwargs) -> (record, present tensors, their positions)``."""
+
+    def setup_context(ctx, inputs, output, keyword_only_inputs=None):
+        ctx.graph, found = recorded_graph(output)
+        record, tensors, where = found or find(inputs, keyword_only_inputs or {})
+        ctx.record, ctx.where = record, where
+        ctx.save_for_backward(*tensors)
+
+    def backward(ctx, *grads):
+        tensors = ctx.saved_tensors
+        graph, ctx.graph = ctx.graph, None  # (used once: a second backward runs it again)
+        found = run_backward(ctx.record, list(tensors), list(grads), graph)
+        out: list[Any] = [None] * n_in
+        for g, i in zip(found, ctx.record.grads):
+            out[ctx.where[i]] = g
+        return tuple(out)
+
+    custom.register_autograd(backward, setup_context=setup_context)
+
+
+def from_record(record: Record) -> Any:
+    """A loaded port: a custom op of the saved inputs, parameters fixed."""
+    name = _lib_name(record.op_type, f"_port{next(_count)}")
+    n = len(record.inputs)
+    args = ", ".join(f"Tensor {x}" for x in record.inputs)
+    outs = "Tensor" if record.n_out == 1 else "(" + ", ".join(["Tensor"] * record.n_out) + ")"
+
+    def impl(*tensors):
+        _check_inputs(record, tensors)
+        out = run_forward(record, tensors, (record, list(tensors), list(range(n))))
+        return out[0] if record.n_out == 1 else tuple(out)
+
+    custom = torch.library.custom_op(name, impl, mutates_args=(), schema=f"({args}) -> {outs}")
+    custom.register_fake(impl)
+    _attach_autograd(custom, n, lambda inputs, kw: (record, list(inputs), list(range(n))))
+    custom.record = record
+    return custom
+
+
+_TYPES = ((bool, "bool"), (int, "int"), (float, "float"), (str, "str"))
+
+
+def _schema_type(value: Any) -> str | None:
+    for kind, name in _TYPES:
+        if type(value) is kind:
+            return name
+    if isinstance(value, tuple) and all(type(v) is int for v in value):
+        return "int[]"
+    return None
+
+
+def to_torch(op: Any, **fixed: Any) -> Any:
+    """``op`` as a ``torch.library`` custom op; see :func:`customop.to_torch`."""
+    from . import extract, host
+    op = extract.live_op(op)
+    sig = op.signature
+    missing = [p for p in sig.required if p not in fixed]
+    if missing:
+        raise port_error(op.op_type, (
+            f"parameter(s) {', '.join(map(repr, missing))} have no default: fix them in "
+            f"customop.to_torch(op, {missing[0]}=...)"), TypeError)
+    count = op.outputs.declared
+    if callable(count):  # the output count depends on the parameters: fix them all
+        fixed = {**sig.defaults, **fixed}
+    key = (op, repr(sorted(fixed.items())))
+    if key in _made:
+        return _made[key]
+    free = {k: v for k, v in sig.defaults.items() if k not in fixed}
+    n_out = op.outputs.of({**sig.defaults, **fixed})
+    names = list(sig.inputs)
+    parts = [f"Tensor? {x}=None" if x in sig.optional else f"Tensor {x}" for x in names]
+    kw = []
+    for k, v in free.items():
+        t = _schema_type(v)
+        if t is None:
+            fixed[k] = v
+            continue
+        default = (str(v) if type(v) is bool else repr(list(v)) if isinstance(v, tuple)
+                   else repr(v))
+        kw.append(f"{t} {k}={default}")
+    free = {k: v for k, v in free.items() if k not in fixed}
+    schema_args = ", ".join(parts + (["*"] + kw if kw else []))
+    outs = "Tensor" if n_out == 1 else "(" + ", ".join(["Tensor"] * n_out) + ")"
+    name = _lib_name(op.op_type)
+    taken = {c._qualname for c in _made.values()}
+    if name in taken:  # the same op again with other fixed parameters
+        name = _lib_name(op.op_type, f"_{sum(n.startswith(name) for n in taken)}")
+    numpy_mode = op.mode != "mxnet" or bool(sig.aux)
+    if sig.aux:
+        raise port_error(op.op_type, f"cannot be ported: {extract.why_not_native(op)}")
+
+    def find(inputs, kwargs):
+        params = {**fixed, **{k: kwargs.get(k, free[k]) for k in free}}
+        params = {k: tuple(v) if isinstance(v, list) else v for k, v in params.items()}
+        arrays = list(inputs)
+        target, present, pnames, params = extract.split_call(op, arrays, params)
+        tensors = [arrays[i] for i in present]
+        for nm, t in zip(pnames, tensors):
+            if not isinstance(t, torch.Tensor):
+                raise port_error(op.op_type, f"input {nm!r} must be a torch.Tensor, got "
+                                 f"{type(t).__name__}", TypeError)
+        if numpy_mode:
+            record = host.record(target, op, tensors, pnames, params, n_out)
+        else:
+            record = extract.record_for(target, [tuple(t.shape) for t in tensors],
+                                        [_dtype_name(t) for t in tensors], params, pnames)
+        return record, tensors, present
+
+    def impl(*inputs, **kwargs):
+        found = find(inputs, kwargs)
+        record, tensors, _ = found
+        if numpy_mode:
+            out = host.torch_forward(record, tensors)
+        else:
+            out = run_forward(record, tensors, found)
+        return out[0] if n_out == 1 else tuple(out)
+
+    def fake(*inputs, **kwargs):
+        record, tensors, _ = find(inputs, kwargs)
+        if numpy_mode:
+            out = host.torch_fake(record, tensors)
+        else:
+            out = run_forward(record, tensors)
+        return out[0] if n_out == 1 else tuple(out)
+
+    custom = torch.library.custom_op(name, impl, mutates_args=(),
+                                     schema=f"({schema_args}) -> {outs}")
+    custom.register_fake(fake)
+    _attach_autograd(custom, len(names), find)
+    _made[key] = custom
+    return custom

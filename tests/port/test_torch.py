@@ -1,0 +1,145 @@
+"""customop.to_torch: every library op's forward and gradient against MXNet's."""
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch", reason="the port tests need torch (pip install "
+                            "'customop[port]')")
+
+from customop import ops  # noqa: E402
+from customop.port import PortError, to_torch  # noqa: E402
+
+from .cases import CASES, IDS, R, mxnet_reference  # noqa: E402
+
+
+def _torch_run(port, inputs, params, grads, heads, device="cpu"):
+    xs = [torch.tensor(a, device=device, requires_grad=i in grads)
+          for i, a in enumerate(inputs)]
+    out = port(*xs, **params)
+    outs = list(out) if isinstance(out, tuple) else [out]
+    if grads:
+        torch.autograd.backward([o for o in outs if o.requires_grad],
+                                [torch.tensor(h, device=device) for h, o in zip(heads, outs)
+                                 if o.requires_grad])
+    return ([o.detach().cpu().numpy() for o in outs],
+            [xs[i].grad.cpu().numpy() for i in grads])
+
+
+def port_of(op, params):
+    """The op's port with the parameters it needs fixed; the rest are passed per call."""
+    fix = {k: v for k, v in params.items() if k in op.signature.required
+           or callable(op.outputs.declared)}
+    return to_torch(op, **fix), {k: v for k, v in params.items() if k not in fix}
+
+
+def _close(got, want, what):
+    assert got.shape == want.shape, what
+    np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5, err_msg=what)
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_forward_and_gradient_equal_mxnet(case, device="cpu"):
+    _, name, make, params, grads = case
+    op = getattr(ops, name)
+    inputs = make(R(0))
+    outs, heads, want = mxnet_reference(op, inputs, params, grads)
+    port, params = port_of(op, params)
+    got_outs, got = _torch_run(port, inputs, params, grads, heads, device)
+    for k, (g, w) in enumerate(zip(got_outs, outs)):
+        _close(g, w, f"output {k}")
+    for i, g, w in zip(grads, got, want):
+        _close(g, w, f"gradient of input {i}")
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_forward_and_gradient_on_cuda(case):
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    test_forward_and_gradient_equal_mxnet(case, device="cuda")
+
+
+OPCHECK = [c[0] for c in CASES if c[4]]  # every case with a gradient
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c[0] in OPCHECK],
+                         ids=[i for i in IDS if i in OPCHECK])
+def test_opcheck(case):
+    _, name, make, params, grads = case
+    inputs = make(R(0))
+    xs = [torch.tensor(a, requires_grad=i in grads) for i, a in enumerate(inputs)]
+    port, params = port_of(getattr(ops, name), params)
+    torch.library.opcheck(port, tuple(xs), params)
+
+
+def test_compile_fullgraph_gives_eager_values_and_gradients():
+    port = to_torch(ops.focal_loss)
+    pred, label = (torch.tensor(a) for a in CASES[0][2](R(3)))
+    pred.requires_grad_(True)
+
+    def step(p, lab):
+        return port(p, lab, gamma=1.5).sum()
+
+    eager = step(pred, label)
+    (g_eager,) = torch.autograd.grad(eager, pred)
+    compiled = torch.compile(step, fullgraph=True, backend="aot_eager")(pred, label)
+    (g_comp,) = torch.autograd.grad(compiled, pred)
+    torch.testing.assert_close(compiled, eager)
+    torch.testing.assert_close(g_comp, g_eager)
+
+
+def test_integer_labels_get_no_gradient_and_optional_input_may_be_none():
+    port = to_torch(ops.focal_loss)
+    pred, label = (torch.tensor(a) for a in CASES[0][2](R(4)))
+    pred.requires_grad_(True)
+    out = port(pred, label, None)
+    out.sum().backward()
+    assert pred.grad is not None and not label.requires_grad
+
+
+def test_value_checks_give_nan_as_native_graphs_do():
+    pred, label = (torch.tensor(a) for a in CASES[0][2](R(5)))
+    label[0, 0] = 7.0  # outside {ignore_label, 0..C}
+    out = to_torch(ops.focal_loss)(pred, label)
+    assert torch.isnan(out).any()
+
+
+def test_aux_state_op_is_a_named_error():
+    with pytest.raises(PortError, match="ops.center_loss.*auxiliary states"):
+        to_torch(ops.center_loss, num_class=5)
+
+
+def test_required_parameter_must_be_fixed():
+    with pytest.raises(TypeError, match="ops.tile.*'reps'"):
+        to_torch(ops.tile)
+
+
+def test_numpy_mode_op_runs_on_the_host():
+    op = ops.focal_loss.numpy
+    inputs = CASES[0][2](R(6))
+    outs, heads, want = mxnet_reference(op, inputs, {}, [0])
+    got_outs, got = _torch_run(to_torch(op), inputs, {}, [0], heads)
+    _close(got_outs[0], outs[0], "output")
+    _close(got[0], want[0], "gradient")
+
+
+def test_shape_and_dtype_errors_name_the_op():
+    port = to_torch(ops.focal_loss)
+    with pytest.raises(TypeError, match=r"'ops.focal_loss.*\(port\).*pred"):
+        port(torch.zeros(2, 3, 4, dtype=torch.int32), torch.zeros(2, 3))
+    with pytest.raises(ValueError, match=r"'ops.focal_loss.*\(port\).*label"):
+        port(torch.zeros(2, 3, 4), torch.zeros(2, 4))
+
+
+def test_a_second_backward_runs_the_graph_again_and_no_grad_calls_keep_little():
+    from customop.port import torch_port
+    port = to_torch(ops.focal_loss)
+    pred, label = (torch.tensor(a) for a in CASES[0][2](R(7)))
+    pred.requires_grad_(True)
+    total = port(pred, label).sum()
+    (first,) = torch.autograd.grad(total, pred, retain_graph=True)  # the kernel's graph
+    (second,) = torch.autograd.grad(total, pred)  # run again from the saved inputs
+    torch.testing.assert_close(first, second)
+    with torch.no_grad():  # the kernel cannot tell: what it records waits, bounded
+        for _ in range(3 * torch_port._PENDING_MAX):
+            port(pred, label)
+    assert len(torch_port._pending) <= torch_port._PENDING_MAX
