@@ -101,12 +101,12 @@ nox.options.sessions = ["tests", "install", "install_minimal", "docs", "deploy",
 # `.ci/run` runs these two streams at once, each a nox run of its sessions in this order.  One
 # after another the sessions kept 77% of two cores busy (2,469 s of CPU in 1,599 s,
 # 2026-11-28); the streams fill the rest, balanced by their times side by side (the full
-# suites 10-11 minutes each, the version suites 4, the installs 2, install-3.11 6).
+# suites 10-11 minutes each, the version suites 4, the installs 2, install-3.11 6; port 2
+# and horovod 1 with their caches warm, horovod 8 when it builds Horovod).
 # Together they are nox.options.sessions, each once (tests/test_ci.py).
 STREAMS = {
-    "suites": ["tests-3.11", "tests-3.8", "docs"],
-    "rest": ["tests-3.9", "tests-3.10", "install", "install_minimal", "deploy", "horovod",
-             "port"],
+    "suites": ["tests-3.11", "tests-3.8", "docs", "port"],
+    "rest": ["tests-3.9", "tests-3.10", "install", "install_minimal", "deploy", "horovod"],
 }
 nox.options.default_venv_backend = "venv"
 nox.options.download_python = "never"

@@ -125,10 +125,11 @@ def test_every_module_imports_without_the_optional_extras(tmp_path):
         import importlib, pkgutil, sys
 
         OPTIONAL = ("onnx", "onnxruntime", "matplotlib", "sklearn", "nbclient", "nbformat")
+        PORT = ("torch", "torchvision", "jax", "jaxlib")  # the `port` extra
 
         class Missing:
             def find_spec(self, name, path=None, target=None):
-                if name.split(".")[0] in OPTIONAL:
+                if name.split(".")[0] in OPTIONAL + PORT:
                     raise ModuleNotFoundError(f"No module named {name!r}", name=name)
 
         sys.meta_path.insert(0, Missing())
@@ -137,12 +138,26 @@ def test_every_module_imports_without_the_optional_extras(tmp_path):
         from customop import ops
 
         skip = {"customop.check.__main__", "customop.distributed.worker_site.sitecustomize"}
-        names = []
+        names, frameworks = [], []
         for package in (customop, ops):
             for m in pkgutil.walk_packages(package.__path__, package.__name__ + "."):
-                if m.name not in skip:
+                if m.name in skip:
+                    continue
+                try:
                     importlib.import_module(m.name)
-                    names.append(m.name)
+                except ModuleNotFoundError as exc:  # the port's torch and jax modules only
+                    if not (m.name.startswith("customop.port.") and exc.name in PORT):
+                        raise
+                    frameworks.append(m.name)
+                    continue
+                names.append(m.name)
+        assert sorted(frameworks) == ["customop.port.jax_port", "customop.port.jax_rules",
+                                      "customop.port.torch_port", "customop.port.torch_rules"]
+        for fn in (customop.to_torch, customop.to_jax):
+            try:
+                fn(ops.focal_loss)
+            except ImportError as exc:
+                print("ImportError:", exc)
         assert "customop.deploy.onnx_rules" in names and "customop.ops.focal_loss" in names, names
         net = mx.gluon.nn.Dense(2, in_units=3)
         net.initialize()
@@ -158,3 +173,6 @@ def test_every_module_imports_without_the_optional_extras(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "ImportError: customop.to_onnx needs the 'onnx' package" in proc.stdout, proc.stdout
     assert "customop[onnx]" in proc.stdout
+    for name in ("customop.to_torch needs torch", "customop.to_jax needs jax"):
+        assert f"ImportError: {name}, which is not installed: pip install 'customop[port]'" \
+            in proc.stdout, proc.stdout

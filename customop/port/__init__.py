@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .graph import PortError
+from .graph import PortError, framework_module
 from .loading import load_port  # the MXNet-free entry point
 
 __all__ = ["to_torch", "to_jax", "save_port", "load_port", "PortError"]
@@ -57,8 +57,7 @@ def to_torch(op: Any, **params: Any) -> Any:
         labels = torch.randint(-1, 6, (2, 100)).float()
         focal(logits, labels, gamma=1.5).sum().backward()   # logits.grad: the op's closure's
     """
-    from .torch_port import to_torch as _to_torch
-    return _to_torch(op, **params)
+    return framework_module("torch_port", "customop.to_torch").to_torch(op, **params)
 
 
 def to_jax(op: Any) -> Any:
@@ -83,8 +82,7 @@ def to_jax(op: Any) -> Any:
         step = jax.jit(jax.value_and_grad(lambda x, y: focal(x, y, gamma=1.5).sum()))
         loss, grad = step(jnp.zeros((2, 100, 5)), jnp.zeros((2, 100)))
     """
-    from .jax_port import to_jax as _to_jax
-    return _to_jax(op)
+    return framework_module("jax_port", "customop.to_jax").to_jax(op)
 
 
 def save_port(op: Any, path: Any, *inputs: Any, **params: Any) -> None:

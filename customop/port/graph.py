@@ -15,6 +15,7 @@ hands its values back as losses, which the caller differentiates with a cotangen
 from __future__ import annotations
 
 import ast
+import importlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -26,6 +27,22 @@ class PortError(Exception):
 def port_error(op_type: str, msg: str, cls: type = PortError) -> Exception:
     """An error in the house's shape: ``customop 'ops.x' (port): ...``."""
     return cls(f"customop {op_type!r} (port): {msg}")
+
+
+FRAMEWORKS = ("torch", "torchvision", "jax", "jaxlib")  # what the `port` extra installs
+
+
+def framework_module(name: str, caller: str) -> Any:
+    """``customop.port.<name>`` (a module importing torch or jax), or an ImportError that
+    names ``caller`` and the extra to install, where the framework is missing."""
+    try:
+        return importlib.import_module(f"{__package__}.{name}")
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").split(".")[0] not in FRAMEWORKS:
+            raise
+        raise ImportError(f"{caller} needs {exc.name}, which is not installed: pip install "
+                          "'customop[port]' (torch, torchvision and jax)",
+                          name=exc.name) from None
 
 
 class Attrs:

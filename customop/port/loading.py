@@ -4,6 +4,7 @@ from __future__ import annotations
 from typing import Any
 
 from . import portfile
+from .graph import framework_module
 
 
 def load_port(path: Any, framework: str) -> Any:
@@ -27,8 +28,5 @@ def load_port(path: Any, framework: str) -> Any:
         raise ValueError(f"customop.load_port: framework must be 'torch' or 'jax', got "
                          f"{framework!r}")
     record = portfile.read(path)
-    if framework == "torch":
-        from .torch_port import from_record
-    else:
-        from .jax_port import from_record
-    return from_record(record)
+    module = framework_module(f"{framework}_port", "customop.load_port")
+    return module.from_record(record)
