@@ -15,7 +15,8 @@ usage: python install_check.py CHECKOUT [--notebooks] [--docs] [--minimal]
 
 ``--minimal`` (``pip install '.[cpu]'`` and pytest, no other extra) replaces 2 and 3 with
 what a minimal install meets: ``python -m pytest --doctest-modules --pyargs customop``
-(every module of ``customop`` and ``customop.ops`` imports, their docstring examples pass),
+(every module of ``customop`` and ``customop.ops`` imports, their docstring examples pass;
+the port's torch and jax modules need the ``port`` extra),
 and :func:`customop.to_onnx` raising the ``ImportError`` that names the ``onnx`` extra.
 
 Each step prints what it ran; the first failure exits non-zero.  tests/test_project.py uses
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import doctest
 import importlib
+import importlib.util
 import pkgutil
 import re
 import shutil
@@ -38,6 +40,10 @@ FRAGMENT = "<!-- fragment -->"
 MAX_FRAGMENTS = 2
 # Importing these runs something: the check's command line, a worker's start-up hook.
 NOT_IMPORTED = {"customop.check.__main__", "customop.distributed.worker_site.sitecustomize"}
+# The port's torch and jax modules import their framework: the `port` extra, which the
+# install sessions do not install (the `port` nox session runs them).
+NEEDS_PORT_EXTRA = {"customop.port.torch_port": "torch", "customop.port.torch_rules": "torch",
+                    "customop.port.jax_port": "jax", "customop.port.jax_rules": "jax"}
 MIN_DOCTESTS = 100  # the docstring examples found on 3.11 number about 170
 
 
@@ -99,7 +105,8 @@ def installed_modules() -> list[str]:
         names += [m.name for m in pkgutil.walk_packages(package.__path__, prefix)]
     if "customop.ops" not in names:
         names.append("customop.ops")
-    return [n for n in dict.fromkeys(names) if n not in NOT_IMPORTED]
+    return [n for n in dict.fromkeys(names) if n not in NOT_IMPORTED
+            and (n not in NEEDS_PORT_EXTRA or importlib.util.find_spec(NEEDS_PORT_EXTRA[n]))]
 
 
 def run_doctests(checkout: Path) -> None:
@@ -152,12 +159,19 @@ def run_examples(checkout: Path) -> None:
         print(f"examples/{package.name}/ imports", flush=True)
 
 
+def _port_modules_ignored() -> list[str]:
+    # pytest's --ignore takes paths (its globs do not reach modules found by --pyargs)
+    home = Path(importlib.util.find_spec("customop").submodule_search_locations[0])
+    return [f"--ignore={home.joinpath(*m.split('.')[1:])}.py" for m in NEEDS_PORT_EXTRA]
+
+
 def run_minimal() -> None:
     import importlib.util
 
     assert importlib.util.find_spec("onnx") is None, "onnx is installed: not a minimal install"
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                           "--doctest-modules", "--pyargs", "customop"],
+                           "--doctest-modules", "--pyargs", "customop",
+                           *_port_modules_ignored()],
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, f"pytest --doctest-modules --pyargs customop failed:\n" \
                                  f"{proc.stdout[-3000:]}{proc.stderr[-3000:]}"
