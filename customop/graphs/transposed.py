@@ -100,6 +100,8 @@ class TransposedGraph(ForwardGraph):
         graph = _Assembly(self, rec, shapes).graph()
         graph.note = ("its gradient is its def_grad closures' own graph, transposed" if
                       self.closures else "")
+        if graph.note and any(nd["name"].endswith(_OWN) for nd in graph.nodes):
+            graph.note += " (x * x with 2 * x * g: MXNet's square, whose backward is that graph)"
         return graph
 
     def differs(self, graph: NativeGraph, first, second, rec2: trace.Recording) -> str:
@@ -303,6 +305,7 @@ class _Assembly:
 
 
 _FLOATS = frozenset({"float16", "float32", "float64"})
+_OWN = "_own_square"  # the name's end of a node _own_operators writes
 
 
 def _own_operators(graph: NativeGraph, dtypes) -> NativeGraph:
@@ -349,7 +352,7 @@ def _own_operators(graph: NativeGraph, dtypes) -> NativeGraph:
             x = squared(f)
             if (x is not None and np.dtype(dtypes[x[1]]).name in _FLOATS
                     and twice_seed(t, x)):
-                added.append({"op": "square", "name": f"g{len(nodes) + len(added)}_square",
+                added.append({"op": "square", "name": f"g{len(nodes) + len(added)}{_OWN}",
                               "attrs": {}, "inputs": [x]})
                 heads[k] = ("node", len(nodes) + len(added) - 1, 0)
                 break

@@ -132,6 +132,7 @@ def test_a_closure_that_is_a_native_operators_backward_is_that_operator(dtype):
     # closure's own operations, so the graph is square(x), bit for bit the closure's numbers.
     found = graph_at(square, (10,), dtype)
     assert found.operators() == ["square"] and "transposed" in found.note
+    assert "MXNet's square" in repr(customop.explain(square, mx.nd.ones(10, dtype=dtype)))
     x, g = _special(dtype)
     outs, grads = closure_values.run_graph(found, [x], [g])
     with np.errstate(over="ignore", invalid="ignore"):
