@@ -139,6 +139,7 @@ SMOKE = {
     "aux_rules.py": ["--steps", "1", "--markdown"],
     "native_graphs.py": ["--repeat", "4", "--images", "1", "--anchors", "200", "--quick"],
     "imperative.py": ["--quick"],
+    "transposed_forms.py": ["--turns", "2", "--sizes", "10", "--markdown"],
 }
 
 
@@ -183,6 +184,7 @@ def test_benchmark_runs_and_checks_its_variants(script, benchmark_runs):
     ("imperative.py", "not recorded: one forward per call"),
     ("aux_rules.py", "| 'local' |"),
     ("native_graphs.py", "exported (all inlined)"),
+    ("transposed_forms.py", "| MXNet's square(x): backward g * (2 * x) | yes |"),
 ])
 def test_operator_benchmarks_run(script, expect, benchmark_runs):
     proc = benchmark_runs[script]

@@ -11,7 +11,7 @@ import pytest
 import customop
 from customop import customop as decorate
 from customop import residuals
-from customop.graphs import closure_values, native, transpose, transposed, verify
+from customop.graphs import closure_values, graph_json, native, transpose, transposed, verify
 
 TRAIN = native.TRAIN
 rng = np.random.RandomState(0)
@@ -90,6 +90,12 @@ def graph(op, *shapes, **params):
     return verdict.graph
 
 
+def graph_at(op, shape, dtype):
+    verdict = native.native_graph(op, {}, [shape], [dtype], TRAIN)
+    assert verdict.inlines, verdict.reason
+    return verdict.graph
+
+
 def mx_grads(op, inputs, heads, **params):
     return closure_values.run_graph(graph(op, *[x.shape for x in inputs], **params), inputs, heads)
 
@@ -103,13 +109,91 @@ def test_a_single_closure_is_transposed():
     assert "elemwise_sub" in graph(surrogate, (3, 4)).operators()  # x - stop_gradient(x)
 
 
-def test_a_closure_equal_to_mxnets_gradient_is_still_the_closure_transposed():
+def _bits(a):
+    return np.where(np.isnan(a), 0, a.view({2: np.uint16, 4: np.uint32, 8: np.uint64}[a.itemsize]))
+
+
+def _special(dtype):
+    # a zero, -0, a subnormal product x * g and 2 * x overflowing (at both, MXNet's own
+    # gradient of x * x, g * x + g * x, is not the closure's (2 * x) * g), inf, NaN; head
+    # gradients far outside [-1, 1]
+    big, tiny = np.finfo(dtype).max / 1.5, np.finfo(dtype).tiny
+    x = np.array([0, -0.0, 4.17022e-20, big, np.inf, np.nan, -3, 0.5, tiny / 3, 7], dtype)
+    g = np.array([5, -4, 3.184612e-20, 0.5, 1, 3, 40, -25, 9, 0], dtype)
+    if dtype == "float16":
+        x[2], g[2] = 2.4e-4, 3.7e-4
+    return x, g
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
+def test_a_closure_that_is_a_native_operators_backward_is_that_operator(dtype):
     # Issue 51: never MXNet's gradient of the forward because the two agreed on samples.
-    found = graph(square, (3, 4))
-    assert "elemwise_sub" in found.operators() and "transposed" in found.note
-    x, g = rng.randn(3, 4).astype("f"), rng.randn(3, 4).astype("f")
-    _, grads = closure_values.run_graph(found, [x], [g])
-    np.testing.assert_allclose(grads[0], 2 * x.astype("f8") * g, rtol=1e-5, atol=1e-6)
+    # x * x with the closure 2 * x * g is MXNet's square: its backward is g * (2 * x), the
+    # closure's own operations, so the graph is square(x), bit for bit the closure's numbers.
+    found = graph_at(square, (10,), dtype)
+    assert found.operators() == ["square"] and "transposed" in found.note
+    assert "MXNet's square" in repr(customop.explain(square, mx.nd.ones(10, dtype=dtype)))
+    x, g = _special(dtype)
+    outs, grads = closure_values.run_graph(found, [x], [g])
+    with np.errstate(over="ignore", invalid="ignore"):
+        want_y, want_g = x * x, (x * np.array(2, dtype)) * g
+    assert (_bits(outs[0]) == _bits(want_y)).all() and (_bits(grads[0]) == _bits(want_g)).all()
+    # the numbers MXNet's own gradient of x * x gives are not all the closure's
+    own = mx.nd.array(x, dtype=dtype)
+    own.attach_grad()
+    with mx.autograd.record():
+        y = mx.nd.broadcast_mul(own, own)
+    y.backward(mx.nd.array(g, dtype=dtype))
+    assert (_bits(own.grad.asnumpy()) != _bits(want_g)).any()
+
+
+@decorate("mxnet")
+def square_g_first(x):
+    return x * x
+
+
+square_g_first.def_grad(lambda ans, x: lambda g: g * 2 * x)  # (2 g) x: not square's order
+
+
+def test_a_closure_in_another_order_than_the_operators_backward_stays_transposed():
+    for op in (square_g_first, surrogate):
+        ops = graph_at(op, (10,), "float32").operators()
+        assert "square" not in ops and "elemwise_sub" in ops
+    x, g = _special("float32")
+    _, grads = closure_values.run_graph(graph_at(square_g_first, (10,), "float32"), [x], [g])
+    with np.errstate(over="ignore", invalid="ignore"):
+        want = (g * np.float32(2)) * x
+    assert (_bits(grads[0]) == _bits(want)).all()
+
+
+def _written(scalar="2.0", order=(3, 2)):
+    # x * x + (2 * x) * (x - x), stopped as the transposition writes it
+    return graph_json.NativeGraph([
+        {"op": "BlockGrad", "name": "s", "attrs": {}, "inputs": [("in", 0)]},
+        {"op": "broadcast_mul", "name": "f", "attrs": {}, "inputs": [("node", 0, 0)] * 2},
+        {"op": "_mul_scalar", "name": "c", "attrs": {"scalar": scalar},
+         "inputs": [("node", 0, 0)]},
+        {"op": "elemwise_sub", "name": "d", "attrs": {}, "inputs": [("in", 0), ("node", 0, 0)]},
+        {"op": "elemwise_mul", "name": "h", "attrs": {},
+         "inputs": [("node", k, 0) for k in order]},
+        {"op": "elemwise_add", "name": "y", "attrs": {}, "inputs": [("node", 1, 0),
+                                                                   ("node", 4, 0)]},
+    ], [("node", 5, 0)])
+
+
+def test_square_is_written_for_float_inputs_and_twice_x_only():
+    assert transposed._own_operators(_written(), ["float32"]).operators() == ["square"]
+    assert transposed._own_operators(_written(order=(2, 3)), ["float16"]).operators() == [
+        "square"]
+    for graph, dtype in ((_written(), "int32"), (_written(scalar="3.0"), "float32")):
+        assert len(transposed._own_operators(graph, [dtype]).operators()) == 6
+    # MXNet's square computes 2 * x in float32 for integer inputs (2**24 + 1 loses its 1)
+    x = mx.nd.array([2 ** 24 + 1], dtype="int32")
+    x.attach_grad()
+    with mx.autograd.record():
+        y = mx.nd.square(x)
+    y.backward(mx.nd.array([1], dtype="int32"))
+    assert int(x.grad.asnumpy()[0]) != 2 * (2 ** 24 + 1)
 
 
 @decorate("mxnet")
