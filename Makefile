@@ -96,6 +96,7 @@ bench-composed: $(STAMP)
 
 bench-memory: $(STAMP)
 	$(PY) benchmarks/memory.py
+	$(PY) benchmarks/runahead.py
 
 bench-imperative: $(STAMP)
 	$(PY) benchmarks/imperative.py
