@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     from .check import check_grad
     from .deploy.export import NotInlinedError, export, to_onnx
     from .deploy.loading import UntrustedModuleError, imports, load_checkpoint
+    from .graphs.budget import cache_budget
     from .graphs.explain import explain
     from .graphs.trace import is_tracing
     from .operator import CustomOperator, customop
@@ -48,7 +49,7 @@ if TYPE_CHECKING:
 
 __all__ = ["customop", "CustomOperator", "residuals", "check_grad", "imports",
            "load_checkpoint", "explain", "is_tracing", "export", "to_onnx",
-           "NotInlinedError", "require", "UntrustedModuleError"]
+           "NotInlinedError", "require", "UntrustedModuleError", "cache_budget"]
 __version__ = "0.1.0"
 
 # Each public name comes from its module on first use: `import customop` alone imports
@@ -59,7 +60,8 @@ _HOME = {"customop": "operator", "CustomOperator": "operator", "residuals": "sav
          "check_grad": "check", "imports": "deploy.loading", "load_checkpoint": "deploy.loading",
          "explain": "graphs.explain", "is_tracing": "graphs.trace", "export": "deploy.export",
          "to_onnx": "deploy.export", "NotInlinedError": "deploy.export",
-         "require": "value_checks", "UntrustedModuleError": "deploy.loading"}
+         "require": "value_checks", "UntrustedModuleError": "deploy.loading",
+         "cache_budget": "graphs.budget"}
 
 
 def __getattr__(name: str) -> Any:

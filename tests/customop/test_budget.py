@@ -1,20 +1,24 @@
 """graphs/budget.py: the per-signature tables are bounded by memory."""
+import gc
+import weakref
+
 import mxnet as mx
 import numpy as np
 import pytest
 
+import customop as customop_package
 from customop import customop
-from customop.graphs import budget, imperative, native
+from customop.graphs import binding, budget, imperative, native
 
 
 @pytest.fixture
 def tiny_budget(monkeypatch):
-    imperative.clear_cache()
-    native.clear_cache()
+    for module in (imperative, native, binding):  # every table under the budget empty
+        module.clear_cache()
     monkeypatch.setenv(budget.ENV, str(200 / 1024))  # 200 KiB: three traced verdicts
     yield
-    imperative.clear_cache()
-    native.clear_cache()
+    for module in (imperative, native, binding):
+        module.clear_cache()
 
 
 def test_a_table_lets_its_oldest_entries_go_past_the_budget(tiny_budget):
@@ -67,3 +71,60 @@ def test_many_signatures_keep_what_the_budget_holds_and_evicted_ones_come_back_r
     assert budget.total() <= 200 * 1024
     check(5)  # evicted long ago: planned again, same numbers
     check(5)
+
+
+@customop("mxnet")
+def scaled(x, *, k=1.0):
+    return x * k
+
+
+scaled.def_grad(lambda ans, x, *, k=1.0: lambda g: g * (2 * k))  # a surrogate: 2k, not k
+
+
+def test_families_and_their_cached_ops_are_under_the_budget_and_freed_when_let_go(
+        tiny_budget):
+    def check(k):
+        x = mx.nd.array(np.arange(6, dtype=np.float64) / 7)
+        x.attach_grad()
+        with mx.autograd.record():
+            y = scaled(x, k=float(k))
+        y.backward()
+        ref = np.arange(6, dtype=np.float64) / 7
+        np.testing.assert_allclose(y.asnumpy(), ref * k, rtol=1e-6)
+        np.testing.assert_allclose(x.grad.asnumpy(), np.full(6, 2.0 * k), rtol=1e-6)
+
+    check(1)
+    check(1)  # its second call builds its graph: a family, and a graph with its CachedOps
+    family, = native._families.values()
+    graph, = imperative._graphs.values()
+    families, graphs = weakref.ref(family[0]), weakref.ref(graph)
+    del family, graph
+    for k in range(2, 14):  # a parameter value each: a family each
+        check(k)
+        check(k)
+    assert 1 <= len(native._families) <= 3 and 1 <= len(imperative._graphs) <= 3
+    assert budget.total() <= 200 * 1024
+    gc.collect()
+    assert families() is None and graphs() is None  # evicted: nothing else held them
+    check(1)  # back: planned and traced again, same numbers
+    check(1)
+
+
+def test_cache_budget_sets_the_budget_at_run_time_and_lets_entries_go_at_once(tiny_budget):
+    table = budget.Table()
+    try:
+        for i in range(3):
+            table.keep(i, str(i), 64 * 1024)
+        assert customop_package.cache_budget(0) == 0  # every table keeps its newest only
+        assert list(table) == [2]
+        assert customop_package.cache_budget(1) == 1.0
+        table.keep(3, "3", 64 * 1024)
+        assert list(table) == [2, 3]
+        assert budget.limit() == 2 ** 20
+    finally:
+        table.clear()
+        customop_package.cache_budget(reset=True)
+    assert budget.limit() == 200 * 1024  # the environment's again
+    for bad in (-1, float("nan"), float("inf"), "lots"):
+        with pytest.raises(ValueError, match="customop.cache_budget: mb"):
+            customop_package.cache_budget(bad)
