@@ -43,7 +43,10 @@ from . import budget, graph_json, native
 from .rules import TRAIN
 from .signatures import signature
 
-GRAPH_COST = budget.TRACED  # a graph's Symbol and its CachedOps (estimated)
+# A graph's Symbol and CachedOp, run once: 35 KiB of resident memory for a 2-operator graph
+# (7 nodes with its variables), 137 KiB for ops.focal_loss's (52 nodes): about 16 KiB and
+# 2.5 KiB a node (a thread's CachedOp, or the forward alone, more; BENCHMARKS.md).
+GRAPH_COST, NODE_COST = 16 * 1024, 2560
 _NDARRAY, _NP_ARRAY = mx.nd.NDArray, mx.np.ndarray
 _SEEN, _REFUSED = "seen", "refused"
 
@@ -188,7 +191,8 @@ def _planned(op: Differentiable, params: dict[str, Any], inputs: list[mx.nd.NDAr
         if found is None or found.graph is not verdict.graph:
             found = _Graph(verdict.graph, len(inputs))
             # (plans still holding an evicted one keep it running)
-            _graphs.keep(id(verdict.graph), found, GRAPH_COST)
+            _graphs.keep(id(verdict.graph), found,
+                         GRAPH_COST + NODE_COST * len(verdict.graph.nodes))
         else:
             _graphs.move_to_end(id(verdict.graph))
     if not found.holds(shapes, dtypes):
