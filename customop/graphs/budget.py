@@ -114,7 +114,9 @@ class Table(OrderedDict):
         self.costs: dict[Any, int] = {}
         with _lock:
             _tables.append(weakref.ref(self))
-        weakref.finalize(self, _release, self.costs)  # a table dropped gives its share back
+
+    def __del__(self) -> None:  # a table dropped gives its share back (weakref.finalize
+        _release(self.costs)  # would register an atexit hook: importing changes nothing)
 
     def keep(self, key: Any, value: Any, cost: int) -> None:
         """Enter ``value`` (its estimated ``cost`` in bytes) as the most recent; then let
