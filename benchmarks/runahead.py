@@ -13,7 +13,8 @@ warm-up calls, then ``--calls`` more; after each part ``mx.nd.waitall()`` and
 ``malloc`` handed out and not freed) and the free heap (freed, kept by ``malloc``).  The
 last column is ``VmRSS`` after ``malloc_trim(0)``, which gives the free heap back to the
 system.  Settings: MXNet's defaults; the loop waiting for the engine every 16 calls
-(``mx.nd.waitall()``); ``MXNET_ENGINE_TYPE=NaiveEngine`` (every operator runs before the
+(``mx.nd.waitall()``), or reading the call's output every 16 calls (``asnumpy()``, as a loop
+logging its loss); ``MXNET_ENGINE_TYPE=NaiveEngine`` (every operator runs before the
 call returns); ``MALLOC_ARENA_MAX=1``; ``MXNET_MKLDNN_ENABLED=0``; ``OMP_NUM_THREADS=1``.
 """
 from __future__ import annotations
@@ -34,6 +35,7 @@ CASES = ["broadcast_div by a sum", "sum over an axis broadcast back", "min over 
 SETTINGS = {  # name -> (environment, wait for the engine every N calls or 0)
     "defaults": ({}, 0),
     "waitall every 16 calls": ({}, 16),
+    "output read every 16 calls": ({}, -16),
     "NaiveEngine": ({"MXNET_ENGINE_TYPE": "NaiveEngine"}, 0),
     "MALLOC_ARENA_MAX=1": ({"MALLOC_ARENA_MAX": "1"}, 0),
     "MXNET_MKLDNN_ENABLED=0": ({"MXNET_MKLDNN_ENABLED": "0",
@@ -60,6 +62,7 @@ def _readings(libc) -> dict:
 
 
 def _step_function(case: str):
+    """The loop's step for ``case``: returns the call's output."""
     import mxnet as mx
 
     x = mx.nd.random.normal(shape=(8, 100, 5))
@@ -88,11 +91,12 @@ def _step_function(case: str):
         args = [x, label]
         f = lambda x: cached(*[args[i] for i in runner.order])  # noqa: E731
 
-    def step() -> None:
+    def step():
         x.attach_grad()
         with mx.autograd.record():
             y = f(x)
         y.backward()
+        return y
 
     return step
 
@@ -108,9 +112,11 @@ def run_case(case: str, wait_every: int, warmup: int, calls: int) -> dict:
         step()
     start = _readings(libc)
     for i in range(calls):
-        step()
-        if wait_every and i % wait_every == 0:
+        y = step()
+        if wait_every > 0 and i % wait_every == 0:
             mx.nd.waitall()
+        elif wait_every < 0 and i % wait_every == 0:  # as a loop logging its loss
+            y.asnumpy()
     end = _readings(libc)
     libc.malloc_trim(0)
     return {"start": start, "end": end, "trimmed": _readings(libc)["rss"]}

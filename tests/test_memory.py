@@ -51,7 +51,7 @@ def test_a_short_loop_stays_near_mxnets_own(case, native_short):
 @pytest.mark.parametrize("case", OURS)
 def test_a_long_loop_stays_flat(case):
     # ops.focal_loss's own operators grow in MXNet alone: its native graph run as a raw
-    # CachedOp grew 8-76 KiB a call, the engine running behind a loop that reads nothing
+    # CachedOp grew 2-76 KiB a call, the engine running behind a loop that reads nothing
     # back, the freed heap kept by malloc (benchmarks/runahead.py); no more than they do
     # 1,000 lengths cycled: against MXNet's loop on the same lengths, after two passes (a
     # signature's second call plans its graph: 31 KiB resident each, MXNet's shape and
