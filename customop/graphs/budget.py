@@ -3,7 +3,9 @@
 Every new input signature of an op leaves entries behind: a plan of the imperative path
 and the ``CachedOp`` objects of its graph (:mod:`customop.graphs.imperative`), a verdict of
 :func:`customop.graphs.native.native_graph` (its graph, or why there is none) and its shape
-family's graphs, and a spliced model graph per bind (:mod:`customop.graphs.binding`).
+family's graphs, a spliced model graph per bind (:mod:`customop.graphs.binding`), and the
+output shapes and dtypes found by running the forward on placeholders
+(:mod:`customop.inference`).
 Shapes of one family share one graph, so most entries are small, but a verdict that ran a
 trace keeps what the trace left in MXNet: measured 59 KiB of resident memory a signature
 for an op whose graph is refused (``BENCHMARKS.md``, *Resident memory of training loops*),
@@ -64,7 +66,8 @@ def cache_budget(mb: float | None = None, *, reset: bool = False) -> float:
     """Set the memory customop may keep per input signature, in MiB; return the budget.
 
     Every table of per-signature state (plans, graph verdicts, shape families' graphs and
-    their ``CachedOp`` objects, spliced model graphs) shares this budget, least recently used
+    their ``CachedOp`` objects, spliced model graphs, inferred output shapes) shares this
+    budget, least recently used
     out first.  Without arguments, returns the budget in force: the last one set here, else
     ``CUSTOMOP_CACHE_MB``, else 256 MiB.  A lower budget lets the oldest entries go at once
     (what they held is freed once nothing else uses it; a signature that comes back is
@@ -135,6 +138,16 @@ class Table(OrderedDict):
         while _total[0] > budget and len(self) > 1:
             old, _ = self.popitem(last=False)
             _total[0] -= self.costs.pop(old, 0)
+
+    def recall(self, key: Any) -> Any:
+        """The value of ``key`` made the most recent, or None when the table has none."""
+        found = self.get(key)
+        if found is not None:
+            try:
+                self.move_to_end(key)
+            except KeyError:  # another thread let it go meanwhile
+                pass
+        return found
 
     def clear(self) -> None:
         with _lock:
