@@ -119,7 +119,10 @@ class Table(OrderedDict):
             _tables.append(weakref.ref(self))
 
     def __del__(self) -> None:  # a table dropped gives its share back (weakref.finalize
-        _release(self.costs)  # would register an atexit hook: importing changes nothing)
+        try:  # would register an atexit hook: importing changes nothing)
+            _release(self.costs)
+        except (AttributeError, TypeError):  # pragma: no cover - interpreter shutdown
+            pass
 
     def keep(self, key: Any, value: Any, cost: int) -> None:
         """Enter ``value`` (its estimated ``cost`` in bytes) as the most recent; then let
