@@ -100,6 +100,8 @@ bench-composed: $(STAMP)
 
 bench-memory: $(STAMP)
 	$(PY) benchmarks/memory.py
+	$(PY) benchmarks/runahead.py
+	$(PY) benchmarks/thread_resources.py
 
 bench-imperative: $(STAMP)
 	$(PY) benchmarks/imperative.py

@@ -24,6 +24,10 @@ untimed step, then ``--calls`` timed ones) so load from elsewhere hits them alik
 table gives per-step medians, the interquartile range as a fraction of the median, and
 the ratio to ``native`` (hybridized rows) or ``native imperative`` (imperative rows).  The
 load average is printed before and after.
+
+``--peak STEPS`` instead trains each head ``STEPS`` steps in a fresh process and prints
+its peak and final resident memory, with glibc's heap in use, live mmapped allocations,
+free heap and the process's threads at the end (where an extra over native is).
 """
 from __future__ import annotations
 
@@ -177,7 +181,27 @@ def peak_child(variant, steps):
     for _ in range(steps):
         _step(head, trainer, data)
     mx.nd.waitall()
-    print(json.dumps({"peak": _rss_mib("VmHWM"), "end": _rss_mib("VmRSS")}))
+    print(json.dumps({"peak": _rss_mib("VmHWM"), "end": _rss_mib("VmRSS"), **_heap(),
+                      "threads": len(os.listdir("/proc/self/task"))}))
+
+
+def _heap():
+    """glibc's ``mallinfo2()`` in MiB: heap in use, live mmapped allocations, free heap."""
+    import ctypes
+
+    class MallInfo2(ctypes.Structure):
+        _fields_ = [(n, ctypes.c_size_t) for n in (
+            "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks",
+            "fordblks", "keepcost")]
+
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallinfo2.restype = MallInfo2
+        info = libc.mallinfo2()
+    except (OSError, AttributeError):  # not glibc 2.33+
+        return {}
+    return {"in_use": info.uordblks / 2 ** 20, "mmapped": info.hblkhd / 2 ** 20,
+            "free": info.fordblks / 2 ** 20}
 
 
 def peak_table(steps, markdown):
@@ -189,11 +213,14 @@ def peak_table(steps, markdown):
                               check=True)
         found[variant] = r = json.loads(proc.stdout.strip().splitlines()[-1])
         native = found["native imperative" if "imperative" in variant else "native"]
+        heap = [f"{r[k]:.1f}" if k in r else "-" for k in ("in_use", "mmapped", "free")]
         rows.append([variant, f"{r['peak']:.0f}", f"{r['end']:.0f}",
-                     f"{r['peak'] / native['peak']:.2f}x"])
-    print(f"peak resident memory, {steps} steps at 8x64x16x16, each head in a fresh process")
-    print_table(["variant", "peak RSS (MiB)", "end RSS (MiB)", "peak vs native"], rows,
-                markdown, align="---|---:|---:|---:")
+                     f"{r['peak'] / native['peak']:.2f}x", *heap, str(r["threads"])])
+    print(f"peak resident memory, {steps} steps at 8x64x16x16, each head in a fresh process; "
+          f"at the end, glibc's heap in use, live mmapped allocations and free heap (MiB)")
+    print_table(["variant", "peak RSS (MiB)", "end RSS (MiB)", "peak vs native", "heap in use",
+                 "mmapped", "free heap", "threads"], rows,
+                markdown, align="---|---:|---:|---:|---:|---:|---:|---:")
 
 
 def main(argv=None):

@@ -46,6 +46,7 @@ if TYPE_CHECKING:
     from .check import check_grad
     from .deploy.export import NotInlinedError, export, to_onnx
     from .deploy.loading import UntrustedModuleError, imports, load_checkpoint
+    from .graphs.budget import cache_budget
     from .graphs.explain import explain
     from .graphs.trace import is_tracing
     from .operator import CustomOperator, customop
@@ -55,8 +56,8 @@ if TYPE_CHECKING:
 
 __all__ = ["customop", "CustomOperator", "residuals", "check_grad", "imports",
            "load_checkpoint", "explain", "is_tracing", "export", "to_onnx",
-           "NotInlinedError", "require", "UntrustedModuleError", "to_torch", "to_jax",
-           "save_port", "load_port", "PortError"]
+           "NotInlinedError", "require", "UntrustedModuleError", "cache_budget", "to_torch",
+           "to_jax", "save_port", "load_port", "PortError"]
 __version__ = "0.1.0"
 
 # Each public name comes from its module on first use: `import customop` alone imports
@@ -68,8 +69,8 @@ _HOME = {"customop": "operator", "CustomOperator": "operator", "residuals": "sav
          "explain": "graphs.explain", "is_tracing": "graphs.trace", "export": "deploy.export",
          "to_onnx": "deploy.export", "NotInlinedError": "deploy.export",
          "require": "value_checks", "UntrustedModuleError": "deploy.loading",
-         "to_torch": "port", "to_jax": "port", "save_port": "port", "load_port": "port",
-         "PortError": "port"}
+         "cache_budget": "graphs.budget", "to_torch": "port", "to_jax": "port",
+         "save_port": "port", "load_port": "port", "PortError": "port"}
 
 
 def __getattr__(name: str) -> Any:

@@ -21,10 +21,13 @@ import mxnet as mx
 import numpy as np
 
 from . import errors, kernel, opinfo, value_checks
+from .graphs import budget
 from .modes import BFLOAT16
 from .runtime import randomness
 
 Shape = Tuple[int, ...]  # noqa: UP006 - evaluated at run time on Python 3.8
+INFERRED = 512  # an entry of the tables below (its key and metadata: measured 1 KiB of Python
+# objects a signature for both tables, tracemalloc over 1,000 shapes)
 _placeholder_thread: Any = None  # a ThreadPoolExecutor, made on first use
 _placeholder_pid = 0
 
@@ -86,21 +89,24 @@ class Inference:
 
     def __init__(self, op: opinfo.Inferred):
         self.op = op
-        self.by_signature: dict[tuple, tuple[OutputMeta, ...]] = {}
-        self.by_shapes: dict[tuple, tuple[OutputMeta, ...]] = {}
+        # per signature, so under the memory budget of customop.graphs.budget (an evicted
+        # entry is found again by the same placeholder run)
+        self.by_signature = budget.Table()
+        self.by_shapes = budget.Table()
 
     def record(self, pkey: str, shapes: tuple[Shape, ...], dtypes: tuple[np.dtype, ...],
                metas: tuple[OutputMeta, ...]) -> None:
-        self.by_signature[(pkey, shapes, dtypes)] = metas
-        self.by_shapes.setdefault((pkey, shapes), metas)
+        self.by_signature.keep((pkey, shapes, dtypes), metas, INFERRED)
+        if (pkey, shapes) not in self.by_shapes:
+            self.by_shapes.keep((pkey, shapes), metas, INFERRED)
 
     def outputs(self, pkey: str, params: dict[str, Any], shapes: tuple[Shape, ...],
                 dtypes: tuple[np.dtype, ...] | None) -> tuple[OutputMeta, ...]:
         """Output metadata for inputs of these shapes (and dtypes, when known)."""
-        if dtypes is not None and (pkey, shapes, dtypes) in self.by_signature:
-            return self.by_signature[(pkey, shapes, dtypes)]
-        if dtypes is None and (pkey, shapes) in self.by_shapes:
-            return self.by_shapes[(pkey, shapes)]
+        found = (self.by_signature.recall((pkey, shapes, dtypes)) if dtypes is not None else
+                 self.by_shapes.recall((pkey, shapes)))
+        if found is not None:
+            return found
         op = self.op
         if op.user_infer_shape is not None:
             metas = self._from_user(params, shapes, dtypes)
@@ -112,7 +118,7 @@ class Inference:
         if dtypes is not None:
             self.record(pkey, shapes, dtypes, metas)
         else:
-            self.by_shapes[(pkey, shapes)] = metas
+            self.by_shapes.keep((pkey, shapes), metas, INFERRED)
         return metas
 
     def _run(self, params, shapes, dtypes, seed=None) -> tuple[OutputMeta, ...]:

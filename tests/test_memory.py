@@ -51,9 +51,15 @@ def test_a_short_loop_stays_near_mxnets_own(case, native_short):
 @pytest.mark.parametrize("case", OURS)
 def test_a_long_loop_stays_flat(case):
     # ops.focal_loss's own operators grow in MXNet alone: its native graph run as a raw
-    # CachedOp grew 24-76 KiB a call (BENCHMARKS.md); it may grow no more than they do
-    reference = FOCAL_GRAPH if case.startswith("ops.focal_loss") else "mxnet x*x"
-    native = memory.measure(reference, 1000, 5000, timeout=1800)
-    found = memory.measure(case, 1000, 5000, timeout=1800)
+    # CachedOp grew 2-76 KiB a call, the engine running behind a loop that reads nothing
+    # back, the freed heap kept by malloc (benchmarks/runahead.py); no more than they do
+    # 1,000 lengths cycled: against MXNet's loop on the same lengths, after two passes (a
+    # signature's second call plans its graph: 31 KiB resident each, MXNet's shape and
+    # memory passes at a new size; planned, it stays within 2 KiB a call)
+    reference = (FOCAL_GRAPH if case.startswith("ops.focal_loss") else
+                 "mxnet x*x, 1,000 lengths" if "1,000 lengths" in case else "mxnet x*x")
+    warmup = 2000 if "1,000 lengths" in case else 1000
+    native = memory.measure(reference, warmup, 5000, timeout=1800)
+    found = memory.measure(case, warmup, 5000, timeout=1800)
     assert found["growth_kib"] <= max(2, native["growth_kib"] + 2), (found, native)
     assert found["end_mib"] < native["end_mib"] + 64, (found, native)

@@ -20,7 +20,6 @@ import json
 import threading
 import warnings
 import weakref
-from collections import OrderedDict
 from typing import Any
 
 import mxnet as mx
@@ -28,14 +27,16 @@ import numpy as np
 
 from .. import runtime
 from ..runtime import binds
-from . import graph_json, native, splice
+from . import budget, graph_json, native, splice
 
 # Splices by graph, its ops, signature and the inputs that need gradients: a rebind at a
 # signature seen before (Module.reshape back, a bucket seen before, a serving process)
-# splices and tidies nothing.  Bounded, least recently used out.
-_splices: OrderedDict[tuple, splice.Spliced | None] = OrderedDict()
+# splices and tidies nothing.  Under the memory budget of customop.graphs.budget, least
+# recently used out: an entry costs its key's graph JSON and the spliced graph (estimated
+# at SPLICE_FACTOR times that text), or a recalled entry's cost when nothing inlined.
+_splices = budget.Table()
 _splices_lock = threading.Lock()
-SPLICES_KEPT = 64
+SPLICE_FACTOR = 3
 
 
 def spliced(sym: mx.sym.Symbol, shapes: Any, dtypes: Any, grads: set[str] | None = None
@@ -75,10 +76,9 @@ def spliced(sym: mx.sym.Symbol, shapes: Any, dtypes: Any, grads: set[str] | None
         found = None
     elif set(found.symbol.list_inputs()) != set(sym.list_inputs()):
         found = None  # an input no inlined graph reads: the executor would lose it
+    cost = budget.RECALLED + (SPLICE_FACTOR * len(text) if found is not None else len(text))
     with _splices_lock:
-        _splices[key] = found
-        while len(_splices) > SPLICES_KEPT:
-            _splices.popitem(last=False)
+        _splices.keep(key, found, cost)
     return found
 
 

@@ -32,7 +32,6 @@ from __future__ import annotations
 import os
 import threading
 import weakref
-from collections import OrderedDict
 from typing import Any
 
 import mxnet as mx
@@ -44,7 +43,10 @@ from . import budget, graph_json, native
 from .rules import TRAIN
 from .signatures import signature
 
-KEPT = 4096  # graphs kept (one per shape family; plans: the budget of graphs/budget.py)
+# A graph's Symbol and CachedOp, run once: 35 KiB of resident memory for a 2-operator graph
+# (7 nodes with its variables), 137 KiB for ops.focal_loss's (52 nodes): about 16 KiB and
+# 2.5 KiB a node (a thread's CachedOp, or the forward alone, more; BENCHMARKS.md).
+GRAPH_COST, NODE_COST = 16 * 1024, 2560
 _NDARRAY, _NP_ARRAY = mx.nd.NDArray, mx.np.ndarray
 _SEEN, _REFUSED = "seen", "refused"
 
@@ -55,7 +57,7 @@ class Pending(tuple):
 
 _lock = threading.Lock()
 _plans = budget.Table()  # signature -> _SEEN, _REFUSED or a _Graph (the shared budget)
-_graphs: OrderedDict[int, _Graph] = OrderedDict()  # id(NativeGraph) -> its CachedOps
+_graphs = budget.Table()  # id(NativeGraph) -> its CachedOps (one per family; the budget)
 _never: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # op -> (switch, eligible())
 
 
@@ -187,9 +189,12 @@ def _planned(op: Differentiable, params: dict[str, Any], inputs: list[mx.nd.NDAr
     with _lock:
         found = _graphs.get(id(verdict.graph))
         if found is None or found.graph is not verdict.graph:
-            found = _graphs[id(verdict.graph)] = _Graph(verdict.graph, len(inputs))
-            while len(_graphs) > KEPT:  # (plans still holding one keep it running)
-                _graphs.popitem(last=False)
+            found = _Graph(verdict.graph, len(inputs))
+            # (plans still holding an evicted one keep it running)
+            _graphs.keep(id(verdict.graph), found,
+                         GRAPH_COST + NODE_COST * len(verdict.graph.nodes))
+        else:
+            _graphs.move_to_end(id(verdict.graph))
     if not found.holds(shapes, dtypes):
         return _REFUSED
     return found

@@ -47,9 +47,10 @@ from .values import placeholders
 _lock = threading.RLock()
 _cache = budget.Table()  # verdicts by signature, least recent first (the shared budget)
 # A training graph by shape family: verified at one signature and at a grown one, it serves
-# every signature of the family (see _family) without a trace.
-_families: OrderedDict[tuple, Verdict] = OrderedDict()
-CACHE_SIZE = 4096  # family entries kept (an op, parameters, dtypes and ranks)
+# every signature of the family (see _family) without a trace.  Under the same budget: a
+# family's entry carries the cost of the graphs it keeps (budget.TRACED each), the verdict
+# whose trace made one the cost of a recalled entry.
+_families = budget.Table()
 
 
 @dataclass
@@ -105,7 +106,10 @@ def native_graph(op: Differentiable, params: dict[str, Any], shapes: Sequence[Se
             found = trace.aside(_decide, op, dict(params), shapes, dtypes, purpose, None)
             cost = budget.TRACED
             if family is not None and found.graph is not None and found.graph.generic:
-                _kept(_families, family, [found, *(known or ())][:FAMILY_SIZE])
+                kept = [found, *(known or ())][:FAMILY_SIZE]
+                with _lock:
+                    _families.keep(family, kept, budget.TRACED * len(kept))
+                cost = budget.RECALLED  # (its graph counted in its family's entry)
         with _lock:
             _cache.keep(key, found, cost)
     return found
@@ -149,13 +153,6 @@ def _recalled(table: OrderedDict, key: tuple) -> Verdict | None:
         if found is not None:
             table.move_to_end(key)
         return found
-
-
-def _kept(table: OrderedDict, key: tuple, verdict: Verdict) -> None:
-    with _lock:
-        table[key] = verdict
-        while len(table) > CACHE_SIZE:
-            table.popitem(last=False)
 
 
 def _decide(op, params, shapes, dtypes, purpose, values) -> Verdict:

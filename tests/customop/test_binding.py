@@ -1,13 +1,15 @@
 """Rebinding a graph with our ops: a signature seen before splices nothing, a new one of the
 same shape family traces nothing, two graphs never share a splice (issue 42 item 3)."""
+import gc
 import threading
+import weakref
 
 import mxnet as mx
 import numpy as np
 import pytest
 
 from customop import customop as decorate
-from customop.graphs import binding, native, splice
+from customop.graphs import binding, budget, native, splice
 
 
 @decorate("mxnet")
@@ -104,16 +106,30 @@ def test_two_graphs_never_share_a_splice(counted):
     assert np.allclose(_run(b, x, w)[0], x + w + 1)
 
 
-def test_the_splice_cache_is_bounded(counted, monkeypatch):
-    monkeypatch.setattr(binding, "SPLICES_KEPT", 3)
+def test_the_splice_cache_is_bounded_by_the_budget_and_frees_what_it_let_go(counted):
     sym = _sym()
-    for rows in range(2, 9):
-        sym.simple_bind(mx.cpu(), x=(rows, 3), w=(1, 3))
-    assert len(binding._splices) == 3
-    sym.simple_bind(mx.cpu(), x=(8, 3), w=(1, 3))  # the most recent: kept
-    assert counted["splice"] == 7
-    sym.simple_bind(mx.cpu(), x=(2, 3), w=(1, 3))  # the oldest: out
-    assert counted["splice"] == 8
+    x, w = np.random.RandomState(4).randn(2, 3), np.full((1, 3), 0.5)
+    want = _expected(x, w)
+    exe = sym.simple_bind(mx.cpu(), x=(2, 3), w=(1, 3))
+    (key, first), = binding._splices.items()
+    gone = weakref.ref(first)
+    cost = binding._splices.costs[key]
+    del exe, first
+    try:  # room for what is kept now and about two more splices
+        budget.cache_budget((budget.total() + 2.5 * cost) / 2 ** 20)
+        for rows in range(3, 9):
+            sym.simple_bind(mx.cpu(), x=(rows, 3), w=(1, 3))
+        assert 1 <= len(binding._splices) <= 3
+        assert key not in binding._splices
+        gc.collect()
+        assert gone() is None  # evicted: nothing else held it
+        spliced = counted["splice"]
+        exe = sym.simple_bind(mx.cpu(), x=(2, 3), w=(1, 3))  # spliced again, same numbers
+        assert counted["splice"] == spliced + 1
+        for found, expected in zip(_run(exe, x, w), want):
+            np.testing.assert_allclose(found, expected, rtol=1e-5)
+    finally:
+        budget.cache_budget(reset=True)
 
 
 def test_threads_rebinding_one_symbol_agree():

@@ -1,25 +1,32 @@
 """graphs/budget.py: the per-signature tables are bounded by memory."""
+import gc
+import weakref
+
 import mxnet as mx
 import numpy as np
 import pytest
 
-from customop import customop
-from customop.graphs import budget, imperative, native
+import customop as customop_package
+from customop import customop, inference
+from customop.graphs import binding, budget, imperative, native
 
 
 @pytest.fixture
 def tiny_budget(monkeypatch):
-    imperative.clear_cache()
-    native.clear_cache()
-    monkeypatch.setenv(budget.ENV, str(200 / 1024))  # 200 KiB: three traced verdicts
-    yield
-    imperative.clear_cache()
-    native.clear_cache()
+    for module in (imperative, native, binding):  # their tables empty
+        module.clear_cache()
+    # 200 KiB (three traced verdicts) more than what the tables left hold (operators' shape
+    # inference, kept by earlier tests)
+    held = budget.total()
+    monkeypatch.setenv(budget.ENV, str((held + 200 * 1024) / 2 ** 20))
+    yield held
+    for module in (imperative, native, binding):
+        module.clear_cache()
 
 
 def test_a_table_lets_its_oldest_entries_go_past_the_budget(tiny_budget):
     table = budget.Table()
-    start = budget.total()
+    start = tiny_budget
     for i in range(5):
         table.keep(i, str(i), 64 * 1024)
     assert list(table) == [2, 3, 4]  # 3 x 64 KiB fit in 200 KiB, 4 do not
@@ -64,6 +71,82 @@ def test_many_signatures_keep_what_the_budget_holds_and_evicted_ones_come_back_r
         check(n)  # its second call asks for its graph: a trace
     assert 1 <= len(native._cache) <= 3  # (the caches were empty: every verdict is its own)
     assert len(imperative._plans) < 20
-    assert budget.total() <= 200 * 1024
+    assert budget.total() <= tiny_budget + 200 * 1024
     check(5)  # evicted long ago: planned again, same numbers
     check(5)
+
+
+@customop("mxnet")
+def scaled(x, *, k=1.0):
+    return x * k
+
+
+scaled.def_grad(lambda ans, x, *, k=1.0: lambda g: g * (2 * k))  # a surrogate: 2k, not k
+
+
+def test_families_and_their_cached_ops_are_under_the_budget_and_freed_when_let_go(
+        tiny_budget):
+    def check(k):
+        x = mx.nd.array(np.arange(6, dtype=np.float64) / 7)
+        x.attach_grad()
+        with mx.autograd.record():
+            y = scaled(x, k=float(k))
+        y.backward()
+        ref = np.arange(6, dtype=np.float64) / 7
+        np.testing.assert_allclose(y.asnumpy(), ref * k, rtol=1e-6)
+        np.testing.assert_allclose(x.grad.asnumpy(), np.full(6, 2.0 * k), rtol=1e-6)
+
+    check(1)
+    check(1)  # its second call builds its graph: a family, and a graph with its CachedOps
+    family, = native._families.values()
+    graph, = imperative._graphs.values()
+    families, graphs = weakref.ref(family[0]), weakref.ref(graph)
+    del family, graph
+    for k in range(2, 14):  # a parameter value each: a family each
+        check(k)
+        check(k)
+    assert 1 <= len(native._families) <= 3 and 1 <= len(imperative._graphs) <= 3
+    assert budget.total() <= tiny_budget + 200 * 1024
+    gc.collect()
+    assert families() is None and graphs() is None  # evicted: nothing else held them
+    check(1)  # back: planned and traced again, same numbers
+    check(1)
+
+
+def test_cache_budget_sets_the_budget_at_run_time_and_lets_entries_go_at_once(tiny_budget):
+    table = budget.Table()
+    try:
+        for i in range(3):
+            table.keep(i, str(i), 64 * 1024)
+        assert customop_package.cache_budget(0) == 0  # every table keeps its newest only
+        assert list(table) == [2]
+        assert customop_package.cache_budget(1) == 1.0
+        table.keep(3, "3", 64 * 1024)
+        assert list(table) == [2, 3]
+        assert budget.limit() == 2 ** 20
+    finally:
+        table.clear()
+        customop_package.cache_budget(reset=True)
+    assert abs(budget.limit() - (tiny_budget + 200 * 1024)) <= 1  # the environment's again
+    for bad in (-1, float("nan"), float("inf"), "lots"):
+        with pytest.raises(ValueError, match="customop.cache_budget: mb"):
+            customop_package.cache_budget(bad)
+
+
+@customop("mxnet")
+def sliced(x):
+    return x[1:]  # one element fewer on the first axis: the shape pass runs the forward
+
+
+def test_shape_inference_keeps_what_the_budget_holds_and_evicted_shapes_come_back_right(
+        tiny_budget):
+    tables = sliced.inference.by_signature, sliced.inference.by_shapes
+    sym = sliced(mx.sym.var("x"))
+    try:  # room for 8 entries more than held now
+        budget.cache_budget((budget.total() + 8 * inference.INFERRED) / 2 ** 20)
+        for n in range(2, 60):
+            assert sym.infer_shape(x=(n, 3))[1] == [(n - 1, 3)]
+        assert 1 <= sum(len(t) for t in tables) <= 8 + 2  # (each table keeps its newest)
+        assert sym.infer_shape(x=(2, 3))[1] == [(1, 3)]  # evicted: run again, same answer
+    finally:
+        budget.cache_budget(reset=True)

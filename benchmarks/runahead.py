@@ -1,0 +1,172 @@
+"""Why a loop of reductions grows in MXNet alone: the engine's run-ahead, kept by malloc.
+
+Run from the repository root (about 1 minute on 2 CPU cores)::
+
+    .venv/bin/python benchmarks/runahead.py [--markdown] [--calls N]
+
+No customop code runs in the loops: each case is the loop of ``benchmarks/memory.py``
+(``x.attach_grad()``, a recorded call, ``backward()``, nothing read back) on ``(8, 100, 5)``
+floats, in MXNet's own operators (``ops.focal_loss``'s graph is built once by customop,
+then run as a raw ``mx.nd.CachedOp``).  Each case and setting runs in a fresh process: 200
+warm-up calls, then ``--calls`` more; after each part ``mx.nd.waitall()`` and
+``gc.collect()``, then ``VmRSS`` and glibc's ``mallinfo2()``: the heap in use (bytes
+``malloc`` handed out and not freed) and the free heap (freed, kept by ``malloc``).  The
+last column is ``VmRSS`` after ``malloc_trim(0)``, which gives the free heap back to the
+system.  Settings: MXNet's defaults; the loop waiting for the engine every 16 calls
+(``mx.nd.waitall()``), or reading the call's output every 16 calls (``asnumpy()``, as a loop
+logging its loss); ``MXNET_ENGINE_TYPE=NaiveEngine`` (every operator runs before the
+call returns); ``MALLOC_ARENA_MAX=1``; ``MXNET_MKLDNN_ENABLED=0``; ``OMP_NUM_THREADS=1``.
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import datetime
+import gc
+import json
+import os
+import platform
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CASES = ["broadcast_div by a sum", "sum over an axis broadcast back", "min over an axis",
+         "x * x", "focal_loss's graph as a CachedOp"]
+SETTINGS = {  # name -> (environment, wait for the engine every N calls or 0)
+    "defaults": ({}, 0),
+    "waitall every 16 calls": ({}, 16),
+    "output read every 16 calls": ({}, -16),
+    "NaiveEngine": ({"MXNET_ENGINE_TYPE": "NaiveEngine"}, 0),
+    "MALLOC_ARENA_MAX=1": ({"MALLOC_ARENA_MAX": "1"}, 0),
+    "MXNET_MKLDNN_ENABLED=0": ({"MXNET_MKLDNN_ENABLED": "0",
+                                "MXNET_STORAGE_FALLBACK_LOG_VERBOSE": "0"}, 0),
+    "OMP_NUM_THREADS=1": ({"OMP_NUM_THREADS": "1"}, 0),
+}
+
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd",
+                                               "usmblks", "fsmblks", "uordblks", "fordblks",
+                                               "keepcost")]
+
+
+def _readings(libc) -> dict:
+    import mxnet as mx
+
+    mx.nd.waitall()
+    gc.collect()
+    with open("/proc/self/status") as f:
+        rss = next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
+    info = libc.mallinfo2()
+    return {"rss": rss / 1024, "in_use": info.uordblks / 2 ** 20, "free": info.fordblks / 2 ** 20}
+
+
+def _step_function(case: str):
+    """The loop's step for ``case``: returns the call's output."""
+    import mxnet as mx
+
+    x = mx.nd.random.normal(shape=(8, 100, 5))
+    args: list = []
+    if case == "broadcast_div by a sum":
+        f = lambda x: mx.nd.broadcast_div(x, x.sum())  # noqa: E731
+    elif case == "sum over an axis broadcast back":
+        f = lambda x: mx.nd.broadcast_mul(x, x.sum(axis=-1, keepdims=True))  # noqa: E731
+    elif case == "min over an axis":
+        f = lambda x: mx.nd.broadcast_mul(x, x.min(axis=-1, keepdims=True))  # noqa: E731
+    elif case == "x * x":
+        f = lambda x: x * x  # noqa: E731
+    else:  # the graph the default path of ops.focal_loss runs, as MXNet's own CachedOp
+        import numpy as np
+
+        from customop import ops
+        from customop.graphs import imperative
+
+        label = mx.nd.array(np.random.RandomState(0).randint(-1, 5, (8, 100)))
+        for _ in range(2):  # its second call builds the graph
+            with mx.autograd.record():
+                ops.focal_loss(x, label)
+        mx.nd.waitall()
+        runner, = [g.full for g in imperative._graphs.values()]
+        cached = mx.nd.CachedOp(runner.symbol)
+        args = [x, label]
+        f = lambda x: cached(*[args[i] for i in runner.order])  # noqa: E731
+
+    def step():
+        x.attach_grad()
+        with mx.autograd.record():
+            y = f(x)
+        y.backward()
+        return y
+
+    return step
+
+
+def run_case(case: str, wait_every: int, warmup: int, calls: int) -> dict:
+    """One case in this process: the readings after warm-up, at the end and after a trim."""
+    import mxnet as mx
+
+    libc = ctypes.CDLL("libc.so.6")
+    libc.mallinfo2.restype = _MallInfo2
+    step = _step_function(case)
+    for _ in range(warmup):
+        step()
+    start = _readings(libc)
+    for i in range(calls):
+        y = step()
+        if wait_every > 0 and i % wait_every == 0:
+            mx.nd.waitall()
+        elif wait_every < 0 and i % wait_every == 0:  # as a loop logging its loss
+            y.asnumpy()
+    end = _readings(libc)
+    libc.malloc_trim(0)
+    return {"start": start, "end": end, "trimmed": _readings(libc)["rss"]}
+
+
+def measure(case: str, setting: str, warmup: int, calls: int) -> dict:
+    environ, wait_every = SETTINGS[setting]
+    proc = subprocess.run(
+        [sys.executable, os.path.abspath(__file__), "--child", case, str(wait_every),
+         str(warmup), str(calls)],
+        cwd=ROOT, capture_output=True, text=True, timeout=600, env={**os.environ, **environ})
+    if proc.returncode != 0:
+        raise RuntimeError(f"{case!r} ({setting}) failed:\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--markdown", action="store_true")
+    parser.add_argument("--warmup", type=int, default=200)
+    parser.add_argument("--calls", type=int, default=6000)
+    parser.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        case, wait_every, warmup, calls = args.child
+        print(json.dumps(run_case(case, int(wait_every), int(warmup), int(calls))))
+        return
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import mxnet as mx
+    from tables import print_table
+
+    print(f"# {datetime.date.today()}, Python {platform.python_version()}, MXNet "
+          f"{mx.__version__}, {os.cpu_count()} CPUs; {args.warmup} warm-up calls, then "
+          f"{args.calls}; each row in a fresh process; MiB")
+    rows = []
+    runs = [(c, "defaults") for c in CASES] + [
+        ("focal_loss's graph as a CachedOp", s) for s in SETTINGS if s != "defaults"]
+    for case, setting in runs:
+        r = measure(case, setting, args.warmup, args.calls)
+        s, e = r["start"], r["end"]
+        rows.append([case, setting, f"{(e['rss'] - s['rss']) * 1024 / args.calls:.1f}",
+                     f"{s['rss']:.0f} -> {e['rss']:.0f}",
+                     f"{s['in_use']:.1f} -> {e['in_use']:.1f}",
+                     f"{s['free']:.1f} -> {e['free']:.1f}", f"{r['trimmed']:.0f}"])
+        if not args.markdown:
+            print("  ".join(rows[-1]), file=sys.stderr, flush=True)
+    print_table(["case", "setting", "KiB a call", "RSS", "heap in use", "free heap",
+                 "RSS after malloc_trim"], rows, args.markdown,
+                "---|---|---:|---:|---:|---:|---:")
+
+
+if __name__ == "__main__":
+    main()
