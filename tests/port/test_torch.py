@@ -143,3 +143,18 @@ def test_a_second_backward_runs_the_graph_again_and_no_grad_calls_keep_little():
         for _ in range(3 * torch_port._PENDING_MAX):
             port(pred, label)
     assert len(torch_port._pending) <= torch_port._PENDING_MAX
+
+
+def test_repeated_calls_at_other_shapes_and_keywords_match_mxnet():
+    """The kernel remembers each call signature's graph: a call like an earlier one skips the
+    lookup, and must still get its own shapes' and keywords' graph."""
+    port = to_torch(ops.focal_loss)
+    for n, gamma in [(2, 2.0), (3, 2.0), (2, 1.5), (2, 2.0)]:
+        inputs = CASES[0][2](R(n))[:1] + [R(n).randint(-1, 4, (n, 6)).astype("f")]
+        inputs[0] = R(n + 10).randn(n, 6, 3).astype("f")
+        outs, heads, want = mxnet_reference(ops.focal_loss, inputs, {"gamma": gamma}, [0])
+        got_outs, got = _torch_run(port, inputs, {"gamma": gamma}, [0], heads)
+        _close(got_outs[0], outs[0], f"output at n={n}, gamma={gamma}")
+        _close(got[0], want[0], f"gradient at n={n}, gamma={gamma}")
+    with pytest.raises(ValueError, match=r"'ops.focal_loss.*\(port\).*label"):
+        port(torch.zeros(2, 6, 3), torch.zeros(2, 5))  # after a good call at (2, 6, 3)
