@@ -37,15 +37,16 @@ def live_op(op: Any) -> Any:
 
 
 def why_not_native(op: Any) -> str:
-    """Why ``op`` has no graphs to port ("" when it may have some)."""
-    if op.mode != "mxnet":
-        return ("it is a 'numpy'-mode op: its forward is NumPy code run by Python, not a "
-                "graph of MXNet operators (to_torch/to_jax run it on the host through a "
-                "callback where MXNet is installed; a saved port needs an 'mxnet'-mode op)")
+    """Why ``op`` has no graphs to port ("" when it may have some); auxiliary states first,
+    since they stop the host path of a ``'numpy'``-mode op too."""
     if op.signature.aux:
         return (f"it has auxiliary states ({', '.join(op.signature.aux)}) that its forward "
                 f"updates in place; a port is a pure function (pass the state as an input "
                 f"of an op of your own, or keep the op in MXNet)")
+    if op.mode != "mxnet":
+        return ("it is a 'numpy'-mode op: its forward is NumPy code run by Python, not a "
+                "graph of MXNet operators (to_torch/to_jax run it on the host through a "
+                "callback where MXNet is installed; a saved port needs an 'mxnet'-mode op)")
     return ""
 
 

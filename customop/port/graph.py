@@ -158,45 +158,102 @@ def mx_reshape(shape: Sequence[int], spec: Sequence[int], reverse: bool = False)
     return tuple(out)
 
 
+# operators whose two calls with equal inputs may differ: never merged by :func:`simplify`
+_IMPURE = ("random", "sample", "shuffle", "dropout")
+
+
+def simplify(graph: dict[str, Any]) -> dict[str, Any]:
+    """``graph`` with common subexpressions merged and dead nodes dropped.
+
+    Two nodes with the same operator, attributes and inputs become one (a closure often
+    recomputes what the forward has, e.g. ``_mul_scalar(x, -1)``); a node that neither a
+    head nor a ``make_loss`` reaches is dropped.  Random operators are never merged.  The
+    values of the heads and losses are unchanged: only repeated work goes.
+    """
+    nodes, remap, seen, kept = graph["nodes"], {}, {}, []
+
+    def ref(r: Sequence[Any]) -> tuple:
+        return ("in", r[1]) if r[0] == "in" else ("node", remap[r[1]], r[2])
+
+    for k, node in enumerate(nodes):
+        inputs = [ref(r) for r in node["inputs"]]
+        attrs = dict(node.get("attrs") or {})
+        key = (node["op"], tuple(sorted(attrs.items())), tuple(inputs))
+        pure = node["op"] != "make_loss" and not any(w in node["op"].lower() for w in _IMPURE)
+        if pure and key in seen:
+            remap[k] = seen[key]
+            continue
+        remap[k] = seen[key] = len(kept)
+        kept.append({"op": node["op"], "attrs": attrs, "inputs": inputs})
+    heads = [ref(h) for h in graph["heads"]]
+    live = {h[1] for h in heads if h[0] == "node"}
+    live.update(k for k, node in enumerate(kept) if node["op"] == "make_loss")
+    for k in range(len(kept) - 1, -1, -1):
+        if k in live:
+            live.update(r[1] for r in kept[k]["inputs"] if r[0] == "node")
+    order = {k: n for n, k in enumerate(sorted(live))}
+
+    def renumber(r: tuple) -> list:
+        return ["in", r[1]] if r[0] == "in" else ["node", order[r[1]], r[2]]
+
+    return {"nodes": [{"op": kept[k]["op"], "attrs": kept[k]["attrs"],
+                       "inputs": [renumber(r) for r in kept[k]["inputs"]]}
+                      for k in sorted(live)],
+            "heads": [renumber(h) for h in heads]}
+
+
 def compile_graph(graph: dict[str, Any], rules: dict[str, Rule], op_type: str
                   ) -> Callable[[Sequence[Any]], tuple[list[Any], list[Any]]]:
     """``run(inputs) -> (heads, losses)`` for ``graph`` with ``rules`` (MXNet op -> rule).
 
-    An operator without a rule is a :class:`PortError` naming it and the op, raised here,
-    before anything runs.
+    The graph is :func:`simplify`-ed first.  An operator without a rule is a
+    :class:`PortError` naming it and the op, raised here, before anything runs.  Each
+    node's arguments are resolved to positions in one list of values here, once, so a call
+    costs one rule call per node and no lookups.
     """
-    steps = []
-    for k, node in enumerate(graph["nodes"]):
-        name = node["op"]
-        refs = [tuple(r) for r in node["inputs"]]
-        if name == "make_loss":
-            steps.append((None, Attrs({}), refs))
-            continue
-        rule = rules.get(name)
-        if rule is None:
+    for k, node in enumerate(graph["nodes"]):  # named against the graph as extracted
+        if node["op"] != "make_loss" and node["op"] not in rules:
             raise port_error(op_type, (
-                f"MXNet operator {name!r} (node {k} of its graph) has no translation in "
-                f"this framework's rule table; the op cannot be ported there"))
-        steps.append((rule, Attrs(dict(node.get("attrs") or {})), refs))
-    heads = [tuple(h) for h in graph["heads"]]
+                f"MXNet operator {node['op']!r} (node {k} of its graph) has no translation "
+                f"in this framework's rule table; the op cannot be ported there"))
+    graph = simplify(graph)
+    nodes = graph["nodes"]
+    n_in = 1 + max([r[1] for nd in nodes for r in nd["inputs"] if r[0] == "in"]
+                   + [h[1] for h in graph["heads"] if h[0] == "in"] + [-1])
+    # slot of node k's output 0: n_in + k; outputs j > 0 that are read get slots after those
+    extra: dict[tuple[int, int], int] = {}
+    for r in [r for nd in nodes for r in nd["inputs"]] + list(graph["heads"]):
+        if r[0] == "node" and r[2] != 0 and (r[1], r[2]) not in extra:
+            extra[(r[1], r[2])] = n_in + len(nodes) + len(extra)
+
+    def slot(r: Sequence[Any]) -> int:
+        if r[0] == "in":
+            return r[1]
+        return n_in + r[1] if r[2] == 0 else extra[(r[1], r[2])]
+
+    steps = []
+    for k, node in enumerate(nodes):
+        rule = None if node["op"] == "make_loss" else rules[node["op"]]
+        more = tuple((j, s) for (i, j), s in extra.items() if i == k)
+        steps.append((rule, Attrs(dict(node["attrs"])), tuple(slot(r) for r in node["inputs"]),
+                      n_in + k, more))
+    heads = [slot(h) for h in graph["heads"]]
+    size = n_in + len(nodes) + len(extra)
 
     def run(inputs: Sequence[Any]) -> tuple[list[Any], list[Any]]:
-        values: list[Any] = []
+        values: list[Any] = list(inputs) + [None] * (size - len(inputs))
         losses: list[Any] = []
-
-        def get(r: tuple) -> Any:
-            if r[0] == "in":
-                return inputs[r[1]]
-            v = values[r[1]]
-            return v[r[2]] if isinstance(v, (tuple, list)) else v
-
-        for rule, attrs, refs in steps:
-            args = [get(r) for r in refs]
+        for rule, attrs, args, at, more in steps:
             if rule is None:
-                losses.append(args[0])
-                values.append(args[0])
+                value = values[args[0]]
+                losses.append(value)
             else:
-                values.append(rule(attrs, *args))
-        return [get(h) for h in heads], losses
+                value = rule(attrs, *[values[i] for i in args])
+                if isinstance(value, (tuple, list)):
+                    for j, s in more:
+                        values[s] = value[j]
+                    value = value[0]
+            values[at] = value
+        return [values[h] for h in heads], losses
 
     return run

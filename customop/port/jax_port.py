@@ -85,15 +85,18 @@ def _host_fn(record: Any) -> Callable:
     diff = list(record.grads)
     single = record.n_out == 1
 
-    def structs(xs):
-        return [jax.ShapeDtypeStruct(tuple(s), np.dtype(d)) for s, d in host.shapes(record, xs)]
-
-    def run_forward(*xs):
-        return tuple(host.forward(record, [np.asarray(x) for x in xs]))
+    def structs(xs):  # in JAX's default 32-bit mode a float64 output comes back float32
+        return [jax.ShapeDtypeStruct(tuple(s), jax.dtypes.canonicalize_dtype(np.dtype(d)))
+                for s, d in host.shapes(record, xs)]
 
     @jax.custom_vjp
     def f(*xs):
-        out = jax.pure_callback(run_forward, structs(xs), *xs, vectorized=False)
+        want = structs(xs)
+
+        def run_forward(*xs):
+            return tuple(o.astype(w.dtype, copy=False) for o, w in
+                         zip(host.forward(record, [np.asarray(x) for x in xs]), want))
+        out = jax.pure_callback(run_forward, want, *xs, vectorized=False)
         return out[0] if single else tuple(out)
 
     def f_fwd(*xs):
@@ -104,8 +107,9 @@ def _host_fn(record: Any) -> Callable:
 
         def run_backward(*args):
             arrays, grads = args[:len(xs)], args[len(xs):]
-            return tuple(host.backward(record, [np.asarray(a) for a in arrays],
-                                       [np.asarray(g) for g in grads]))
+            found = host.backward(record, [np.asarray(a) for a in arrays],
+                                  [np.asarray(g) for g in grads])
+            return tuple(g.astype(w.dtype, copy=False) for g, w in zip(found, want))
 
         want = [jax.ShapeDtypeStruct(xs[i].shape, xs[i].dtype) for i in diff]
         found = jax.pure_callback(run_backward, want, *xs, *cts, vectorized=False)

@@ -42,6 +42,29 @@ def _iou_matrix(xp, c):
     return xp.where(inter > 0, inter / safe, 0 * inter)
 
 
+def _torch_keep(valid, over):
+    """``keep[i] = valid[i]`` and no kept box before ``i`` overlaps it (``over`` is
+    symmetric: IoU and the class test are).  Greedy on the host: one pass over the boxes in
+    score order, work only at the kept ones (as torchvision's CPU ``nms``); under a fake or
+    compiling mode, where there are no values, a loop of tensor operations instead."""
+    import torch
+    n = valid.shape[0]
+    if (type(over) is torch.Tensor and not torch.compiler.is_compiling()
+            and torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE) is None):
+        import numpy as np
+        o, suppressed = over.cpu().numpy(), ~valid.cpu().numpy()
+        keep = np.zeros(n, bool)
+        for i in range(n):
+            if not suppressed[i]:
+                keep[i] = True
+                suppressed |= o[i]
+        return torch.from_numpy(keep).to(valid.device)
+    keep = torch.zeros(n, dtype=torch.bool, device=valid.device)
+    for i in range(n):
+        keep[i] = valid[i] & ~(keep[:i] & over[i, :i]).any()
+    return keep
+
+
 def torch_box_nms(a: Attrs, data):
     import torch
     p = _params(a)
@@ -49,7 +72,6 @@ def torch_box_nms(a: Attrs, data):
         return data.clone()
     shape = data.shape
     rows = data.reshape((-1,) + tuple(shape[-2:]))
-    n = rows.shape[1]
     outs = []
     for boxes in rows:
         score = boxes[:, p["score"]]
@@ -68,9 +90,7 @@ def torch_box_nms(a: Attrs, data):
         if p["cls"] >= 0 and not p["force"]:
             ids = sb[:, p["cls"]]
             over = over & (ids[:, None] == ids[None])
-        keep = torch.zeros(n, dtype=torch.bool, device=data.device)
-        for i in range(n):
-            keep[i] = valid[i] & ~(keep[:i] & over[i, :i]).any()
+        keep = _torch_keep(valid, over)
         kept = sb[keep]
         if p["fin"] != p["fout"]:
             lo = p["lo"]

@@ -174,3 +174,24 @@ def test_rule_equals_mxnet(name, k):
             assert g.shape == w.shape, (fw, g.shape, w.shape)
             np.testing.assert_allclose(g.astype(np.float64), w.astype(np.float64),
                                        rtol=2e-5, atol=2e-5, err_msg=fw)
+
+
+def test_torch_softrelu_value_and_gradient_tiny_values_and_zero_included():
+    """torch's softrelu is log1p written with log (see torch_rules._softrelu): its values,
+    tiny ones relative to themselves, against float64 log(1 + exp(x)); values and gradient
+    against MXNet's Activation (whose values below about -15 are 0 or off, by up to 8e-6)."""
+    x = np.concatenate([np.linspace(-80, 30, 1 << 16), [0.0, -1e-8, 1e-8, 20.0, 20.5]]
+                       ).astype("f")
+    xm = mx.nd.array(x)
+    xm.attach_grad()
+    with mx.autograd.record():
+        y = mx.nd.Activation(xm, act_type="softrelu")
+    y.backward()
+    xt = torch.tensor(x, requires_grad=True)
+    yt = torch_rules.RULES["Activation"](Attrs({"act_type": "softrelu"}), xt)
+    yt.sum().backward()
+    np.testing.assert_allclose(yt.detach().numpy(), np.logaddexp(0, x.astype(np.float64)),
+                               rtol=3e-7, atol=0)
+    np.testing.assert_allclose(yt.detach().numpy(), y.asnumpy(), rtol=2e-5, atol=2e-5)
+    np.testing.assert_allclose(xt.grad.numpy(), xm.grad.asnumpy(), rtol=1e-6, atol=1e-7)
+    assert xt.grad[x == 0].tolist() == [0.5]

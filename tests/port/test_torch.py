@@ -143,3 +143,35 @@ def test_a_second_backward_runs_the_graph_again_and_no_grad_calls_keep_little():
         for _ in range(3 * torch_port._PENDING_MAX):
             port(pred, label)
     assert len(torch_port._pending) <= torch_port._PENDING_MAX
+
+
+def test_repeated_calls_at_other_shapes_and_keywords_match_mxnet():
+    """The kernel remembers each call signature's graph: a call like an earlier one skips the
+    lookup, and must still get its own shapes' and keywords' graph."""
+    port = to_torch(ops.focal_loss)
+    for n, gamma in [(2, 2.0), (3, 2.0), (2, 1.5), (2, 2.0)]:
+        inputs = CASES[0][2](R(n))[:1] + [R(n).randint(-1, 4, (n, 6)).astype("f")]
+        inputs[0] = R(n + 10).randn(n, 6, 3).astype("f")
+        outs, heads, want = mxnet_reference(ops.focal_loss, inputs, {"gamma": gamma}, [0])
+        got_outs, got = _torch_run(port, inputs, {"gamma": gamma}, [0], heads)
+        _close(got_outs[0], outs[0], f"output at n={n}, gamma={gamma}")
+        _close(got[0], want[0], f"gradient at n={n}, gamma={gamma}")
+    with pytest.raises(ValueError, match=r"'ops.focal_loss.*\(port\).*label"):
+        port(torch.zeros(2, 6, 3), torch.zeros(2, 5))  # after a good call at (2, 6, 3)
+
+
+def test_box_nms_suppressed_box_suppresses_nothing():
+    """A chain: A suppresses B, B overlaps C, C is kept (only kept boxes suppress); checked
+    against MXNet's own box_nms, with more boxes than the loop's lead-in."""
+    import mxnet as mx
+    r = R(8)
+    chain = np.array([[0, .9, 0, 0, 10, 10], [0, .8, 0, 5, 10, 15], [0, .7, 0, 10, 10, 20]],
+                     "f")
+    rest = np.concatenate([np.zeros((60, 1)), r.rand(60, 1) * 0.6,
+                           np.concatenate([lo := r.uniform(20, 60, (60, 2)),
+                                           lo + r.uniform(2, 9, (60, 2))], 1)], 1)
+    data = np.concatenate([chain, rest.astype("f")])[None]
+    want = mx.nd.contrib.box_nms(mx.nd.array(data), overlap_thresh=0.3).asnumpy()
+    got = to_torch(ops.box_nms)(torch.tensor(data), overlap_thresh=0.3).numpy()
+    assert (want[0, :, 1] == 0.7).any()  # C kept by MXNet
+    _close(got, want, "box_nms")
