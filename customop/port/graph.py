@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import ast
 import importlib
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, Callable  # noqa: UP035 - Callable[...] evaluated at run time (3.8)
 
 
 class PortError(Exception):
