@@ -316,3 +316,47 @@ def test_the_rules_have_names_and_run_in_tidied():
     assert len({r.name for r in tidy.RULES}) == len(tidy.RULES)
     assert {r.rewrite for r in tidy.RULES} >= {tidy.identities, tidy.common_subexpressions,
                                                 tidy.idle_block_grads, tidy.argmax_indices}
+
+
+def test_the_retinanet_heads_graph_loses_repeats_with_the_same_bits(monkeypatch):
+    # examples/retinanet_head.py, bound for training: spliced with every rule, and without
+    # the two of this table that merge and drop (the forward and every gradient, bit for bit)
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
+    import retinanet_head as R
+
+    head = R.make_block()
+    head.initialize(mx.init.Xavier())
+    names = ("feat", "gt_boxes", "gt_labels")
+    sym = head(*[mx.sym.var(n) for n in names])
+    rng = np.random.RandomState(3)
+    boxes = _boxes(rng, (R.BATCH, 3, 4)) * 2
+    values = {"feat": rng.randn(R.BATCH, R.CHANNELS, R.HEIGHT, R.WIDTH), "gt_boxes": boxes,
+              "gt_labels": rng.randint(1, 3, (R.BATCH, 3))}
+    params = head.collect_params()
+    values.update((n, p.data().asnumpy()) for n, p in params.items() if n in sym.list_arguments())
+    written = {n for n, p in params.items() if p.grad_req != "null"} & set(sym.list_arguments())
+    shapes = {n: v.shape for n, v in values.items()}
+    dtypes = {n: "float32" for n in values}
+    runs = []
+    for rules_used in (tidy.RULES, tuple(r for r in tidy.RULES if r.rewrite not in (
+            tidy.identities, tidy.common_subexpressions))):
+        monkeypatch.setattr(tidy, "RULES", rules_used)
+        binding.clear_cache()  # (a splice is kept per signature; so is this one: forgotten)
+        try:
+            spliced = binding.spliced(sym, shapes, dtypes, written).symbol
+        finally:
+            binding.clear_cache()
+        args = {n: mx.nd.array(v) for n, v in values.items()}
+        grads = {n: mx.nd.zeros(values[n].shape) for n in written}
+        exe = spliced.bind(mx.cpu(), args, args_grad=grads,
+                           grad_req={n: "write" if n in written else "null" for n in values})
+        outs = [o.asnumpy() for o in exe.forward(is_train=True)]
+        exe.backward()
+        runs.append((len(json.loads(spliced.tojson())["nodes"]), outs + [
+            grads[n].asnumpy() for n in sorted(written)]))
+    (merged, got), (kept, want) = runs
+    assert merged < kept
+    assert np.isfinite(got[0]).all()
+    _same_bits(got, want)
