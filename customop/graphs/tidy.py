@@ -11,7 +11,10 @@ In the whole graph some of these do nothing:
 * a check whose condition reads only constants the graph makes itself (``sigma``
   written ``F.full((1,), 3.0)``): it holds or fails the same on every call.  One that
   holds is evaluated once, here, and its factor (exactly 1) is dropped.
+* a node that repeats an earlier one where no gradient passes through them, and an
+  operator that returns its input bit for bit (:data:`IDENTITIES`).
 
+The rewrites are one table, :data:`RULES`, run in order by :func:`tidied`.
 Each dropped node is an operator call less in every step (what that saves is in
 ``docs/design.md``, "Tidying spliced graphs").  Nothing computed changes: the gradient
 a dropped ``BlockGrad`` stopped was zero, a dropped factor was 1.  Which operators pass a
