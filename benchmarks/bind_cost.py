@@ -17,8 +17,10 @@ the same shapes, then ``--binds`` times each at a new number of ground-truth box
 detection batch's box count changes every step; bucketing and ``Module.reshape`` rebind
 likewise). The batch is 2 and the first box count 3: a graph verified once serves other
 values of each size it was checked at (a box count equal to the batch size would tie the
-two). Rows: inlining on (our ops run as MXNet's operators) and
-``CUSTOMOP_RUNTIME_OFF=inline`` (the same graph with ``Custom`` nodes); medians.
+two). Rows: inlining on (our ops run as MXNet's operators),
+``CUSTOMOP_RUNTIME_OFF=inline`` (the same graph with ``Custom`` nodes) and the same head
+in MXNet's operators (``benchmarks/composed.py``'s ``NativeRetinaHead``: the ratios'
+base); medians.
 
 ``python benchmarks/bind_cost.py [--binds 20] [--rounds 3] [--markdown]``
 """
@@ -79,16 +81,23 @@ print(json.dumps([times[len(times) // 2] * 1e3, check[len(check) // 2] * 1e3 if 
 """
 
 
+OURS = "head = R.make_block()"
+NATIVE = """
+sys.path.insert(0, "benchmarks")
+from composed import NativeRetinaHead
+head = NativeRetinaHead(R.make_anchors(R.HEIGHT, R.WIDTH), channels=R.CHANNELS, prefix="head_")
+"""
 REBIND_SETUPS = [
-    ("inlined (our ops as MXNet operators)", "", {}),
-    ("CUSTOMOP_RUNTIME_OFF=inline (Custom nodes)", "", {"CUSTOMOP_RUNTIME_OFF": "inline"}),
+    ("inlined (our ops as MXNet operators)", OURS, {}),
+    ("CUSTOMOP_RUNTIME_OFF=inline (Custom nodes)", OURS, {"CUSTOMOP_RUNTIME_OFF": "inline"}),
+    ("native (benchmarks/composed.py's NativeRetinaHead)", NATIVE, {}),
 ]
 REBIND = """
 import json, sys, time
 sys.path.insert(0, "examples")
 import mxnet as mx
 import retinanet_head as R
-head = R.make_block()
+{setup}
 head.initialize()
 sym = head(*[mx.sym.var(n) for n in ("feat", "gt_boxes", "gt_labels")])
 fixed = {{"feat": (R.BATCH, R.CHANNELS, R.HEIGHT, R.WIDTH)}}
@@ -112,10 +121,10 @@ print(json.dumps([first * 1e3, same[len(same) // 2] * 1e3, new[len(new) // 2] * 
 
 def rebind_table(args) -> None:
     found = fresh_rounds(REBIND_SETUPS, args.rounds,
-                         lambda setup: REBIND.format(binds=args.binds))
+                         lambda setup: REBIND.format(setup=setup, binds=args.binds))
     medians = {name: [statistics.median(col) for col in zip(*runs)]
                for name, runs in found.items()}
-    base = medians[REBIND_SETUPS[1][0]]
+    base = medians[REBIND_SETUPS[-1][0]]
     rows = [[name, *(f"{v:.1f} ({v / b:.2f}x)" for v, b in zip(ms, base))]
             for name, ms in medians.items()]
     print_table(["RetinaNet-style head, simple_bind for training", "first bind ms",

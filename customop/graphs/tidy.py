@@ -11,7 +11,10 @@ In the whole graph some of these do nothing:
 * a check whose condition reads only constants the graph makes itself (``sigma``
   written ``F.full((1,), 3.0)``): it holds or fails the same on every call.  One that
   holds is evaluated once, here, and its factor (exactly 1) is dropped.
+* a node that repeats an earlier one where no gradient passes through them, and an
+  operator that returns its input bit for bit (:data:`IDENTITIES`).
 
+The rewrites are one table, :data:`RULES`, run in order by :func:`tidied`.
 Each dropped node is an operator call less in every step (what that saves is in
 ``docs/design.md``, "Tidying spliced graphs").  Nothing computed changes: the gradient
 a dropped ``BlockGrad`` stopped was zero, a dropped factor was 1.  Which operators pass a
@@ -20,7 +23,8 @@ gradient where is read from :data:`customop.graphs.rules.NO_GRADIENT` and
 """
 from __future__ import annotations
 
-from typing import Any
+import math
+from typing import Any, Callable, NamedTuple
 
 import numpy as np
 
@@ -33,11 +37,14 @@ _KNOWN = rules.PASS_GRADIENT | frozenset(rules.NO_GRADIENT)
 
 
 def tidied(graph: dict[str, Any], shapes: dict[str, tuple] | None = None) -> dict[str, Any]:
-    """``graph`` (nodes and heads) without checks of constants that hold, idle BlockGrads,
-    with 1-element constants as scalars, and (``shapes``: by input name, the signature the
-    graph is settled for) without clipping and checks of indices ``argmax`` keeps in range."""
-    graph = idle_block_grads(constant_scalars(constant_checks(graph)))
-    return argmax_indices(graph, shapes) if shapes is not None else graph
+    """``graph`` rewritten by each rule of :data:`RULES` in turn (``shapes``: by input name,
+    the signature the graph is settled for; the rules that need one are skipped without)."""
+    for rule in RULES:
+        if not rule.settled:
+            graph = rule.rewrite(graph)
+        elif shapes is not None:
+            graph = rule.rewrite(graph, shapes)
+    return graph
 
 
 def idle_block_grads(graph: dict[str, Any]) -> dict[str, Any]:
@@ -45,15 +52,8 @@ def idle_block_grads(graph: dict[str, Any]) -> dict[str, Any]:
     nodes = graph["nodes"]
     free = _free(nodes)
     heads = {h[0] for h in graph["heads"]}
-    # a gradient can come back to node i: from a head, or from an operator that may make one
-    # without a head gradient (make_loss, SoftmaxOutput, a Custom output layer: any unknown)
-    back = [i in heads or node["op"] not in _KNOWN for i, node in enumerate(nodes)]
-    for i in range(len(nodes) - 1, -1, -1):
-        if back[i]:
-            stopped = rules.NO_GRADIENT.get(nodes[i]["op"], ())
-            for k, e in enumerate(nodes[i]["inputs"]):
-                if stopped is not None and k not in stopped:
-                    back[e[0]] = True
+    # (make_loss, SoftmaxOutput, a Custom output layer: any unknown operator makes a gradient)
+    back = _gradient_comes_back(graph)
     idle = {i: node["inputs"][0] for i, node in enumerate(nodes)
             if node["op"] == "BlockGrad" and i not in heads
             and (free[node["inputs"][0][0]] or not back[i])}
@@ -289,3 +289,118 @@ def _replaced(graph: dict[str, Any], by: dict[int, list]) -> dict[str, Any]:
                                                      for e in nodes[i]["inputs"]]) for i in keep])
     out["heads"] = [[where[entry(h)[0]], entry(h)[1], 0] for h in graph["heads"]]
     return out
+
+
+# ---- common subexpressions and identities ---------------------------------------------------
+def common_subexpressions(graph: dict[str, Any]) -> dict[str, Any]:
+    """``graph`` with each node that repeats an earlier one (the same operator, attributes and
+    inputs) read from the earlier one, where no gradient passes through the two: outputs of
+    values no variable's gradient reaches, of operators that pass none (a comparison, an
+    ``argmax``), or below which no gradient comes back.
+
+    The forward is the same computation, once.  Where a gradient does pass, merging is left
+    out: the backward would add the two consumers' gradients before the operator's backward
+    instead of after it, which rounds differently (``(g1 + g2) * w`` against
+    ``g1 * w + g2 * w``).  Only the operators of the gradient tables merge (each a
+    function of its inputs and attributes: no random, stateful or ``Custom`` operator);
+    a head keeps its node (the output's name).
+    """
+    nodes = graph["nodes"]
+    free = _free(nodes)
+    back = _gradient_comes_back(graph)
+    heads = {h[0] for h in graph["heads"]}
+    seen: dict[tuple, int] = {}
+    same: dict[int, int] = {}
+    for i, node in enumerate(nodes):
+        op = node["op"]
+        if op not in _KNOWN or not node["inputs"] or rules.RANDOM.match(op):
+            continue
+        silent = free[i] or rules.NO_GRADIENT.get(op, ()) is None or not back[i]
+        if not silent:
+            continue
+        key = (op, tuple(sorted(graph_json.attrs(node).items())),
+               tuple((same.get(e[0], e[0]), e[1]) for e in node["inputs"]))
+        if key in seen and i not in heads:
+            same[i] = seen[key]
+        else:
+            seen.setdefault(key, i)
+    return graph_json.reachable(_merged(graph, same)) if same else graph
+
+
+def _exactly(value: float) -> Callable[[dict[str, str]], bool]:
+    # the operator's ``scalar`` is ``value``, sign included (``-0.0`` is not ``0.0``)
+    def test(attrs: dict[str, str]) -> bool:
+        try:
+            scalar = float(attrs.get("scalar", "nan"))
+        except ValueError:
+            return False
+        return scalar == value and math.copysign(1.0, scalar) == math.copysign(1.0, value)
+    return test
+
+
+# operator -> test of its attributes: where it returns its input bit for bit, in the forward
+# and in the backward (the gradient passes unchanged).  ``x + 0.0`` and ``x - (-0.0)`` are
+# not there: they turn -0.0 into 0.0 (then ``1 / x`` is +inf, not -inf); ``x + (-0.0)`` and
+# ``x - 0.0`` are exact.
+IDENTITIES: dict[str, Callable[[dict[str, str]], bool]] = {
+    "_copy": lambda attrs: True,
+    "_mul_scalar": _exactly(1.0),
+    "_div_scalar": _exactly(1.0),
+    "_minus_scalar": _exactly(0.0),
+    "_plus_scalar": _exactly(-0.0),
+}
+
+
+def identities(graph: dict[str, Any]) -> dict[str, Any]:
+    """``graph`` without the operators of :data:`IDENTITIES` that return their input as it is
+    (``_copy``, ``x * 1``, ``x / 1``, ``x - 0``; a head keeps its node)."""
+    nodes = graph["nodes"]
+    heads = {h[0] for h in graph["heads"]}
+    gone = {i: node["inputs"][0] for i, node in enumerate(nodes)
+            if i not in heads and node["op"] in IDENTITIES and len(node["inputs"]) == 1
+            and IDENTITIES[node["op"]](graph_json.attrs(node))}
+    return graph_json.reachable(_replaced(graph, gone)) if gone else graph
+
+
+def _gradient_comes_back(graph: dict[str, Any]) -> list[bool]:
+    # node i may be handed a gradient: from a head, or through operators that pass one from
+    # an operator that makes one without a head gradient (make_loss, an unknown operator)
+    nodes = graph["nodes"]
+    heads = {h[0] for h in graph["heads"]}
+    back = [i in heads or node["op"] not in _KNOWN for i, node in enumerate(nodes)]
+    for i in range(len(nodes) - 1, -1, -1):
+        if back[i]:
+            stopped = rules.NO_GRADIENT.get(nodes[i]["op"], ())
+            for k, e in enumerate(nodes[i]["inputs"]):
+                if stopped is not None and k not in stopped:
+                    back[e[0]] = True
+    return back
+
+
+def _merged(graph: dict[str, Any], same: dict[int, int]) -> dict[str, Any]:
+    """``graph`` with the outputs of each node ``i`` of ``same`` read from node ``same[i]``."""
+    nodes = graph["nodes"]
+    out = dict(graph, nodes=[dict(node, inputs=[[same.get(e[0], e[0]), e[1], 0]
+                                                for e in node["inputs"]]) for node in nodes])
+    out["heads"] = [[same.get(h[0], h[0]), h[1], 0] for h in graph["heads"]]
+    return out
+
+
+class Rule(NamedTuple):
+    """One rewrite of :func:`tidied`: ``rewrite(graph)``, or with ``settled``,
+    ``rewrite(graph, shapes)`` at the signature the graph is bound for."""
+
+    name: str
+    rewrite: Callable[..., dict[str, Any]]
+    settled: bool = False
+
+
+# the rewrites, in the order they run (each exact: the same values and gradients, bit for bit)
+RULES = (
+    Rule("constant-checks", constant_checks),
+    Rule("constant-scalars", constant_scalars),
+    Rule("idle-block-grads", idle_block_grads),
+    Rule("identities", identities),
+    Rule("common-subexpressions", common_subexpressions),
+    Rule("argmax-indices", argmax_indices, settled=True),
+)

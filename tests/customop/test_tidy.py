@@ -233,3 +233,130 @@ def test_argmax_matches_over_the_boxes_axis_need_no_clipping_and_no_check(column
         ok = matches < 3
         assert not ok[0, 1] and np.isnan(targets[~ok]).all() and np.isnan(masks[~ok]).all()
         np.testing.assert_allclose(targets[ok], want[ok], rtol=1e-5, atol=1e-6)
+
+
+def _run(graph, x, w, head_grads=None):
+    # outputs, and the gradients of x and w, of a graph of x and w (one forward, one backward)
+    sym = graph_json.load(graph)
+    exe = sym.bind(mx.cpu(), {"x": mx.nd.array(x), "w": mx.nd.array(w)},
+                   args_grad={"x": mx.nd.zeros(x.shape), "w": mx.nd.zeros(w.shape)})
+    outs = [o.asnumpy() for o in exe.forward(is_train=True)]
+    exe.backward([mx.nd.array(np.cos(np.arange(o.size)).reshape(o.shape) + 0.3)
+                  for o in outs])
+    return outs + [exe.grad_dict["x"].asnumpy(), exe.grad_dict["w"].asnumpy()]
+
+
+def _same_bits(a, b):
+    for p, q in zip(a, b):
+        assert p.dtype == q.dtype and p.shape == q.shape
+        np.testing.assert_array_equal(p.view(np.uint32), q.view(np.uint32))
+
+
+def _xw():
+    x = np.array([[-0.0, 0.0, 1.5, -2.25], [np.nan, 3.0, -0.5, 7.0]], dtype="float32")
+    return x, np.array([0.7, -1.3, 2.1, 0.9], dtype="float32")
+
+
+def test_repeated_nodes_no_gradient_passes_through_are_computed_once():
+    flag = lambda: mx.sym.sum(X > 0)                          # noqa: E731 - no gradient passes
+    stopped = lambda: mx.sym.BlockGrad(X) * -1.0               # noqa: E731 - reaches no variable
+    carried = lambda: mx.sym.broadcast_mul(X, W) * 3.0         # noqa: E731 - carries x's gradient
+    out = mx.sym.Group([
+        mx.sym.broadcast_mul(flag(), W) + mx.sym.broadcast_mul(flag(), W),
+        mx.sym.broadcast_mul(stopped(), W) + mx.sym.broadcast_mul(stopped(), W),
+        carried() + carried(),
+        mx.sym.random.uniform(shape=(2, 4)) + mx.sym.random.uniform(shape=(2, 4)) * 0,
+    ])
+    graph = _graph(out)
+    merged = tidy.common_subexpressions(graph)
+    ops_before = [n["op"] for n in graph["nodes"]]
+    ops_after = [n["op"] for n in merged["nodes"]]
+    # flag: _greater_scalar and sum once; stopped: BlockGrad and _mul_scalar once (the
+    # broadcast_mul by w carries w's gradient: both stay); carried: all stay; random: both
+    assert ops_before.count("_greater_scalar") - ops_after.count("_greater_scalar") == 1
+    assert ops_before.count("sum") - ops_after.count("sum") == 1
+    assert ops_after.count("BlockGrad") == 1
+    assert ops_after.count("_random_uniform") == 2
+    assert ops_before.count("broadcast_mul") == ops_after.count("broadcast_mul") == 6
+    assert len(ops_before) - len(ops_after) == 4
+    assert tidy.tidied(graph)["nodes"] == tidy.tidied(merged)["nodes"]  # the rule runs there
+    before, after = graph_json.load(graph), graph_json.load(merged)
+    assert after.list_outputs() == before.list_outputs()
+    assert after.list_arguments() == before.list_arguments()
+    x, w = _xw()
+    x = np.nan_to_num(x)
+    got, want = _run(merged, x, w), _run(graph, x, w)
+    _same_bits(got[:3] + got[4:], want[:3] + want[4:])  # (the random output differs per run)
+
+
+@pytest.mark.parametrize("identity", [
+    lambda y: mx.sym._internal._copy(y), lambda y: mx.sym.identity(y), lambda y: y * 1.0,
+    lambda y: y / 1.0, lambda y: y - 0.0, lambda y: y + (-0.0)])
+def test_operators_that_return_their_input_bit_for_bit_are_dropped(identity):
+    y = mx.sym.broadcast_mul(X, W)
+    graph = _graph(mx.sym.Group([1.0 / identity(y), identity(y)]))  # (a head keeps its node)
+    dropped = tidy.tidied(graph)
+    assert len(dropped["nodes"]) == len(graph["nodes"]) - 1
+    x, w = _xw()  # -0.0 (1 / x: -inf), NaN
+    _same_bits(_run(dropped, x, w), _run(graph, x, w))
+
+
+@pytest.mark.parametrize("plus_zero", [lambda y: y + 0.0, lambda y: y - (-0.0)])
+def test_x_plus_zero_stays_it_turns_minus_zero_into_zero(plus_zero):
+    y = mx.sym.broadcast_mul(X, W)
+    graph = _graph(1.0 / plus_zero(y))
+    assert [n["op"] for n in tidy.tidied(graph)["nodes"]] == [n["op"] for n in graph["nodes"]]
+    x, w = _xw()
+    got = _run(graph, x, w)[0]
+    assert got[0, 0] == np.inf  # 1 / (-0.0 + 0.0); without the + 0.0: -inf
+    assert 1.0 / (x[0, 0] * w[0]) == -np.inf
+
+
+def test_the_rules_have_names_and_run_in_tidied():
+    assert len({r.name for r in tidy.RULES}) == len(tidy.RULES)
+    assert {r.rewrite for r in tidy.RULES} >= {tidy.identities, tidy.common_subexpressions,
+                                                tidy.idle_block_grads, tidy.argmax_indices}
+
+
+def test_the_retinanet_heads_graph_loses_repeats_with_the_same_bits(monkeypatch):
+    # examples/retinanet_head.py, bound for training: spliced with every rule, and without
+    # the two of this table that merge and drop (the forward and every gradient, bit for bit)
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
+    import retinanet_head as R
+
+    head = R.make_block()
+    head.initialize(mx.init.Xavier())
+    names = ("feat", "gt_boxes", "gt_labels")
+    sym = head(*[mx.sym.var(n) for n in names])
+    rng = np.random.RandomState(3)
+    boxes = _boxes(rng, (R.BATCH, 3, 4)) * 2
+    values = {"feat": rng.randn(R.BATCH, R.CHANNELS, R.HEIGHT, R.WIDTH), "gt_boxes": boxes,
+              "gt_labels": rng.randint(1, 3, (R.BATCH, 3))}
+    params = head.collect_params()
+    values.update((n, p.data().asnumpy()) for n, p in params.items() if n in sym.list_arguments())
+    written = {n for n, p in params.items() if p.grad_req != "null"} & set(sym.list_arguments())
+    shapes = {n: v.shape for n, v in values.items()}
+    dtypes = {n: "float32" for n in values}
+    runs = []
+    for rules_used in (tidy.RULES, tuple(r for r in tidy.RULES if r.rewrite not in (
+            tidy.identities, tidy.common_subexpressions))):
+        monkeypatch.setattr(tidy, "RULES", rules_used)
+        binding.clear_cache()  # (a splice is kept per signature; so is this one: forgotten)
+        try:
+            spliced = binding.spliced(sym, shapes, dtypes, written).symbol
+        finally:
+            binding.clear_cache()
+        args = {n: mx.nd.array(v) for n, v in values.items()}
+        grads = {n: mx.nd.zeros(values[n].shape) for n in written}
+        exe = spliced.bind(mx.cpu(), args, args_grad=grads,
+                           grad_req={n: "write" if n in written else "null" for n in values})
+        outs = [o.asnumpy() for o in exe.forward(is_train=True)]
+        exe.backward()
+        runs.append((len(json.loads(spliced.tojson())["nodes"]), outs + [
+            grads[n].asnumpy() for n in sorted(written)]))
+    (merged, got), (kept, want) = runs
+    assert merged < kept
+    assert np.isfinite(got[0]).all()
+    _same_bits(got, want)
