@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import jax_rules
-from .graph import compile_graph, port_error
+from .graph import compile_graph, port_error, split_linear
 from .portfile import Record
 
 _lock = threading.Lock()
@@ -76,8 +76,51 @@ def _graph_fn(record: Record) -> Callable:
             out[i] = g
         return tuple(out)
 
+    split = split_linear(record.train, diff)
+    if split is not None:
+        f_fwd, f_bwd = _split_rules(record, split, forward, shaped)
     f.defvjp(f_fwd, f_bwd)
     return f
+
+
+def _split_rules(record: Record, split: Any, forward: Callable, shaped: Callable) -> tuple:
+    """``custom_vjp`` rules from a split training graph: the forward computes the outputs
+    and the coefficients (the residuals), the backward only the linear part on them."""
+    primal = compile_graph(split.primal, jax_rules.RULES, record.op_type)
+    linear = None if split.mul is not None else compile_graph(split.linear, jax_rules.RULES,
+                                                              record.op_type)
+    diff = list(record.grads)
+
+    def f_fwd(*xs):
+        heads, _ = primal(list(xs))
+        return shaped(heads[:split.n_out]), (tuple(heads[split.n_out:]), xs)
+
+    def f_bwd(res, cts):
+        coefficients, xs = res
+        cts = [cts] if split.n_out == 1 else list(cts)
+        wrt = [xs[i] for i in diff]
+        found: list[Any] = [None] * len(diff)
+        if split.mul is not None:
+            for term, g in zip(split.mul, cts):
+                if term is not None:
+                    pos, j = term
+                    c = coefficients[j]
+                    part = g.astype(c.dtype) * c
+                    found[pos] = part if found[pos] is None else found[pos] + part
+        else:
+            def lin(*seeds):
+                heads, _ = linear(list(seeds) + list(coefficients))
+                return [heads[t] for t in split.terms if t is not None]
+            outs, vjp = jax.vjp(lin, *[jnp.zeros_like(w) for w in wrt])
+            found = list(vjp([g.astype(o.dtype) for g, o in
+                              zip([g for g, t in zip(cts, split.terms) if t is not None],
+                                  outs)]))
+        out: list[Any] = [None] * len(record.inputs)
+        for i, g, w in zip(diff, found, wrt):
+            out[i] = jnp.zeros_like(w) if g is None else g
+        return tuple(out)
+
+    return f_fwd, f_bwd
 
 
 def _host_fn(record: Any) -> Callable:
