@@ -245,7 +245,8 @@ def _straight_line(steps: list, heads: list, n_in: int) -> Callable:
     """The steps as one Python function, a local per value: no per-node loop, list or
     unpacking (the runner's own share of a small eager call, about 1 us a node).  Its text
     holds only slot numbers this module made; the rules and attributes are bound as its
-    globals, never read from a graph as code."""
+    globals, never read from a graph as code.  A rule with a ``bind(attrs)`` is bound to
+    its node's attributes here and called with the arrays alone."""
     env: dict[str, Any] = {"_SEQ": (tuple, list)}
     used = sorted({i for _, _, args, _, _ in steps for i in args if i < n_in}
                   | {h for h in heads if h < n_in})
@@ -255,8 +256,13 @@ def _straight_line(steps: list, heads: list, n_in: int) -> Callable:
         if rule is None:  # make_loss: its value passes through and is a loss
             lines += [f"    s{at} = s{args[0]}", f"    losses.append(s{at})"]
             continue
-        env[f"r{k}"], env[f"a{k}"] = rule, attrs
-        call = ", ".join([f"a{k}"] + [f"s{i}" for i in args])
+        bind = getattr(rule, "bind", None)
+        if bind is not None:  # the attributes read once, here
+            env[f"r{k}"] = bind(attrs)
+            call = ", ".join(f"s{i}" for i in args)
+        else:
+            env[f"r{k}"], env[f"a{k}"] = rule, attrs
+            call = ", ".join([f"a{k}"] + [f"s{i}" for i in args])
         lines += [f"    s{at} = r{k}({call})",
                   f"    if isinstance(s{at}, _SEQ):"]
         lines += [f"        s{slot} = s{at}[{j}]" for j, slot in more]
@@ -397,7 +403,13 @@ def split_linear(graph: dict[str, Any], grads: Sequence[int]) -> Split | None:
             break
         s, c = (ins[0], ins[1]) if kinds[0] else (ins[1], ins[0])
         mul.append((seeds[s[1]], where[tuple(c)]))
-    primal = {"nodes": nodes, "heads": [list(v) for v in values] +
-              [list(c) for c in coefficients]}
+    def through(r) -> list:  # the primal is never differentiated: BlockGrad passes
+        while r[0] == "node" and nodes[r[1]]["op"] == "BlockGrad":
+            r = nodes[r[1]]["inputs"][0]
+        return list(r)
+
+    primal = {"nodes": [{"op": nd["op"], "attrs": nd["attrs"],
+                         "inputs": [through(r) for r in nd["inputs"]]} for nd in nodes],
+              "heads": [through(v) for v in values] + [through(c) for c in coefficients]}
     linear = {"nodes": lin_nodes, "heads": lin_heads}
     return Split(primal, len(values), len(coefficients), linear, terms, mul)
