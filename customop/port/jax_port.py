@@ -1,12 +1,15 @@
 """Ports as JAX functions: ``jax.custom_vjp`` over the forward graph, its backward the VJP of
 the training graph.
 
-The forward rule of the ``custom_vjp`` runs the training graph under ``jax.vjp`` (its value
-is the forward's) and keeps the VJP function as the residual, so the backward rule
-evaluates only the gradient: ``BlockGrad`` is ``lax.stop_gradient``, ``make_loss`` values
-get a cotangent of ones.  Everything is jax code, so the port works under ``jit``,
-``grad``, ``vjp`` and ``vmap``.  Ops without graphs (``'numpy'`` mode) run on the host
-through ``jax.pure_callback`` inside the same ``custom_vjp``.
+Where the training graph splits (:func:`customop.port.graph.split_linear`), the forward
+rule of the ``custom_vjp`` runs the split's primal graph (the outputs and the closures'
+coefficients, kept as residuals) and the backward rule only the linear part on them.
+Elsewhere the forward rule runs the training graph under ``jax.vjp`` (its value is the
+forward's) and keeps the VJP function as the residual: ``BlockGrad`` is
+``lax.stop_gradient``, ``make_loss`` values get a cotangent of ones.  Everything is jax
+code, so the port works under ``jit``, ``grad``, ``vjp`` and ``vmap``.  Ops without graphs
+(``'numpy'`` mode) run on the host through ``jax.pure_callback`` inside the same
+``custom_vjp``.
 """
 from __future__ import annotations
 

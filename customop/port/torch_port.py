@@ -2,13 +2,18 @@
 gradient as its backward.
 
 The op's kernel runs the forward graph, translated by
-:data:`customop.port.torch_rules.RULES`, one torch call per node.  Its ``register_autograd``
-backward differentiates the training graph by torch's autograd (``BlockGrad`` detaches,
-``make_loss`` values get a cotangent of ones) and returns the inputs' gradients: MXNet's
-backward of that graph, which is the op's ``def_grad`` closures'.  An eager call whose
-inputs require grad runs the training graph itself in the kernel, recorded, and hands it to
-``setup_context`` (the outputs are its values); elsewhere (``torch.compile``, a second
-backward) the backward runs the graph again from the saved inputs.  A kernel's dispatch
+:data:`customop.port.torch_rules.RULES`, one torch call per node.  Where the training graph
+splits (:func:`customop.port.graph.split_linear`: each output ``F + h(x - stop(x))``, ``h``
+linear, as every op whose gradient is its closures'), an eager call whose inputs require
+grad runs the split's primal graph instead: the outputs and the closures' coefficients,
+which ``setup_context`` saves as residuals (under ``torch.compile`` it computes them
+itself, traced); the ``register_autograd`` backward then evaluates only the linear part on
+them (``g * c`` where each output's term is one product).  Elsewhere the backward
+differentiates the training graph by torch's autograd (``BlockGrad`` detaches,
+``make_loss`` values get a cotangent of ones): an eager call whose inputs require grad runs
+it in the kernel, recorded, and hands it to ``setup_context``; under ``torch.compile``, or
+in a second backward, the backward runs it again from the saved inputs.  Both give MXNet's
+backward of that graph, which is the op's ``def_grad`` closures'.  A kernel's dispatch
 excludes the autograd keys (gradients taken there came back wrong, torch 2.14): the
 recording lifts that exclusion for the graph's own operators only.  The fake kernel runs the
 forward graph on fake tensors, so ``torch.compile`` traces the op with its shapes.
