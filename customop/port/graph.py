@@ -208,8 +208,8 @@ def compile_graph(graph: dict[str, Any], rules: dict[str, Rule], op_type: str
 
     The graph is :func:`simplify`-ed first.  An operator without a rule is a
     :class:`PortError` naming it and the op, raised here, before anything runs.  Each
-    node's arguments are resolved to positions in one list of values here, once, so a call
-    costs one rule call per node and no lookups.
+    node's arguments are resolved to slots here, once, and the nodes become one
+    straight-line function, so a call costs one rule call per node and no lookups.
     """
     for k, node in enumerate(graph["nodes"]):  # named against the graph as extracted
         if node["op"] != "make_loss" and node["op"] not in rules:
@@ -238,22 +238,178 @@ def compile_graph(graph: dict[str, Any], rules: dict[str, Rule], op_type: str
         steps.append((rule, Attrs(dict(node["attrs"])), tuple(slot(r) for r in node["inputs"]),
                       n_in + k, more))
     heads = [slot(h) for h in graph["heads"]]
-    size = n_in + len(nodes) + len(extra)
+    return _straight_line(steps, heads, n_in)
 
-    def run(inputs: Sequence[Any]) -> tuple[list[Any], list[Any]]:
-        values: list[Any] = list(inputs) + [None] * (size - len(inputs))
-        losses: list[Any] = []
-        for rule, attrs, args, at, more in steps:
-            if rule is None:
-                value = values[args[0]]
-                losses.append(value)
-            else:
-                value = rule(attrs, *[values[i] for i in args])
-                if isinstance(value, (tuple, list)):
-                    for j, s in more:
-                        values[s] = value[j]
-                    value = value[0]
-            values[at] = value
-        return [values[h] for h in heads], losses
 
-    return run
+def _straight_line(steps: list, heads: list, n_in: int) -> Callable:
+    """The steps as one Python function, a local per value: no per-node loop, list or
+    unpacking (the runner's own share of a small eager call, about 1 us a node).  Its text
+    holds only slot numbers this module made; the rules and attributes are bound as its
+    globals, never read from a graph as code.  A rule with a ``bind(attrs)`` is bound to
+    its node's attributes here and called with the arrays alone."""
+    env: dict[str, Any] = {"_SEQ": (tuple, list)}
+    used = sorted({i for _, _, args, _, _ in steps for i in args if i < n_in}
+                  | {h for h in heads if h < n_in})
+    lines = ["def run(inputs):", "    losses = []"]
+    lines += [f"    s{i} = inputs[{i}]" for i in used]
+    for k, (rule, attrs, args, at, more) in enumerate(steps):
+        if rule is None:  # make_loss: its value passes through and is a loss
+            lines += [f"    s{at} = s{args[0]}", f"    losses.append(s{at})"]
+            continue
+        bind = getattr(rule, "bind", None)
+        if bind is not None:  # the attributes read once, here
+            env[f"r{k}"] = bind(attrs)
+            call = ", ".join(f"s{i}" for i in args)
+        else:
+            env[f"r{k}"], env[f"a{k}"] = rule, attrs
+            call = ", ".join([f"a{k}"] + [f"s{i}" for i in args])
+        lines += [f"    s{at} = r{k}({call})",
+                  f"    if isinstance(s{at}, _SEQ):"]
+        lines += [f"        s{slot} = s{at}[{j}]" for j, slot in more]
+        lines += [f"        s{at} = s{at}[0]"]
+    lines.append(f"    return [{', '.join(f's{h}' for h in heads)}], losses")
+    exec(compile("\n".join(lines), "<customop port graph>", "exec"), env)  # noqa: S102
+    return env["run"]
+
+
+class Split:
+    """A training graph cut in two at build time (:func:`split_linear`).
+
+    ``primal``: a graph of the inputs whose heads are the op's outputs ``F_k`` followed by
+    the coefficients (the closures' ``g``-free values, saved as residuals).  ``linear``: a
+    graph of the seeds (one per differentiated input, ``record.grads`` order) and then the
+    coefficients, whose heads are the outputs' terms linear in the seeds; ``terms[k]`` is
+    the index of output ``k``'s term among them, or None (no gradient).  ``mul[k]``, where
+    every term is one ``elemwise_mul(seed, coefficient)``: ``(seed, coefficient)`` of
+    output ``k``, whose gradient is then ``g_k * coefficient`` with no graph to run.
+    """
+
+    __slots__ = ("primal", "n_out", "coefficients", "linear", "terms", "mul", "runs")
+
+    def __init__(self, primal, n_out, coefficients, linear, terms, mul):
+        self.primal, self.n_out, self.coefficients = primal, n_out, coefficients
+        self.linear, self.terms, self.mul = linear, terms, mul
+        self.runs: Any = None  # what a framework compiled of it
+
+
+# operators that read these arguments for their shape only: no gradient flows there
+_SHAPE_ONLY = {"zeros_like": (0,), "ones_like": (0,), "shape_array": (0,), "size_array": (0,),
+               "reshape_like": (1,), "broadcast_like": (1,)}
+
+
+def _is_seed(nodes: list, nd: dict, grads: Sequence[int]) -> bool:
+    ins = nd["inputs"]
+    return (nd["op"] == "elemwise_sub" and len(ins) == 2 and ins[0][0] == "in"
+            and ins[0][1] in grads and ins[1][0] == "node"
+            and nodes[ins[1][1]]["op"] == "BlockGrad"
+            and list(nodes[ins[1][1]]["inputs"]) == [["in", ins[0][1]]])
+
+
+def split_linear(graph: dict[str, Any], grads: Sequence[int]) -> Split | None:
+    """``graph`` (a training graph as :mod:`customop.graphs.transposed` builds it: each
+    output ``F_k(stop(x)) + h_k(x - stop(x))``, ``h_k`` linear) as a :class:`Split`, or
+    None where it is not of that form (a ``make_loss``, an input whose gradient flows
+    through the forward itself, an output not written ``F + h``).
+
+    The gradient is unchanged: the same operators on the same coefficient values, only
+    computed in the forward and kept instead of run again; the outputs' values are
+    ``F_k`` (``h_k`` of the zero seed, the value ``x - stop(x)``, adds nothing but
+    ``0 * coefficient``).
+    """
+    g = simplify(graph)
+    nodes, grads = g["nodes"], list(grads)
+    seeds: dict[int, int] = {}
+    for k, nd in enumerate(nodes):
+        if nd["op"] == "make_loss":
+            return None
+        if _is_seed(nodes, nd, grads):
+            seeds[k] = grads.index(nd["inputs"][0][1])
+        elif nd["op"] != "BlockGrad" and any(
+                r[0] == "in" and r[1] in grads and j not in _SHAPE_ONLY.get(nd["op"], ())
+                for j, r in enumerate(nd["inputs"])):
+            return None  # that input's gradient is the forward's own
+    tainted = set(seeds)
+    for k, nd in enumerate(nodes):
+        if k not in seeds and any(r[0] == "node" and r[1] in tainted for r in nd["inputs"]):
+            if nd["op"] == "BlockGrad":
+                return None
+            tainted.add(k)
+    if not seeds:
+        return None
+    values, parts = [], []  # per output: F's ref, h's ref (or None)
+    for h in g["heads"]:
+        if h[0] == "in":
+            if h[1] in grads:
+                return None
+            values.append(h)
+            parts.append(None)
+        elif h[1] not in tainted:
+            values.append(h)
+            parts.append(None)
+        else:
+            nd = nodes[h[1]]
+            hit = [r[0] == "node" and r[1] in tainted for r in nd["inputs"]]
+            if nd["op"] != "elemwise_add" or sum(hit) != 1 or h[2] != 0:
+                return None
+            values.append(nd["inputs"][hit.index(False)])
+            parts.append(nd["inputs"][hit.index(True)])
+    coefficients: list[tuple] = []
+    where: dict[tuple, int] = {}
+    m = len(grads)
+
+    def outside(r) -> list:  # an untainted value the linear part reads: a coefficient
+        key = tuple(r)
+        if key not in where:
+            where[key] = len(coefficients)
+            coefficients.append(key)
+        return ["in", m + where[key]]
+
+    lin_nodes, moved = [], {}
+
+    def ref(r) -> list:
+        if r[0] == "node" and r[1] in seeds:
+            return ["in", seeds[r[1]]]
+        if r[0] == "node" and r[1] in tainted:
+            return ["node", moved[r[1]], r[2]]
+        return outside(r)
+
+    needed = {p[1] for p in parts if p is not None}
+    for k in range(len(nodes) - 1, -1, -1):  # only what the terms read
+        if k in needed and k not in seeds:
+            needed.update(r[1] for r in nodes[k]["inputs"] if r[0] == "node")
+    for k, nd in enumerate(nodes):
+        if k in tainted and k not in seeds and k in needed:
+            moved[k] = len(lin_nodes)
+            lin_nodes.append({"op": nd["op"], "attrs": dict(nd.get("attrs") or {}),
+                              "inputs": [ref(r) for r in nd["inputs"]]})
+    lin_heads, terms = [], []
+    for p in parts:
+        if p is None:
+            terms.append(None)
+        else:
+            terms.append(len(lin_heads))
+            lin_heads.append(ref(p))
+    mul: list | None = []
+    for p in parts:
+        if p is None:
+            mul.append(None)
+            continue
+        nd = nodes[p[1]] if p[0] == "node" and p[1] not in seeds else None
+        ins = nd["inputs"] if nd is not None and nd["op"] == "elemwise_mul" else []
+        kinds = [r[0] == "node" and r[1] in seeds for r in ins]
+        if len(ins) != 2 or sum(kinds) != 1 or any(
+                r[0] == "node" and r[1] in tainted and r[1] not in seeds for r in ins):
+            mul = None
+            break
+        s, c = (ins[0], ins[1]) if kinds[0] else (ins[1], ins[0])
+        mul.append((seeds[s[1]], where[tuple(c)]))
+    def through(r) -> list:  # the primal is never differentiated: BlockGrad passes
+        while r[0] == "node" and nodes[r[1]]["op"] == "BlockGrad":
+            r = nodes[r[1]]["inputs"][0]
+        return list(r)
+
+    primal = {"nodes": [{"op": nd["op"], "attrs": nd["attrs"],
+                         "inputs": [through(r) for r in nd["inputs"]]} for nd in nodes],
+              "heads": [through(v) for v in values] + [through(c) for c in coefficients]}
+    linear = {"nodes": lin_nodes, "heads": lin_heads}
+    return Split(primal, len(values), len(coefficients), linear, terms, mul)

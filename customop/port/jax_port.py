@@ -1,12 +1,15 @@
 """Ports as JAX functions: ``jax.custom_vjp`` over the forward graph, its backward the VJP of
 the training graph.
 
-The forward rule of the ``custom_vjp`` runs the training graph under ``jax.vjp`` (its value
-is the forward's) and keeps the VJP function as the residual, so the backward rule
-evaluates only the gradient: ``BlockGrad`` is ``lax.stop_gradient``, ``make_loss`` values
-get a cotangent of ones.  Everything is jax code, so the port works under ``jit``,
-``grad``, ``vjp`` and ``vmap``.  Ops without graphs (``'numpy'`` mode) run on the host
-through ``jax.pure_callback`` inside the same ``custom_vjp``.
+Where the training graph splits (:func:`customop.port.graph.split_linear`), the forward
+rule of the ``custom_vjp`` runs the split's primal graph (the outputs and the closures'
+coefficients, kept as residuals) and the backward rule only the linear part on them.
+Elsewhere the forward rule runs the training graph under ``jax.vjp`` (its value is the
+forward's) and keeps the VJP function as the residual: ``BlockGrad`` is
+``lax.stop_gradient``, ``make_loss`` values get a cotangent of ones.  Everything is jax
+code, so the port works under ``jit``, ``grad``, ``vjp`` and ``vmap``.  Ops without graphs
+(``'numpy'`` mode) run on the host through ``jax.pure_callback`` inside the same
+``custom_vjp``.
 """
 from __future__ import annotations
 
@@ -19,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import jax_rules
-from .graph import compile_graph, port_error
+from .graph import compile_graph, port_error, split_linear
 from .portfile import Record
 
 _lock = threading.Lock()
@@ -76,8 +79,51 @@ def _graph_fn(record: Record) -> Callable:
             out[i] = g
         return tuple(out)
 
+    split = split_linear(record.train, diff)
+    if split is not None:
+        f_fwd, f_bwd = _split_rules(record, split, forward, shaped)
     f.defvjp(f_fwd, f_bwd)
     return f
+
+
+def _split_rules(record: Record, split: Any, forward: Callable, shaped: Callable) -> tuple:
+    """``custom_vjp`` rules from a split training graph: the forward computes the outputs
+    and the coefficients (the residuals), the backward only the linear part on them."""
+    primal = compile_graph(split.primal, jax_rules.RULES, record.op_type)
+    linear = None if split.mul is not None else compile_graph(split.linear, jax_rules.RULES,
+                                                              record.op_type)
+    diff = list(record.grads)
+
+    def f_fwd(*xs):
+        heads, _ = primal(list(xs))
+        return shaped(heads[:split.n_out]), (tuple(heads[split.n_out:]), xs)
+
+    def f_bwd(res, cts):
+        coefficients, xs = res
+        cts = [cts] if split.n_out == 1 else list(cts)
+        wrt = [xs[i] for i in diff]
+        found: list[Any] = [None] * len(diff)
+        if split.mul is not None:
+            for term, g in zip(split.mul, cts):
+                if term is not None:
+                    pos, j = term
+                    c = coefficients[j]
+                    part = g.astype(c.dtype) * c
+                    found[pos] = part if found[pos] is None else found[pos] + part
+        else:
+            def lin(*seeds):
+                heads, _ = linear(list(seeds) + list(coefficients))
+                return [heads[t] for t in split.terms if t is not None]
+            outs, vjp = jax.vjp(lin, *[jnp.zeros_like(w) for w in wrt])
+            found = list(vjp([g.astype(o.dtype) for g, o in
+                              zip([g for g, t in zip(cts, split.terms) if t is not None],
+                                  outs)]))
+        out: list[Any] = [None] * len(record.inputs)
+        for i, g, w in zip(diff, found, wrt):
+            out[i] = jnp.zeros_like(w) if g is None else g
+        return tuple(out)
+
+    return f_fwd, f_bwd
 
 
 def _host_fn(record: Any) -> Callable:

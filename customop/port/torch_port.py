@@ -2,13 +2,18 @@
 gradient as its backward.
 
 The op's kernel runs the forward graph, translated by
-:data:`customop.port.torch_rules.RULES`, one torch call per node.  Its ``register_autograd``
-backward differentiates the training graph by torch's autograd (``BlockGrad`` detaches,
-``make_loss`` values get a cotangent of ones) and returns the inputs' gradients: MXNet's
-backward of that graph, which is the op's ``def_grad`` closures'.  An eager call whose
-inputs require grad runs the training graph itself in the kernel, recorded, and hands it to
-``setup_context`` (the outputs are its values); elsewhere (``torch.compile``, a second
-backward) the backward runs the graph again from the saved inputs.  A kernel's dispatch
+:data:`customop.port.torch_rules.RULES`, one torch call per node.  Where the training graph
+splits (:func:`customop.port.graph.split_linear`: each output ``F + h(x - stop(x))``, ``h``
+linear, as every op whose gradient is its closures'), an eager call whose inputs require
+grad runs the split's primal graph instead: the outputs and the closures' coefficients,
+which ``setup_context`` saves as residuals (under ``torch.compile`` it computes them
+itself, traced); the ``register_autograd`` backward then evaluates only the linear part on
+them (``g * c`` where each output's term is one product).  Elsewhere the backward
+differentiates the training graph by torch's autograd (``BlockGrad`` detaches,
+``make_loss`` values get a cotangent of ones): an eager call whose inputs require grad runs
+it in the kernel, recorded, and hands it to ``setup_context``; under ``torch.compile``, or
+in a second backward, the backward runs it again from the saved inputs.  Both give MXNet's
+backward of that graph, which is the op's ``def_grad`` closures'.  A kernel's dispatch
 excludes the autograd keys (gradients taken there came back wrong, torch 2.14): the
 recording lifts that exclusion for the graph's own operators only.  The fake kernel runs the
 forward graph on fake tensors, so ``torch.compile`` traces the op with its shapes.
@@ -23,7 +28,7 @@ from typing import Any
 import torch
 
 from . import torch_rules
-from .graph import compile_graph, port_error
+from .graph import compile_graph, port_error, split_linear
 from .portfile import Record
 
 _made: dict[Any, Any] = {}
@@ -37,6 +42,26 @@ def _run(record: Record, which: str) -> Callable:
         found = runs[which] = compile_graph(getattr(record, which), torch_rules.RULES,
                                             record.op_type)
     return found
+
+
+def _split(record: Record) -> Any:
+    """The record's training graph split (:func:`customop.port.graph.split_linear`) and its
+    compiled parts, or None where it does not split (the whole graph then runs under
+    autograd)."""
+    runs = record.__dict__.setdefault("_torch_runs", {})
+    if "split" not in runs:
+        split = None if getattr(record, "host", False) else split_linear(record.train,
+                                                                           record.grads)
+        if split is not None:
+            coefficients = {"nodes": split.primal["nodes"],
+                            "heads": split.primal["heads"][split.n_out:]}
+            split.runs = (
+                compile_graph(split.primal, torch_rules.RULES, record.op_type),
+                compile_graph(coefficients, torch_rules.RULES, record.op_type),
+                None if split.mul is not None else
+                compile_graph(split.linear, torch_rules.RULES, record.op_type))
+        runs["split"] = split
+    return runs["split"]
 
 
 def _dtype_name(t: torch.Tensor) -> str:
@@ -56,8 +81,8 @@ _PENDING_MAX = 4
 _AUTOGRAD_KEY = getattr(torch._C.DispatchKey, "AutogradFunctionality", None)
 
 
-def _recordable(record: Record, tensors: Sequence[torch.Tensor]) -> bool:
-    if _AUTOGRAD_KEY is None or getattr(record, "host", False):
+def _recordable(record: Record, tensors: Sequence[torch.Tensor], key: bool = True) -> bool:
+    if (key and _AUTOGRAD_KEY is None) or getattr(record, "host", False):
         return False
     if torch.compiler.is_compiling() or torch._C._get_dispatch_mode(
             torch._C._TorchDispatchModeKey.FAKE) is not None:
@@ -77,18 +102,74 @@ def run_forward(record: Record, tensors: Sequence[torch.Tensor], found: Any = No
                 ) -> list[torch.Tensor]:
     """The outputs; ``found``: what setup_context would look up again (kept with the graph)."""
     torch_rules.DEVICE[0] = tensors[0].device if tensors else None
+    split = _split(record)
+    if split is not None:
+        if not _recordable(record, tensors, key=False):
+            run = _run(record, "forward")
+            with torch.no_grad():
+                heads, _ = run(list(tensors))
+            return [_own(h, tensors) for h in heads]
+        with torch.no_grad():  # the outputs and the coefficients the backward multiplies
+            heads, _ = split.runs[0](list(tensors))
+        out = [_own(h, tensors) for h in heads[:split.n_out]]
+        _keep(out, heads[split.n_out:], found)
+        return out
     if _recordable(record, tensors):
         graph = _graph(record, tensors, recorded=True)
         out = [_own(h.detach(), tensors) for h in graph[1]]
-        if out:
-            if len(_pending) >= _PENDING_MAX:
-                _pending.pop(next(iter(_pending)))
-            _pending[id(out[0])] = (out[0], graph, found)
+        _keep(out, graph, found)
         return out
     run = _run(record, "forward")
     with torch.no_grad():
         heads, _ = run(list(tensors))
     return [_own(h, tensors) for h in heads]
+
+
+def _keep(out: list[torch.Tensor], graph: Any, found: Any) -> None:
+    if out:
+        if len(_pending) >= _PENDING_MAX:
+            _pending.pop(next(iter(_pending)))
+        _pending[id(out[0])] = (out[0], graph, found)
+
+
+def coefficients(record: Record, tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """The split graph's coefficients at ``tensors`` (where the kernel kept none: under
+    ``torch.compile`` this runs traced, beside the op)."""
+    torch_rules.DEVICE[0] = tensors[0].device if tensors else None
+    with torch.no_grad():
+        found, _ = _split(record).runs[1](list(tensors))
+    return found
+
+
+def linear_backward(record: Record, tensors: Sequence[torch.Tensor],
+                    coefficients: Sequence[torch.Tensor],
+                    grads: Sequence[torch.Tensor | None]) -> list[torch.Tensor]:
+    """The inputs' gradients from the split graph's saved coefficients: ``g * c`` where
+    each output's term is one product, else torch's autograd of the linear part alone."""
+    split = _split(record)
+    wrt = [tensors[i] for i in record.grads]
+    found: list[Any] = [None] * len(wrt)
+    if split.mul is not None:
+        for term, g in zip(split.mul, grads):
+            if term is None or g is None:
+                continue
+            pos, j = term
+            c = coefficients[j]
+            part = g.to(c.dtype) * c
+            found[pos] = part if found[pos] is None else found[pos] + part
+    else:
+        torch_rules.DEVICE[0] = tensors[0].device if tensors else None
+        seeds = [torch.zeros_like(w).requires_grad_(True) for w in wrt]
+        with torch.enable_grad():
+            heads, _ = split.runs[2](seeds + list(coefficients))
+            outs, cots = [], []
+            for t, g in zip(split.terms, grads):
+                if t is not None and g is not None and heads[t].requires_grad:
+                    outs.append(heads[t])
+                    cots.append(g.to(heads[t].dtype))
+            if outs:
+                found = list(torch.autograd.grad(outs, seeds, cots, allow_unused=True))
+    return [torch.zeros_like(w) if f is None else f for f, w in zip(found, wrt)]
 
 
 def _graph(record: Record, tensors: Sequence[torch.Tensor], recorded: bool = False) -> tuple:
@@ -163,13 +244,24 @@ def _attach_autograd(custom: Any, n_in: int, find: Callable) -> None:
     def setup_context(ctx, inputs, output, keyword_only_inputs=None):
         ctx.graph, found = recorded_graph(output)
         record, tensors, where = found or find(inputs, keyword_only_inputs or {})
-        ctx.record, ctx.where = record, where
-        ctx.save_for_backward(*tensors)
+        ctx.record, ctx.where, ctx.n = record, where, len(tensors)
+        ctx.split = _split(record) is not None
+        if ctx.split:  # the coefficients are residuals: the backward only multiplies
+            kept = ctx.graph if ctx.graph is not None else coefficients(record, tensors)
+            ctx.graph = None
+            ctx.save_for_backward(*tensors, *kept)
+        else:
+            ctx.save_for_backward(*tensors)
 
     def backward(ctx, *grads):
-        tensors = ctx.saved_tensors
-        graph, ctx.graph = ctx.graph, None  # (used once: a second backward runs it again)
-        found = run_backward(ctx.record, list(tensors), list(grads), graph)
+        saved = ctx.saved_tensors
+        tensors = saved[:ctx.n]
+        if ctx.split:
+            found = linear_backward(ctx.record, list(tensors), list(saved[ctx.n:]),
+                                    list(grads))
+        else:
+            graph, ctx.graph = ctx.graph, None  # (used once: a second backward runs it again)
+            found = run_backward(ctx.record, list(tensors), list(grads), graph)
         out: list[Any] = [None] * n_in
         for g, i in zip(found, ctx.record.grads):
             out[ctx.where[i]] = g
