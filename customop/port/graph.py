@@ -247,6 +247,10 @@ def _straight_line(steps: list, heads: list, n_in: int) -> Callable:
     holds only slot numbers this module made; the rules and attributes are bound as its
     globals, never read from a graph as code.  A rule with a ``bind(attrs)`` is bound to
     its node's attributes here and called with the arrays alone."""
+    numbers = [n_in, *heads] + [i for _, _, args, at, more in steps
+                                for i in (*args, at, *(x for pair in more for x in pair))]
+    if not all(type(i) is int for i in numbers):  # (portfile checks the file's references)
+        raise ValueError("a port graph's references must be integers")
     env: dict[str, Any] = {"_SEQ": (tuple, list)}
     used = sorted({i for _, _, args, _, _ in steps for i in args if i < n_in}
                   | {h for h in heads if h < n_in})

@@ -97,3 +97,13 @@ def test_what_does_not_split(why):
     else:
         graph = {"nodes": [_node("exp", ("in", 0))], "heads": [["node", 0, 0]]}
     assert split_linear(graph, [0]) is None
+
+
+def test_the_runner_takes_only_integer_references():
+    # compile_graph writes the graph as a Python function from its slot numbers: anything but
+    # an int there (a file's text) is refused before it is compiled (portfile checks files too)
+    bad = {"nodes": [_node("neg", ("in", 0)), _node("split2", ("node", 0, 0)),
+                     _node("neg", ("node", 1, "1]; import os; x = [0"))],
+           "heads": [["node", 2, 0]]}
+    with pytest.raises(ValueError, match="must be integers"):
+        compile_graph(bad, RULES, "t.op")
