@@ -105,6 +105,19 @@ class Attrs:
 Rule = Callable[..., Any]
 
 
+def reduce_axes(a: Attrs, ndim: int, exclude: bool = False) -> tuple | None:
+    """A reduction's ``axis`` attribute as non-negative axes (None: all of them);
+    ``exclude``: the axes not named, as MXNet's ``exclude=True``."""
+    axes = a.axes("axis")
+    if axes is None:
+        return None
+    axes = (axes,) if isinstance(axes, int) else axes
+    axes = tuple(x % ndim for x in axes)
+    if exclude:
+        axes = tuple(i for i in range(ndim) if i not in axes)
+    return axes
+
+
 def mx_reshape(shape: Sequence[int], spec: Sequence[int], reverse: bool = False) -> tuple:
     """The target shape of MXNet's ``Reshape`` with its special codes 0, -1, -2, -3, -4."""
     src, spec = list(shape), list(spec)

@@ -12,6 +12,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from .graph import Attrs, mx_reshape
+from .graph import reduce_axes as _axes
 
 _NARROW = {"float64": "float32", "int64": "int32", "uint64": "uint32"}
 
@@ -21,17 +22,6 @@ def _dtype(a: Attrs, default: str = "float32"):
     if not jax.config.jax_enable_x64:  # jax's default: no 64-bit arrays (it would warn)
         name = _NARROW.get(name, name)
     return jnp.bool_ if name == "bool" else jnp.dtype(name)
-
-
-def _axes(a: Attrs, ndim: int, exclude: bool = False):
-    axes = a.axes("axis")
-    if axes is None:
-        return None
-    axes = (axes,) if isinstance(axes, int) else axes
-    axes = tuple(x % ndim for x in axes)
-    if exclude:
-        axes = tuple(i for i in range(ndim) if i not in axes)
-    return axes
 
 
 def _reduce(fn):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from .graph import Attrs, mx_reshape
+from .graph import reduce_axes as _axes
 
 # Where tensors made from attributes alone (``_full``, ``_arange``) go: the device of the
 # call's inputs, set by the port before it runs a graph (customop.port.torch_port).
@@ -24,17 +25,6 @@ DTYPES = {"float16": torch.float16, "float32": torch.float32, "float64": torch.f
 
 def _dtype(a: Attrs, default: str = "float32") -> torch.dtype:
     return DTYPES[a.str("dtype", default)]
-
-
-def _axes(a: Attrs, ndim: int, exclude: bool = False):
-    axes = a.axes("axis")
-    if axes is None:
-        return None
-    axes = (axes,) if isinstance(axes, int) else axes
-    axes = tuple(x % ndim for x in axes)
-    if exclude:
-        axes = tuple(i for i in range(ndim) if i not in axes)
-    return axes
 
 
 def _reduce(fn):
