@@ -26,6 +26,7 @@ after ``--`` replace the pytest arguments (``nox -s tests-3.10 -- -q tests/ops``
 interpreter is the newest ``$PYENV_ROOT/versions/3.X.*/bin/python3.X`` (``~/.pyenv`` when
 PYENV_ROOT is unset), else ``python3.X`` on PATH.
 """
+
 from __future__ import annotations
 
 import fcntl
@@ -91,11 +92,17 @@ LIMIT_MIN = {"suite": 20, "version suite": 10, "install": 10, "check": 10, "buil
 HOROVOD = "0.28.1"
 HOROVOD_PYTHON = "3.11"
 HOROVOD_BUILD_TOOLS = ["setuptools==65.5.0", "wheel==0.48.0"]
-HOROVOD_BUILD_ENV = {"HOROVOD_WITH_MXNET": "1", "HOROVOD_WITH_GLOO": "1",
-                     "HOROVOD_WITHOUT_MPI": "1", "HOROVOD_WITHOUT_TENSORFLOW": "1",
-                     "HOROVOD_WITHOUT_PYTORCH": "1", "MAKEFLAGS": "-j2"}
-HOROVOD_WHEELS = Path(os.environ.get("CUSTOMOP_CACHE") or "~/.cache/customop").expanduser() \
-    / "horovod-wheels"
+HOROVOD_BUILD_ENV = {
+    "HOROVOD_WITH_MXNET": "1",
+    "HOROVOD_WITH_GLOO": "1",
+    "HOROVOD_WITHOUT_MPI": "1",
+    "HOROVOD_WITHOUT_TENSORFLOW": "1",
+    "HOROVOD_WITHOUT_PYTORCH": "1",
+    "MAKEFLAGS": "-j2",
+}
+HOROVOD_WHEELS = (
+    Path(os.environ.get("CUSTOMOP_CACHE") or "~/.cache/customop").expanduser() / "horovod-wheels"
+)
 
 nox.options.sessions = ["tests", "install", "install_minimal", "docs", "deploy", "horovod", "port"]
 # `.ci/run` runs these two streams at once, each a nox run of its sessions in this order.  One
@@ -141,12 +148,18 @@ def _run(session: nox.Session, limit: str, *cmd: str, codes: tuple = (0,), **kwa
         BUILD_LOCK.parent.mkdir(exist_ok=True)
         cmd = ("flock", str(BUILD_LOCK), *cmd)
     try:
-        session.run("timeout", "--kill-after=30", str(seconds), *cmd, external=True,
-                    success_codes=list(codes), **kwargs)
+        session.run(
+            "timeout",
+            "--kill-after=30",
+            str(seconds),
+            *cmd,
+            external=True,
+            success_codes=list(codes),
+            **kwargs,
+        )
     except nox.command.CommandFailed as exc:
         if str(exc.reason or "").endswith(("code 124", "code 137")):
-            session.error(f"{' '.join(cmd[:4])} ... ran past {seconds} s and was killed "
-                          f"(a hang?)")
+            session.error(f"{' '.join(cmd[:4])} ... ran past {seconds} s and was killed (a hang?)")
         raise
 
 
@@ -163,8 +176,18 @@ def _fill(session: nox.Session, *args: str, python: str | None = None) -> None:
     target = python or os.path.join(session.bin, "python")
     # --compile-bytecode: as pip does; uv leaves modules uncompiled by default, and with
     # PYTHONDONTWRITEBYTECODE set every process would compile MXNet's anew.
-    _run(session, "install", _uv(), "pip", "install", "--quiet", "--compile-bytecode",
-         "--python", target, *args)
+    _run(
+        session,
+        "install",
+        _uv(),
+        "pip",
+        "install",
+        "--quiet",
+        "--compile-bytecode",
+        "--python",
+        target,
+        *args,
+    )
 
 
 def _pytest(session: nox.Session, args: list[str], limit: str, selection: bool) -> None:
@@ -188,19 +211,31 @@ def tests(session: nox.Session) -> None:
         _pytest(session, list(session.posargs), "suite", selection=True)
     elif session.python in FULL_SUITE_PYTHONS:
         # -rs: the reasons of skipped tests (tests/test_horovod.py's: the horovod session's)
-        _pytest(session, ["-q", "-rs", "-m", "not soak", *WORKERS, "tests"], "suite",
-                selection=False)
+        _pytest(
+            session, ["-q", "-rs", "-m", "not soak", *WORKERS, "tests"], "suite", selection=False
+        )
     else:
-        _pytest(session, ["-q", "-m", "not soak", *WORKERS, *VERSION_SUITE], "version suite",
-                selection=False)
+        _pytest(
+            session,
+            ["-q", "-m", "not soak", *WORKERS, *VERSION_SUITE],
+            "version suite",
+            selection=False,
+        )
 
 
 def _outside_checkout(session: nox.Session, *args: str) -> None:
     with tempfile.TemporaryDirectory(prefix="customop-install-") as work:
         shutil.copy(ROOT / ".ci" / "install_check.py", work)
         with session.chdir(work):
-            _run(session, "check", "python", "install_check.py", str(ROOT), *args,
-                 env={"PYTHONPATH": ""})
+            _run(
+                session,
+                "check",
+                "python",
+                "install_check.py",
+                str(ROOT),
+                *args,
+                env={"PYTHONPATH": ""},
+            )
 
 
 @nox.session(python=PYTHONS)
@@ -223,8 +258,11 @@ def install_minimal(session: nox.Session) -> None:
     """`pip install '.[cpu]'` alone (no onnx, no notebook tools) and pytest: every module of
     customop and customop.ops imports, `pytest --doctest-modules --pyargs customop` passes
     outside the checkout, and `customop.to_onnx` names the missing extra."""
-    pytest_pin = next(line for line in (ROOT / "requirements-dev.txt").read_text().splitlines()
-                      if line.startswith("pytest==") and ">= \"3.10\"" in line).split(";")[0]
+    pytest_pin = next(
+        line
+        for line in (ROOT / "requirements-dev.txt").read_text().splitlines()
+        if line.startswith("pytest==") and '>= "3.10"' in line
+    ).split(";")[0]
     _run(session, "install", "python", "-m", "pip", "install", "--quiet", ".[cpu]", pytest_pin)
     _run(session, "install", "python", "-m", "pip", "check")
     _outside_checkout(session, "--minimal")
@@ -254,9 +292,10 @@ def deploy(session: nox.Session) -> None:
     with tempfile.TemporaryDirectory(prefix="customop-deploy-") as work:
         out = os.path.join(work, "models")
         _run(session, "check", "python", str(here / "models.py"), out)
-        for name, pins, check in (("plain-mxnet", "requirements-mxnet.txt", "run_plain_mxnet.py"),
-                                  ("onnxruntime", "requirements-onnxruntime.txt",
-                                   "run_onnxruntime.py")):
+        for name, pins, check in (
+            ("plain-mxnet", "requirements-mxnet.txt", "run_plain_mxnet.py"),
+            ("onnxruntime", "requirements-onnxruntime.txt", "run_onnxruntime.py"),
+        ):
             venv = os.path.join(work, name)
             _run(session, "install", "python", "-m", "venv", venv)
             python = os.path.join(venv, "bin", "python")
@@ -287,9 +326,23 @@ def _horovod_wheel(session: nox.Session) -> Path:
             return found[-1]
         _fill(session, *HOROVOD_BUILD_TOOLS)
         with tempfile.TemporaryDirectory(prefix="customop-horovod-") as out:
-            _run(session, "build", "python", "-m", "pip", "wheel", "--quiet",
-                 "--no-build-isolation", "--no-deps", "--no-binary", "horovod", "-w", out,
-                 f"horovod=={HOROVOD}", env=HOROVOD_BUILD_ENV)
+            _run(
+                session,
+                "build",
+                "python",
+                "-m",
+                "pip",
+                "wheel",
+                "--quiet",
+                "--no-build-isolation",
+                "--no-deps",
+                "--no-binary",
+                "horovod",
+                "-w",
+                out,
+                f"horovod=={HOROVOD}",
+                env=HOROVOD_BUILD_ENV,
+            )
             (built,) = Path(out).glob("horovod-*.whl")
             shutil.copy(built, cache / (built.name + ".part"))
             (cache / (built.name + ".part")).rename(cache / built.name)  # whole, or absent
@@ -306,16 +359,27 @@ def horovod(session: nox.Session) -> None:
     _fill(session, "--no-deps", "-e", ".")
     _fill(session, str(_horovod_wheel(session)))
     # what `horovodrun --check-build` lists, as a check: the MXNet extension loads, Gloo is in
-    _run(session, "check", "python", "-c", "import horovod.mxnet as hvd; "
-         "assert hvd.gloo_built() and not hvd.mpi_built(), 'Horovod without Gloo or with MPI'")
+    _run(
+        session,
+        "check",
+        "python",
+        "-c",
+        "import horovod.mxnet as hvd; "
+        "assert hvd.gloo_built() and not hvd.mpi_built(), 'Horovod without Gloo or with MPI'",
+    )
     args = list(session.posargs) or ["-q", "-m", "not soak", "tests/test_horovod.py"]
     _pytest(session, args, "suite", selection=bool(session.posargs))
 
 
 # What the port tests run beside MXNet (numpy 1.23.5 keeps jax at 0.4.30), and what the
 # MXNet-free venv gets: NumPy 2, the same torch, the newest jax.
-PORT_PINS = ["torch==2.14.1", "torchvision==0.29.1", "jax==0.4.30", "jaxlib==0.4.30",
-             "numpy==1.23.5"]
+PORT_PINS = [
+    "torch==2.14.1",
+    "torchvision==0.29.1",
+    "jax==0.4.30",
+    "jaxlib==0.4.30",
+    "numpy==1.23.5",
+]
 PORT_FREE = ["numpy>=2", "torch==2.14.1", "jax", "jaxlib"]
 
 
@@ -325,8 +389,12 @@ def port(session: nox.Session) -> None:
     then the saved port loaded in a second venv without MXNet and with NumPy 2."""
     _fill(session, "-r", "requirements-dev.txt", *PORT_PINS)
     _fill(session, "--no-deps", "-e", ".")
-    _pytest(session, list(session.posargs) or ["-q", *WORKERS, "tests/port"], "port",
-            selection=bool(session.posargs))
+    _pytest(
+        session,
+        list(session.posargs) or ["-q", *WORKERS, "tests/port"],
+        "port",
+        selection=bool(session.posargs),
+    )
     here = ROOT / "tests" / "port"
     with tempfile.TemporaryDirectory(prefix="customop-port-") as work:
         _run(session, "check", "python", str(here / "save_example.py"), work)
@@ -337,7 +405,15 @@ def port(session: nox.Session) -> None:
         _fill(session, *PORT_FREE, python=python)
         _fill(session, "--no-deps", ".", python=python)
         with session.chdir(work):
-            _run(session, "check", python, str(here / "load_without_mxnet.py"),
-                 os.path.join(work, "focal.port.json"), os.path.join(work, "inputs.npz"),
-                 os.path.join(work, "found.npz"), os.path.join(work, "expected.npz"),
-                 "--numpy2", env={"PYTHONPATH": ""})
+            _run(
+                session,
+                "check",
+                python,
+                str(here / "load_without_mxnet.py"),
+                os.path.join(work, "focal.port.json"),
+                os.path.join(work, "inputs.npz"),
+                os.path.join(work, "found.npz"),
+                os.path.join(work, "expected.npz"),
+                "--numpy2",
+                env={"PYTHONPATH": ""},
+            )

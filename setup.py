@@ -1,4 +1,5 @@
 """Kept for tools that still call ``setup.py``; the metadata lives in pyproject.toml."""
+
 from setuptools import setup
 
 setup()

@@ -22,6 +22,7 @@ and :func:`customop.to_onnx` raising the ``ImportError`` that names the ``onnx``
 Each step prints what it ran; the first failure exits non-zero.  tests/test_project.py uses
 ``readme_blocks`` for the same README blocks inside the test suite.
 """
+
 from __future__ import annotations
 
 import doctest
@@ -42,8 +43,12 @@ MAX_FRAGMENTS = 2
 NOT_IMPORTED = {"customop.check.__main__", "customop.distributed.worker_site.sitecustomize"}
 # The port's torch and jax modules import their framework: the `port` extra, which the
 # install sessions do not install (the `port` nox session runs them).
-NEEDS_PORT_EXTRA = {"customop.port.torch_port": "torch", "customop.port.torch_rules": "torch",
-                    "customop.port.jax_port": "jax", "customop.port.jax_rules": "jax"}
+NEEDS_PORT_EXTRA = {
+    "customop.port.torch_port": "torch",
+    "customop.port.torch_rules": "torch",
+    "customop.port.jax_port": "jax",
+    "customop.port.jax_rules": "jax",
+}
 MIN_DOCTESTS = 100  # the docstring examples found on 3.11 number about 170
 
 
@@ -64,11 +69,12 @@ def readme_blocks(text: str) -> list[Block]:
             section, count = m.group(1).lstrip("# ").strip(), 0
             continue
         count += 1
-        before = text[:m.start()].rstrip().splitlines()
+        before = text[: m.start()].rstrip().splitlines()
         fragment = bool(before) and before[-1].strip() == FRAGMENT
-        after = re.match(r"\s*It prints:\s*```text\n(.*?)^```", text[m.end():], re.S | re.M)
-        blocks.append(Block(f"{section} #{count}", m.group(2), after.group(1) if after else None,
-                            fragment))
+        after = re.match(r"\s*It prints:\s*```text\n(.*?)^```", text[m.end() :], re.S | re.M)
+        blocks.append(
+            Block(f"{section} #{count}", m.group(2), after.group(1) if after else None, fragment)
+        )
     return blocks
 
 
@@ -83,16 +89,20 @@ def run_readme(checkout: Path) -> None:
             continue
         script = Path("readme_" + re.sub(r"\W+", "_", block.name).strip("_").lower() + ".py")
         script.write_text(block.code, encoding="utf-8")
-        proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                              timeout=300)
+        proc = subprocess.run(
+            [sys.executable, str(script)], capture_output=True, text=True, timeout=300
+        )
         assert proc.returncode == 0, f"README block {block.name!r} failed:\n{proc.stderr}"
         if block.prints is not None:
             assert proc.stdout.strip() == block.prints.strip(), (
                 f"README block {block.name!r} printed\n{proc.stdout}\nbut the README shows\n"
-                f"{block.prints}")
-        print(f"README block {block.name!r} ran"
-              + (", printing what the README shows" if block.prints is not None else ""),
-              flush=True)
+                f"{block.prints}"
+            )
+        print(
+            f"README block {block.name!r} ran"
+            + (", printing what the README shows" if block.prints is not None else ""),
+            flush=True,
+        )
 
 
 def installed_modules() -> list[str]:
@@ -105,8 +115,12 @@ def installed_modules() -> list[str]:
         names += [m.name for m in pkgutil.walk_packages(package.__path__, prefix)]
     if "customop.ops" not in names:
         names.append("customop.ops")
-    return [n for n in dict.fromkeys(names) if n not in NOT_IMPORTED
-            and (n not in NEEDS_PORT_EXTRA or importlib.util.find_spec(NEEDS_PORT_EXTRA[n]))]
+    return [
+        n
+        for n in dict.fromkeys(names)
+        if n not in NOT_IMPORTED
+        and (n not in NEEDS_PORT_EXTRA or importlib.util.find_spec(NEEDS_PORT_EXTRA[n]))
+    ]
 
 
 def run_doctests(checkout: Path) -> None:
@@ -130,31 +144,63 @@ def run_doctests(checkout: Path) -> None:
 
 def run_examples(checkout: Path) -> None:
     # The whole folder: an example may import a sibling helper (four_paths.py).
-    shutil.copytree(checkout / "examples", "examples", dirs_exist_ok=True,
-                    ignore=shutil.ignore_patterns("__pycache__"))
-    scripts = sorted(p for p in Path("examples").glob("*.py")
-                     if '__name__ == "__main__"' in p.read_text(encoding="utf-8"))
+    shutil.copytree(
+        checkout / "examples",
+        "examples",
+        dirs_exist_ok=True,
+        ignore=shutil.ignore_patterns("__pycache__"),
+    )
+    scripts = sorted(
+        p
+        for p in Path("examples").glob("*.py")
+        if '__name__ == "__main__"' in p.read_text(encoding="utf-8")
+    )
     for script in scripts:
         if script.name == "dist_train.py":  # a dist_sync job of two workers, as documented
-            command = [sys.executable, "-m", "customop.distributed.launch", "-n", "2", "-s",
-                       "1", "--timeout", "240", sys.executable, str(script), "--api", "gluon",
-                       "--kvstore", "dist_sync", "--center-loss", "0.1"]
+            command = [
+                sys.executable,
+                "-m",
+                "customop.distributed.launch",
+                "-n",
+                "2",
+                "-s",
+                "1",
+                "--timeout",
+                "240",
+                sys.executable,
+                str(script),
+                "--api",
+                "gluon",
+                "--kvstore",
+                "dist_sync",
+                "--center-loss",
+                "0.1",
+            ]
         else:
             command = [sys.executable, str(script)]
         proc = subprocess.run(command, capture_output=True, text=True, timeout=300)
         assert proc.returncode == 0, f"examples/{script.name} failed:\n{proc.stderr[-3000:]}"
         if script.name == "dist_train.py":
             assert "rank 0: trained" in proc.stdout and "rank 1: trained" in proc.stdout
-        print(f"examples/{script.name} ran" + (" as a 2-worker dist_sync job"
-                                              if script.name == "dist_train.py" else ""),
-              flush=True)
+        print(
+            f"examples/{script.name} ran"
+            + (" as a 2-worker dist_sync job" if script.name == "dist_train.py" else ""),
+            flush=True,
+        )
     assert any(s.name == "dist_train.py" for s in scripts), scripts
     for package in sorted(p.parent for p in Path("examples").glob("*/__init__.py")):
-        code = (f"import importlib, pkgutil, {package.name} as p; "
-                f"[importlib.import_module(m.name) for m in "
-                f"pkgutil.walk_packages(p.__path__, '{package.name}.')]")
-        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                              timeout=300, cwd="examples")
+        code = (
+            f"import importlib, pkgutil, {package.name} as p; "
+            f"[importlib.import_module(m.name) for m in "
+            f"pkgutil.walk_packages(p.__path__, '{package.name}.')]"
+        )
+        proc = subprocess.run(
+            [sys.executable, "-c", code],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            cwd="examples",
+        )
         assert proc.returncode == 0, f"examples/{package.name} failed:\n{proc.stderr[-3000:]}"
         print(f"examples/{package.name}/ imports", flush=True)
 
@@ -169,22 +215,41 @@ def run_minimal() -> None:
     import importlib.util
 
     assert importlib.util.find_spec("onnx") is None, "onnx is installed: not a minimal install"
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                           "--doctest-modules", "--pyargs", "customop",
-                           *_port_modules_ignored()],
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, f"pytest --doctest-modules --pyargs customop failed:\n" \
-                                 f"{proc.stdout[-3000:]}{proc.stderr[-3000:]}"
-    print("pytest --doctest-modules --pyargs customop:", proc.stdout.strip().splitlines()[-1],
-          flush=True)
-    code = ("import mxnet as mx, customop\n"
-            "net = mx.gluon.nn.Dense(2, in_units=3); net.initialize(); net.hybridize()\n"
-            "try:\n"
-            "    customop.to_onnx(customop.export(net, 'model', mx.nd.ones((1, 3))), 'm.onnx')\n"
-            "except ImportError as exc:\n"
-            "    print(exc)\n")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "--doctest-modules",
+            "--pyargs",
+            "customop",
+            *_port_modules_ignored(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, (
+        f"pytest --doctest-modules --pyargs customop failed:\n"
+        f"{proc.stdout[-3000:]}{proc.stderr[-3000:]}"
+    )
+    print(
+        "pytest --doctest-modules --pyargs customop:",
+        proc.stdout.strip().splitlines()[-1],
+        flush=True,
+    )
+    code = (
+        "import mxnet as mx, customop\n"
+        "net = mx.gluon.nn.Dense(2, in_units=3); net.initialize(); net.hybridize()\n"
+        "try:\n"
+        "    customop.to_onnx(customop.export(net, 'model', mx.nd.ones((1, 3))), 'm.onnx')\n"
+        "except ImportError as exc:\n"
+        "    print(exc)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "customop[onnx]" in proc.stdout, f"to_onnx without onnx said: {proc.stdout!r}"
     print("customop.to_onnx without onnx:", proc.stdout.strip(), flush=True)
@@ -199,13 +264,21 @@ def run_notebooks(checkout: Path) -> None:
         path = Path(source.name)
         shutil.copy(source, path)
         nb = nbformat.read(path, as_version=4)
-        NotebookClient(nb, timeout=240, kernel_name="python3",
-                       resources={"metadata": {"path": str(Path.cwd())}}).execute()
-        errors = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])
-                  if o.get("output_type") == "error"]
+        NotebookClient(
+            nb,
+            timeout=240,
+            kernel_name="python3",
+            resources={"metadata": {"path": str(Path.cwd())}},
+        ).execute()
+        errors = [
+            o
+            for c in nb.cells
+            if c.cell_type == "code"
+            for o in c.get("outputs", [])
+            if o.get("output_type") == "error"
+        ]
         assert not errors, f"{source.name}: {errors[0].get('ename')}: {errors[0].get('evalue')}"
-        print(f"notebooks/{source.name} executed ({time.perf_counter() - start:.0f} s)",
-              flush=True)
+        print(f"notebooks/{source.name} executed ({time.perf_counter() - start:.0f} s)", flush=True)
 
 
 def check_docs_tools() -> None:
@@ -220,7 +293,8 @@ def check_docs_tools() -> None:
 def main(argv: list[str]) -> int:
     checkout = Path(argv[1]).resolve()
     assert checkout not in Path.cwd().resolve().parents and Path.cwd() != checkout, (
-        "run install_check.py from a directory outside the checkout")
+        "run install_check.py from a directory outside the checkout"
+    )
     import numpy
 
     assert tuple(int(p) for p in numpy.__version__.split(".")[:2]) < (1, 24), numpy.__version__
@@ -236,8 +310,15 @@ def main(argv: list[str]) -> int:
         check_docs_tools()
     import customop
 
-    print("install check passed on Python", sys.version.split()[0], "with NumPy",
-          numpy.__version__, "from", customop.__file__, flush=True)
+    print(
+        "install check passed on Python",
+        sys.version.split()[0],
+        "with NumPy",
+        numpy.__version__,
+        "from",
+        customop.__file__,
+        flush=True,
+    )
     return 0
 
 

@@ -4,6 +4,7 @@ itself (the ``auxsync`` patch) next to the same loop calling AuxSync by hand (pa
 Each variant runs in its own fresh process, the two alternating ``--rounds`` times;
 the table gives the median step over all rounds.  ``python benchmarks/aux_agreement.py``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -75,15 +76,27 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.child:
         return child(args)
-    variants = [("automatic (Trainer.step alone)", [], {}),
-                ("AuxSync by hand (CUSTOMOP_RUNTIME_OFF=auxsync)", ["--by-hand"],
-                 {"CUSTOMOP_RUNTIME_OFF": "auxsync"})]
+    variants = [
+        ("automatic (Trainer.step alone)", [], {}),
+        (
+            "AuxSync by hand (CUSTOMOP_RUNTIME_OFF=auxsync)",
+            ["--by-hand"],
+            {"CUSTOMOP_RUNTIME_OFF": "auxsync"},
+        ),
+    ]
     common = [f"--{k}={getattr(args, k)}" for k in ("batch", "dim", "classes", "steps")]
-    found = fresh_rounds(variants, args.rounds, lambda flags: (
-        f"from benchmarks.aux_agreement import main; main({['--child', *common, *flags]!r})"))
+    found = fresh_rounds(
+        variants,
+        args.rounds,
+        lambda flags: (
+            f"from benchmarks.aux_agreement import main; main({['--child', *common, *flags]!r})"
+        ),
+    )
     times = {name: [t for run in runs for t in run] for name, runs in found.items()}
-    print(f"two-context ops.CenterLoss loop, batch {args.batch}, dim {args.dim}, "
-          f"{args.classes} classes: median step (ms) of {args.rounds} x {args.steps} steps")
+    print(
+        f"two-context ops.CenterLoss loop, batch {args.batch}, dim {args.dim}, "
+        f"{args.classes} classes: median step (ms) of {args.rounds} x {args.steps} steps"
+    )
     base = float(np.median(times["AuxSync by hand (CUSTOMOP_RUNTIME_OFF=auxsync)"]))
     for name, t in times.items():
         ms = 1e3 * float(np.median(t))

@@ -20,6 +20,7 @@ the default) every class has samples on both devices at every step; with many
 (about 5 s).  :func:`measure` returns the numbers (``tests/ops/test_center_loss.py`` checks
 what the aux-states how-to says of each rule with it).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -43,10 +44,13 @@ ALPHA = 0.5
 
 
 def _declare(rule: str):
-    op = customop("mxnet", name=f"bench.aux_rules.center_loss_{rule}",
-                  aux={"centers": (_centers_shape, rule)},
-                  infer_shape=lambda data, *_, **__: (data[0],),
-                  no_grad=("label",))(center_loss.fn)
+    op = customop(
+        "mxnet",
+        name=f"bench.aux_rules.center_loss_{rule}",
+        aux={"centers": (_centers_shape, rule)},
+        infer_shape=lambda data, *_, **__: (data[0],),
+        no_grad=("label",),
+    )(center_loss.fn)
     return op.def_grad(center_loss.grads[0])
 
 
@@ -100,8 +104,14 @@ def _symbol(variant: str, num_class: int) -> mx.sym.Symbol:
     data, label = mx.sym.var("data"), mx.sym.var("label")
     feat = mx.sym.FullyConnected(data, num_hidden=DIM, name="fc")
     if variant == "handwritten":
-        loss = mx.sym.Custom(feat, label, op_type="bench_aux_rules_center_loss",
-                             num_class=num_class, alpha=ALPHA, name="cl")
+        loss = mx.sym.Custom(
+            feat,
+            label,
+            op_type="bench_aux_rules_center_loss",
+            num_class=num_class,
+            alpha=ALPHA,
+            name="cl",
+        )
     else:
         loss = OPS[variant](feat, label, num_class=num_class, alpha=ALPHA, name="cl")
     return mx.sym.MakeLoss(mx.sym.mean(loss))
@@ -114,11 +124,14 @@ def train(variant: str, devices: int, steps: int, num_class: int = NUM_CLASS) ->
     y = rng.randint(0, num_class, size=BATCH).astype(np.float32)
     w = rng.normal(scale=0.5, size=(DIM, 5)).astype(np.float32)
     ctx = [mx.cpu(i) for i in range(devices)]
-    mod = mx.mod.Module(_symbol(variant, num_class), data_names=["data"], label_names=["label"],
-                        context=ctx)
+    mod = mx.mod.Module(
+        _symbol(variant, num_class), data_names=["data"], label_names=["label"], context=ctx
+    )
     mod.bind(data_shapes=[("data", x.shape)], label_shapes=[("label", y.shape)])
-    mod.init_params(arg_params={"fc_weight": mx.nd.array(w), "fc_bias": mx.nd.zeros(DIM)},
-                    aux_params={"cl_centers": mx.nd.zeros((num_class, DIM))})
+    mod.init_params(
+        arg_params={"fc_weight": mx.nd.array(w), "fc_bias": mx.nd.zeros(DIM)},
+        aux_params={"cl_centers": mx.nd.zeros((num_class, DIM))},
+    )
     mod.init_optimizer(optimizer="sgd", optimizer_params={"learning_rate": 0.1})
     batch = mx.io.DataBatch([mx.nd.array(x)], [mx.nd.array(y)])
     for step in range(steps):
@@ -141,37 +154,57 @@ def measure(steps: int = 3, num_class: int = NUM_CLASS) -> dict[str, dict[str, f
     out = {}
     for rule in RULES:
         two = train(rule, 2, steps, num_class)
-        out[rule] = {"vs one device": float(np.abs(two - one[rule]).max()),
-                     "vs hand-written": float(np.abs(two - hand_two).max()),
-                     "one device vs hand-written": float(np.abs(one[rule] - hand_one).max())}
-    out["hand-written"] = {"vs one device": float(np.abs(hand_two - hand_one).max()),
-                           "vs hand-written": 0.0, "one device vs hand-written": 0.0}
-    out["size of the centers"] = {"vs one device": float(np.abs(hand_one).max()),
-                                  "vs hand-written": float(np.abs(hand_two).max()),
-                                  "one device vs hand-written": float("nan")}
+        out[rule] = {
+            "vs one device": float(np.abs(two - one[rule]).max()),
+            "vs hand-written": float(np.abs(two - hand_two).max()),
+            "one device vs hand-written": float(np.abs(one[rule] - hand_one).max()),
+        }
+    out["hand-written"] = {
+        "vs one device": float(np.abs(hand_two - hand_one).max()),
+        "vs hand-written": 0.0,
+        "one device vs hand-written": 0.0,
+    }
+    out["size of the centers"] = {
+        "vs one device": float(np.abs(hand_one).max()),
+        "vs hand-written": float(np.abs(hand_two).max()),
+        "one device vs hand-written": float("nan"),
+    }
     return out
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=3)
-    parser.add_argument("--classes", type=int, default=NUM_CLASS,
-                        help=f"number of classes (default {NUM_CLASS}: every class on both "
-                        f"devices; 64: most classes on one device per step; batch {BATCH})")
+    parser.add_argument(
+        "--classes",
+        type=int,
+        default=NUM_CLASS,
+        help=f"number of classes (default {NUM_CLASS}: every class on both "
+        f"devices; 64: most classes on one device per step; batch {BATCH})",
+    )
     parser.add_argument("--markdown", action="store_true")
     args = parser.parse_args()
     rows = measure(args.steps, args.classes)
-    print(f"date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC; "
-          f"mxnet {mx.__version__}; Module, 2 CPU contexts vs 1, {args.steps} SGD steps, "
-          f"batch {BATCH}, {args.classes} classes, feature dim {DIM}, alpha {ALPHA}; load "
-          f"{os.getloadavg()[0]:.1f}")
-    print(f"command: python benchmarks/aux_rules.py --steps {args.steps} --classes {args.classes}"
-          f"{' --markdown' if args.markdown else ''}\n")
-    head = ("rule", "largest difference vs one device on the whole batch",
-            "vs the hand-written original on 2 devices")
-    lines = [head] + [(f"'{r}'" if r in RULES else r, f"{v['vs one device']:.3g}",
-                       f"{v['vs hand-written']:.3g}") for r, v in rows.items()
-                      if r != "size of the centers"]
+    print(
+        f"date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC; "
+        f"mxnet {mx.__version__}; Module, 2 CPU contexts vs 1, {args.steps} SGD steps, "
+        f"batch {BATCH}, {args.classes} classes, feature dim {DIM}, alpha {ALPHA}; load "
+        f"{os.getloadavg()[0]:.1f}"
+    )
+    print(
+        f"command: python benchmarks/aux_rules.py --steps {args.steps} --classes {args.classes}"
+        f"{' --markdown' if args.markdown else ''}\n"
+    )
+    head = (
+        "rule",
+        "largest difference vs one device on the whole batch",
+        "vs the hand-written original on 2 devices",
+    )
+    lines = [head] + [
+        (f"'{r}'" if r in RULES else r, f"{v['vs one device']:.3g}", f"{v['vs hand-written']:.3g}")
+        for r, v in rows.items()
+        if r != "size of the centers"
+    ]
     if args.markdown:
         print("| " + " | ".join(head) + " |\n|---|---:|---:|")
         for line in lines[1:]:
@@ -181,9 +214,11 @@ def main() -> None:
         for line in lines:
             print("  ".join(cell.ljust(w) for cell, w in zip(line, widths)))
     size = rows["size of the centers"]
-    print(f"\nlargest center, one device: {size['vs one device']:.3g}; the same rule on one "
-          "device vs the hand-written op on one device: "
-          f"{max(rows[r]['one device vs hand-written'] for r in RULES):.3g}")
+    print(
+        f"\nlargest center, one device: {size['vs one device']:.3g}; the same rule on one "
+        "device vs the hand-written op on one device: "
+        f"{max(rows[r]['one device vs hand-written'] for r in RULES):.3g}"
+    )
 
 
 if __name__ == "__main__":

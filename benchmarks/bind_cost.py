@@ -24,6 +24,7 @@ base); medians.
 
 ``python benchmarks/bind_cost.py [--binds 20] [--rounds 3] [--markdown]``
 """
+
 from __future__ import annotations
 
 import argparse
@@ -49,8 +50,7 @@ assert runtime.is_installed("binds") or "binds" in os.environ.get("CUSTOMOP_RUNT
 SETUPS = [
     ("without customop", "", {}),
     ("an op of ours called (binds patch)", USE_OP, {}),
-    ("an op of ours called, CUSTOMOP_RUNTIME_OFF=binds", USE_OP,
-     {"CUSTOMOP_RUNTIME_OFF": "binds"}),
+    ("an op of ours called, CUSTOMOP_RUNTIME_OFF=binds", USE_OP, {"CUSTOMOP_RUNTIME_OFF": "binds"}),
 ]
 MEASURE = """
 import json, os, sys, time
@@ -120,15 +120,25 @@ print(json.dumps([first * 1e3, same[len(same) // 2] * 1e3, new[len(new) // 2] * 
 
 
 def rebind_table(args) -> None:
-    found = fresh_rounds(REBIND_SETUPS, args.rounds,
-                         lambda setup: REBIND.format(setup=setup, binds=args.binds))
-    medians = {name: [statistics.median(col) for col in zip(*runs)]
-               for name, runs in found.items()}
+    found = fresh_rounds(
+        REBIND_SETUPS, args.rounds, lambda setup: REBIND.format(setup=setup, binds=args.binds)
+    )
+    medians = {name: [statistics.median(col) for col in zip(*runs)] for name, runs in found.items()}
     base = medians[REBIND_SETUPS[-1][0]]
-    rows = [[name, *(f"{v:.1f} ({v / b:.2f}x)" for v, b in zip(ms, base))]
-            for name, ms in medians.items()]
-    print_table(["RetinaNet-style head, simple_bind for training", "first bind ms",
-                 "again, same shapes ms", "again, new box count ms"], rows, args.markdown)
+    rows = [
+        [name, *(f"{v:.1f} ({v / b:.2f}x)" for v, b in zip(ms, base))]
+        for name, ms in medians.items()
+    ]
+    print_table(
+        [
+            "RetinaNet-style head, simple_bind for training",
+            "first bind ms",
+            "again, same shapes ms",
+            "again, new box count ms",
+        ],
+        rows,
+        args.markdown,
+    )
 
 
 def main(argv=None) -> None:
@@ -142,21 +152,30 @@ def main(argv=None) -> None:
         rebind_table(args)
     if args.only == "rebinds":
         return
-    found = fresh_rounds(SETUPS, args.rounds,
-                         lambda setup: MEASURE.format(setup=setup, binds=args.binds))
+    found = fresh_rounds(
+        SETUPS, args.rounds, lambda setup: MEASURE.format(setup=setup, binds=args.binds)
+    )
     ms = {name: [bind_ms for bind_ms, _ in runs] for name, runs in found.items()}
-    checks = {name: [check_ms for _, check_ms in runs if check_ms is not None]
-              for name, runs in found.items()}
+    checks = {
+        name: [check_ms for _, check_ms in runs if check_ms is not None]
+        for name, runs in found.items()
+    }
     base = statistics.median(ms[SETUPS[0][0]])
     rows = []
     for name, v in ms.items():
         bind_ms = statistics.median(v)
-        check = (f"{statistics.median(checks[name]):.2f} "
-                 f"({statistics.median(checks[name]) / bind_ms:.1%} of a bind)"
-                 if checks[name] else "-")
+        check = (
+            f"{statistics.median(checks[name]):.2f} "
+            f"({statistics.median(checks[name]) / bind_ms:.1%} of a bind)"
+            if checks[name]
+            else "-"
+        )
         rows.append([name, f"{bind_ms:.1f}", f"{bind_ms / base:.3f}", check])
-    print_table(["process", "ResNet-50 simple_bind ms (median)", "x",
-                 "the patch's look for our nodes, ms"], rows, args.markdown)
+    print_table(
+        ["process", "ResNet-50 simple_bind ms (median)", "x", "the patch's look for our nodes, ms"],
+        rows,
+        args.markdown,
+    )
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ load average is printed before and after.
 its peak and final resident memory, with glibc's heap in use, live mmapped allocations,
 free heap and the process's threads at the end (where an extra over native is).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -54,12 +55,13 @@ from customop.dispatch import forced_path  # noqa: E402
 
 def native_focal(F, pred, label, alpha=0.25, gamma=2.0):
     """``ops.focal_loss(pred, label)`` (normalization='positive', ignore_label=-1) in F ops."""
-    target = F.one_hot(label - 1, R.NUM_CLASS)          # background 0 and ignored -1: all zero
+    target = F.one_hot(label - 1, R.NUM_CLASS)  # background 0 and ignored -1: all zero
     p = F.sigmoid(pred)
-    log_p = -F.Activation(-pred, act_type="softrelu")        # log p = -softplus(-x)
-    log_1p = -F.Activation(pred, act_type="softrelu")        # log (1 - p) = -softplus(x)
-    loss = (-alpha * target * (1 - p) ** gamma * log_p
-            - (1 - alpha) * (1 - target) * p ** gamma * log_1p)
+    log_p = -F.Activation(-pred, act_type="softrelu")  # log p = -softplus(-x)
+    log_1p = -F.Activation(pred, act_type="softrelu")  # log (1 - p) = -softplus(x)
+    loss = (
+        -alpha * target * (1 - p) ** gamma * log_p - (1 - alpha) * (1 - target) * p**gamma * log_1p
+    )
     valid = F.expand_dims(label != -1, axis=-1)
     return F.broadcast_div(F.broadcast_mul(loss, valid), F.maximum(F.sum(label > 0), 1))
 
@@ -99,10 +101,12 @@ def make_heads(channels, size, seed=0):
     """``{'ours': head, 'native': head, ...}`` with equal parameters: hybridized, and (keys
     ending ``imperative``) not hybridized, trained imperatively under ``record()``."""
     anchors = R.make_anchors(size, size)
-    heads = {"ours": R.RetinaHead(anchors, channels=channels, prefix="head_"),
-             "native": NativeRetinaHead(anchors, channels=channels, prefix="head_"),
-             "ours imperative": R.RetinaHead(anchors, channels=channels, prefix="head_"),
-             "native imperative": NativeRetinaHead(anchors, channels=channels, prefix="head_")}
+    heads = {
+        "ours": R.RetinaHead(anchors, channels=channels, prefix="head_"),
+        "native": NativeRetinaHead(anchors, channels=channels, prefix="head_"),
+        "ours imperative": R.RetinaHead(anchors, channels=channels, prefix="head_"),
+        "native imperative": NativeRetinaHead(anchors, channels=channels, prefix="head_"),
+    }
     mx.random.seed(seed)
     heads["ours"].initialize(mx.init.Xavier())
     for key in list(heads)[1:]:
@@ -118,8 +122,9 @@ def loss_and_grads(head, data):
     with mx.autograd.record():
         loss = head(*data)
     loss.backward()
-    return loss.asnumpy(), {n: p.grad().asnumpy() for n, p in head.collect_params().items()
-                            if p.grad_req != "null"}
+    return loss.asnumpy(), {
+        n: p.grad().asnumpy() for n, p in head.collect_params().items() if p.grad_req != "null"
+    }
 
 
 def check_agreement(heads, data):
@@ -133,8 +138,9 @@ def check_agreement(heads, data):
         for name in want:
             scale = np.abs(want[name]).max()
             assert scale > 0, f"{name}: zero gradient, nothing compared"
-            np.testing.assert_allclose(got[name], want[name], rtol=1e-4, atol=1e-5 * scale,
-                                       err_msg=f"{key}: {name}")
+            np.testing.assert_allclose(
+                got[name], want[name], rtol=1e-4, atol=1e-5 * scale, err_msg=f"{key}: {name}"
+            )
     return float(want_loss[0])
 
 
@@ -148,8 +154,10 @@ def _step(head, trainer, data):
 
 
 def time_steps(heads, data, turns, calls):
-    trainers = {k: mx.gluon.Trainer(h.collect_params(), "sgd", {"learning_rate": 1e-4})
-                for k, h in heads.items()}
+    trainers = {
+        k: mx.gluon.Trainer(h.collect_params(), "sgd", {"learning_rate": 1e-4})
+        for k, h in heads.items()
+    }
     variants = [(k, None) for k in heads] + [("ours imperative, function path", "function")]
     times = {name: [] for name, _ in variants}
     for turn in range(turns):
@@ -157,7 +165,7 @@ def time_steps(heads, data, turns, calls):
         for name, path in variants[shift:] + variants[:shift]:
             k = name.split(",")[0]
             with forced_path(path):
-                _step(heads[k], trainers[k], data)      # untimed lead-in
+                _step(heads[k], trainers[k], data)  # untimed lead-in
                 for _ in range(calls):
                     start = time.perf_counter()
                     _step(heads[k], trainers[k], data)
@@ -181,8 +189,16 @@ def peak_child(variant, steps):
     for _ in range(steps):
         _step(head, trainer, data)
     mx.nd.waitall()
-    print(json.dumps({"peak": _rss_mib("VmHWM"), "end": _rss_mib("VmRSS"), **_heap(),
-                      "threads": len(os.listdir("/proc/self/task"))}))
+    print(
+        json.dumps(
+            {
+                "peak": _rss_mib("VmHWM"),
+                "end": _rss_mib("VmRSS"),
+                **_heap(),
+                "threads": len(os.listdir("/proc/self/task")),
+            }
+        )
+    )
 
 
 def _heap():
@@ -190,9 +206,21 @@ def _heap():
     import ctypes
 
     class MallInfo2(ctypes.Structure):
-        _fields_ = [(n, ctypes.c_size_t) for n in (
-            "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks",
-            "fordblks", "keepcost")]
+        _fields_ = [
+            (n, ctypes.c_size_t)
+            for n in (
+                "arena",
+                "ordblks",
+                "smblks",
+                "hblks",
+                "hblkhd",
+                "usmblks",
+                "fsmblks",
+                "uordblks",
+                "fordblks",
+                "keepcost",
+            )
+        ]
 
     try:
         libc = ctypes.CDLL("libc.so.6")
@@ -200,27 +228,55 @@ def _heap():
         info = libc.mallinfo2()
     except (OSError, AttributeError):  # not glibc 2.33+
         return {}
-    return {"in_use": info.uordblks / 2 ** 20, "mmapped": info.hblkhd / 2 ** 20,
-            "free": info.fordblks / 2 ** 20}
+    return {
+        "in_use": info.uordblks / 2**20,
+        "mmapped": info.hblkhd / 2**20,
+        "free": info.fordblks / 2**20,
+    }
 
 
 def peak_table(steps, markdown):
     """Each head trained ``steps`` steps in a fresh process: peak and final RSS."""
     rows, found = [], {}
     for variant in ("native", "ours", "native imperative", "ours imperative"):
-        proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--peak-child",
-                               variant, str(steps)], capture_output=True, text=True,
-                              check=True)
+        proc = subprocess.run(
+            [sys.executable, os.path.abspath(__file__), "--peak-child", variant, str(steps)],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         found[variant] = r = json.loads(proc.stdout.strip().splitlines()[-1])
         native = found["native imperative" if "imperative" in variant else "native"]
         heap = [f"{r[k]:.1f}" if k in r else "-" for k in ("in_use", "mmapped", "free")]
-        rows.append([variant, f"{r['peak']:.0f}", f"{r['end']:.0f}",
-                     f"{r['peak'] / native['peak']:.2f}x", *heap, str(r["threads"])])
-    print(f"peak resident memory, {steps} steps at 8x64x16x16, each head in a fresh process; "
-          f"at the end, glibc's heap in use, live mmapped allocations and free heap (MiB)")
-    print_table(["variant", "peak RSS (MiB)", "end RSS (MiB)", "peak vs native", "heap in use",
-                 "mmapped", "free heap", "threads"], rows,
-                markdown, align="---|---:|---:|---:|---:|---:|---:|---:")
+        rows.append(
+            [
+                variant,
+                f"{r['peak']:.0f}",
+                f"{r['end']:.0f}",
+                f"{r['peak'] / native['peak']:.2f}x",
+                *heap,
+                str(r["threads"]),
+            ]
+        )
+    print(
+        f"peak resident memory, {steps} steps at 8x64x16x16, each head in a fresh process; "
+        f"at the end, glibc's heap in use, live mmapped allocations and free heap (MiB)"
+    )
+    print_table(
+        [
+            "variant",
+            "peak RSS (MiB)",
+            "end RSS (MiB)",
+            "peak vs native",
+            "heap in use",
+            "mmapped",
+            "free heap",
+            "threads",
+        ],
+        rows,
+        markdown,
+        align="---|---:|---:|---:|---:|---:|---:|---:",
+    )
 
 
 def main(argv=None):
@@ -229,8 +285,13 @@ def main(argv=None):
     parser.add_argument("--quick", action="store_true", help="small sizes, few steps")
     parser.add_argument("--turns", type=int, default=30)
     parser.add_argument("--calls", type=int, default=4)
-    parser.add_argument("--peak", type=int, metavar="STEPS", default=0,
-                        help="instead: each head's peak RSS over STEPS steps, fresh processes")
+    parser.add_argument(
+        "--peak",
+        type=int,
+        metavar="STEPS",
+        default=0,
+        help="instead: each head's peak RSS over STEPS steps, fresh processes",
+    )
     parser.add_argument("--peak-child", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.peak_child:
@@ -249,24 +310,41 @@ def main(argv=None):
         data = make_batch(batch, channels, size, num_gt)
         heads = make_heads(channels, size)
         loss = check_agreement(heads, data)
-        print(f"{batch}x{channels}x{size}x{size}: loss and every gradient agree "
-              f"(loss {loss:.6g})", file=sys.stderr)
+        print(
+            f"{batch}x{channels}x{size}x{size}: loss and every gradient agree (loss {loss:.6g})",
+            file=sys.stderr,
+        )
         times = time_steps(heads, data, turns, args.calls)
         for k in times:
-            native = statistics.median(times["native imperative" if "imperative" in k
-                                             else "native"])
+            native = statistics.median(
+                times["native imperative" if "imperative" in k else "native"]
+            )
             q = statistics.quantiles(times[k], n=4)
             med = statistics.median(times[k])
-            rows.append([f"RetinaNet-style head, {batch}x{channels}x{size}x{size}, "
-                         f"{size * size * len(R.SIZES)} anchors", k, f"{med:.3f}",
-                         f"{(q[2] - q[0]) / med:.0%}", len(times[k]), f"{med / native:.2f}x"])
+            rows.append(
+                [
+                    f"RetinaNet-style head, {batch}x{channels}x{size}x{size}, "
+                    f"{size * size * len(R.SIZES)} anchors",
+                    k,
+                    f"{med:.3f}",
+                    f"{(q[2] - q[0]) / med:.0%}",
+                    len(times[k]),
+                    f"{med / native:.2f}x",
+                ]
+            )
     load_after = os.getloadavg()
-    print(f"date: {datetime.datetime.utcnow():%Y-%m-%d %H:%M} UTC; {platform.machine()}, "
-          f"{os.cpu_count()} cores; python {platform.python_version()}, mxnet {mx.__version__}, "
-          f"numpy {np.__version__}; load average (1 min) before {load_before[0]:.2f}, after "
-          f"{load_after[0]:.2f}")
-    print_table(["model", "variant", "median ms/step", "IQR", "steps", "vs native"], rows,
-                args.markdown, align="---|---|---:|---:|---:|---:")
+    print(
+        f"date: {datetime.datetime.utcnow():%Y-%m-%d %H:%M} UTC; {platform.machine()}, "
+        f"{os.cpu_count()} cores; python {platform.python_version()}, mxnet {mx.__version__}, "
+        f"numpy {np.__version__}; load average (1 min) before {load_before[0]:.2f}, after "
+        f"{load_after[0]:.2f}"
+    )
+    print_table(
+        ["model", "variant", "median ms/step", "IQR", "steps", "vs native"],
+        rows,
+        args.markdown,
+        align="---|---|---:|---:|---:|---:",
+    )
 
 
 if __name__ == "__main__":

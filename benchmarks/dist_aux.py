@@ -6,6 +6,7 @@ Runs the in-process rows itself, then starts itself as 2 ``dist_sync`` workers +
 not installed: ``nox -s horovod`` builds it) for the rest, and prints one table.
 ``python benchmarks/dist_aux.py [--batch 256 --dim 512 --classes 10]``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -41,8 +42,9 @@ def median_ms(fn, reps):
 def center_step(ctxs, args, kv=None):
     """One forward+backward of ops.center_loss ('numpy' twin) per device, and an AuxSync."""
     rng = np.random.RandomState(0)
-    centers = mx.gluon.Parameter("centers", shape=(args.classes, args.dim), init=mx.init.Zero(),
-                                 grad_req="null")
+    centers = mx.gluon.Parameter(
+        "centers", shape=(args.classes, args.dim), init=mx.init.Zero(), grad_req="null"
+    )
     centers.initialize(ctx=ctxs)
     per = args.batch // len(ctxs)
     xs = [mx.nd.array(rng.normal(size=(per, args.dim)), ctx=c) for c in ctxs]
@@ -62,8 +64,10 @@ def center_step(ctxs, args, kv=None):
 def in_process(args):
     op1, _ = center_step([mx.cpu(0)], args)
     op2, sync2 = center_step([mx.cpu(0), mx.cpu(1)], args)
-    return {"op, 1 device": median_ms(op1, args.reps),
-            "AuxSync, 2 devices (no kvstore)": median_ms(sync2, args.reps)}
+    return {
+        "op, 1 device": median_ms(op1, args.reps),
+        "AuxSync, 2 devices (no kvstore)": median_ms(sync2, args.reps),
+    }
 
 
 def worker(args):
@@ -76,10 +80,11 @@ def worker(args):
         kv.push(key, value)
         kv.pull(key, out=value)
 
-    rows = {"kvstore push+pull of the centers, 2 dist_sync workers": median_ms(roundtrip,
-                                                                             args.reps),
-            "AuxSync, 2 dist_sync workers": median_ms(sync, args.reps),
-            "op, 1 device, in a dist_sync worker": median_ms(op, args.reps)}
+    rows = {
+        "kvstore push+pull of the centers, 2 dist_sync workers": median_ms(roundtrip, args.reps),
+        "AuxSync, 2 dist_sync workers": median_ms(sync, args.reps),
+        "op, 1 device, in a dist_sync worker": median_ms(op, args.reps),
+    }
     if kv.rank == 0:
         print("ROWS " + json.dumps(rows), flush=True)
 
@@ -105,20 +110,23 @@ def horovod_rank(args):
         loss.backward()
         trainer.step(1)
 
-    rows = {"hvd.allreduce_ of the centers, 2 Horovod ranks": median_ms(allreduce, args.reps),
-            "AuxSync, 2 Horovod ranks (what DistributedTrainer.step adds)":
-                median_ms(sync, args.reps),
-            f"DistributedTrainer.step of a Dense({args.dim}) layer, 2 Horovod ranks":
-                median_ms(grads, args.reps),
-            "op, 1 device, in a Horovod rank": median_ms(op, args.reps)}
+    rows = {
+        "hvd.allreduce_ of the centers, 2 Horovod ranks": median_ms(allreduce, args.reps),
+        "AuxSync, 2 Horovod ranks (what DistributedTrainer.step adds)": median_ms(sync, args.reps),
+        f"DistributedTrainer.step of a Dense({args.dim}) layer, 2 Horovod ranks": median_ms(
+            grads, args.reps
+        ),
+        "op, 1 device, in a Horovod rank": median_ms(op, args.reps),
+    }
     if hvd.rank() == 0:
         print("ROWS " + json.dumps(rows), flush=True)
 
 
 def _horovod_installed() -> bool:
     spec = importlib.util.find_spec("horovod")
-    return spec is not None and any(Path(p, "mxnet").glob("mpi_lib*.so")
-                                    for p in spec.submodule_search_locations or ())
+    return spec is not None and any(
+        Path(p, "mxnet").glob("mpi_lib*.so") for p in spec.submodule_search_locations or ()
+    )
 
 
 def main():
@@ -135,20 +143,57 @@ def main():
     if args.horovod_rank:
         return horovod_rank(args)
     rows = in_process(args)
-    cmd = [sys.executable, "-m", "customop.distributed.launch", "-n", "2", "-s", "1",
-           "--timeout", "300", sys.executable, __file__, "--worker", *sys.argv[1:]]
-    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=360,
-                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    cmd = [
+        sys.executable,
+        "-m",
+        "customop.distributed.launch",
+        "-n",
+        "2",
+        "-s",
+        "1",
+        "--timeout",
+        "300",
+        sys.executable,
+        __file__,
+        "--worker",
+        *sys.argv[1:],
+    ]
+    out = subprocess.run(
+        cmd,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=360,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     if out.returncode != 0:
         sys.exit(f"dist_sync part failed:\n{out.stderr[-3000:]}")
     rows.update(json.loads(out.stdout.split("ROWS ", 1)[1].splitlines()[0]))
     note = ""
     if _horovod_installed():
-        cmd = [sys.executable, str(ROOT / "tests" / "horovodrun.py"), "--gloo", "-np", "2",
-               "-H", "localhost:2", "--network-interface", "lo", sys.executable, __file__,
-               "--horovod-rank", *sys.argv[1:]]
-        out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=360,
-                             env={**os.environ, "PYTHONPATH": str(ROOT)})
+        cmd = [
+            sys.executable,
+            str(ROOT / "tests" / "horovodrun.py"),
+            "--gloo",
+            "-np",
+            "2",
+            "-H",
+            "localhost:2",
+            "--network-interface",
+            "lo",
+            sys.executable,
+            __file__,
+            "--horovod-rank",
+            *sys.argv[1:],
+        ]
+        out = subprocess.run(
+            cmd,
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=360,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )
         if out.returncode != 0:
             sys.exit(f"Horovod part failed:\n{out.stderr[-3000:]}")
         line = next(t for t in out.stdout.splitlines() if "ROWS " in t)
@@ -156,8 +201,10 @@ def main():
     else:
         note = "(Horovod rows skipped: Horovod is not installed; `nox -s horovod` builds it)"
     base = rows["op, 1 device"]
-    print(f"center loss, batch {args.batch}, dim {args.dim}, {args.classes} classes "
-          f"(median of {args.reps}, ms; ratio to the op on 1 device)")
+    print(
+        f"center loss, batch {args.batch}, dim {args.dim}, {args.classes} classes "
+        f"(median of {args.reps}, ms; ratio to the op on 1 device)"
+    )
     width = max(len(k) for k in rows)
     print(f"{'':{width}}  {'ms':>8}  {'x op':>6}")
     for name, ms in rows.items():

@@ -9,6 +9,7 @@ MXNet alone does, which can deadlock when a Python callback is pending).
 
 ``python benchmarks/fork_cost.py [--forks 200] [--markdown]``
 """
+
 from __future__ import annotations
 
 import argparse
@@ -59,8 +60,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--markdown", action="store_true")
     args = parser.parse_args()
-    results = fresh_rounds(SETUPS, args.rounds, lambda setup: "import mxnet as mx\n" + setup
-                           + MEASURE.format(forks=args.forks))
+    results = fresh_rounds(
+        SETUPS,
+        args.rounds,
+        lambda setup: "import mxnet as mx\n" + setup + MEASURE.format(forks=args.forks),
+    )
     base = sorted(results[SETUPS[0][0]])[args.rounds // 2]
     rows = []
     for name, _, _ in SETUPS:

@@ -19,6 +19,7 @@ from a signature's second call) against the forward in Python (``forced_path('fu
 the path before), medians of interleaved rounds, for ``x * x`` at three sizes and five
 library ops.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -71,12 +72,16 @@ def _smooth_l1_predict(n, rng):
     ops.smooth_l1(mx.nd.array(rng.randn(n, 4)), mx.nd.array([3.0])).wait_to_read()
 
 
-WORKLOADS = [("x * x with def_grad", _square_step), ("ops.smooth_l1", _smooth_l1_step),
-             ("ops.smooth_l1, not recorded", _smooth_l1_predict)]
+WORKLOADS = [
+    ("x * x with def_grad", _square_step),
+    ("ops.smooth_l1", _smooth_l1_step),
+    ("ops.smooth_l1, not recorded", _smooth_l1_predict),
+]
 
 
 def _fixed_cases(rng):
     """(name, op, inputs) of the unrecorded table: one signature each."""
+
     def f32(*shape):
         return mx.nd.array(rng.uniform(0.1, 1.0, shape))
 
@@ -85,22 +90,33 @@ def _fixed_cases(rng):
 
     def boxes(*shape):  # corner boxes (x1, y1, x2, y2), positive sizes
         corner = rng.uniform(0, 20, shape + (2,))
-        return mx.nd.array(np.concatenate([corner, corner + rng.uniform(2, 8, shape + (2,))],
-                                          axis=-1))
+        return mx.nd.array(
+            np.concatenate([corner, corner + rng.uniform(2, 8, shape + (2,))], axis=-1)
+        )
 
-    return [("x * x, 10 elements", square, [f32(10)]),
-            ("x * x, 1e3 elements", square, [f32(1000)]),
-            ("x * x, 1e6 elements", square, [f32(10 ** 6)]),
-            ("ops.smooth_l1 (256, 4)", ops.smooth_l1, [f32(256, 4), mx.nd.array([3.0])]),
-            ("ops.wing_loss (256, 10)", ops.wing_loss, [f32(256, 10), f32(256, 10)]),
-            ("ops.focal_loss (256, 20)", ops.focal_loss, [f32(256, 20), labels(256, 20)]),
-            ("ops.softmax_ce (256, 20)", ops.softmax_ce, [f32(256, 20), labels(256, 20)]),
-            ("ops.box_iou (2, 256, 4) x (2, 7, 4)", ops.box_iou,
-             [f32(2, 256, 4), f32(2, 7, 4)]),
-            # a def_grad op with costly coefficients: its graph without them runs here
-            ("ops.box_encode (8, 768) anchors, 8 boxes", ops.box_encode,
-             [mx.nd.array(rng.randint(-1, 2, (8, 768))), labels((8, 768), 8),
-              boxes(8, 768), boxes(8, 8), mx.nd.zeros(4), mx.nd.array([0.1, 0.1, 0.2, 0.2])])]
+    return [
+        ("x * x, 10 elements", square, [f32(10)]),
+        ("x * x, 1e3 elements", square, [f32(1000)]),
+        ("x * x, 1e6 elements", square, [f32(10**6)]),
+        ("ops.smooth_l1 (256, 4)", ops.smooth_l1, [f32(256, 4), mx.nd.array([3.0])]),
+        ("ops.wing_loss (256, 10)", ops.wing_loss, [f32(256, 10), f32(256, 10)]),
+        ("ops.focal_loss (256, 20)", ops.focal_loss, [f32(256, 20), labels(256, 20)]),
+        ("ops.softmax_ce (256, 20)", ops.softmax_ce, [f32(256, 20), labels(256, 20)]),
+        ("ops.box_iou (2, 256, 4) x (2, 7, 4)", ops.box_iou, [f32(2, 256, 4), f32(2, 7, 4)]),
+        # a def_grad op with costly coefficients: its graph without them runs here
+        (
+            "ops.box_encode (8, 768) anchors, 8 boxes",
+            ops.box_encode,
+            [
+                mx.nd.array(rng.randint(-1, 2, (8, 768))),
+                labels((8, 768), 8),
+                boxes(8, 768),
+                boxes(8, 8),
+                mx.nd.zeros(4),
+                mx.nd.array([0.1, 0.1, 0.2, 0.2]),
+            ],
+        ),
+    ]
 
 
 def _per_call(op, inputs, path, calls) -> float:
@@ -124,11 +140,24 @@ def unrecorded_table(rounds, calls, markdown) -> None:
             took["native graph (default)"].append(_per_call(op, inputs, None, calls))
             took["Python forward"].append(_per_call(op, inputs, "function", calls))
         med = {k: statistics.median(v) for k, v in took.items()}
-        rows.append([name, f"{med['native graph (default)'] * 1e6:.1f}",
-                     f"{med['Python forward'] * 1e6:.1f}",
-                     f"{med['native graph (default)'] / med['Python forward']:.2f}x"])
-    print_table(["not recorded: one forward per call", "native graph us", "Python forward us",
-                 "graph / Python"], rows, markdown)
+        rows.append(
+            [
+                name,
+                f"{med['native graph (default)'] * 1e6:.1f}",
+                f"{med['Python forward'] * 1e6:.1f}",
+                f"{med['native graph (default)'] / med['Python forward']:.2f}x",
+            ]
+        )
+    print_table(
+        [
+            "not recorded: one forward per call",
+            "native graph us",
+            "Python forward us",
+            "graph / Python",
+        ],
+        rows,
+        markdown,
+    )
 
 
 def run(step, path, cycles, rng) -> float:
@@ -161,12 +190,16 @@ def main(argv=None) -> None:
         steps = cycles * len(LENGTHS)
         base = total["function path"]
         for variant, sec in total.items():
-            rows.append([name, variant, f"{sec / steps * 1e3:.3f}", steps,
-                         f"{sec / base:.2f}x"])
-    print(f"load average (1 min): {os.getloadavg()[0]:.2f}; {len(LENGTHS)} lengths, "
-          f"{cycles} cycles, traces included (the graph path's first cycle)")
-    print_table(["workload, 60 input lengths cycled", "variant", "ms/step", "steps",
-                 "vs function path"], rows, args.markdown)
+            rows.append([name, variant, f"{sec / steps * 1e3:.3f}", steps, f"{sec / base:.2f}x"])
+    print(
+        f"load average (1 min): {os.getloadavg()[0]:.2f}; {len(LENGTHS)} lengths, "
+        f"{cycles} cycles, traces included (the graph path's first cycle)"
+    )
+    print_table(
+        ["workload, 60 input lengths cycled", "variant", "ms/step", "steps", "vs function path"],
+        rows,
+        args.markdown,
+    )
     unrecorded_table(3 if args.quick else 7, 50 if args.quick else 300, args.markdown)
 
 

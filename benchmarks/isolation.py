@@ -18,6 +18,7 @@ process (no process-to-process variation).
 
 ``python benchmarks/isolation.py [--steps 200] [--markdown]``
 """
+
 from __future__ import annotations
 
 import argparse
@@ -167,27 +168,51 @@ def program(setup: str, steps: int) -> str:
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=200)
-    parser.add_argument("--rounds", type=int, default=3,
-                        help="alternate the three processes this many times; medians of rounds")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=3,
+        help="alternate the three processes this many times; medians of rounds",
+    )
     parser.add_argument("--markdown", action="store_true")
     args = parser.parse_args(argv)
-    runs = fresh_rounds([(name, setup, {}) for name, setup in SETUPS.items()], args.rounds,
-                        lambda setup: program(setup, args.steps))
+    runs = fresh_rounds(
+        [(name, setup, {}) for name, setup in SETUPS.items()],
+        args.rounds,
+        lambda setup: program(setup, args.steps),
+    )
     found = {name: [before for before, _ in rounds] for name, rounds in runs.items()}
     # the same models, measured again in the first process
     found["same process, then ops.CenterLoss used"] = [
-        after for _, after in runs["without customop"]]
-    med = {name: {k: sorted(r[k] for r in runs)[len(runs) // 2] for k in runs[0]}
-           for name, runs in found.items()}
+        after for _, after in runs["without customop"]
+    ]
+    med = {
+        name: {k: sorted(r[k] for r in runs)[len(runs) // 2] for k in runs[0]}
+        for name, runs in found.items()
+    }
     base = med["without customop"]
-    header = ["process", "Gluon MLP step ms", "x", "executor step ms", "x",
-              "block(x) returns ms", "exe.forward() returns ms"]
+    header = [
+        "process",
+        "Gluon MLP step ms",
+        "x",
+        "executor step ms",
+        "x",
+        "block(x) returns ms",
+        "exe.forward() returns ms",
+    ]
     rows = []
     for name, m in med.items():
-        rows.append([name, f"{m['gluon_step']:.2f}", f"{m['gluon_step'] / base['gluon_step']:.2f}",
-                     f"{m['executor_step']:.2f}",
-                     f"{m['executor_step'] / base['executor_step']:.2f}",
-                     f"{m['gluon_call']:.3f}", f"{m['executor_call']:.3f}"])
+        rows.append(
+            [
+                name,
+                f"{m['gluon_step']:.2f}",
+                f"{m['gluon_step'] / base['gluon_step']:.2f}",
+                f"{m['executor_step']:.2f}",
+                f"{m['executor_step'] / base['executor_step']:.2f}",
+                f"{m['gluon_call']:.3f}",
+                f"{m['executor_call']:.3f}",
+            ]
+        )
     print_table(header, rows, args.markdown)
 
 

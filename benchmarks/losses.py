@@ -25,6 +25,7 @@ inputs.  Like ``overhead.py``, the script re-executes itself once with glibc's m
 thresholds raised (``--system-malloc`` keeps the defaults) so big buffers do not pay page
 faults at random.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -45,8 +46,11 @@ from tables import print_table  # noqa: E402  (benchmarks/ is sys.path[0] when r
 import ops  # noqa: E402
 from customop.dispatch import forced_path  # noqa: E402
 
-ALLOCATOR = {"MALLOC_MMAP_THRESHOLD_": str(1 << 30), "MALLOC_TRIM_THRESHOLD_": str(1 << 30),
-             "MALLOC_TOP_PAD_": str(64 << 20)}
+ALLOCATOR = {
+    "MALLOC_MMAP_THRESHOLD_": str(1 << 30),
+    "MALLOC_TRIM_THRESHOLD_": str(1 << 30),
+    "MALLOC_TOP_PAD_": str(64 << 20),
+}
 VARIANTS = ("mxnet", "mxnet/custom", "numpy", "native")
 
 
@@ -78,7 +82,8 @@ def native_center(data, label, centers, num_class, alpha=0.5):
     d = diff.detach()
     onehot = mx.nd.one_hot(label, num_class)
     centers[:] = centers + alpha * mx.nd.dot(onehot, d, transpose_a=True) / (
-        1 + onehot.sum(axis=0)).reshape((-1, 1))
+        1 + onehot.sum(axis=0)
+    ).reshape((-1, 1))
     return loss
 
 
@@ -90,31 +95,60 @@ def cases(quick):
     pred = rng.normal(size=(n_img, anchors, classes)).astype(np.float32) * 2
     label = rng.integers(-1, classes + 1, size=(n_img, anchors)).astype(np.float32)
     label[rng.random(label.shape) < 0.9] = 0  # mostly background, as in detection
-    yield ("focal_loss", f"{n_img}x{anchors}x{classes}", [pred, label], {},
-           lambda op: op, lambda xs: native_focal(*xs))
+    yield (
+        "focal_loss",
+        f"{n_img}x{anchors}x{classes}",
+        [pred, label],
+        {},
+        lambda op: op,
+        lambda xs: native_focal(*xs),
+    )
 
     boxes = rng.normal(size=(n_img, anchors * 4 // 4, 4)).astype(np.float32)
     sigma = np.array([3.0], np.float32)
-    yield ("smooth_l1", f"{n_img}x{anchors}x4, sigma (1,)", [boxes, sigma], {},
-           lambda op: op, lambda xs: mx.nd.smooth_l1(xs[0], scalar=3.0))
+    yield (
+        "smooth_l1",
+        f"{n_img}x{anchors}x4, sigma (1,)",
+        [boxes, sigma],
+        {},
+        lambda op: op,
+        lambda xs: mx.nd.smooth_l1(xs[0], scalar=3.0),
+    )
 
     lm = rng.normal(size=(1024 // scale, 196), scale=8).astype(np.float32)
-    yield ("wing_loss", f"{lm.shape[0]}x196", [lm, np.zeros_like(lm)], {},
-           lambda op: op, lambda xs: native_wing(*xs))
+    yield (
+        "wing_loss",
+        f"{lm.shape[0]}x196",
+        [lm, np.zeros_like(lm)],
+        {},
+        lambda op: op,
+        lambda xs: native_wing(*xs),
+    )
 
     feats = rng.normal(size=(256, 512)).astype(np.float32)
     ys = rng.integers(0, 1000, size=256).astype(np.float32)
-    yield ("center_loss", "256x512, 1000 classes", [feats, ys], {"num_class": 1000},
-           "center", None)
+    yield ("center_loss", "256x512, 1000 classes", [feats, ys], {"num_class": 1000}, "center", None)
 
     logits = rng.normal(size=(1024 // scale, 1000)).astype(np.float32)
     cls = rng.integers(0, 1000, size=logits.shape[0]).astype(np.float32)
-    yield ("softmax_ce", f"{logits.shape[0]}x1000", [logits, cls], {},
-           lambda op: op, lambda xs: mx.nd.SoftmaxOutput(xs[0], xs[1]))
+    yield (
+        "softmax_ce",
+        f"{logits.shape[0]}x1000",
+        [logits, cls],
+        {},
+        lambda op: op,
+        lambda xs: mx.nd.SoftmaxOutput(xs[0], xs[1]),
+    )
 
     img = rng.normal(size=(64 // scale, 256, 32)).astype(np.float32)
-    yield ("tile", f"{img.shape[0]}x256x32, reps (1, 2, 4)", [img], {"reps": (1, 2, 4)},
-           lambda op: op, lambda xs: mx.nd.tile(xs[0], reps=(1, 2, 4)))
+    yield (
+        "tile",
+        f"{img.shape[0]}x256x32, reps (1, 2, 4)",
+        [img],
+        {"reps": (1, 2, 4)},
+        lambda op: op,
+        lambda xs: mx.nd.tile(xs[0], reps=(1, 2, 4)),
+    )
 
 
 def make_calls(name, inputs, params, native):
@@ -122,21 +156,24 @@ def make_calls(name, inputs, params, native):
     op = getattr(ops, name)
     xs = [mx.nd.array(a) for a in inputs]
     xs[0].attach_grad()
-    centers = {v: mx.nd.zeros((params.get("num_class", 1), inputs[0].shape[-1]))
-               for v in VARIANTS}
+    centers = {v: mx.nd.zeros((params.get("num_class", 1), inputs[0].shape[-1])) for v in VARIANTS}
 
     def call(variant):
         args = xs + [centers[variant]] if name == "center_loss" else xs
         with forced_path("custom" if variant == "mxnet/custom" else None):
             with mx.autograd.record():
                 if variant == "native":
-                    out = (native_center(*xs, centers["native"], params["num_class"])
-                           if name == "center_loss" else native(xs))
+                    out = (
+                        native_center(*xs, centers["native"], params["num_class"])
+                        if name == "center_loss"
+                        else native(xs)
+                    )
                 else:
                     out = (op.numpy if variant == "numpy" else op)(*args, **params)
             out.backward()
         xs[0].grad.wait_to_read()
         return out, xs[0].grad
+
     return {v: (lambda v=v: call(v)) for v in VARIANTS}
 
 
@@ -146,8 +183,9 @@ def check(name, calls):
         out, grad = (a.asnumpy() for a in calls[v]())
         for what, got, want in (("output", out, want_out), ("gradient", grad, want_grad)):
             if not np.allclose(got, want, rtol=1e-4, atol=1e-6 * max(1, np.abs(want).max())):
-                raise SystemExit(f"{name}/{v}: {what} differs from native by "
-                                 f"{np.abs(got - want).max():.3g}")
+                raise SystemExit(
+                    f"{name}/{v}: {what} differs from native by {np.abs(got - want).max():.3g}"
+                )
 
 
 def time_all(calls, turns, per_turn):
@@ -155,7 +193,7 @@ def time_all(calls, turns, per_turn):
     for v in VARIANTS:  # warm-up: shape inference, allocator
         calls[v]()
     for turn in range(turns):
-        order = VARIANTS[turn % len(VARIANTS):] + VARIANTS[:turn % len(VARIANTS)]
+        order = VARIANTS[turn % len(VARIANTS) :] + VARIANTS[: turn % len(VARIANTS)]
         for v in order:
             calls[v]()  # lead-in, untimed
             for _ in range(per_turn):
@@ -169,8 +207,11 @@ def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     if "--system-malloc" not in argv and not all(k in os.environ for k in ALLOCATOR):
         sys.stdout.flush()
-        os.execve(sys.executable, [sys.executable, os.path.abspath(__file__), *argv],
-                  {**os.environ, **ALLOCATOR})
+        os.execve(
+            sys.executable,
+            [sys.executable, os.path.abspath(__file__), *argv],
+            {**os.environ, **ALLOCATOR},
+        )
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="smaller sizes, fewer repeats")
     ap.add_argument("--markdown", action="store_true")
@@ -187,14 +228,26 @@ def main(argv=None):
         calls = make_calls(name, inputs, params, native)
         check(name, calls)
         ms = time_all(calls, turns, per_turn=2)
-        rows.append([name, size, *(f"{ms[v]:.2f}" for v in VARIANTS),
-                     *(f"{ms[v] / ms['native']:.2f}x" for v in VARIANTS[:-1])])
-    header = ["loss", "size", *(f"{v} ms" for v in VARIANTS),
-              *(f"{v} / native" for v in VARIANTS[:-1])]
-    print(f"# benchmarks/losses.py, {datetime.datetime.utcnow():%Y-%m-%d %H:%M} UTC, "
-          f"python {platform.python_version()}, mxnet {mx.__version__}, numpy {np.__version__}, "
-          f"{os.cpu_count()} CPUs, {turns} turns x 2 timed calls per variant, forward+backward "
-          "medians")
+        rows.append(
+            [
+                name,
+                size,
+                *(f"{ms[v]:.2f}" for v in VARIANTS),
+                *(f"{ms[v] / ms['native']:.2f}x" for v in VARIANTS[:-1]),
+            ]
+        )
+    header = [
+        "loss",
+        "size",
+        *(f"{v} ms" for v in VARIANTS),
+        *(f"{v} / native" for v in VARIANTS[:-1]),
+    ]
+    print(
+        f"# benchmarks/losses.py, {datetime.datetime.utcnow():%Y-%m-%d %H:%M} UTC, "
+        f"python {platform.python_version()}, mxnet {mx.__version__}, numpy {np.__version__}, "
+        f"{os.cpu_count()} CPUs, {turns} turns x 2 timed calls per variant, forward+backward "
+        "medians"
+    )
     print_table(header, rows, args.markdown)
 
 

@@ -18,6 +18,7 @@ MXNet's own operators, a hand-written ``CustomOp`` + ``CustomOpProp``, and
 ``mx.autograd.Function`` (capped at 300 calls: it grows about 2 MiB a call in MXNet 1.9.1);
 then ``ops.focal_loss`` on ``(8, 100, 5)`` logits, and a ``'numpy'``-mode ``def_grad`` op.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -84,6 +85,7 @@ def _step_function(kind: str, lengths: int):
     if base == "native":
         f = lambda x: x * x  # noqa: E731
     elif base == "handwritten":
+
         class Square(mx.operator.CustomOp):
             def forward(self, is_train, req, in_data, out_data, aux):
                 self.assign(out_data[0], req[0], in_data[0] * in_data[0])
@@ -104,13 +106,14 @@ def _step_function(kind: str, lengths: int):
 
         f = lambda x: mx.nd.Custom(x, op_type="memory_bench_square")  # noqa: E731
     elif base == "ag_function":
+
         class Square(mx.autograd.Function):
             def forward(self, x):
                 self.save_for_backward(x)
                 return x * x
 
             def backward(self, g):
-                x, = self.saved_tensors
+                (x,) = self.saved_tensors
                 return 2 * x * g
 
         f = lambda x: Square()(x)  # noqa: E731
@@ -118,13 +121,16 @@ def _step_function(kind: str, lengths: int):
         from customop import customop
 
         if base == "numpy":
+
             @customop("numpy", name="memory_bench.square")
             def square(x):
                 return x * x
         else:
+
             @customop("mxnet", name="memory_bench.square", inline=base == "ours")
             def square(x):
                 return x * x
+
         square.def_grad(lambda ans, x: lambda g: 2 * x * g)
         f = square
     elif base == "focal_graph":  # the reference: the same operators, MXNet alone
@@ -136,7 +142,7 @@ def _step_function(kind: str, lengths: int):
         for _ in range(2):  # its second call builds the graph the default path runs
             with mx.autograd.record():
                 ops.focal_loss(xs[0], extra[0])
-        runner, = [g.full for g in imperative._graphs.values()]
+        (runner,) = [g.full for g in imperative._graphs.values()]
         symbol = runner.symbol
         cached = mx.nd.CachedOp(symbol)
         f = lambda *args: cached(*[args[i] for i in runner.order])  # noqa: E731
@@ -148,8 +154,7 @@ def _step_function(kind: str, lengths: int):
             t = mx.nd.tanh(x)
             return residuals(t * w, t=t)
 
-        scaled.def_grad(lambda ans, x, w, t: lambda g: (g * w * (1 - t * t), g * t),
-                        argnum=(0, 1))
+        scaled.def_grad(lambda ans, x, w, t: lambda g: (g * w * (1 - t * t), g * t), argnum=(0, 1))
         extra = [mx.nd.random.uniform(shape=(1000,))]
         extra[0].attach_grad()
         f = scaled
@@ -161,6 +166,7 @@ def _step_function(kind: str, lengths: int):
         @customop("mxnet", name="memory_bench.square")
         def square(x):
             return x * x
+
         square.def_grad(lambda ans, x: lambda g: 2 * x * g)
         xs = [mx.np.random.uniform(size=(1000,))]
         f = square
@@ -246,18 +252,33 @@ def run_case(kind: str, lengths: int, warmup: int, calls: int) -> dict:
         mx.nd.waitall()
         gc.collect()
     end = _rss_kib()
-    return {"growth_kib": (end - start) / calls, "end_mib": end / 1024,
-            "peak_mib": _rss_kib("VmHWM") / 1024,
-            "threads": len(os.listdir("/proc/self/task")), "calls": calls}
+    return {
+        "growth_kib": (end - start) / calls,
+        "end_mib": end / 1024,
+        "peak_mib": _rss_kib("VmHWM") / 1024,
+        "threads": len(os.listdir("/proc/self/task")),
+        "calls": calls,
+    }
 
 
 def measure(name: str, warmup: int, calls: int, timeout: float = 600) -> dict:
     """``name`` (a key of :data:`CASES`) run in a fresh interpreter: its readings."""
     kind, lengths = CASES[name]
     proc = subprocess.run(
-        [sys.executable, os.path.abspath(__file__), "--child", kind, str(lengths),
-         str(warmup), str(calls)],
-        cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+        [
+            sys.executable,
+            os.path.abspath(__file__),
+            "--child",
+            kind,
+            str(lengths),
+            str(warmup),
+            str(calls),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     if proc.returncode != 0:
         raise RuntimeError(f"case {name!r} failed:\n{proc.stderr[-3000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -283,18 +304,32 @@ def main() -> None:
     import mxnet as mx
     from tables import print_table
 
-    print(f"# {datetime.date.today()}, Python {platform.python_version()}, MXNet "
-          f"{mx.__version__}, {os.cpu_count()} CPUs; {args.warmup} warm-up calls, then "
-          f"{args.calls}; each case in a fresh process")
+    print(
+        f"# {datetime.date.today()}, Python {platform.python_version()}, MXNet "
+        f"{mx.__version__}, {os.cpu_count()} CPUs; {args.warmup} warm-up calls, then "
+        f"{args.calls}; each case in a fresh process"
+    )
     rows = []
     for name in names:
         r = measure(name, args.warmup, args.calls)
-        rows.append([name, f"{r['growth_kib']:.1f}", f"{r['end_mib']:.0f}",
-                     f"{r['peak_mib']:.0f}", str(r["threads"]), str(r["calls"])])
+        rows.append(
+            [
+                name,
+                f"{r['growth_kib']:.1f}",
+                f"{r['end_mib']:.0f}",
+                f"{r['peak_mib']:.0f}",
+                str(r["threads"]),
+                str(r["calls"]),
+            ]
+        )
         if not args.markdown:
             print("  ".join(rows[-1]), file=sys.stderr, flush=True)
-    print_table(["case", "KiB a call", "ends at (MiB)", "peak (MiB)", "threads", "calls"],
-                rows, args.markdown, "---|---:|---:|---:|---:|---:")
+    print_table(
+        ["case", "KiB a call", "ends at (MiB)", "peak (MiB)", "threads", "calls"],
+        rows,
+        args.markdown,
+        "---|---:|---:|---:|---:|---:",
+    )
 
 
 if __name__ == "__main__":

@@ -33,6 +33,7 @@ call synchronised):
 
 Outputs (and, for the head, the loss) are compared with the native variant's before timing.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -117,7 +118,7 @@ def without_lookup(net):
     the cost of the per-call signature lookup (which runs the ops' checks on a new
     signature) is the difference to the ``inlined`` row."""
     plan = runtime.patch("inline")._plans[id(net._cached_op)]
-    (inner, order), = plan.by_graph.values()
+    ((inner, order),) = plan.by_graph.values()
     assert order is None
     net._cached_op = inner
     return net
@@ -153,20 +154,25 @@ def training_table(repeat):
     for size in (10, 1000, 1000000):
         x = mx.nd.array(np.random.RandomState(0).rand(size).astype(np.float32))
         x.attach_grad()
-        nets = {"native broadcast_mul": built(lambda F, v: F.broadcast_mul(v, v), [x],
-                                              record=True),
-                "native x*x (elemwise_mul)": built(lambda F, v: v * v, [x], record=True),
-                "inlined": built(lambda F, v: square(v), [x], record=True),
-                "inlined, no signature lookup": without_lookup(
-                    built(lambda F, v: square(v), [x], record=True)),
-                "Custom node": built(lambda F, v: square(v), [x], inline=False, record=True),
-                "def_grad inlined": built(lambda F, v: square_def_grad(v), [x], record=True),
-                "def_grad (Custom node)": built(lambda F, v: square_def_grad(v), [x],
-                                                inline=False, record=True),
-                "surrogate def_grad, transposed": built(lambda F, v: square_surrogate(v), [x],
-                                                        record=True),
-                "surrogate def_grad (Custom node)": built(lambda F, v: square_surrogate(v),
-                                                          [x], inline=False, record=True)}
+        nets = {
+            "native broadcast_mul": built(lambda F, v: F.broadcast_mul(v, v), [x], record=True),
+            "native x*x (elemwise_mul)": built(lambda F, v: v * v, [x], record=True),
+            "inlined": built(lambda F, v: square(v), [x], record=True),
+            "inlined, no signature lookup": without_lookup(
+                built(lambda F, v: square(v), [x], record=True)
+            ),
+            "Custom node": built(lambda F, v: square(v), [x], inline=False, record=True),
+            "def_grad inlined": built(lambda F, v: square_def_grad(v), [x], record=True),
+            "def_grad (Custom node)": built(
+                lambda F, v: square_def_grad(v), [x], inline=False, record=True
+            ),
+            "surrogate def_grad, transposed": built(
+                lambda F, v: square_surrogate(v), [x], record=True
+            ),
+            "surrogate def_grad (Custom node)": built(
+                lambda F, v: square_surrogate(v), [x], inline=False, record=True
+            ),
+        }
         want = None
         for label, net in nets.items():
             with mx.autograd.record():
@@ -185,6 +191,7 @@ def training_table(repeat):
                     y = net(x)
                 y.backward()
                 x.grad.wait_to_read()
+
             return run
 
         reps = repeat if size < 1e6 else max(repeat // 10, 20)
@@ -216,10 +223,13 @@ class PostProcess(mx.gluon.HybridBlock):
 def postprocess_table(repeat, images, anchors, onnxruntime):
     rng = np.random.RandomState(0)
     xy = rng.rand(1, anchors, 2) * 600
-    inputs = [mx.nd.array(rng.randn(images, anchors, 4) * 0.3, dtype="float32"),
-              mx.nd.array(rng.rand(images, anchors, 1), dtype="float32"),
-              mx.nd.array(np.concatenate([xy, xy + 16 + rng.rand(1, anchors, 2) * 100], -1),
-                          dtype="float32")]
+    inputs = [
+        mx.nd.array(rng.randn(images, anchors, 4) * 0.3, dtype="float32"),
+        mx.nd.array(rng.rand(images, anchors, 1), dtype="float32"),
+        mx.nd.array(
+            np.concatenate([xy, xy + 16 + rng.rand(1, anchors, 2) * 100], -1), dtype="float32"
+        ),
+    ]
 
     def hybrid(net, inline=True):
         old = os.environ.get("CUSTOMOP_RUNTIME_OFF")
@@ -236,36 +246,56 @@ def postprocess_table(repeat, images, anchors, onnxruntime):
 
     work = tempfile.mkdtemp(prefix="customop-bench-")
     done = customop.export(PostProcess(), os.path.join(work, "post"), *inputs)
-    imported = mx.gluon.SymbolBlock.imports(done.symbol_file, list(done.inputs),
-                                            done.params_file)
+    imported = mx.gluon.SymbolBlock.imports(done.symbol_file, list(done.inputs), done.params_file)
     imported.hybridize(static_alloc=True, static_shape=True)
-    nets = {"native composition": hybrid(PostProcess(native=True)),
-            "Custom nodes": hybrid(PostProcess(), inline=False),
-            "hybridized (all inlined for training)": hybrid(PostProcess()),
-            "exported (all inlined), SymbolBlock.imports": imported}
+    nets = {
+        "native composition": hybrid(PostProcess(native=True)),
+        "Custom nodes": hybrid(PostProcess(), inline=False),
+        "hybridized (all inlined for training)": hybrid(PostProcess()),
+        "exported (all inlined), SymbolBlock.imports": imported,
+    }
     want = nets["native composition"](*inputs).asnumpy()
     for label, net in nets.items():
         got = net(*inputs).asnumpy()
         assert np.allclose(got, want, rtol=1e-5, atol=1e-5), label
-    med = round_robin([(label, lambda n=net: n(*inputs).wait_to_read())
-                       for label, net in nets.items()], repeat)
+    med = round_robin(
+        [(label, lambda n=net: n(*inputs).wait_to_read()) for label, net in nets.items()], repeat
+    )
     base = med["native composition"]
     rows = [[label, f"{m:.3f}", f"{m / base:.2f}x"] for label, m in med.items()]
     if onnxruntime:
         onnx_file = os.path.join(work, "post.onnx")
         converted = customop.to_onnx(done, onnx_file)
-        np.savez(os.path.join(work, "inputs.npz"),
-                 **{n: a.asnumpy() for n, a in zip(done.inputs, inputs)})
-        out = subprocess.run([onnxruntime, "-c", ORT_TIMING, onnx_file,
-                              os.path.join(work, "inputs.npz"), json.dumps(converted.inputs),
-                              str(repeat)], capture_output=True, text=True, timeout=600)
+        np.savez(
+            os.path.join(work, "inputs.npz"),
+            **{n: a.asnumpy() for n, a in zip(done.inputs, inputs)},
+        )
+        out = subprocess.run(
+            [
+                onnxruntime,
+                "-c",
+                ORT_TIMING,
+                onnx_file,
+                os.path.join(work, "inputs.npz"),
+                json.dumps(converted.inputs),
+                str(repeat),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         if out.returncode:
             raise SystemExit(out.stderr)
         m, ok = json.loads(out.stdout.strip().splitlines()[-1])
         got = np.load(os.path.join(work, "ort_out.npy"))
         same = np.allclose(got, want, rtol=1e-5, atol=1e-5)
-        rows.append([f"ONNX Runtime (onnxruntime {ok}, for information)", f"{m:.3f}",
-                     f"{m / base:.2f}x" + ("" if same else " (outputs differ!)")])
+        rows.append(
+            [
+                f"ONNX Runtime (onnxruntime {ok}, for information)",
+                f"{m:.3f}",
+                f"{m / base:.2f}x" + ("" if same else " (outputs differ!)"),
+            ]
+        )
     return rows
 
 
@@ -275,8 +305,9 @@ def head_table(turns, batch=2, channels=8, size=4, num_gt=2):
 
     data = composed.make_batch(batch, channels, size, num_gt)
     heads = composed.make_heads(channels, size)
-    before = retinanet_head.RetinaHead(retinanet_head.make_anchors(size, size),
-                                       channels=channels, prefix="head_")
+    before = retinanet_head.RetinaHead(
+        retinanet_head.make_anchors(size, size), channels=channels, prefix="head_"
+    )
     before.initialize()
     for name, p in before.collect_params().items():
         p.set_data(heads["ours"].collect_params()[name].data().copy())
@@ -286,19 +317,27 @@ def head_table(turns, batch=2, channels=8, size=4, num_gt=2):
         composed.loss_and_grads(before, data)  # its CachedOp settles now, without inlining
     finally:
         os.environ.pop("CUSTOMOP_RUNTIME_OFF")
-    heads = {"native": heads["native"], "before: Custom nodes": before,
-             "after (default inlining)": heads["ours"]}
+    heads = {
+        "native": heads["native"],
+        "before: Custom nodes": before,
+        "after (default inlining)": heads["ours"],
+    }
     want = composed.loss_and_grads(heads["native"], data)[0]
     for label, head in heads.items():
         assert np.allclose(composed.loss_and_grads(head, data)[0], want, rtol=1e-5), label
-    trainers = {k: mx.gluon.Trainer(h.collect_params(), "sgd", {"learning_rate": 1e-4})
-                for k, h in heads.items()}
-    med = round_robin([(k, lambda k=k: composed._step(heads[k], trainers[k], data))
-                       for k in heads], turns)
+    trainers = {
+        k: mx.gluon.Trainer(h.collect_params(), "sgd", {"learning_rate": 1e-4})
+        for k, h in heads.items()
+    }
+    med = round_robin(
+        [(k, lambda k=k: composed._step(heads[k], trainers[k], data)) for k in heads], turns
+    )
     base = med["native"]
     anchors = size * size * len(retinanet_head.SIZES)
-    return [[f"{batch}x{channels}x{size}x{size}, {anchors} anchors", k, f"{m:.3f}",
-             f"{m / base:.2f}x"] for k, m in med.items()]
+    return [
+        [f"{batch}x{channels}x{size}x{size}, {anchors} anchors", k, f"{m:.3f}", f"{m / base:.2f}x"]
+        for k, m in med.items()
+    ]
 
 
 def examples_table(turns):
@@ -335,10 +374,10 @@ def examples_table(turns):
                 mx.autograd.backward(outs)
                 trainer.step(1)
                 mx.nd.waitall()
+
             return run
 
-        med = round_robin([(label, step(nets[label], trainers[label])) for label in nets],
-                          turns)
+        med = round_robin([(label, step(nets[label], trainers[label])) for label in nets], turns)
         base = med["before: Custom nodes"]
         rows += [[name, label, f"{m:.3f}", f"{m / base:.2f}x"] for label, m in med.items()]
     return rows
@@ -369,39 +408,55 @@ def main(argv=None):
     parser.add_argument("--anchors", type=int, default=1000)
     parser.add_argument("--quick", action="store_true", help="the small head only")
     parser.add_argument("--tables", default="1,2,3,4", help="which tables, e.g. 1,4")
-    parser.add_argument("--onnxruntime", default=None,
-                        help="a Python with onnxruntime (no MXNet needed) to time ONNX there")
+    parser.add_argument(
+        "--onnxruntime",
+        default=None,
+        help="a Python with onnxruntime (no MXNet needed) to time ONNX there",
+    )
     args = parser.parse_args(argv)
     when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    print(f"python {platform.python_version()}, mxnet {mx.__version__}, {os.cpu_count()} "
-          f"CPUs, load {os.getloadavg()[0]:.1f}, {when}")
+    print(
+        f"python {platform.python_version()}, mxnet {mx.__version__}, {os.cpu_count()} "
+        f"CPUs, load {os.getloadavg()[0]:.1f}, {when}"
+    )
     tables = {int(t) for t in args.tables.split(",")}
     if 1 in tables:
         print("\nHybridized forward+backward of a decorated x*x (median ms per step)\n")
-        print_table(["elements", "variant", "median ms", "vs native"],
-                    training_table(args.repeat), args.markdown)
+        print_table(
+            ["elements", "variant", "median ms", "vs native"],
+            training_table(args.repeat),
+            args.markdown,
+        )
     if 2 in tables:
         postprocess(args)
     if 3 in tables:
         heads(args)
     if 4 in tables:
-        print("\nThe example heads (examples/), one hybridized training step, before and "
-              "after (median ms)\n")
-        print_table(["example", "variant", "median ms", "vs before"],
-                    examples_table(args.repeat // 2), args.markdown)
+        print(
+            "\nThe example heads (examples/), one hybridized training step, before and "
+            "after (median ms)\n"
+        )
+        print_table(
+            ["example", "variant", "median ms", "vs before"],
+            examples_table(args.repeat // 2),
+            args.markdown,
+        )
 
 
 def postprocess(args):
-    print(f"\nPost-processing block inference, {args.images} images x {args.anchors} anchors "
-          f"(median ms per call)\n")
-    print_table(["variant", "median ms", "vs native"],
-                postprocess_table(max(args.repeat // 4, 20), args.images, args.anchors,
-                                  args.onnxruntime), args.markdown)
+    print(
+        f"\nPost-processing block inference, {args.images} images x {args.anchors} anchors "
+        f"(median ms per call)\n"
+    )
+    print_table(
+        ["variant", "median ms", "vs native"],
+        postprocess_table(max(args.repeat // 4, 20), args.images, args.anchors, args.onnxruntime),
+        args.markdown,
+    )
 
 
 def heads(args):
-    print("\nRetinaNet-style head (examples/retinanet_head.py), one training step "
-          "(median ms)\n")
+    print("\nRetinaNet-style head (examples/retinanet_head.py), one training step (median ms)\n")
     rows = head_table(args.repeat // 2)
     if not args.quick:
         rows += head_table(args.repeat // 2, batch=8, channels=64, size=16, num_gt=8)

@@ -15,6 +15,7 @@ parameters written, the data and the ``Constant`` anchors, means and stds not):
 ``python benchmarks/op_counts.py [--markdown]`` (a few seconds; counts, not timings: the
 load of the machine does not change them).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -47,10 +48,16 @@ def counts(head: mx.gluon.HybridBlock, ours: bool) -> tuple[int, int]:
     head.initialize()
     sym = head(*[mx.sym.var(n) for n in INPUTS])
     params = head.collect_params()
-    shapes = {"feat": (R.BATCH, R.CHANNELS, R.HEIGHT, R.WIDTH),
-              "gt_boxes": (R.BATCH, NUM_GT, 4), "gt_labels": (R.BATCH, NUM_GT)}
-    shapes.update((n, tuple(p.shape)) for n, p in params.items()
-                  if n in sym.list_arguments() and p.shape and all(p.shape))
+    shapes = {
+        "feat": (R.BATCH, R.CHANNELS, R.HEIGHT, R.WIDTH),
+        "gt_boxes": (R.BATCH, NUM_GT, 4),
+        "gt_labels": (R.BATCH, NUM_GT),
+    }
+    shapes.update(
+        (n, tuple(p.shape))
+        for n, p in params.items()
+        if n in sym.list_arguments() and p.shape and all(p.shape)
+    )
     written = {n for n, p in params.items() if p.grad_req != "null"}
     forward = sym
     if ours:
@@ -67,15 +74,25 @@ def main(argv=None) -> None:
     parser.add_argument("--markdown", action="store_true")
     args = parser.parse_args(argv)
     anchors = R.make_anchors(R.HEIGHT, R.WIDTH)
-    found = {"ours (inlined)": counts(R.make_block(), True),
-             "native": counts(NativeRetinaHead(anchors, channels=R.CHANNELS, prefix="head_"),
-                              False)}
+    found = {
+        "ours (inlined)": counts(R.make_block(), True),
+        "native": counts(NativeRetinaHead(anchors, channels=R.CHANNELS, prefix="head_"), False),
+    }
     base = found["native"]
-    rows = [[name, f"{f} ({f / base[0]:.2f}x)", f"{b} ({b / base[1]:.2f}x)"]
-            for name, (f, b) in found.items()]
+    rows = [
+        [name, f"{f} ({f / base[0]:.2f}x)", f"{b} ({b / base[1]:.2f}x)"]
+        for name, (f, b) in found.items()
+    ]
     cse = os.environ.get("MXNET_ELIMINATE_COMMON_EXPR", "1")
-    print_table(["RetinaNet-style head", "forward operators",
-                 f"bound for training (MXNET_ELIMINATE_COMMON_EXPR={cse})"], rows, args.markdown)
+    print_table(
+        [
+            "RetinaNet-style head",
+            "forward operators",
+            f"bound for training (MXNET_ELIMINATE_COMMON_EXPR={cse})",
+        ],
+        rows,
+        args.markdown,
+    )
 
 
 if __name__ == "__main__":

@@ -54,6 +54,7 @@ set (see ``ALLOCATOR``) unless they are already in the environment or
 Before timing, every variant's output and gradient are checked against
 native on a small input.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -136,9 +137,14 @@ def mx_auto_loss(x):
     return mx.nd.sum(x * x)
 
 
-DECORATED = {("mx", SQUARE.name): mx_square, ("mx", LOSS.name): mx_loss,
-             ("np", SQUARE.name): np_square, ("np", LOSS.name): np_loss,
-             ("mx-auto", SQUARE.name): mx_auto_square, ("mx-auto", LOSS.name): mx_auto_loss}
+DECORATED = {
+    ("mx", SQUARE.name): mx_square,
+    ("mx", LOSS.name): mx_loss,
+    ("np", SQUARE.name): np_square,
+    ("np", LOSS.name): np_loss,
+    ("mx-auto", SQUARE.name): mx_auto_square,
+    ("mx-auto", LOSS.name): mx_auto_loss,
+}
 
 
 # ---- the hand-written CustomOp, as MXNet's tutorial writes one ---------------------------
@@ -225,6 +231,7 @@ def forward_of(f: Callable) -> Callable:
         y = f(x)
         y.wait_to_read()
         return y
+
     return run
 
 
@@ -235,6 +242,7 @@ def fwd_bwd_of(f: Callable) -> Callable:
         y.backward()
         x.grad.wait_to_read()
         return x.grad
+
     return run
 
 
@@ -242,6 +250,7 @@ def pinned(op, path: str) -> Callable:
     def call(x):
         with forced_path(path):
             return op(x)
+
     return call
 
 
@@ -264,9 +273,11 @@ def hips_variant(kind: Kind) -> Variant:
     if kind is LOSS:
         fwd_bwd = autograd.grad(kind.numpy)
     else:
+
         def fwd_bwd(x):
             vjp, ans = autograd.make_vjp(kind.numpy)(x)
             return vjp(np.ones_like(ans))
+
     return Variant("hips", {"fwd": kind.numpy, "fwd+bwd": fwd_bwd}, numpy_input=True)
 
 
@@ -280,10 +291,14 @@ def variants_for(kind: Kind) -> list[Variant]:
         *decorated_variants("mx", DECORATED["mx", kind.name]),
         *decorated_variants("np", DECORATED["np", kind.name]),
         Variant("mx-auto/default", {"fwd+bwd": fwd_bwd_of(DECORATED["mx-auto", kind.name])}),
-        Variant("mx-auto/native",
-                {"fwd+bwd": fwd_bwd_of(pinned(DECORATED["mx-auto", kind.name], "native"))}),
-        Variant("mx-auto/function",
-                {"fwd+bwd": fwd_bwd_of(pinned(DECORATED["mx-auto", kind.name], "function"))}),
+        Variant(
+            "mx-auto/native",
+            {"fwd+bwd": fwd_bwd_of(pinned(DECORATED["mx-auto", kind.name], "native"))},
+        ),
+        Variant(
+            "mx-auto/function",
+            {"fwd+bwd": fwd_bwd_of(pinned(DECORATED["mx-auto", kind.name], "function"))},
+        ),
         hips_variant(kind),
     ]
 
@@ -313,8 +328,10 @@ def check_variants(kinds: list[Kind], names: set[str] | None) -> None:
                     continue
                 got = as_numpy(v.run[pass_](x_np if v.numpy_input else x_nd))
                 if got.shape != want.shape or not np.allclose(got, want, rtol=1e-5, atol=1e-6):
-                    raise AssertionError(f"{v.name} {kind.name} {pass_}: got {got}, "
-                                         f"native gives {want}; not timing a broken variant")
+                    raise AssertionError(
+                        f"{v.name} {kind.name} {pass_}: got {got}, "
+                        f"native gives {want}; not timing a broken variant"
+                    )
 
 
 # ---- timing --------------------------------------------------------------------------------
@@ -369,8 +386,11 @@ def summary(seconds: list[float]) -> tuple[float, float, int]:
 
 
 # Keep freed buffers in the heap: no mmap/munmap and page faults per multi-MB buffer.
-ALLOCATOR = {"MALLOC_MMAP_THRESHOLD_": str(1 << 30), "MALLOC_TRIM_THRESHOLD_": str(1 << 30),
-             "MALLOC_TOP_PAD_": str(64 << 20)}
+ALLOCATOR = {
+    "MALLOC_MMAP_THRESHOLD_": str(1 << 30),
+    "MALLOC_TRIM_THRESHOLD_": str(1 << 30),
+    "MALLOC_TOP_PAD_": str(64 << 20),
+}
 
 
 def with_steady_allocator(argv: list[str]) -> None:
@@ -379,8 +399,11 @@ def with_steady_allocator(argv: list[str]) -> None:
         return
     sys.stdout.flush()
     sys.stderr.flush()
-    os.execve(sys.executable, [sys.executable, os.path.abspath(__file__), *argv],
-              {**os.environ, **ALLOCATOR})
+    os.execve(
+        sys.executable,
+        [sys.executable, os.path.abspath(__file__), *argv],
+        {**os.environ, **ALLOCATOR},
+    )
 
 
 REFERENCES = ("native", "handwritten")  # timed in every group: the ratios need them
@@ -399,43 +422,88 @@ class Row:
     vs_handwritten: float
 
 
-def run_all(kinds: list[Kind], sizes: list[int], passes: list[str], names: set[str] | None,
-            budget: Budget, progress: Callable[[str], None]) -> list[Row]:
+def run_all(
+    kinds: list[Kind],
+    sizes: list[int],
+    passes: list[str],
+    names: set[str] | None,
+    budget: Budget,
+    progress: Callable[[str], None],
+) -> list[Row]:
     rows = []
     for kind in kinds:
         for size in sizes:
             x_nd, x_np = make_input(size)
             for pass_ in passes:
-                calls = [(v.name, v.run[pass_], x_np if v.numpy_input else x_nd)
-                         for v in variants_for(kind) if pass_ in v.run
-                         and (names is None or v.name in names or v.name in REFERENCES)]
+                calls = [
+                    (v.name, v.run[pass_], x_np if v.numpy_input else x_nd)
+                    for v in variants_for(kind)
+                    if pass_ in v.run and (names is None or v.name in names or v.name in REFERENCES)
+                ]
                 progress(f"{kind.name} n={size_label(size)} {pass_}: {len(calls)} variants")
                 medians = measure_group(calls, budget)
                 native = medians["native"][0]
                 handwritten = medians["handwritten"][0]
-                rows += [Row(kind.name, size, pass_, name, sec * 1e3, spread, n,
-                             sec / native, sec / handwritten)
-                         for name, (sec, spread, n) in medians.items()]
+                rows += [
+                    Row(
+                        kind.name,
+                        size,
+                        pass_,
+                        name,
+                        sec * 1e3,
+                        spread,
+                        n,
+                        sec / native,
+                        sec / handwritten,
+                    )
+                    for name, (sec, spread, n) in medians.items()
+                ]
     return rows
-
 
 
 # ---- the issue's targets -----------------------------------------------------------------
 TARGETS = (
     # (what, variants, sizes, column, limit)
-    ("imperative mx op vs handwritten, 10 and 1e3 elements", ("mx/default",),
-     (10, 1_000), "vs_handwritten", 0.5),
-    ("imperative mx op vs native, 1e6 elements", ("mx/default",),
-     (1_000_000,), "vs_native", 1.5),
-    ("mx.nd.Custom path vs handwritten, all sizes", ("mx/custom", "mx/nd.Custom"),
-     SIZES, "vs_handwritten", 1.1),
+    (
+        "imperative mx op vs handwritten, 10 and 1e3 elements",
+        ("mx/default",),
+        (10, 1_000),
+        "vs_handwritten",
+        0.5,
+    ),
+    ("imperative mx op vs native, 1e6 elements", ("mx/default",), (1_000_000,), "vs_native", 1.5),
+    (
+        "mx.nd.Custom path vs handwritten, all sizes",
+        ("mx/custom", "mx/nd.Custom"),
+        SIZES,
+        "vs_handwritten",
+        1.1,
+    ),
     # issue 41: imperative training at native speed (fwd+bwd rows only)
-    ("def_grad op under record() vs native, 10 and 1e3 elements", ("mx/default",),
-     (10, 1_000), "vs_native", 1.3, "fwd+bwd"),
-    ("def_grad op under record() vs native, 1e6 elements", ("mx/default",),
-     (1_000_000,), "vs_native", 1.05, "fwd+bwd"),
-    ("op without def_grad under record() vs native, 10 and 1e3 elements",
-     ("mx-auto/default",), (10, 1_000), "vs_native", 1.3, "fwd+bwd"),
+    (
+        "def_grad op under record() vs native, 10 and 1e3 elements",
+        ("mx/default",),
+        (10, 1_000),
+        "vs_native",
+        1.3,
+        "fwd+bwd",
+    ),
+    (
+        "def_grad op under record() vs native, 1e6 elements",
+        ("mx/default",),
+        (1_000_000,),
+        "vs_native",
+        1.05,
+        "fwd+bwd",
+    ),
+    (
+        "op without def_grad under record() vs native, 10 and 1e3 elements",
+        ("mx-auto/default",),
+        (10, 1_000),
+        "vs_native",
+        1.3,
+        "fwd+bwd",
+    ),
 )
 
 
@@ -443,16 +511,21 @@ def target_lines(rows: list[Row]) -> list[str]:
     lines = []
     for what, variants, sizes, column, limit, *passes in TARGETS:
         for variant in variants:
-            hits = [r for r in rows if r.variant == variant and r.size in sizes
-                    and (not passes or r.pass_ in passes)]
+            hits = [
+                r
+                for r in rows
+                if r.variant == variant and r.size in sizes and (not passes or r.pass_ in passes)
+            ]
             if not hits:
                 continue
             worst = max(hits, key=lambda r: getattr(r, column))
             met = sum(getattr(r, column) <= limit for r in hits)
             verdict = "met" if met == len(hits) else "MISSED"
-            lines.append(f"{what} (<= {limit}x), {variant}: {verdict} ({met} of "
-                         f"{len(hits)} rows within; worst {getattr(worst, column):.2f}x at "
-                         f"{worst.kind} n={size_label(worst.size)} {worst.pass_})")
+            lines.append(
+                f"{what} (<= {limit}x), {variant}: {verdict} ({met} of "
+                f"{len(hits)} rows within; worst {getattr(worst, column):.2f}x at "
+                f"{worst.kind} n={size_label(worst.size)} {worst.pass_})"
+            )
     return lines
 
 
@@ -481,28 +554,47 @@ def shown_path(path: str) -> str:
 def header_lines() -> list[str]:
     return [
         f"date: {datetime.datetime.now().astimezone():%Y-%m-%d %H:%M %Z}",
-        f"machine: {cpu_model()}, {os.cpu_count()} cores, {platform.system()} "
-        f"{platform.release()}",
+        f"machine: {cpu_model()}, {os.cpu_count()} cores, {platform.system()} {platform.release()}",
         f"python {platform.python_version()}, mxnet {mx.__version__}, numpy {np.__version__}, "
         f"autograd {importlib.metadata.version('autograd')}",
         f"MXNET_ENGINE_TYPE={os.environ.get('MXNET_ENGINE_TYPE', '(unset: threaded engine)')}, "
         f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', '(unset)')}, allocator: "
-        + (", ".join(f"{k}={os.environ[k]}" for k in ALLOCATOR) if all(
-            k in os.environ for k in ALLOCATOR) else "glibc defaults (--system-malloc)"),
-        "command: " + " ".join([shown_path(sys.executable), shown_path(sys.argv[0]),
-                                *sys.argv[1:]]),
+        + (
+            ", ".join(f"{k}={os.environ[k]}" for k in ALLOCATOR)
+            if all(k in os.environ for k in ALLOCATOR)
+            else "glibc defaults (--system-malloc)"
+        ),
+        "command: "
+        + " ".join([shown_path(sys.executable), shown_path(sys.argv[0]), *sys.argv[1:]]),
     ]
 
 
-COLUMNS = ("op", "size", "pass", "variant", "median ms", "IQR", "calls", "vs native",
-           "vs handwritten")
+COLUMNS = (
+    "op",
+    "size",
+    "pass",
+    "variant",
+    "median ms",
+    "IQR",
+    "calls",
+    "vs native",
+    "vs handwritten",
+)
 NUMERIC = set(COLUMNS[4:]) | {"size"}
 
 
 def cells(row: Row) -> list[str]:
-    return [row.kind, size_label(row.size), row.pass_, row.variant, f"{row.ms:.4g}",
-            f"{row.spread:.0%}", str(row.calls), f"{row.vs_native:.2f}x",
-            f"{row.vs_handwritten:.2f}x"]
+    return [
+        row.kind,
+        size_label(row.size),
+        row.pass_,
+        row.variant,
+        f"{row.ms:.4g}",
+        f"{row.spread:.0%}",
+        str(row.calls),
+        f"{row.vs_native:.2f}x",
+        f"{row.vs_handwritten:.2f}x",
+    ]
 
 
 def render_text(rows: list[Row]) -> str:
@@ -510,16 +602,22 @@ def render_text(rows: list[Row]) -> str:
     widths = [max(len(line[i]) for line in table) for i in range(len(COLUMNS))]
     out = []
     for i, line in enumerate(table):
-        out.append("  ".join(c.rjust(w) if name in NUMERIC else c.ljust(w)
-                             for c, w, name in zip(line, widths, COLUMNS)).rstrip())
+        out.append(
+            "  ".join(
+                c.rjust(w) if name in NUMERIC else c.ljust(w)
+                for c, w, name in zip(line, widths, COLUMNS)
+            ).rstrip()
+        )
         if i == 0:
             out.append("  ".join("-" * w for w in widths))
     return "\n".join(out)
 
 
 def render_markdown(rows: list[Row]) -> str:
-    out = ["| " + " | ".join(COLUMNS) + " |",
-           "|" + "|".join("---:" if c in NUMERIC else "---" for c in COLUMNS) + "|"]
+    out = [
+        "| " + " | ".join(COLUMNS) + " |",
+        "|" + "|".join("---:" if c in NUMERIC else "---" for c in COLUMNS) + "|",
+    ]
     out += ["| " + " | ".join(cells(r)) + " |" for r in rows]
     return "\n".join(out)
 
@@ -527,31 +625,57 @@ def render_markdown(rows: list[Row]) -> str:
 def report(rows: list[Row], markdown: bool) -> str:
     head, targets = header_lines(), target_lines(rows)
     if markdown:
-        return "\n".join(["\n".join(f"- {line}" for line in head), "",
-                          render_markdown(rows), "", "Targets:", "",
-                          *(f"- {line}" for line in targets)])
-    return "\n".join([*head, "", render_text(rows), "", "Targets:",
-                      *(f"  {line}" for line in targets)])
+        return "\n".join(
+            [
+                "\n".join(f"- {line}" for line in head),
+                "",
+                render_markdown(rows),
+                "",
+                "Targets:",
+                "",
+                *(f"- {line}" for line in targets),
+            ]
+        )
+    return "\n".join(
+        [*head, "", render_text(rows), "", "Targets:", *(f"  {line}" for line in targets)]
+    )
 
 
 # ---- command line -----------------------------------------------------------------------
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="a smaller time budget (under ~40 s)")
-    p.add_argument("--repeats", type=int, metavar="N",
-                   help="time N calls per variant, rounded up to a multiple of 4 "
-                   "(default: a time budget per group)")
+    p.add_argument(
+        "--repeats",
+        type=int,
+        metavar="N",
+        help="time N calls per variant, rounded up to a multiple of 4 "
+        "(default: a time budget per group)",
+    )
     p.add_argument("--markdown", action="store_true", help="print the table as Markdown")
-    p.add_argument("--sizes", default=",".join(str(s) for s in SIZES),
-                   help="comma-separated element counts (1e3 notation allowed)")
-    p.add_argument("--ops", default=",".join(k.name for k in KINDS),
-                   help="comma-separated operations: " + ", ".join(k.name for k in KINDS))
-    p.add_argument("--passes", default=",".join(PASSES),
-                   help="comma-separated passes: " + ", ".join(PASSES))
-    p.add_argument("--system-malloc", action="store_true",
-                   help="keep glibc's default allocator settings (noisy medians at 1e6)")
-    p.add_argument("--variants", help="comma-separated variants to time (native and "
-                   "handwritten are always timed, for the ratios)")
+    p.add_argument(
+        "--sizes",
+        default=",".join(str(s) for s in SIZES),
+        help="comma-separated element counts (1e3 notation allowed)",
+    )
+    p.add_argument(
+        "--ops",
+        default=",".join(k.name for k in KINDS),
+        help="comma-separated operations: " + ", ".join(k.name for k in KINDS),
+    )
+    p.add_argument(
+        "--passes", default=",".join(PASSES), help="comma-separated passes: " + ", ".join(PASSES)
+    )
+    p.add_argument(
+        "--system-malloc",
+        action="store_true",
+        help="keep glibc's default allocator settings (noisy medians at 1e6)",
+    )
+    p.add_argument(
+        "--variants",
+        help="comma-separated variants to time (native and "
+        "handwritten are always timed, for the ratios)",
+    )
     args = p.parse_args(argv)
     if args.repeats is not None and args.repeats < 1:
         p.error("--repeats must be at least 1")
@@ -567,8 +691,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.names = None if args.variants is None else set(args.variants.split(","))
     known = [v.name for v in variants_for(SQUARE)]
     if args.names is not None and not args.names <= set(known):
-        p.error(f"unknown variant(s) {', '.join(sorted(args.names - set(known)))}; "
-                f"choose from {', '.join(known)}")
+        p.error(
+            f"unknown variant(s) {', '.join(sorted(args.names - set(known)))}; "
+            f"choose from {', '.join(known)}"
+        )
     return args
 
 

@@ -12,6 +12,7 @@ backward under ``record()`` with a head gradient of ones, every call synchronise
 turn: one untimed call, then four timed ones, in a shuffled order).  Medians in ms and
 the ratio of the transposed graph to the forward graph.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -35,22 +36,52 @@ from customop.graphs.forward import ForwardGraph  # noqa: E402
 def _cases(rng):
     def labels(b, n, c):
         return rng.randint(-1, c + 1, (b, n)).astype("f")
+
     return [
-        ("focal_loss", "2x48x4", ops.focal_loss, [rng.randn(2, 48, 4).astype("f"),
-                                                  labels(2, 48, 4)], {}),
-        ("focal_loss", "8x6912x6", ops.focal_loss, [rng.randn(8, 6912, 6).astype("f"),
-                                                    labels(8, 6912, 6)], {}),
-        ("smooth_l1", "2x48x4", ops.smooth_l1, [rng.randn(2, 48, 4).astype("f"),
-                                                np.array([3.0], "f")], {}),
-        ("smooth_l1", "8x6912x4", ops.smooth_l1, [rng.randn(8, 6912, 4).astype("f"),
-                                                  np.array([3.0], "f")], {}),
-        ("wing_loss", "4x136", ops.wing_loss, [rng.randn(4, 136).astype("f") * 8,
-                                               rng.randn(4, 136).astype("f")], {}),
-        ("wing_loss", "256x136", ops.wing_loss, [rng.randn(256, 136).astype("f") * 8,
-                                                 rng.randn(256, 136).astype("f")], {}),
+        (
+            "focal_loss",
+            "2x48x4",
+            ops.focal_loss,
+            [rng.randn(2, 48, 4).astype("f"), labels(2, 48, 4)],
+            {},
+        ),
+        (
+            "focal_loss",
+            "8x6912x6",
+            ops.focal_loss,
+            [rng.randn(8, 6912, 6).astype("f"), labels(8, 6912, 6)],
+            {},
+        ),
+        (
+            "smooth_l1",
+            "2x48x4",
+            ops.smooth_l1,
+            [rng.randn(2, 48, 4).astype("f"), np.array([3.0], "f")],
+            {},
+        ),
+        (
+            "smooth_l1",
+            "8x6912x4",
+            ops.smooth_l1,
+            [rng.randn(8, 6912, 4).astype("f"), np.array([3.0], "f")],
+            {},
+        ),
+        (
+            "wing_loss",
+            "4x136",
+            ops.wing_loss,
+            [rng.randn(4, 136).astype("f") * 8, rng.randn(4, 136).astype("f")],
+            {},
+        ),
+        (
+            "wing_loss",
+            "256x136",
+            ops.wing_loss,
+            [rng.randn(256, 136).astype("f") * 8, rng.randn(256, 136).astype("f")],
+            {},
+        ),
         ("topk", "3x20, k=5", ops.topk, [rng.randn(3, 20).astype("f")], dict(k=5)),
-        ("topk", "8x20000, k=1000", ops.topk, [rng.randn(8, 20000).astype("f")],
-         dict(k=1000)),
+        ("topk", "8x20000, k=1000", ops.topk, [rng.randn(8, 20000).astype("f")], dict(k=1000)),
     ]
 
 
@@ -88,13 +119,16 @@ def main(argv=None):
         shapes = [a.shape for a in inputs]
         dtypes = [a.dtype for a in inputs]
         transposed = native.native_graph(op, params, shapes, dtypes, native.TRAIN).graph
-        forward = verify.verified(ForwardGraph(op, params, native.TRAIN), shapes, dtypes,
-                                  list(inputs))
+        forward = verify.verified(
+            ForwardGraph(op, params, native.TRAIN), shapes, dtypes, list(inputs)
+        )
         for g in (transposed, forward):  # both give the closure's gradients here
             wrong = closure_values.mismatch(op, params, g, list(inputs))
             assert not wrong, (name, wrong)
-        timed = {"closure transposed": _Timed(transposed, inputs),
-                 "forward graph": _Timed(forward, inputs)}
+        timed = {
+            "closure transposed": _Timed(transposed, inputs),
+            "forward graph": _Timed(forward, inputs),
+        }
         times = {k: [] for k in timed}
         order = list(timed)
         for _ in range(args.turns):
@@ -106,14 +140,24 @@ def main(argv=None):
                     timed[k]()
                     times[k].append(time.perf_counter() - t0)
         med = {k: statistics.median(v) * 1e3 for k, v in times.items()}
-        rows.append([f"ops.{name}", size, timed["closure transposed"].n,
-                     f"{med['closure transposed']:.3f}", timed["forward graph"].n,
-                     f"{med['forward graph']:.3f}",
-                     f"{med['closure transposed'] / med['forward graph']:.2f}x"])
+        rows.append(
+            [
+                f"ops.{name}",
+                size,
+                timed["closure transposed"].n,
+                f"{med['closure transposed']:.3f}",
+                timed["forward graph"].n,
+                f"{med['forward graph']:.3f}",
+                f"{med['closure transposed'] / med['forward graph']:.2f}x",
+            ]
+        )
     print(f"load average (1 min): {os.getloadavg()[0]:.2f}")
-    print_table(["op", "size", "transposed nodes", "transposed ms", "forward nodes",
-                 "forward ms", "ratio"], rows, args.markdown,
-                "---|---|---:|---:|---:|---:|---:")
+    print_table(
+        ["op", "size", "transposed nodes", "transposed ms", "forward nodes", "forward ms", "ratio"],
+        rows,
+        args.markdown,
+        "---|---|---:|---:|---:|---:|---:",
+    )
 
 
 if __name__ == "__main__":

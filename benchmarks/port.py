@@ -24,6 +24,7 @@ Variants of a row are timed round-robin (one untimed lead-in each) so load from 
 both alike; the table gives per-call medians and the port's ratio to the reference.  Values
 and gradients are checked against each other before timing.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -64,8 +65,9 @@ def torchvision_step(logits, labels):
     valid = (labels != -1).to(logits.dtype).unsqueeze(-1)
     targets = torch.nn.functional.one_hot(labels.clamp(min=0).long(), c + 1)[..., 1:]
     npos = (labels > 0).sum().clamp(min=1)
-    loss = torchvision.ops.sigmoid_focal_loss(logits, targets.to(logits.dtype), alpha=ALPHA,
-                                              gamma=GAMMA, reduction="none")
+    loss = torchvision.ops.sigmoid_focal_loss(
+        logits, targets.to(logits.dtype), alpha=ALPHA, gamma=GAMMA, reduction="none"
+    )
     return (loss * valid).sum() / npos
 
 
@@ -82,6 +84,7 @@ def _torch_grad(step):
         value = step(x, labels)
         (g,) = torch.autograd.grad(value, x)
         return value, g
+
     return run
 
 
@@ -108,19 +111,34 @@ def torch_rows(quick, compiled):
         pairs = {"port": _torch_grad(port_step), "torchvision": _torch_grad(torchvision_step)}
         kinds = [("torch eager", pairs)]
         if compiled:
-            kinds.append(("torch.compile", {
-                "port": _torch_grad(torch.compile(port_step, fullgraph=True)),
-                "torchvision": _torch_grad(torch.compile(torchvision_step, fullgraph=True))}))
+            kinds.append(
+                (
+                    "torch.compile",
+                    {
+                        "port": _torch_grad(torch.compile(port_step, fullgraph=True)),
+                        "torchvision": _torch_grad(torch.compile(torchvision_step, fullgraph=True)),
+                    },
+                )
+            )
         for kind, fns in kinds:
             (v1, g1), (v2, g2) = fns["port"](x, lab), fns["torchvision"](x, lab)
             torch.testing.assert_close(v1, v2, rtol=1e-4, atol=1e-6)
             torch.testing.assert_close(g1, g2, rtol=1e-4, atol=1e-6)
-            t = _time({k: (lambda f=f, x=x, lab=lab: f(x, lab)) for k, f in fns.items()},
-                      _rounds(shape, quick))
-            rows.append([kind, "focal_loss", "x".join(map(str, shape)),
-                         f"{t['port'] * 1e3:.3f}", f"{t['torchvision'] * 1e3:.3f}",
-                         "torchvision.ops.sigmoid_focal_loss",
-                         f"{t['port'] / t['torchvision']:.2f}x"])
+            t = _time(
+                {k: (lambda f=f, x=x, lab=lab: f(x, lab)) for k, f in fns.items()},
+                _rounds(shape, quick),
+            )
+            rows.append(
+                [
+                    kind,
+                    "focal_loss",
+                    "x".join(map(str, shape)),
+                    f"{t['port'] * 1e3:.3f}",
+                    f"{t['torchvision'] * 1e3:.3f}",
+                    "torchvision.ops.sigmoid_focal_loss",
+                    f"{t['port'] / t['torchvision']:.2f}x",
+                ]
+            )
     return rows
 
 
@@ -132,7 +150,7 @@ def jnp_focal(logits, labels):
     npos = jnp.maximum((labels > 0).sum(), 1)
     p = jax.nn.sigmoid(logits)
     log_p, log_1p = -jax.nn.softplus(-logits), -jax.nn.softplus(logits)
-    loss = -ALPHA * t * (1 - p) ** GAMMA * log_p - (1 - ALPHA) * (1 - t) * p ** GAMMA * log_1p
+    loss = -ALPHA * t * (1 - p) ** GAMMA * log_p - (1 - ALPHA) * (1 - t) * p**GAMMA * log_1p
     return (loss * valid).sum() / npos
 
 
@@ -149,10 +167,19 @@ def jax_rows(quick):
 
         def call(f, x=x, lab=lab):
             return lambda: jax.block_until_ready(f(x, lab))
+
         t = _time({"port": call(mine), "ref": call(ref)}, _rounds(shape, quick))
-        rows.append(["jax jit", "focal_loss", "x".join(map(str, shape)),
-                     f"{t['port'] * 1e3:.3f}", f"{t['ref'] * 1e3:.3f}",
-                     "the loss in jax.numpy", f"{t['port'] / t['ref']:.2f}x"])
+        rows.append(
+            [
+                "jax jit",
+                "focal_loss",
+                "x".join(map(str, shape)),
+                f"{t['port'] * 1e3:.3f}",
+                f"{t['ref'] * 1e3:.3f}",
+                "the loss in jax.numpy",
+                f"{t['port'] / t['ref']:.2f}x",
+            ]
+        )
     return rows
 
 
@@ -169,11 +196,24 @@ def box_rows(quick):
     for n, m in ((100, 10), (2000, 50)):
         a, b = torch.tensor(boxes(n)), torch.tensor(boxes(m))
         torch.testing.assert_close(iou(a, b), torchvision.ops.box_iou(a, b))
-        t = _time({"port": lambda a=a, b=b: iou(a, b),
-                   "tv": lambda a=a, b=b: torchvision.ops.box_iou(a, b)}, 20 if quick else 200)
-        rows.append(["torch eager", "box_iou (forward)", f"{n}x{m}", f"{t['port'] * 1e3:.3f}",
-                     f"{t['tv'] * 1e3:.3f}", "torchvision.ops.box_iou",
-                     f"{t['port'] / t['tv']:.2f}x"])
+        t = _time(
+            {
+                "port": lambda a=a, b=b: iou(a, b),
+                "tv": lambda a=a, b=b: torchvision.ops.box_iou(a, b),
+            },
+            20 if quick else 200,
+        )
+        rows.append(
+            [
+                "torch eager",
+                "box_iou (forward)",
+                f"{n}x{m}",
+                f"{t['port'] * 1e3:.3f}",
+                f"{t['tv'] * 1e3:.3f}",
+                "torchvision.ops.box_iou",
+                f"{t['port'] / t['tv']:.2f}x",
+            ]
+        )
     nms = customop.to_torch(ops.box_nms)
     for n in (100, 1000):
         bx = torch.tensor(boxes(n))
@@ -184,13 +224,26 @@ def box_rows(quick):
         kept = torchvision.ops.batched_nms(bx, scores, ids.long(), 0.5)
         ours = nms(data, **kw)[0]
         assert int((ours[:, 0] >= 0).sum()) == len(kept)
-        t = _time({"port": lambda data=data, kw=kw: nms(data, **kw),
-                   "tv": lambda bx=bx, s=scores, i=ids: torchvision.ops.batched_nms(
-                       bx, s, i.long(), 0.5)},
-                  5 if quick else 30)
-        rows.append(["torch eager", "box_nms (forward)", f"{n} boxes", f"{t['port'] * 1e3:.3f}",
-                     f"{t['tv'] * 1e3:.3f}", "torchvision.ops.batched_nms",
-                     f"{t['port'] / t['tv']:.2f}x"])
+        t = _time(
+            {
+                "port": lambda data=data, kw=kw: nms(data, **kw),
+                "tv": lambda bx=bx, s=scores, i=ids: torchvision.ops.batched_nms(
+                    bx, s, i.long(), 0.5
+                ),
+            },
+            5 if quick else 30,
+        )
+        rows.append(
+            [
+                "torch eager",
+                "box_nms (forward)",
+                f"{n} boxes",
+                f"{t['port'] * 1e3:.3f}",
+                f"{t['tv'] * 1e3:.3f}",
+                "torchvision.ops.batched_nms",
+                f"{t['port'] / t['tv']:.2f}x",
+            ]
+        )
     return rows
 
 
@@ -208,10 +261,15 @@ def main():
     rows = torch_rows(args.quick, not (args.quick or args.no_compile))
     rows += jax_rows(args.quick)
     rows += box_rows(args.quick)
-    print(f"{datetime.datetime.utcnow():%Y-%m-%d %H:%M} UTC, {platform.processor() or 'cpu'}"
-          f", {os.cpu_count()} cores, torch {torch.__version__}, jax {jax.__version__}")
-    print_table(["framework", "op", "size", "port ms", "reference ms", "reference", "ratio"],
-                rows, args.markdown)
+    print(
+        f"{datetime.datetime.utcnow():%Y-%m-%d %H:%M} UTC, {platform.processor() or 'cpu'}"
+        f", {os.cpu_count()} cores, torch {torch.__version__}, jax {jax.__version__}"
+    )
+    print_table(
+        ["framework", "op", "size", "port ms", "reference ms", "reference", "ratio"],
+        rows,
+        args.markdown,
+    )
 
 
 if __name__ == "__main__":

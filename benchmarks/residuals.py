@@ -24,6 +24,7 @@ input's gradient.  Each is timed on the default recording path (``function``) an
 versions alternate call by call; the table gives each one's median and the median of the
 per-pair ratios.  Both versions' outputs and gradients are compared before timing.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -73,6 +74,7 @@ def _index_grad(ans, data, label):
         d = ans.copy()
         d[np.arange(len(d)), label.astype(np.int64)] -= 1
         return d
+
     return grad
 
 
@@ -86,68 +88,114 @@ softmax_ce_recompute.numpy.def_grad(lambda ans, data, label: lambda _: np.zeros_
 _fl = importlib.import_module("ops.focal_loss")  # its checks and helpers, shared by both versions
 
 
-@customop("mxnet", optional=("normalizer",), no_grad=("label",),
-          infer_shape=lambda pred, *_, **__: pred)
-def focal_loss_recompute(pred, label, normalizer=None, *, alpha=0.25, gamma=2.0,
-                         normalization="positive", ignore_label=-1):
+@customop(
+    "mxnet", optional=("normalizer",), no_grad=("label",), infer_shape=lambda pred, *_, **__: pred
+)
+def focal_loss_recompute(
+    pred,
+    label,
+    normalizer=None,
+    *,
+    alpha=0.25,
+    gamma=2.0,
+    normalization="positive",
+    ignore_label=-1,
+):
     _fl._check(pred, label, normalizer, alpha, gamma, normalization, ignore_label)
     num_class = pred.shape[-1]
     label = label.astype(pred.dtype, copy=False)
-    bad = ((label < 0) + (label > num_class) + (1 - (label == mx.nd.floor(label)))) \
-        * (1 - (label == ignore_label))
+    bad = ((label < 0) + (label > num_class) + (1 - (label == mx.nd.floor(label)))) * (
+        1 - (label == ignore_label)
+    )
     _fl._checks.require(bad == 0, "label", _fl._label_message(num_class, ignore_label))
     alpha_t, alpha_1t, valid = _fl._targets_nd(label, num_class, ignore_label, alpha)
     sp_pos = mx.nd.Activation(pred, act_type="softrelu")
     sp_neg = mx.nd.Activation(-pred, act_type="softrelu")
-    loss = alpha_t * mx.nd.exp(-gamma * sp_pos) * sp_neg \
+    loss = (
+        alpha_t * mx.nd.exp(-gamma * sp_pos) * sp_neg
         + alpha_1t * mx.nd.exp(-gamma * sp_neg) * sp_pos
-    return mx.nd.broadcast_div(mx.nd.broadcast_mul(loss, valid),
-                               _fl._normalizer_nd(label, valid, normalizer, normalization,
-                                                  ignore_label, pred))
+    )
+    return mx.nd.broadcast_div(
+        mx.nd.broadcast_mul(loss, valid),
+        _fl._normalizer_nd(label, valid, normalizer, normalization, ignore_label, pred),
+    )
 
 
 @focal_loss_recompute.twin("numpy")
-def _focal_loss_recompute_np(pred, label, normalizer=None, *, alpha=0.25, gamma=2.0,
-                             normalization="positive", ignore_label=-1):
+def _focal_loss_recompute_np(
+    pred,
+    label,
+    normalizer=None,
+    *,
+    alpha=0.25,
+    gamma=2.0,
+    normalization="positive",
+    ignore_label=-1,
+):
     _fl._check(pred, label, normalizer, alpha, gamma, normalization, ignore_label)
     num_class = pred.shape[-1]
-    if np.any(((label < 0) | (label > num_class) | (label != np.floor(label)))
-              & (label != ignore_label)):
-        raise _fl._checks.fail("focal_loss", "label", _fl._label_message(num_class,
-                                                                         ignore_label))
+    if np.any(
+        ((label < 0) | (label > num_class) | (label != np.floor(label))) & (label != ignore_label)
+    ):
+        raise _fl._checks.fail("focal_loss", "label", _fl._label_message(num_class, ignore_label))
     t, valid = _fl._targets_np(label, num_class, ignore_label, pred.dtype)
     sp_pos = np.logaddexp(0, pred)
     sp_neg = np.logaddexp(0, -pred)
-    loss = t * alpha * np.exp(-gamma * sp_pos) * sp_neg \
+    loss = (
+        t * alpha * np.exp(-gamma * sp_pos) * sp_neg
         + (1 - t) * (1 - alpha) * np.exp(-gamma * sp_neg) * sp_pos
+    )
     return (loss * valid / _fl._normalizer_np(label, valid, normalizer, normalization)).astype(
-        pred.dtype, copy=False)
+        pred.dtype, copy=False
+    )
 
 
-def _focal_grad_nd(ans, pred, label, normalizer=None, *, alpha=0.25, gamma=2.0,
-                   normalization="positive", ignore_label=-1):
+def _focal_grad_nd(
+    ans,
+    pred,
+    label,
+    normalizer=None,
+    *,
+    alpha=0.25,
+    gamma=2.0,
+    normalization="positive",
+    ignore_label=-1,
+):
     def grad(g):
         lab = label.astype(pred.dtype, copy=False)
         alpha_t, alpha_1t, valid = _fl._targets_nd(lab, pred.shape[-1], ignore_label, alpha)
         p, q = mx.nd.sigmoid(pred), mx.nd.sigmoid(-pred)
         sp_pos = mx.nd.Activation(pred, act_type="softrelu")
         sp_neg = mx.nd.Activation(-pred, act_type="softrelu")
-        d = -alpha_t * mx.nd.exp(-gamma * sp_pos) * (q + gamma * p * sp_neg) \
-            + alpha_1t * mx.nd.exp(-gamma * sp_neg) * (p + gamma * q * sp_pos)
+        d = -alpha_t * mx.nd.exp(-gamma * sp_pos) * (q + gamma * p * sp_neg) + alpha_1t * mx.nd.exp(
+            -gamma * sp_neg
+        ) * (p + gamma * q * sp_pos)
         z = _fl._normalizer_nd(lab, valid, normalizer, normalization, ignore_label, pred)
         return g * mx.nd.broadcast_div(mx.nd.broadcast_mul(d, valid), z)
+
     return grad
 
 
-def _focal_grad_np(ans, pred, label, normalizer=None, *, alpha=0.25, gamma=2.0,
-                   normalization="positive", ignore_label=-1):
+def _focal_grad_np(
+    ans,
+    pred,
+    label,
+    normalizer=None,
+    *,
+    alpha=0.25,
+    gamma=2.0,
+    normalization="positive",
+    ignore_label=-1,
+):
     def grad(g):
         t, valid = _fl._targets_np(label, pred.shape[-1], ignore_label, pred.dtype)
         sp_pos, sp_neg = np.logaddexp(0, pred), np.logaddexp(0, -pred)
         p, q = np.exp(-sp_neg), np.exp(-sp_pos)
-        d = -t * alpha * np.exp(-gamma * sp_pos) * (q + gamma * p * sp_neg) \
-            + (1 - t) * (1 - alpha) * np.exp(-gamma * sp_neg) * (p + gamma * q * sp_pos)
+        d = -t * alpha * np.exp(-gamma * sp_pos) * (q + gamma * p * sp_neg) + (1 - t) * (
+            1 - alpha
+        ) * np.exp(-gamma * sp_neg) * (p + gamma * q * sp_pos)
         return g * (d * valid / _fl._normalizer_np(label, valid, normalizer, normalization))
+
     return grad
 
 
@@ -166,8 +214,9 @@ def arc_margin(x, m=0.5):
 
 
 # dy/dx = sin(theta + m) / sin(theta), and 0 where x was clipped
-arc_margin.def_grad(lambda ans, x, m=0.5: _arc_grad(x, mx.nd.arccos(
-    mx.nd.clip(x, -1 + EPS, 1 - EPS)), m))
+arc_margin.def_grad(
+    lambda ans, x, m=0.5: _arc_grad(x, mx.nd.arccos(mx.nd.clip(x, -1 + EPS, 1 - EPS)), m)
+)
 
 
 @customop("mxnet")
@@ -195,20 +244,41 @@ def cases(quick):
     shape = (2, 500, 16) if quick else (8, 2000, 64)
     logits = mx.nd.array(rng.normal(scale=2.0, size=shape).astype(np.float32))
     kind = rng.uniform(size=shape[:2])
-    anchors = np.where(kind < 0.05, -1, np.where(kind < 0.15, rng.randint(1, shape[2] + 1,
-                                                                            size=shape[:2]), 0))
+    anchors = np.where(
+        kind < 0.05, -1, np.where(kind < 0.15, rng.randint(1, shape[2] + 1, size=shape[:2]), 0)
+    )
     anchor_label = mx.nd.array(anchors.astype(np.float32))
-    return [
-        ("focal_loss 'mxnet'", (focal_loss_recompute.mxnet, ops.focal_loss.mxnet),
-         [logits, anchor_label], {}),
-        ("focal_loss 'numpy'", (focal_loss_recompute.numpy, ops.focal_loss.numpy),
-         [logits, anchor_label], {}),
-        ("softmax_ce 'mxnet'", (softmax_ce_recompute.mxnet, ops.softmax_ce.mxnet),
-         [data, label], {}),
-        ("softmax_ce 'numpy'", (softmax_ce_recompute.numpy, ops.softmax_ce.numpy),
-         [data, label], {}),
-        ("arc_margin 'mxnet'", (arc_margin, arc_margin_saved), [cosine], {"m": 0.5}),
-    ], (n, c), shape
+    return (
+        [
+            (
+                "focal_loss 'mxnet'",
+                (focal_loss_recompute.mxnet, ops.focal_loss.mxnet),
+                [logits, anchor_label],
+                {},
+            ),
+            (
+                "focal_loss 'numpy'",
+                (focal_loss_recompute.numpy, ops.focal_loss.numpy),
+                [logits, anchor_label],
+                {},
+            ),
+            (
+                "softmax_ce 'mxnet'",
+                (softmax_ce_recompute.mxnet, ops.softmax_ce.mxnet),
+                [data, label],
+                {},
+            ),
+            (
+                "softmax_ce 'numpy'",
+                (softmax_ce_recompute.numpy, ops.softmax_ce.numpy),
+                [data, label],
+                {},
+            ),
+            ("arc_margin 'mxnet'", (arc_margin, arc_margin_saved), [cosine], {"m": 0.5}),
+        ],
+        (n, c),
+        shape,
+    )
 
 
 def fwd_bwd(op, inputs, params, path):
@@ -248,8 +318,12 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--markdown", action="store_true")
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--only", default="", metavar="TEXT",
-                        help="only the operators whose name contains TEXT (e.g. focal_loss)")
+    parser.add_argument(
+        "--only",
+        default="",
+        metavar="TEXT",
+        help="only the operators whose name contains TEXT (e.g. focal_loss)",
+    )
     args = parser.parse_args(argv)
     pairs = 6 if args.quick else 60
     all_cases, (n, c), focal_shape = cases(args.quick)
@@ -265,13 +339,18 @@ def main(argv=None):
             rows.append([name, path, f"{recompute:.2f}", f"{saved:.2f}", f"{ratio:.2f}x"])
     load.append(os.getloadavg()[0])
     machine = platform.processor() or platform.machine()
-    print(f"# {datetime.datetime.utcnow():%Y-%m-%d %H:%M} UTC, {machine}, {os.cpu_count()} "
-          f"cores, load average {load[0]:.1f} -> {load[1]:.1f}, python "
-          f"{platform.python_version()}, mxnet {mx.__version__}, numpy {np.__version__}"
-          f"; inputs ({n}, {c}) float32, focal_loss {focal_shape}; medians of {pairs} calls")
-    print_table(["operator", "path", "recompute ms", "residuals ms", "speed-up (median ratio)"],
-                rows,
-                args.markdown, "---|---|---:|---:|---:")
+    print(
+        f"# {datetime.datetime.utcnow():%Y-%m-%d %H:%M} UTC, {machine}, {os.cpu_count()} "
+        f"cores, load average {load[0]:.1f} -> {load[1]:.1f}, python "
+        f"{platform.python_version()}, mxnet {mx.__version__}, numpy {np.__version__}"
+        f"; inputs ({n}, {c}) float32, focal_loss {focal_shape}; medians of {pairs} calls"
+    )
+    print_table(
+        ["operator", "path", "recompute ms", "residuals ms", "speed-up (median ratio)"],
+        rows,
+        args.markdown,
+        "---|---|---:|---:|---:",
+    )
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ system.  Settings: MXNet's defaults; the loop waiting for the engine every 16 ca
 logging its loss); ``MXNET_ENGINE_TYPE=NaiveEngine`` (every operator runs before the
 call returns); ``MALLOC_ARENA_MAX=1``; ``MXNET_MKLDNN_ENABLED=0``; ``OMP_NUM_THREADS=1``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,24 +31,43 @@ import subprocess
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CASES = ["broadcast_div by a sum", "sum over an axis broadcast back", "min over an axis",
-         "x * x", "focal_loss's graph as a CachedOp"]
+CASES = [
+    "broadcast_div by a sum",
+    "sum over an axis broadcast back",
+    "min over an axis",
+    "x * x",
+    "focal_loss's graph as a CachedOp",
+]
 SETTINGS = {  # name -> (environment, wait for the engine every N calls or 0)
     "defaults": ({}, 0),
     "waitall every 16 calls": ({}, 16),
     "output read every 16 calls": ({}, -16),
     "NaiveEngine": ({"MXNET_ENGINE_TYPE": "NaiveEngine"}, 0),
     "MALLOC_ARENA_MAX=1": ({"MALLOC_ARENA_MAX": "1"}, 0),
-    "MXNET_MKLDNN_ENABLED=0": ({"MXNET_MKLDNN_ENABLED": "0",
-                                "MXNET_STORAGE_FALLBACK_LOG_VERBOSE": "0"}, 0),
+    "MXNET_MKLDNN_ENABLED=0": (
+        {"MXNET_MKLDNN_ENABLED": "0", "MXNET_STORAGE_FALLBACK_LOG_VERBOSE": "0"},
+        0,
+    ),
     "OMP_NUM_THREADS=1": ({"OMP_NUM_THREADS": "1"}, 0),
 }
 
 
 class _MallInfo2(ctypes.Structure):
-    _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd",
-                                               "usmblks", "fsmblks", "uordblks", "fordblks",
-                                               "keepcost")]
+    _fields_ = [
+        (n, ctypes.c_size_t)
+        for n in (
+            "arena",
+            "ordblks",
+            "smblks",
+            "hblks",
+            "hblkhd",
+            "usmblks",
+            "fsmblks",
+            "uordblks",
+            "fordblks",
+            "keepcost",
+        )
+    ]
 
 
 def _readings(libc) -> dict:
@@ -58,7 +78,7 @@ def _readings(libc) -> dict:
     with open("/proc/self/status") as f:
         rss = next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
     info = libc.mallinfo2()
-    return {"rss": rss / 1024, "in_use": info.uordblks / 2 ** 20, "free": info.fordblks / 2 ** 20}
+    return {"rss": rss / 1024, "in_use": info.uordblks / 2**20, "free": info.fordblks / 2**20}
 
 
 def _step_function(case: str):
@@ -86,7 +106,7 @@ def _step_function(case: str):
             with mx.autograd.record():
                 ops.focal_loss(x, label)
         mx.nd.waitall()
-        runner, = [g.full for g in imperative._graphs.values()]
+        (runner,) = [g.full for g in imperative._graphs.values()]
         cached = mx.nd.CachedOp(runner.symbol)
         args = [x, label]
         f = lambda x: cached(*[args[i] for i in runner.order])  # noqa: E731
@@ -125,9 +145,21 @@ def run_case(case: str, wait_every: int, warmup: int, calls: int) -> dict:
 def measure(case: str, setting: str, warmup: int, calls: int) -> dict:
     environ, wait_every = SETTINGS[setting]
     proc = subprocess.run(
-        [sys.executable, os.path.abspath(__file__), "--child", case, str(wait_every),
-         str(warmup), str(calls)],
-        cwd=ROOT, capture_output=True, text=True, timeout=600, env={**os.environ, **environ})
+        [
+            sys.executable,
+            os.path.abspath(__file__),
+            "--child",
+            case,
+            str(wait_every),
+            str(warmup),
+            str(calls),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, **environ},
+    )
     if proc.returncode != 0:
         raise RuntimeError(f"{case!r} ({setting}) failed:\n{proc.stderr[-3000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -148,24 +180,45 @@ def main() -> None:
     import mxnet as mx
     from tables import print_table
 
-    print(f"# {datetime.date.today()}, Python {platform.python_version()}, MXNet "
-          f"{mx.__version__}, {os.cpu_count()} CPUs; {args.warmup} warm-up calls, then "
-          f"{args.calls}; each row in a fresh process; MiB")
+    print(
+        f"# {datetime.date.today()}, Python {platform.python_version()}, MXNet "
+        f"{mx.__version__}, {os.cpu_count()} CPUs; {args.warmup} warm-up calls, then "
+        f"{args.calls}; each row in a fresh process; MiB"
+    )
     rows = []
     runs = [(c, "defaults") for c in CASES] + [
-        ("focal_loss's graph as a CachedOp", s) for s in SETTINGS if s != "defaults"]
+        ("focal_loss's graph as a CachedOp", s) for s in SETTINGS if s != "defaults"
+    ]
     for case, setting in runs:
         r = measure(case, setting, args.warmup, args.calls)
         s, e = r["start"], r["end"]
-        rows.append([case, setting, f"{(e['rss'] - s['rss']) * 1024 / args.calls:.1f}",
-                     f"{s['rss']:.0f} -> {e['rss']:.0f}",
-                     f"{s['in_use']:.1f} -> {e['in_use']:.1f}",
-                     f"{s['free']:.1f} -> {e['free']:.1f}", f"{r['trimmed']:.0f}"])
+        rows.append(
+            [
+                case,
+                setting,
+                f"{(e['rss'] - s['rss']) * 1024 / args.calls:.1f}",
+                f"{s['rss']:.0f} -> {e['rss']:.0f}",
+                f"{s['in_use']:.1f} -> {e['in_use']:.1f}",
+                f"{s['free']:.1f} -> {e['free']:.1f}",
+                f"{r['trimmed']:.0f}",
+            ]
+        )
         if not args.markdown:
             print("  ".join(rows[-1]), file=sys.stderr, flush=True)
-    print_table(["case", "setting", "KiB a call", "RSS", "heap in use", "free heap",
-                 "RSS after malloc_trim"], rows, args.markdown,
-                "---|---|---:|---:|---:|---:|---:")
+    print_table(
+        [
+            "case",
+            "setting",
+            "KiB a call",
+            "RSS",
+            "heap in use",
+            "free heap",
+            "RSS after malloc_trim",
+        ],
+        rows,
+        args.markdown,
+        "---|---|---:|---:|---:|---:|---:",
+    )
 
 
 if __name__ == "__main__":

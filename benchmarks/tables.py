@@ -1,9 +1,11 @@
 """Printing a benchmark table, as plain aligned text or as Markdown (shared by the scripts)."""
+
 from __future__ import annotations
 
 
-def print_table(header: list[str], rows: list[list[str]], markdown: bool,
-                align: str | None = None) -> None:
+def print_table(
+    header: list[str], rows: list[list[str]], markdown: bool, align: str | None = None
+) -> None:
     """``align``: one Markdown alignment cell per column (e.g. ``'---:'``); default left."""
     if markdown:
         print("| " + " | ".join(header) + " |")

@@ -13,6 +13,7 @@ temporary space) on ``(8, 64, 16, 16)`` floats.  customop's two helper threads
 (``customop-trace``, ``customop-infer``) pay this once each (BENCHMARKS.md, *Peak memory of
 the RetinaNet-style head*).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,9 +31,21 @@ WORK = ["x * x", "random numbers", "sum, convolution, topk"]
 
 
 class _MallInfo2(ctypes.Structure):
-    _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd",
-                                               "usmblks", "fsmblks", "uordblks", "fordblks",
-                                               "keepcost")]
+    _fields_ = [
+        (n, ctypes.c_size_t)
+        for n in (
+            "arena",
+            "ordblks",
+            "smblks",
+            "hblks",
+            "hblkhd",
+            "usmblks",
+            "fsmblks",
+            "uordblks",
+            "fordblks",
+            "keepcost",
+        )
+    ]
 
 
 def child(work: str) -> dict:
@@ -51,8 +64,9 @@ def child(work: str) -> dict:
             mx.nd.random.normal(shape=(100,)).wait_to_read()
         else:
             mx.nd.sum(x, axis=1).wait_to_read()
-            mx.nd.Convolution(x, mx.nd.ones((16, 64, 3, 3)), kernel=(3, 3), num_filter=16,
-                              no_bias=True).wait_to_read()
+            mx.nd.Convolution(
+                x, mx.nd.ones((16, 64, 3, 3)), kernel=(3, 3), num_filter=16, no_bias=True
+            ).wait_to_read()
             mx.nd.topk(x.reshape((8, -1)), k=3).wait_to_read()
 
     def reading() -> tuple:
@@ -60,7 +74,7 @@ def child(work: str) -> dict:
         gc.collect()
         with open("/proc/self/status") as f:
             rss = next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
-        return rss / 1024, libc.mallinfo2().hblkhd / 2 ** 20
+        return rss / 1024, libc.mallinfo2().hblkhd / 2**20
 
     found = {"before": reading()}
     run()
@@ -87,16 +101,27 @@ def main() -> None:
     import mxnet as mx
     from tables import print_table
 
-    print(f"# {datetime.date.today()}, Python {platform.python_version()}, MXNet "
-          f"{mx.__version__}; each row a fresh process; RSS / live mmapped allocations, MiB")
+    print(
+        f"# {datetime.date.today()}, Python {platform.python_version()}, MXNet "
+        f"{mx.__version__}; each row a fresh process; RSS / live mmapped allocations, MiB"
+    )
     rows = []
     for work in WORK:
-        proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", work],
-                              capture_output=True, text=True, timeout=300, check=True)
+        proc = subprocess.run(
+            [sys.executable, os.path.abspath(__file__), "--child", work],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=True,
+        )
         found = json.loads(proc.stdout.strip().splitlines()[-1])
         rows.append([work, *(f"{r:.1f} / {m:.1f}" for r, m in found.values())])
-    print_table(["work", "before", "main thread", "a thread, ended", "a pool thread, alive"],
-                rows, args.markdown, "---|---:|---:|---:|---:")
+    print_table(
+        ["work", "before", "main thread", "a thread, ended", "a pool thread, alive"],
+        rows,
+        args.markdown,
+        "---|---:|---:|---:|---:",
+    )
 
 
 if __name__ == "__main__":

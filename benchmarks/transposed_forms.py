@@ -22,6 +22,7 @@ only" ones must agree.  MXNet's own gradient of ``x * x``, ``g * x + g * x``, do
 the subnormal product.  The "cost only" rows measure what parts of a form cost: the form
 without the coefficient and its multiply bounds any graph of this shape from below.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -83,8 +84,11 @@ def _rows(size):
         ("form, x + negative(sg) for x - sg", _form(seed="neg"), True),
         ("form, broadcast_mul for c * d", _form(mul="broadcast_mul"), True),
         ("form, LeakyReLU prelu(d, gamma=c) for c * d", _form(mul="prelu"), True),
-        ("cost only: fwd(sg) + (x - sg)",
-         S.elemwise_add(S.broadcast_mul(sg, sg), S.elemwise_sub(x, sg)), False),
+        (
+            "cost only: fwd(sg) + (x - sg)",
+            S.elemwise_add(S.broadcast_mul(sg, sg), S.elemwise_sub(x, sg)),
+            False,
+        ),
         ("cost only: x * x + sg(x)", S.elemwise_add(S.broadcast_mul(x, x), sg), False),
     ]
 
@@ -123,8 +127,7 @@ def main(argv=None):
                 return y
 
             y = step()
-            same = (np.array_equal(y.asnumpy(), want_y)
-                    and np.array_equal(x.grad.asnumpy(), want_g))
+            same = np.array_equal(y.asnumpy(), want_y) and np.array_equal(x.grad.asnumpy(), want_g)
             assert same or not exact, label
             steps[label] = step
             agrees[label] = "yes" if same else "no"
@@ -140,11 +143,14 @@ def main(argv=None):
         base = statistics.median(times["native broadcast_mul(x, x)"])
         for label in steps:
             m = statistics.median(times[label])
-            table.append([f"{size:g}", label, agrees[label], f"{m * 1e3:.4f}",
-                          f"{m / base:.2f}x"])
+            table.append([f"{size:g}", label, agrees[label], f"{m * 1e3:.4f}", f"{m / base:.2f}x"])
     print(f"load average {os.getloadavg()[0]:.1f}; mxnet {mx.__version__}", file=sys.stderr)
-    print_table(["elements", "graph", "closure's numbers", "ms", "vs native"], table, args.markdown,
-                "---|---|---|---:|---:")
+    print_table(
+        ["elements", "graph", "closure's numbers", "ms", "vs native"],
+        table,
+        args.markdown,
+        "---|---|---|---:|---:",
+    )
 
 
 if __name__ == "__main__":

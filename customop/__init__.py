@@ -19,6 +19,7 @@ Importing this package changes nothing in MXNet or Python, and imports MXNet onl
 public name is first used; what an operator needs from MXNet is installed when it is first
 used (see :mod:`customop.runtime`).
 """
+
 import importlib as _importlib
 import importlib.util as _util
 from typing import TYPE_CHECKING, Any
@@ -37,7 +38,8 @@ _NO_MXNET = (
     "customop needs MXNet 1.9.1, which is not installed. Install customop with one "
     "extra: pip install 'customop[cpu]' (mxnet==1.9.1) or 'customop[cu112]' "
     "(mxnet-cu112==1.9.1, CUDA 11.2), never both. (Without MXNet only saved ports load: "
-    "customop.load_port, from customop.port.)")
+    "customop.load_port, from customop.port.)"
+)
 # Without MXNet the package imports, and offers only what reads saved ports (customop.port
 # imports neither MXNet nor the rest of customop); every other name raises naming the extras.
 _WITHOUT_MXNET = {"load_port", "port", "PortError"}
@@ -54,23 +56,54 @@ if TYPE_CHECKING:
     from .saved import residuals
     from .value_checks import require
 
-__all__ = ["customop", "CustomOperator", "residuals", "check_grad", "imports",
-           "load_checkpoint", "explain", "is_tracing", "export", "to_onnx",
-           "NotInlinedError", "require", "UntrustedModuleError", "cache_budget", "to_torch",
-           "to_jax", "save_port", "load_port", "PortError"]
+__all__ = [
+    "customop",
+    "CustomOperator",
+    "residuals",
+    "check_grad",
+    "imports",
+    "load_checkpoint",
+    "explain",
+    "is_tracing",
+    "export",
+    "to_onnx",
+    "NotInlinedError",
+    "require",
+    "UntrustedModuleError",
+    "cache_budget",
+    "to_torch",
+    "to_jax",
+    "save_port",
+    "load_port",
+    "PortError",
+]
 __version__ = "0.1.0"
 
 # Each public name comes from its module on first use: `import customop` alone imports
 # neither MXNet nor the rest of the package, so that `python -m customop.distributed.launch`
 # (which runs no operator) starts without MXNet's import (about 3 s of CPU a process), and
 # `python -m customop.check` does not find its own module already loaded (runpy warns).
-_HOME = {"customop": "operator", "CustomOperator": "operator", "residuals": "saved",
-         "check_grad": "check", "imports": "deploy.loading", "load_checkpoint": "deploy.loading",
-         "explain": "graphs.explain", "is_tracing": "graphs.trace", "export": "deploy.export",
-         "to_onnx": "deploy.export", "NotInlinedError": "deploy.export",
-         "require": "value_checks", "UntrustedModuleError": "deploy.loading",
-         "cache_budget": "graphs.budget", "to_torch": "port", "to_jax": "port",
-         "save_port": "port", "load_port": "port", "PortError": "port"}
+_HOME = {
+    "customop": "operator",
+    "CustomOperator": "operator",
+    "residuals": "saved",
+    "check_grad": "check",
+    "imports": "deploy.loading",
+    "load_checkpoint": "deploy.loading",
+    "explain": "graphs.explain",
+    "is_tracing": "graphs.trace",
+    "export": "deploy.export",
+    "to_onnx": "deploy.export",
+    "NotInlinedError": "deploy.export",
+    "require": "value_checks",
+    "UntrustedModuleError": "deploy.loading",
+    "cache_budget": "graphs.budget",
+    "to_torch": "port",
+    "to_jax": "port",
+    "save_port": "port",
+    "load_port": "port",
+    "PortError": "port",
+}
 
 
 def __getattr__(name: str) -> Any:

@@ -41,6 +41,7 @@ gradients flow back in each input's dtype.
 :func:`forced_path` pins one path (tests prove them equivalent; benchmarks
 compare them).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -113,9 +114,14 @@ def to_ndarrays(op: opinfo.Forward, inputs: list[Any]) -> list[mx.nd.NDArray]:
         if isinstance(a, mx.nd.NDArray):
             out.append(a)
         elif isinstance(a, mx.sym.Symbol) or not isinstance(a, _PLAIN):
-            raise errors.op_error(op.op_type, TypeError, (
-                f"input {name!r} is a {type(a).__name__}; pass mx.nd.NDArray (or numpy arrays) "
-                "like the other inputs"))
+            raise errors.op_error(
+                op.op_type,
+                TypeError,
+                (
+                    f"input {name!r} is a {type(a).__name__}; pass mx.nd.NDArray (or numpy arrays) "
+                    "like the other inputs"
+                ),
+            )
         else:
             arr = np.asarray(a)
             if isinstance(a, float):
@@ -160,8 +166,10 @@ def half_inputs(nd_inputs: list[NDArray], n: int) -> tuple[bool, bool]:
 
 def _cast_in(nd_inputs: list[NDArray], n: int, amp: bool) -> list[NDArray]:
     half = (np.float16, BFLOAT16) if amp else (BFLOAT16,)
-    return [mx.nd.amp_cast(a, dtype=np.float32) if i < n and a.dtype in half else a
-            for i, a in enumerate(nd_inputs)]
+    return [
+        mx.nd.amp_cast(a, dtype=np.float32) if i < n and a.dtype in half else a
+        for i, a in enumerate(nd_inputs)
+    ]
 
 
 def call_ndarray(op: opinfo.Dispatched, inputs: list[Any], params: dict[str, Any]) -> Any:
@@ -169,22 +177,27 @@ def call_ndarray(op: opinfo.Dispatched, inputs: list[Any], params: dict[str, Any
     cast_in, cast_back = half_inputs(nd_inputs, len(op.signature.inputs))
     if not cast_in:
         return _returned(_call_ndarray(op, nd_inputs, params))
-    outs = _call_ndarray(op, _cast_in(nd_inputs, len(op.signature.inputs), not cast_back),
-                         params)
+    outs = _call_ndarray(op, _cast_in(nd_inputs, len(op.signature.inputs), not cast_back), params)
     if cast_back:  # recorded: the gradient reaches the cast as bfloat16, and goes on float32
         outs = [mx.nd.amp_cast(o, dtype=BFLOAT16) if o.dtype == np.float32 else o for o in outs]
     return _returned(outs)
 
 
-def _call_ndarray(op: opinfo.Dispatched, nd_inputs: list[NDArray],
-                  params: dict[str, Any]) -> list[NDArray]:
+def _call_ndarray(
+    op: opinfo.Dispatched, nd_inputs: list[NDArray], params: dict[str, Any]
+) -> list[NDArray]:
     kernel.check_aux(op, nd_inputs, params)
     recording = mx.autograd.is_recording()
     path = choose(recording, op.records_natively)
     if path == "direct" and recording:
-        raise errors.op_error(op.op_type, RuntimeError, (
-            "forced_path('direct') inside mx.autograd.record() would leave the op out of the "
-            "graph; use 'function' or 'custom' there"))
+        raise errors.op_error(
+            op.op_type,
+            RuntimeError,
+            (
+                "forced_path('direct') inside mx.autograd.record() would leave the op out of the "
+                "graph; use 'function' or 'custom' there"
+            ),
+        )
     if op.signature.aux and path != "direct":
         path = "custom"  # the aux arrays must be inputs of MXNet's node (see the module doc)
     tracing = trace_hooks.tracing_now()
@@ -194,11 +207,16 @@ def _call_ndarray(op: opinfo.Dispatched, nd_inputs: list[NDArray],
             path = "native"  # its forward's own operators join the graph
     if path != "direct":
         runtime.use()
-    if tracing is None and op.mode == "mxnet" and not op.signature.aux \
-            and getattr(_forced, "path", None) in (None, "graph"):
+    if (
+        tracing is None
+        and op.mode == "mxnet"
+        and not op.signature.aux
+        and getattr(_forced, "path", None) in (None, "graph")
+    ):
         # recorded or not (measured faster either way: benchmarks/imperative.py)
-        found = _imperative().call(op, nd_inputs, params, at_once=path == "graph",
-                                   recording=recording)
+        found = _imperative().call(
+            op, nd_inputs, params, at_once=path == "graph", recording=recording
+        )
         if isinstance(found, list):
             return found
     else:
@@ -240,8 +258,9 @@ def call_without_inputs(op: opinfo.Forward, params: dict[str, Any], ctx: mx.Cont
     return _returned(outs)
 
 
-def call_direct(op: opinfo.Forward, nd_inputs: list[mx.nd.NDArray],
-                params: dict[str, Any]) -> list[mx.nd.NDArray]:
+def call_direct(
+    op: opinfo.Forward, nd_inputs: list[mx.nd.NDArray], params: dict[str, Any]
+) -> list[mx.nd.NDArray]:
     mode = op.mode_impl
     ctx = nd_inputs[0].context
     with mx.autograd.pause(train_mode=mx.autograd.is_training()):
@@ -249,11 +268,13 @@ def call_direct(op: opinfo.Forward, nd_inputs: list[mx.nd.NDArray],
         return [_fresh(mode.to_nd(o, ctx), nd_inputs) for o in outs]
 
 
-def call_native(op: opinfo.Differentiable, nd_inputs: list[mx.nd.NDArray],
-                params: dict[str, Any]) -> list[mx.nd.NDArray]:
+def call_native(
+    op: opinfo.Differentiable, nd_inputs: list[mx.nd.NDArray], params: dict[str, Any]
+) -> list[mx.nd.NDArray]:
     # Recorded as MXNet's own ops: a no_grad input is cut off from the tape instead.
-    args = [a.detach() if name in op.no_grad else a
-            for name, a in zip(op.signature.arrays, nd_inputs)]
+    args = [
+        a.detach() if name in op.no_grad else a for name, a in zip(op.signature.arrays, nd_inputs)
+    ]
     outs = kernel.run_forward(op, args, params)
     return [_fresh(o, [*nd_inputs, *args]) for o in outs]
 
@@ -286,14 +307,14 @@ def _run_backward(state, num_ograds, num_igrads, ptrs, reqs):
     igrads: list[NDArray] = []
     try:
         names = callbacks.req_names(reqs, num_igrads)
-        ograds, igrads = callbacks.function_arrays(num_ograds, num_igrads, ptrs,
-                                                   op.need_top_grad)
+        ograds, igrads = callbacks.function_arrays(num_ograds, num_igrads, ptrs, op.need_top_grad)
         g = None
         if ograds is not None:
             g = [mode.from_nd(o) for o in ograds]
             g = [v.reshape(o.shape) if op.mode == "numpy" else v for v, o in zip(g, outs)]
-        kernel.backward_nd(op, state.args, state.aux, outs, g, state.params, names, igrads,
-                           state.saved)
+        kernel.backward_nd(
+            op, state.args, state.aux, outs, g, state.params, names, igrads, state.saved
+        )
     except Exception as exc:
         # the gradients it should have written carry the failure to their readers
         poisoned = callbacks.poisoned([g for g, r in zip(igrads, names) if r != "null"])
@@ -310,10 +331,9 @@ def _delete(key, states=_states, alive=_alive):
     return True
 
 
-
-
-def call_function(op: opinfo.Differentiable, nd_inputs: list[mx.nd.NDArray],
-                  params: dict[str, Any]) -> list[mx.nd.NDArray]:
+def call_function(
+    op: opinfo.Differentiable, nd_inputs: list[mx.nd.NDArray], params: dict[str, Any]
+) -> list[mx.nd.NDArray]:
     mode = op.mode_impl
     ctx = nd_inputs[0].context
     n = len(op.signature.inputs)
@@ -337,13 +357,14 @@ def call_function(op: opinfo.Differentiable, nd_inputs: list[mx.nd.NDArray],
     return nd_outs
 
 
-def call_custom(op: opinfo.Forward, nd_inputs: list[mx.nd.NDArray],
-                params: dict[str, Any]) -> list[mx.nd.NDArray]:
+def call_custom(
+    op: opinfo.Forward, nd_inputs: list[mx.nd.NDArray], params: dict[str, Any]
+) -> list[mx.nd.NDArray]:
     attrs = {k: _params.encode(v) for k, v in params.items()}
     if op.signature.aux:
         # installs the aux patches before the first call, which touch_aux depends on
         aux_patch.use_aux(op.op_type, op.signature.aux)
-        aux_patch.touch_aux(nd_inputs[len(op.signature.inputs):], op.op_type)
+        aux_patch.touch_aux(nd_inputs[len(op.signature.inputs) :], op.op_type)
     # The operator MXNet creates for this call finds its failure record by this key, so a
     # failure is ours to raise even when MXNet loses or mixes it up.
     key, call = errors.open_call()
@@ -353,9 +374,9 @@ def call_custom(op: opinfo.Forward, nd_inputs: list[mx.nd.NDArray],
     finally:
         errors.close_call(key)
     outs = [outs] if isinstance(outs, mx.nd.NDArray) else list(outs)
-    outs = outs[:op.outputs.of(params)]
+    outs = outs[: op.outputs.of(params)]
     if op.signature.aux:
-        aux_patch.note_recorded_aux(nd_inputs[len(op.signature.inputs):])
+        aux_patch.note_recorded_aux(nd_inputs[len(op.signature.inputs) :])
     try:
         for o in outs:  # surface a forward error here, with its real type
             o.wait_to_read()
@@ -367,8 +388,9 @@ def call_custom(op: opinfo.Forward, nd_inputs: list[mx.nd.NDArray],
     return outs
 
 
-def call_symbol(op: opinfo.Forward, arrays: list[Any], params: dict[str, Any],
-                node_name: str | None) -> mx.sym.Symbol:
+def call_symbol(
+    op: opinfo.Forward, arrays: list[Any], params: dict[str, Any], node_name: str | None
+) -> mx.sym.Symbol:
     """A ``Custom`` node over Symbol inputs; aux states left out become zero-filled variables.
 
     The node itself is returned, with all its outputs, as MXNet's own multi-output
@@ -377,17 +399,24 @@ def call_symbol(op: opinfo.Forward, arrays: list[Any], params: dict[str, Any],
     """
     for name, a in zip(op.signature.arrays, arrays):
         if not isinstance(a, mx.sym.Symbol):
-            raise errors.op_error(op.op_type, TypeError, (
-                f"input {name!r} is a {type(a).__name__}, but other inputs are mx.sym.Symbol; "
-                "make every input a Symbol (e.g. mx.sym.Variable)"))
+            raise errors.op_error(
+                op.op_type,
+                TypeError,
+                (
+                    f"input {name!r} is a {type(a).__name__}, but other inputs are mx.sym.Symbol; "
+                    "make every input a Symbol (e.g. mx.sym.Variable)"
+                ),
+            )
     attrs = {k: _params.encode(v) for k, v in params.items()}
     runtime.note_graph_op(op)
     if len(arrays) < len(op.signature.arrays):
         # MXNet takes Symbols passed after the arguments as the auxiliary states; ours
         # carry a zero initializer so that Module.init_params accepts their names.
         node_name = mx.name.NameManager.current.get(node_name, "custom")
-        arrays = [*arrays, *[mx.sym.Variable(f"{node_name}_{a}", init=mx.init.Zero())
-                             for a in op.signature.aux]]
+        arrays = [
+            *arrays,
+            *[mx.sym.Variable(f"{node_name}_{a}", init=mx.init.Zero()) for a in op.signature.aux],
+        ]
         with mx.name.NameManager():
             sym = mx.sym.Custom(*arrays, op_type=op.op_type, name=node_name, **attrs)
     else:
@@ -404,9 +433,14 @@ def call_numpy(op: opinfo.Forward, inputs: list[Any], params: dict[str, Any]) ->
     kernel.check_aux(op, inputs, params)
     for name, a in zip(op.signature.arrays, inputs):
         if not isinstance(a, _PLAIN):
-            raise errors.op_error(op.op_type, TypeError, (
-                f"input {name!r} is a {type(a).__name__}; pass numpy arrays, mx.nd.NDArray or "
-                "mx.sym.Symbol"))
+            raise errors.op_error(
+                op.op_type,
+                TypeError,
+                (
+                    f"input {name!r} is a {type(a).__name__}; pass numpy arrays, mx.nd.NDArray or "
+                    "mx.sym.Symbol"
+                ),
+            )
     mode = op.mode_impl
     args = [mode.from_numpy(np.asarray(a)) for a in inputs]
     outs = [mode.to_numpy(o) for o in kernel.run_forward(op, args, params)]

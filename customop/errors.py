@@ -23,6 +23,7 @@ Three kinds of failure, one rule each:
   in place of MXNet's error for the poisoned arrays; :mod:`customop.runtime`
   installs that hook, lazily.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -77,8 +78,7 @@ def is_own_check(exc: BaseException, op_type: str) -> bool:
     says what is wrong (``customop '<op>': ...``), rather than a failure named by its place
     (``customop '<op>' (<where>): ...``)."""
     text = str(exc)
-    return any(text.startswith(f"customop {name!r}: ") for name in (_base(op_type),
-                                                                       shown(op_type)))
+    return any(text.startswith(f"customop {name!r}: ") for name in (_base(op_type), shown(op_type)))
 
 
 def attach(exc: BaseException, op_type: str, where: str) -> BaseException:
@@ -117,8 +117,11 @@ def mxnet_text(exc: BaseException) -> str:
     keep = []
     for line in str(exc).splitlines():
         stripped = line.strip()
-        if (not stripped or stripped.startswith(("Traceback", "File \"", "[bt]", "Stack trace"))
-                or re.match(r"^\d+: ", stripped)):
+        if (
+            not stripped
+            or stripped.startswith(("Traceback", 'File "', "[bt]", "Stack trace"))
+            or re.match(r"^\d+: ", stripped)
+        ):
             continue
         keep.append(re.sub(r"^(MXNetError: )+", "", stripped))
     return "\n".join(keep) or str(exc)
@@ -129,8 +132,9 @@ def from_mxnet(exc: BaseException, op_type: str, where: str) -> BaseException:
 
     The caller raises it ``from exc``, so MXNet's own error stays attached.
     """
-    new = ValueError(f"customop {shown(op_type)!r} ({where}): an MXNet operator failed: "
-                     f"{mxnet_text(exc)}")
+    new = ValueError(
+        f"customop {shown(op_type)!r} ({where}): an MXNet operator failed: {mxnet_text(exc)}"
+    )
     new.__cause__ = exc
     return new
 
@@ -141,11 +145,13 @@ def empty_batch(exc: BaseException, op_type: str, name: str) -> BaseException:
     Under MXNet's legacy shapes almost every operator, native ones too (``mx.nd.relu``,
     ``x * 2``), fails shape inference on a 0-size array.  Raised ``from exc``.
     """
-    return ValueError(f"customop {shown(op_type)!r} (input {name!r}): an empty (0-size) batch: "
-                      "MXNet's own operators refuse 0-size arrays under its legacy shapes "
-                      "(native ones too); skip empty batches, or use the op's 'numpy' mode, "
-                      "which runs them. "
-                      f"MXNet said: {mxnet_text(exc)}")
+    return ValueError(
+        f"customop {shown(op_type)!r} (input {name!r}): an empty (0-size) batch: "
+        "MXNet's own operators refuse 0-size arrays under its legacy shapes "
+        "(native ones too); skip empty batches, or use the op's 'numpy' mode, "
+        "which runs them. "
+        f"MXNet said: {mxnet_text(exc)}"
+    )
 
 
 def ours(exc: BaseException, op_type: str, where: str) -> BaseException:
@@ -232,8 +238,9 @@ class _Foreign:
 _OTHER_NODES_DEPS = "unknown storage type: -1"
 
 
-def foreign_failure(printed: str, exc: BaseException, where: dict[str, Any]
-                    ) -> BaseException | None:
+def foreign_failure(
+    printed: str, exc: BaseException, where: dict[str, Any]
+) -> BaseException | None:
     """The one exception a hand-written op's failed CustomOp callback becomes, naming the op.
 
     ``printed``: MXNet's ``"Error in <what>.<method>: <traceback>"``; ``exc``: the
@@ -252,13 +259,16 @@ def foreign_failure(printed: str, exc: BaseException, where: dict[str, Any]
     else:
         names = [type(where[k]).__name__ for k in ("op", "op_prop") if k in where]
         who = "hand-written custom operator " + (
-            f"{names[0]} ({', '.join(names[1:])})" if len(names) > 1 else (names or ["?"])[0])
+            f"{names[0]} ({', '.join(names[1:])})" if len(names) > 1 else (names or ["?"])[0]
+        )
     text = f"{type(exc).__name__}: {exc}"
     if _OTHER_NODES_DEPS in text and isinstance(op_type, str):
-        text += (". MXNet reads every custom node's backward dependencies from one process-wide "
-                 "set (mxnet.operator._registry.result_deps) that the custom node created last "
-                 "overwrites; customop's fix for its own nodes ('deps') is switched off by "
-                 "CUSTOMOP_RUNTIME_OFF")
+        text += (
+            ". MXNet reads every custom node's backward dependencies from one process-wide "
+            "set (mxnet.operator._registry.result_deps) that the custom node created last "
+            "overwrites; customop's fix for its own nodes ('deps') is switched off by "
+            "CUSTOMOP_RUNTIME_OFF"
+        )
     elif _OTHER_NODES_DEPS in text:
         text += (
             ". MXNet reads every custom node's backward dependencies from one process-wide "
@@ -266,7 +276,8 @@ def foreign_failure(printed: str, exc: BaseException, where: dict[str, Any]
             "overwrites; here it belongs to another hand-written op (ours never write it). "
             "Create a Symbol of the output layer (need_top_grad=False) after every other "
             "custom Symbol, right before backward (e.g. mx.sym.Custom(mx.sym.var('any'), "
-            "op_type=...)), or port the ops to @customop")
+            "op_type=...)), or port the ops to @customop"
+        )
     new = mx.base.MXNetError(f"{who} failed in its {found.group(1)}: {text}")
     new.__cause__ = exc
     return new
@@ -325,9 +336,12 @@ def poison(arrays: list[Any]) -> bool:
         size = int(np.prod(a.shape)) if a is not None else 0
         if size:
             # indices all out of range for a 1-element source: the kernel's own check fails
-            mx.nd.take(mx.nd.zeros((1,), ctx=a.context, dtype=a.dtype),
-                       mx.nd.ones((size,), ctx=a.context, dtype="int32"), mode="raise",
-                       out=a.reshape((size,)))
+            mx.nd.take(
+                mx.nd.zeros((1,), ctx=a.context, dtype=a.dtype),
+                mx.nd.ones((size,), ctx=a.context, dtype="int32"),
+                mode="raise",
+                out=a.reshape((size,)),
+            )
             return True
     return False
 

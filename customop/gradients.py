@@ -9,6 +9,7 @@ the operator allows it (``auto_grad=True``), an automatic gradient: HIPS
 ``autograd`` (``make_vjp``) over the forward in ``'numpy'`` mode, ``mx.autograd``
 recording the forward again in ``'mxnet'`` mode; else zero (``None``).
 """
+
 from __future__ import annotations
 
 import functools
@@ -48,9 +49,15 @@ class Joint:
         return len(self.declared)
 
 
-def compute_all(op: opinfo.Differentiable, ans: Any, args: list[Any], g: Any,
-                params: dict[str, Any], wanted: list[bool],
-                saved: Callable[[], dict[str, Any]] = dict) -> list[Any | None]:
+def compute_all(
+    op: opinfo.Differentiable,
+    ans: Any,
+    args: list[Any],
+    g: Any,
+    params: dict[str, Any],
+    wanted: list[bool],
+    saved: Callable[[], dict[str, Any]] = dict,
+) -> list[Any | None]:
     """Gradients for every input (``None`` means zero) given upstream gradient ``g``.
 
     ``saved()`` gives the forward's residuals; it is called only for a closure that
@@ -61,8 +68,11 @@ def compute_all(op: opinfo.Differentiable, ans: Any, args: list[Any], g: Any,
     names = op.signature.inputs
     joint_found: dict[int, tuple] = {}  # id(Joint) -> its closure's tuple, once per backward
     for i, (arg, want) in enumerate(zip(args, wanted)):
-        if (not want or (i < len(names) and names[i] in op.no_grad)
-                or op.mode_impl.dtype(arg).kind != "f"):  # floating (np.issubdtype, faster)
+        if (
+            not want
+            or (i < len(names) and names[i] in op.no_grad)
+            or op.mode_impl.dtype(arg).kind != "f"
+        ):  # floating (np.issubdtype, faster)
             continue
         joint = op.grad_groups.get(i)
         if joint is not None:
@@ -109,8 +119,13 @@ def _keywords(fn, head):
 _cached_keywords = functools.lru_cache(maxsize=1024)(_keywords)  # asked at every backward
 
 
-def closure_kwargs(op: opinfo.Forward, maker: Callable, n_args: int, params: dict[str, Any],
-                   saved: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+def closure_kwargs(
+    op: opinfo.Forward,
+    maker: Callable,
+    n_args: int,
+    params: dict[str, Any],
+    saved: Callable[[], dict[str, Any]],
+) -> dict[str, Any]:
     """The keywords a gradient closure (called with ``ans`` and ``n_args`` arrays) gets.
 
     The parameters the call passed (always); the defaults of the others, where the
@@ -129,8 +144,15 @@ def closure_kwargs(op: opinfo.Forward, maker: Callable, n_args: int, params: dic
     return kw
 
 
-def from_closure(op: opinfo.Differentiable, i: int, ans: Any, args: list[Any], g: Any,
-                 params: dict[str, Any], saved: Callable[[], dict[str, Any]]) -> Any:
+def from_closure(
+    op: opinfo.Differentiable,
+    i: int,
+    ans: Any,
+    args: list[Any],
+    g: Any,
+    params: dict[str, Any],
+    saved: Callable[[], dict[str, Any]],
+) -> Any:
     """Input ``i``'s gradient from its ``def_grad`` closure, given upstream gradient ``g``;
     a failure names the op and the input, and a closure returning None is an error."""
     name = op.signature.inputs[i]
@@ -142,12 +164,21 @@ def from_closure(op: opinfo.Differentiable, i: int, ans: Any, args: list[Any], g
     if grad is None:  # a forgotten `return`, not a zero gradient
         raise TypeError(
             f"customop {errors.shown(op.op_type)!r} (gradient for input {name!r}): the gradient "
-            "closure returned None; return the gradient (zeros for none)")
+            "closure returned None; return the gradient (zeros for none)"
+        )
     return grad
 
 
-def from_joint(op: opinfo.Differentiable, joint: Joint, i: int, ans: Any, args: list[Any],
-               g: Any, params: dict[str, Any], saved: Callable[[], dict[str, Any]]) -> tuple:
+def from_joint(
+    op: opinfo.Differentiable,
+    joint: Joint,
+    i: int,
+    ans: Any,
+    args: list[Any],
+    g: Any,
+    params: dict[str, Any],
+    saved: Callable[[], dict[str, Any]],
+) -> tuple:
     """The gradients of ``joint``'s inputs (``i`` among them) from their one ``def_grad``
     closure, as the tuple it returned (checked: as many as ``argnum=`` declared)."""
     names = [op.signature.inputs[k] for k in joint.argnums]
@@ -158,12 +189,16 @@ def from_joint(op: opinfo.Differentiable, joint: Joint, i: int, ans: Any, args: 
     except Exception as exc:
         errors.reraise(exc, op.op_type, where)
     if not isinstance(found, (tuple, list)) or len(found) != joint.size:
-        got = (f"a {type(found).__name__} of {len(found)}" if isinstance(found, (tuple, list))
-               else f"a {type(found).__name__}")
+        got = (
+            f"a {type(found).__name__} of {len(found)}"
+            if isinstance(found, (tuple, list))
+            else f"a {type(found).__name__}"
+        )
         raise TypeError(
             f"customop {errors.shown(op.op_type)!r} ({where}): a closure registered with "
             f"def_grad(argnum={joint.declared}) returns a tuple of "
-            f"{joint.size} gradients in that order (None for zero); it returned {got}")
+            f"{joint.size} gradients in that order (None for zero); it returned {got}"
+        )
     return tuple(found)
 
 
@@ -172,14 +207,19 @@ def _untraceable(op, argnums, how: str, cause: BaseException | str) -> BaseExcep
     one = len(names) == 1
     listed = ", ".join(map(repr, names))
     declared = ", ".join(repr(n) for n in (*sorted(op.no_grad), *names))
-    return errors.op_error(op.op_type, TypeError, (
-        f"cannot compute an automatic gradient for input{'' if one else 's'} {listed}: "
-        f"{str(cause).rstrip('.')}. If {'it is' if one else 'they are'} not meant to be "
-        "differentiated (a label, an index, a mask), declare it: "
-        f"@customop({op.mode!r}, ..., no_grad=({declared},)), or stop the gradient for one "
-        f"call: pass {' / '.join(f'mx.nd.stop_gradient({n})' for n in names)} to the op (or "
-        f"do not attach_grad() {'it' if one else 'them'}). Otherwise {how[0].lower()}"
-        f"{how[1:]}, or register the gradient with def_grad."))
+    return errors.op_error(
+        op.op_type,
+        TypeError,
+        (
+            f"cannot compute an automatic gradient for input{'' if one else 's'} {listed}: "
+            f"{str(cause).rstrip('.')}. If {'it is' if one else 'they are'} not meant to be "
+            "differentiated (a label, an index, a mask), declare it: "
+            f"@customop({op.mode!r}, ..., no_grad=({declared},)), or stop the gradient for one "
+            f"call: pass {' / '.join(f'mx.nd.stop_gradient({n})' for n in names)} to the op (or "
+            f"do not attach_grad() {'it' if one else 'them'}). Otherwise {how[0].lower()}"
+            f"{how[1:]}, or register the gradient with def_grad."
+        ),
+    )
 
 
 def _narrowed(attempt, argnums):
@@ -197,8 +237,10 @@ def _narrowed(attempt, argnums):
     return bad or argnums
 
 
-_NUMPY_HOW = ("Write the forward with `import autograd.numpy as np` "
-              "(HIPS autograd traces only its wrapped functions)")
+_NUMPY_HOW = (
+    "Write the forward with `import autograd.numpy as np` "
+    "(HIPS autograd traces only its wrapped functions)"
+)
 
 
 def _numpy_vjp(op, argnums, ans, args, g, params):
@@ -212,6 +254,7 @@ def _numpy_vjp(op, argnums, ans, args, g, params):
             out = _outputs(op.fn(*_substituted(args, nums, xs), **params))
             # A plain tuple of boxes is invisible to the tracer; autograd's own tuple is not.
             return autograd.builtins.tuple(out) if isinstance(out, (tuple, list)) else out
+
         vjp, _ = autograd.make_vjp(traced, tuple(range(len(nums))))(*[args[i] for i in nums])
         return vjp(heads)
 
@@ -220,13 +263,18 @@ def _numpy_vjp(op, argnums, ans, args, g, params):
             warnings.simplefilter("error", UserWarning)  # "Output seems independent of input"
             found = attempt(argnums)
     except UserWarning as w:
-        raise _untraceable(op, _narrowed(attempt, argnums), _NUMPY_HOW, "the output does not "
-                           f"depend on it through autograd.numpy ({w})") from None
+        raise _untraceable(
+            op,
+            _narrowed(attempt, argnums),
+            _NUMPY_HOW,
+            f"the output does not depend on it through autograd.numpy ({w})",
+        ) from None
     except Exception as exc:
         if errors.names_op(str(exc), op.op_type):
             raise
-        raise _untraceable(op, _narrowed(attempt, argnums), _NUMPY_HOW,
-                           f"{type(exc).__name__}: {exc}") from exc
+        raise _untraceable(
+            op, _narrowed(attempt, argnums), _NUMPY_HOW, f"{type(exc).__name__}: {exc}"
+        ) from exc
     return [np.asarray(x) for x in found]
 
 
@@ -240,16 +288,18 @@ def _mxnet_vjp(op, argnums, ans, args, g, params):
         with mx.autograd.record():
             outs = _outputs(op.fn(*_substituted(args, nums, xs), **params))
         outs = list(outs) if isinstance(outs, (tuple, list)) else [outs]
-        heads = [mx.nd.ones_like(o) for o in outs] if g is None else (
-            list(g) if isinstance(g, (tuple, list)) else [g])
+        heads = (
+            [mx.nd.ones_like(o) for o in outs]
+            if g is None
+            else (list(g) if isinstance(g, (tuple, list)) else [g])
+        )
         mx.autograd.backward(outs, head_grads=heads)
         return [x.grad for x in xs]
 
     try:
         return attempt(argnums)
     except mx.base.MXNetError as exc:
-        raise _untraceable(op, _narrowed(attempt, argnums), how,
-                           errors.mxnet_text(exc)) from exc
+        raise _untraceable(op, _narrowed(attempt, argnums), how, errors.mxnet_text(exc)) from exc
     except Exception as exc:
         errors.reraise(exc, op.op_type, "automatic gradient")
 

@@ -6,6 +6,7 @@ blocks) run the forward on placeholder inputs (ones, integer zeros) once and
 reuse the answer.  ``infer_shape=``/``infer_type=`` on the decorator replace
 this for forwards that cannot run on placeholders.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -94,17 +95,30 @@ class Inference:
         self.by_signature = budget.Table()
         self.by_shapes = budget.Table()
 
-    def record(self, pkey: str, shapes: tuple[Shape, ...], dtypes: tuple[np.dtype, ...],
-               metas: tuple[OutputMeta, ...]) -> None:
+    def record(
+        self,
+        pkey: str,
+        shapes: tuple[Shape, ...],
+        dtypes: tuple[np.dtype, ...],
+        metas: tuple[OutputMeta, ...],
+    ) -> None:
         self.by_signature.keep((pkey, shapes, dtypes), metas, INFERRED)
         if (pkey, shapes) not in self.by_shapes:
             self.by_shapes.keep((pkey, shapes), metas, INFERRED)
 
-    def outputs(self, pkey: str, params: dict[str, Any], shapes: tuple[Shape, ...],
-                dtypes: tuple[np.dtype, ...] | None) -> tuple[OutputMeta, ...]:
+    def outputs(
+        self,
+        pkey: str,
+        params: dict[str, Any],
+        shapes: tuple[Shape, ...],
+        dtypes: tuple[np.dtype, ...] | None,
+    ) -> tuple[OutputMeta, ...]:
         """Output metadata for inputs of these shapes (and dtypes, when known)."""
-        found = (self.by_signature.recall((pkey, shapes, dtypes)) if dtypes is not None else
-                 self.by_shapes.recall((pkey, shapes)))
+        found = (
+            self.by_signature.recall((pkey, shapes, dtypes))
+            if dtypes is not None
+            else self.by_shapes.recall((pkey, shapes))
+        )
         if found is not None:
             return found
         op = self.op
@@ -125,8 +139,7 @@ class Inference:
         if self.op.mode == "mxnet":
             # MXNet asks for shapes from inside an imperative call; NDArray ops issued on
             # that thread (while it records) corrupt its state, so run them on our own thread.
-            return _infer_thread().submit(self._run_here, params, shapes, dtypes,
-                                          seed).result()
+            return _infer_thread().submit(self._run_here, params, shapes, dtypes, seed).result()
         return self._run_here(params, shapes, dtypes, seed)
 
     def _run_here(self, params, shapes, dtypes, seed=None) -> tuple[OutputMeta, ...]:
@@ -139,25 +152,41 @@ class Inference:
             args = [mode.placeholder(s, d) for s, d in zip(shapes, run_dtypes)]
         else:  # other values than the placeholders' (see _guess_dtypes)
             rng = np.random.RandomState(seed)
-            args = [mode.from_numpy((rng.randint(0, 1000, s) if np.issubdtype(d, np.integer)
-                                     else rng.uniform(-100, 100, s)).astype(d))
-                    for s, d in zip(shapes, run_dtypes)]
+            args = [
+                mode.from_numpy(
+                    (
+                        rng.randint(0, 1000, s)
+                        if np.issubdtype(d, np.integer)
+                        else rng.uniform(-100, 100, s)
+                    ).astype(d)
+                )
+                for s, d in zip(shapes, run_dtypes)
+            ]
         if self.op.signature.aux:  # scratch states: whatever the forward writes is dropped
             aux_dtype = kernel.aux_dtype_for(run_dtypes)
-            args += [mode.placeholder(s, aux_dtype)
-                     for s in kernel.aux_shapes(self.op, list(shapes), params)]
+            args += [
+                mode.placeholder(s, aux_dtype)
+                for s in kernel.aux_shapes(self.op, list(shapes), params)
+            ]
         # value checks (customop.require) are about values, not shapes: placeholders may
         # fail them, so they are collected and dropped here
-        with np.errstate(all="ignore"), mx.autograd.pause(), _generators_kept(), \
-                value_checks.collecting(lenient=True):
-            outs = kernel.run_forward(self.op, args, params,
-                                      where="shape inference on placeholder inputs")
-        metas = [OutputMeta.of(mode.shape(o), BFLOAT16 if bf16 and mode.dtype(o) == np.float32
-                               else mode.dtype(o)) for o in outs]
+        with np.errstate(
+            all="ignore"
+        ), mx.autograd.pause(), _generators_kept(), value_checks.collecting(lenient=True):
+            outs = kernel.run_forward(
+                self.op, args, params, where="shape inference on placeholder inputs"
+            )
+        metas = [
+            OutputMeta.of(
+                mode.shape(o), BFLOAT16 if bf16 and mode.dtype(o) == np.float32 else mode.dtype(o)
+            )
+            for o in outs
+        ]
         if self.op.user_infer_type is not None:
             out_dtypes = self.dtypes_only(params, dtypes)
-            metas = [OutputMeta.of(() if m.scalar else m.shape, d)
-                     for m, d in zip(metas, out_dtypes)]
+            metas = [
+                OutputMeta.of(() if m.scalar else m.shape, d) for m, d in zip(metas, out_dtypes)
+            ]
         return tuple(metas)
 
     def _guesses(self, n: int) -> Iterator[tuple[np.dtype, ...]]:
@@ -175,13 +204,18 @@ class Inference:
             except Exception as exc:  # noqa: BLE001 - any failure means "try the next guess"
                 first_error = first_error or exc
         if not errors.is_own_check(first_error, self.op.op_type) and not (
-                _users_raise(first_error) and not self._passes_elsewhere(params, shapes)):
+            _users_raise(first_error) and not self._passes_elsewhere(params, shapes)
+        ):
             # (the message names the op already: once is enough; the forward's own code
             # raising whatever the values is its check of the inputs: they are wrong, not
             # the inference)
-            errors.add_context(first_error, (
-                "Its forward ran on placeholder inputs (ones; integer zeros) to infer output "
-                "shapes; if it cannot, pass infer_shape= (and infer_type=) to @customop"))
+            errors.add_context(
+                first_error,
+                (
+                    "Its forward ran on placeholder inputs (ones; integer zeros) to infer output "
+                    "shapes; if it cannot, pass infer_shape= (and infer_type=) to @customop"
+                ),
+            )
         raise first_error
 
     def _passes_elsewhere(self, params, shapes) -> bool:
@@ -199,14 +233,18 @@ class Inference:
         op = self.op
         n = op.outputs.of(params)
         out_shapes = op.user_infer_shape(*[tuple(s) for s in shapes], **params)
-        if n == 1 or isinstance(out_shapes, tuple) and all(
-                isinstance(d, (int, np.integer)) for d in out_shapes):
+        if (
+            n == 1
+            or isinstance(out_shapes, tuple)
+            and all(isinstance(d, (int, np.integer)) for d in out_shapes)
+        ):
             out_shapes = [out_shapes]
         out_shapes = list(out_shapes)
         out_dtypes = self.dtypes_only(params, dtypes or tuple(np.dtype(np.float32) for _ in shapes))
         if len(out_shapes) != n:
-            raise op.error(ValueError, f"infer_shape returned {len(out_shapes)} shapes for "
-                           f"{n} output(s)")
+            raise op.error(
+                ValueError, f"infer_shape returned {len(out_shapes)} shapes for {n} output(s)"
+            )
         return tuple(OutputMeta.of(s, d) for s, d in zip(out_shapes, out_dtypes))
 
     def dtypes_only(self, params, dtypes: tuple[np.dtype, ...]) -> list[np.dtype]:
@@ -220,8 +258,9 @@ class Inference:
         return [floats[0] if floats else np.dtype(np.float32)] * op.outputs.of(params)
 
 
-_LIBRARIES = tuple(os.path.dirname(os.path.abspath(m.__file__)) + os.sep
-                   for m in (mx, np, errors))  # mxnet/, numpy/, customop/
+_LIBRARIES = tuple(
+    os.path.dirname(os.path.abspath(m.__file__)) + os.sep for m in (mx, np, errors)
+)  # mxnet/, numpy/, customop/
 
 
 def _users_raise(exc: BaseException) -> bool:

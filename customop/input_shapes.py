@@ -15,6 +15,7 @@ Provided = [], inferred shape=(3,5)``, and a bind goes on to create the operator
 with shape ``()``).  So an input that nothing gives is named here: an
 :class:`InputShapeWarning` at shape inference, an error where the graph is bound.
 """
+
 from __future__ import annotations
 
 import numbers
@@ -48,22 +49,28 @@ def known(shape: Any) -> bool:
 class InputShapes:
     """The ``infer_input_shape=`` declarations of one operator."""
 
-    def __init__(self, declared: dict[str, Callable] | None, inputs: list[str],
-                 aux: list[str], op_type: str):
+    def __init__(
+        self, declared: dict[str, Callable] | None, inputs: list[str], aux: list[str], op_type: str
+    ):
         self.op_type = op_type
         self.inputs = list(inputs)
         declared = dict(declared or {})
         for name, fn in declared.items():
             if name not in self.inputs:
-                what = "an auxiliary state (aux= gives its shape)" if name in aux else \
-                    "not an input"
-                raise TypeError(f"customop {errors.shown(op_type)!r}: infer_input_shape names "
-                                f"{name!r}, which is {what}; the inputs are "
-                                f"{', '.join(self.inputs) or 'none'}")
+                what = (
+                    "an auxiliary state (aux= gives its shape)" if name in aux else "not an input"
+                )
+                raise TypeError(
+                    f"customop {errors.shown(op_type)!r}: infer_input_shape names "
+                    f"{name!r}, which is {what}; the inputs are "
+                    f"{', '.join(self.inputs) or 'none'}"
+                )
             if not callable(fn):
-                raise TypeError(f"customop {errors.shown(op_type)!r}: infer_input_shape="
-                                f"{{{name!r}: ...}} must map the input to a function of the input "
-                                f"shapes returning its shape, got {type(fn).__name__}")
+                raise TypeError(
+                    f"customop {errors.shown(op_type)!r}: infer_input_shape="
+                    f"{{{name!r}: ...}} must map the input to a function of the input "
+                    f"shapes returning its shape, got {type(fn).__name__}"
+                )
         self.fns: dict[str, Callable] = declared
 
     def complete(self, given: list[Shape], params: dict[str, Any]) -> list[Shape]:
@@ -95,7 +102,8 @@ class InputShapes:
                     f"customop {errors.shown(self.op_type)!r} (input {name!r}): given shape "
                     f"{dims}, but infer_input_shape says {shape} for the inputs "
                     f"{_listed(self.inputs, seen, skip=name)}; give it that shape (or leave it "
-                    "out for the op to fill)")
+                    "out for the op to fill)"
+                )
             out[i] = shape
         return out
 
@@ -111,19 +119,25 @@ class InputShapes:
             raise TypeError(
                 f"customop {errors.shown(self.op_type)!r} (infer_input_shape for input "
                 f"{name!r}): must return a shape of positive ints (or None: cannot tell yet), "
-                f"got {shape!r}")
+                f"got {shape!r}"
+            )
         return shape
 
     def unknown_message(self, name: str) -> str:
         """What to do about input ``name`` whose shape nothing gives."""
-        how = ("infer_input_shape for it returned None" if name in self.fns else
-               "the op does not infer it")
-        return (f"customop {errors.shown(self.op_type)!r} (input {name!r}): its shape is unknown: "
-                f"nothing in the graph gives it and {how}. Give it: pass {name}=<shape> to "
-                "simple_bind or sym.infer_shape, list it in Module.bind's data_shapes / "
-                "label_shapes, or give its Gluon Parameter a full shape; or let the op infer it: "
-                f"@customop(..., infer_input_shape={{{name!r}: lambda "
-                f"{', '.join(self.inputs)}, **params: <shape>}})")
+        how = (
+            "infer_input_shape for it returned None"
+            if name in self.fns
+            else "the op does not infer it"
+        )
+        return (
+            f"customop {errors.shown(self.op_type)!r} (input {name!r}): its shape is unknown: "
+            f"nothing in the graph gives it and {how}. Give it: pass {name}=<shape> to "
+            "simple_bind or sym.infer_shape, list it in Module.bind's data_shapes / "
+            "label_shapes, or give its Gluon Parameter a full shape; or let the op infer it: "
+            f"@customop(..., infer_input_shape={{{name!r}: lambda "
+            f"{', '.join(self.inputs)}, **params: <shape>}})"
+        )
 
     def warn_unknown(self, shapes: list[Shape]) -> None:
         """Warn about each input without any shape when another one is known (a partial
@@ -148,11 +162,13 @@ class InputShapes:
             return
         for name, shape in zip(self.inputs, shapes):
             if not known(shape):
-                dims = ", ".join("?" if not 0 < int(d) < 2**31 - 1 else str(int(d))
-                                 for d in shape)
+                dims = ", ".join("?" if not 0 < int(d) < 2**31 - 1 else str(int(d)) for d in shape)
                 given = "" if unknown_ndim(shape) else f" (given ({dims}))"
-                notes.append(self.unknown_message(name).replace(
-                    "its shape is unknown:", f"its shape is unknown{given}:", 1))
+                notes.append(
+                    self.unknown_message(name).replace(
+                        "its shape is unknown:", f"its shape is unknown{given}:", 1
+                    )
+                )
 
     def __bool__(self) -> bool:
         return bool(self.fns)
@@ -162,7 +178,8 @@ def _agrees(given: Shape, inferred: Shape) -> bool:
     if len(given) == 0:
         return True  # unknown
     return len(given) == len(inferred) and all(
-        not 0 < g < 2**31 - 1 or g == d for g, d in zip(given, inferred))
+        not 0 < g < 2**31 - 1 or g == d for g, d in zip(given, inferred)
+    )
 
 
 def _listed(names: list[str], shapes: list[Any], skip: str) -> str:

@@ -5,6 +5,7 @@ device-to-host copy per input) and return NumPy arrays (written straight into
 MXNet's output buffers).  ``'mxnet'``: they see and return ``mx.nd.NDArray``
 on the operator's own context; nothing leaves the device.
 """
+
 from __future__ import annotations
 
 from typing import Any

@@ -1,4 +1,5 @@
 """The ``@customop`` decorator and the operator object it returns."""
+
 from __future__ import annotations
 
 import ast
@@ -36,13 +37,24 @@ class CustomOperator:
     ``mx.sym`` symbols a Symbol, with NumPy arrays it just runs the forward.
     """
 
-    def __init__(self, fn: Callable, mode: Mode, *, name: str | None = None,
-                 need_top_grad: bool = True, infer_shape: Callable | None = None,
-                 infer_type: Callable | None = None, num_outputs: CountSpec | None = None,
-                 auto_grad: bool = True, aux: dict[str, Any] | None = None,
-                 optional: tuple[str, ...] | list[str] = (),
-                 no_grad: tuple[str, ...] | list[str] = (), outputs: Any = None,
-                 infer_input_shape: dict[str, Callable] | None = None, inline: bool = True):
+    def __init__(
+        self,
+        fn: Callable,
+        mode: Mode,
+        *,
+        name: str | None = None,
+        need_top_grad: bool = True,
+        infer_shape: Callable | None = None,
+        infer_type: Callable | None = None,
+        num_outputs: CountSpec | None = None,
+        auto_grad: bool = True,
+        aux: dict[str, Any] | None = None,
+        optional: tuple[str, ...] | list[str] = (),
+        no_grad: tuple[str, ...] | list[str] = (),
+        outputs: Any = None,
+        infer_input_shape: dict[str, Callable] | None = None,
+        inline: bool = True,
+    ):
         if mode not in MODES:
             raise ValueError(f"customop mode must be 'numpy' or 'mxnet', got {mode!r}")
         functools.update_wrapper(self, fn)
@@ -52,33 +64,39 @@ class CustomOperator:
         self.op_type: str = name or f"{registry.module_of(fn)}.{fn.__qualname__}"
         self.aux_shape_fns, self.aux_rules = _aux_spec(self.op_type, aux)
         agree.declare_rules(self.op_type, self.aux_rules)
-        self.signature = Signature(fn, errors.shown(self.op_type), tuple(self.aux_shape_fns),
-                                   tuple(optional))
+        self.signature = Signature(
+            fn, errors.shown(self.op_type), tuple(self.aux_shape_fns), tuple(optional)
+        )
         self.twins: dict[str, CustomOperator] = {mode: self}
         # a call with NDArrays alone skips bind(): no aux states, no required parameter
         self._arity = len(self.signature.inputs)
-        self._plain_calls = self._arity > 0 and not self.signature.aux and \
-            not self.signature.required
+        self._plain_calls = (
+            self._arity > 0 and not self.signature.aux and not self.signature.required
+        )
         self.need_top_grad = bool(need_top_grad)
         self.user_infer_shape = infer_shape
         self.user_infer_type = infer_type
-        self.input_shapes = InputShapes(infer_input_shape, self.signature.inputs,
-                                        self.signature.aux, self.op_type)
+        self.input_shapes = InputShapes(
+            infer_input_shape, self.signature.inputs, self.signature.aux, self.op_type
+        )
         self._check_shape_functions()
         # As declared (an int, or a function of the parameters); op.outputs.of(params) counts.
         self.user_num_outputs, self.user_outputs = num_outputs, outputs
         counted = _count_returns(fn) if num_outputs is None and outputs is None else 1
-        self.outputs = OutputCount(num_outputs, self.signature, self.op_type, names=outputs,
-                                   counted=counted)
+        self.outputs = OutputCount(
+            num_outputs, self.signature, self.op_type, names=outputs, counted=counted
+        )
         self.num_outputs: CountSpec = self.outputs.declared
         self.auto_grad = bool(auto_grad)
         if isinstance(no_grad, str):
             no_grad = (no_grad,)
         unknown = [n for n in no_grad if n not in self.signature.inputs]
         if unknown:
-            raise TypeError(f"customop {self.op_type!r}: no_grad names {', '.join(unknown)}, "
-                            f"which is not an input; the inputs are "
-                            f"{', '.join(self.signature.inputs) or 'none'}")
+            raise TypeError(
+                f"customop {self.op_type!r}: no_grad names {', '.join(unknown)}, "
+                f"which is not an input; the inputs are "
+                f"{', '.join(self.signature.inputs) or 'none'}"
+            )
         self.no_grad: frozenset[str] = frozenset(no_grad)
         self.inline = bool(inline)
         self.grads: dict[int, GradMaker] = {}
@@ -137,22 +155,29 @@ class CustomOperator:
         argnums = tuple(argnum) if joint else (argnum,)
         listed = ", ".join(f"{i}={n}" for i, n in enumerate(names))
         if joint and not argnums:
-            raise self.error(ValueError, f"def_grad argnum=() names no input; the inputs are "
-                             f"{listed}")
+            raise self.error(
+                ValueError, f"def_grad argnum=() names no input; the inputs are {listed}"
+            )
         for a in argnums:
             if isinstance(a, bool) or not isinstance(a, int) or not 0 <= a < len(names):
-                raise self.error(IndexError, (
-                    f"def_grad argnum={argnum!r} is out of range; the inputs are {listed}"))
+                raise self.error(
+                    IndexError,
+                    (f"def_grad argnum={argnum!r} is out of range; the inputs are {listed}"),
+                )
         if len(set(argnums)) != len(argnums):
             raise self.error(ValueError, f"def_grad argnum={argnum!r} names an input twice")
         if not callable(fn):
             raise self.error(TypeError, f"def_grad needs a callable, got {type(fn).__name__}")
         for a in argnums:
             if names[a] in self.no_grad:
-                raise self.error(ValueError, f"input {names[a]!r} is declared no_grad (it "
-                                 "gets no gradient); drop it from no_grad to give it one")
-        self.signature.check_helper(fn, "gradient maker", ["ans", *self.signature.arrays],
-                                    residuals=True)
+                raise self.error(
+                    ValueError,
+                    f"input {names[a]!r} is declared no_grad (it "
+                    "gets no gradient); drop it from no_grad to give it one",
+                )
+        self.signature.check_helper(
+            fn, "gradient maker", ["ans", *self.signature.arrays], residuals=True
+        )
         group = gradients.Joint.of(argnums) if joint else None
         for a in argnums:
             self.grads[a] = fn
@@ -169,11 +194,12 @@ class CustomOperator:
         # Each is called with the input shapes (never the aux states') and the parameters a
         # call sets, by keyword: a mismatch raises here, not at the first call that sets one.
         sig, inputs = self.signature, self.signature.inputs
-        helpers = [("infer_shape", self.user_infer_shape), ("infer_type", self.user_infer_type),
-                   *[(f"the shape function of aux state {n!r}", f)
-                     for n, f in self.aux_shape_fns.items()],
-                   *[(f"infer_input_shape for input {n!r}", f)
-                     for n, f in self.input_shapes.fns.items()]]
+        helpers = [
+            ("infer_shape", self.user_infer_shape),
+            ("infer_type", self.user_infer_type),
+            *[(f"the shape function of aux state {n!r}", f) for n, f in self.aux_shape_fns.items()],
+            *[(f"infer_input_shape for input {n!r}", f) for n, f in self.input_shapes.fns.items()],
+        ]
         for what, fn in helpers:
             if fn is not None:
                 sig.check_helper(fn, what, inputs)
@@ -187,8 +213,9 @@ class CustomOperator:
 
     def _update_native(self) -> None:
         # An 'mxnet'-mode op with only automatic gradients records its own mx.nd ops.
-        self.records_natively = (self.mode == "mxnet" and not self.grads and self.auto_grad
-                                 and self.need_top_grad)
+        self.records_natively = (
+            self.mode == "mxnet" and not self.grads and self.auto_grad and self.need_top_grad
+        )
 
     def twin(self, mode: Mode, **options: Any) -> Callable[[Callable], CustomOperator]:
         """Decorate the same operator's implementation in the other mode.
@@ -216,30 +243,47 @@ class CustomOperator:
         if mode not in MODES:
             raise self.error(ValueError, f"twin mode must be 'numpy' or 'mxnet', got {mode!r}")
         if mode in self.twins:
-            raise self.error(ValueError, f"already has a {mode!r} implementation "
-                             f"({self.twins[mode].op_type!r}); a twin is in the other mode")
-        settings = dict(name=f"{self.op_type}.{mode}", need_top_grad=self.need_top_grad,
-                        infer_shape=self.user_infer_shape, infer_type=self.user_infer_type,
-                        auto_grad=self.auto_grad,
-                        aux={k: (f, self.aux_rules[k]) for k, f in self.aux_shape_fns.items()},
-                        optional=tuple(self.signature.optional),
-                        no_grad=tuple(self.no_grad), inline=self.inline,
-                        infer_input_shape=dict(self.input_shapes.fns), **self._output_spec())
+            raise self.error(
+                ValueError,
+                f"already has a {mode!r} implementation "
+                f"({self.twins[mode].op_type!r}); a twin is in the other mode",
+            )
+        settings = dict(
+            name=f"{self.op_type}.{mode}",
+            need_top_grad=self.need_top_grad,
+            infer_shape=self.user_infer_shape,
+            infer_type=self.user_infer_type,
+            auto_grad=self.auto_grad,
+            aux={k: (f, self.aux_rules[k]) for k, f in self.aux_shape_fns.items()},
+            optional=tuple(self.signature.optional),
+            no_grad=tuple(self.no_grad),
+            inline=self.inline,
+            infer_input_shape=dict(self.input_shapes.fns),
+            **self._output_spec(),
+        )
         settings.update(options)
 
         def wrap(fn: Callable) -> CustomOperator:
             other = CustomOperator(fn, mode, **settings)
             mine, theirs = self.signature, other.signature
             if (mine.inputs, mine.aux, mine.required, mine.defaults) != (
-                    theirs.inputs, theirs.aux, theirs.required, theirs.defaults):
-                raise self.error(TypeError, f"twin {fn.__qualname__!r} must take the same "
-                                 f"arrays and parameters: {mine.describe()}, parameters "
-                                 f"{_params_text(mine)}; got {theirs.describe()}, parameters "
-                                 f"{_params_text(theirs)}")
+                theirs.inputs,
+                theirs.aux,
+                theirs.required,
+                theirs.defaults,
+            ):
+                raise self.error(
+                    TypeError,
+                    f"twin {fn.__qualname__!r} must take the same "
+                    f"arrays and parameters: {mine.describe()}, parameters "
+                    f"{_params_text(mine)}; got {theirs.describe()}, parameters "
+                    f"{_params_text(theirs)}",
+                )
             other.__doc__ = self.__doc__
             self.twins[mode] = other
             other.twins = self.twins
             return other
+
         return wrap
 
     @property
@@ -256,8 +300,10 @@ class CustomOperator:
         try:
             return self.twins[mode]
         except KeyError:
-            raise self.error(AttributeError, f"has no {mode!r}-mode twin; add one with "
-                             f"@{self.__name__}.twin({mode!r})") from None
+            raise self.error(
+                AttributeError,
+                f"has no {mode!r}-mode twin; add one with @{self.__name__}.twin({mode!r})",
+            ) from None
 
     def variant(self, present: int | list[str]) -> CustomOperator:
         """The operator registered for a call with only these inputs (names, or the first n).
@@ -271,8 +317,11 @@ class CustomOperator:
         if not absent:
             return self
         if absent not in self.variants:
-            raise self.error(TypeError, f"input(s) {', '.join(sorted(absent))} cannot be left "
-                             f"out (optional inputs: {', '.join(self.signature.optional)})")
+            raise self.error(
+                TypeError,
+                f"input(s) {', '.join(sorted(absent))} cannot be left "
+                f"out (optional inputs: {', '.join(self.signature.optional)})",
+            )
         return self.variants[absent]
 
     def __repr__(self) -> str:
@@ -295,15 +344,21 @@ class CustomOperator:
             extra += f", aux=[{', '.join(f'{a}:{self.aux_rules[a]}' for a in self.signature.aux)}]"
         if self.input_shapes:
             extra += f", infer_input_shape=[{', '.join(self.input_shapes.fns)}]"
-        return (f"<customop {self.op_type!r} mode={self.mode!r} inputs=({ins}) "
-                f"outputs={self.outputs!r} def_grad=[{', '.join(grads) or 'none'}]"
-                f"{', auto_grad' if self.auto_grad else ''}{extra}>")
+        return (
+            f"<customop {self.op_type!r} mode={self.mode!r} inputs=({ins}) "
+            f"outputs={self.outputs!r} def_grad=[{', '.join(grads) or 'none'}]"
+            f"{', auto_grad' if self.auto_grad else ''}{extra}>"
+        )
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Run the operator: NDArrays give NDArrays (recorded under ``mx.autograd.record()``),
         Symbols a Symbol node (``name=`` names it), NumPy arrays the forward's result."""
-        if not kwargs and self._plain_calls and len(args) == self._arity and all(
-                type(a) is _NDARRAY for a in args):
+        if (
+            not kwargs
+            and self._plain_calls
+            and len(args) == self._arity
+            and all(type(a) is _NDARRAY for a in args)
+        ):
             # the training loop's call: every input an NDArray, no parameter (what bind() and
             # the checks below would find, without their cost on each step)
             return dispatch.call_ndarray(self, list(args), {})
@@ -312,19 +367,24 @@ class CustomOperator:
         arrays, params = self.signature.bind(args, kwargs)
         if self.variants and any(a is None for a in arrays):
             absent = frozenset(n for n, a in zip(self.signature.inputs, arrays) if a is None)
-            return self.variants[absent](*[a for a in arrays if a is not None], name=node_name,
-                                          ctx=ctx, **params)
+            return self.variants[absent](
+                *[a for a in arrays if a is not None], name=node_name, ctx=ctx, **params
+            )
         if any(_is_np_interface(a) for a in arrays):
-            return _as_np_interface(self(*[_as_legacy(a) for a in arrays], name=node_name,
-                                         ctx=ctx, **params))
+            return _as_np_interface(
+                self(*[_as_legacy(a) for a in arrays], name=node_name, ctx=ctx, **params)
+            )
         if any(isinstance(a, mx.sym.Symbol) for a in arrays):
             return dispatch.call_symbol(self, arrays, params, node_name)
         if not self.signature.inputs:
             if node_name is not None:
-                raise self.error(TypeError, "name= names a Symbol node, but an operator "
-                                 "without inputs called directly returns NDArrays; build "
-                                 f"its Symbol with mx.sym.Custom(op_type={self.op_type!r}, "
-                                 "name=..., **params)")
+                raise self.error(
+                    TypeError,
+                    "name= names a Symbol node, but an operator "
+                    "without inputs called directly returns NDArrays; build "
+                    f"its Symbol with mx.sym.Custom(op_type={self.op_type!r}, "
+                    "name=..., **params)",
+                )
             return dispatch.call_without_inputs(self, params, ctx or mx.current_context())
         if any(isinstance(a, mx.nd.NDArray) for a in arrays):
             return dispatch.call_ndarray(self, arrays, params)
@@ -365,8 +425,9 @@ class _Variant(CustomOperator):
         self._joints: dict[int, tuple] = {}
         sig = inspect.signature(full.fn)
         params = [p for p in sig.parameters.values() if p.name not in absent]
-        present = [p.replace(default=inspect.Parameter.empty) if p.name in names else p
-                   for p in params]
+        present = [
+            p.replace(default=inspect.Parameter.empty) if p.name in names else p for p in params
+        ]
 
         def forward(*arrays, **kw):
             return full.fn(*self._full_args(arrays), **kw)
@@ -375,21 +436,28 @@ class _Variant(CustomOperator):
         forward.__module__ = full.fn.__module__
         forward.__qualname__ = f"{full.fn.__qualname__}~without_{'_'.join(absent)}"
         forward.__doc__ = full.fn.__doc__
-        super().__init__(forward, full.mode, name=f"{full.op_type}~without_{'_'.join(absent)}",
-                         need_top_grad=full.need_top_grad, infer_shape=_dropping(
-                             full.user_infer_shape, self), infer_type=_dropping(
-                             full.user_infer_type, self), auto_grad=full.auto_grad,
-                         no_grad=tuple(n for n in full.no_grad if n not in absent),
-                         inline=full.inline, **full._output_spec(),
-                         infer_input_shape={n: _dropping(f, self) for n, f in
-                                            full.input_shapes.fns.items() if n not in absent})
+        super().__init__(
+            forward,
+            full.mode,
+            name=f"{full.op_type}~without_{'_'.join(absent)}",
+            need_top_grad=full.need_top_grad,
+            infer_shape=_dropping(full.user_infer_shape, self),
+            infer_type=_dropping(full.user_infer_type, self),
+            auto_grad=full.auto_grad,
+            no_grad=tuple(n for n in full.no_grad if n not in absent),
+            inline=full.inline,
+            **full._output_spec(),
+            infer_input_shape={
+                n: _dropping(f, self) for n, f in full.input_shapes.fns.items() if n not in absent
+            },
+        )
         self.adopt_grads()
 
     def _full_args(self, arrays):
         full = [None] * len(self.full.signature.inputs)
         for i, a in zip(self.positions, arrays):
             full[i] = a
-        return [*full, *arrays[len(self.positions):]]
+        return [*full, *arrays[len(self.positions) :]]
 
     def adopt_grads(self) -> None:
         self.grads, self.grad_groups = {}, {}
@@ -411,43 +479,62 @@ class _Variant(CustomOperator):
         # of the full tuple.
         cached = self._joints.get(id(joint))
         if cached is None or cached[0] is not joint:
-            present = [(self.positions.index(i), pick) for i, pick in
-                       zip(joint.argnums, joint.picks) if i in self.positions]
-            mine = gradients.Joint(tuple(j for j, _ in present), tuple(p for _, p in present),
-                                   joint.declared)
+            present = [
+                (self.positions.index(i), pick)
+                for i, pick in zip(joint.argnums, joint.picks)
+                if i in self.positions
+            ]
+            mine = gradients.Joint(
+                tuple(j for j, _ in present), tuple(p for _, p in present), joint.declared
+            )
             cached = self._joints[id(joint)] = (joint, mine)
         return cached[1]
 
     def _grad_for(self, maker):
         def grad(ans, *arrays, **params):
             return maker(ans, *self._full_args(arrays), **params)
+
         # Seen from outside, it takes by keyword what the full op's closure takes (the
         # residuals and defaults it names reach it through **params).
         found, var_kw = gradients.keywords(maker, 1 + len(self.full.signature.arrays))
         P = inspect.Parameter
-        grad.__signature__ = inspect.Signature([
-            P("ans", P.POSITIONAL_ONLY), P("arrays", P.VAR_POSITIONAL),
-            *[p.replace(kind=P.KEYWORD_ONLY) for p in found],
-            *([P("params", P.VAR_KEYWORD)] if var_kw else [])])
+        grad.__signature__ = inspect.Signature(
+            [
+                P("ans", P.POSITIONAL_ONLY),
+                P("arrays", P.VAR_POSITIONAL),
+                *[p.replace(kind=P.KEYWORD_ONLY) for p in found],
+                *([P("params", P.VAR_KEYWORD)] if var_kw else []),
+            ]
+        )
         return grad
 
 
-def _aux_spec(op_type: str, aux: dict[str, Any] | None) -> tuple[dict[str, Callable],
-                                                                     dict[str, str]]:
+def _aux_spec(
+    op_type: str, aux: dict[str, Any] | None
+) -> tuple[dict[str, Callable], dict[str, str]]:
     """``aux=`` as (shape function, merge rule) per state; a bare function merges by 'sum'."""
     shape_fns, rules = {}, {}
     for key, spec in dict(aux or {}).items():
-        shape_fn, rule = (spec, "sum") if callable(spec) else (
-            tuple(spec) if isinstance(spec, (tuple, list)) and len(spec) == 2 else (None, None))
+        shape_fn, rule = (
+            (spec, "sum")
+            if callable(spec)
+            else (
+                tuple(spec) if isinstance(spec, (tuple, list)) and len(spec) == 2 else (None, None)
+            )
+        )
         if not callable(shape_fn):
-            raise TypeError(f"customop {op_type!r}: aux={{{key!r}: ...}} must map the state's "
-                            "name to a function of the input shapes returning its shape, or to "
-                            "(that function, merge rule) with a rule among "
-                            f"{', '.join(map(repr, AUX_RULES))}; got {spec!r}")
+            raise TypeError(
+                f"customop {op_type!r}: aux={{{key!r}: ...}} must map the state's "
+                "name to a function of the input shapes returning its shape, or to "
+                "(that function, merge rule) with a rule among "
+                f"{', '.join(map(repr, AUX_RULES))}; got {spec!r}"
+            )
         if rule not in AUX_RULES:
-            raise ValueError(f"customop {op_type!r}: aux={{{key!r}: (..., {rule!r})}}: the merge "
-                             "rule (how the state's copies on several devices and workers "
-                             f"become one) must be one of {', '.join(map(repr, AUX_RULES))}")
+            raise ValueError(
+                f"customop {op_type!r}: aux={{{key!r}: (..., {rule!r})}}: the merge "
+                "rule (how the state's copies on several devices and workers "
+                f"become one) must be one of {', '.join(map(repr, AUX_RULES))}"
+            )
         shape_fns[key], rules[key] = shape_fn, rule
     return shape_fns, rules
 
@@ -464,8 +551,9 @@ def _params_text(sig: Signature) -> str:
 
 
 def _is_np_interface(a: Any) -> bool:
-    return isinstance(a, mx.np.ndarray) or (isinstance(a, mx.sym.Symbol) and isinstance(
-        a, mx.sym.np._Symbol))
+    return isinstance(a, mx.np.ndarray) or (
+        isinstance(a, mx.sym.Symbol) and isinstance(a, mx.sym.np._Symbol)
+    )
 
 
 def _as_legacy(a: Any) -> Any:
@@ -506,14 +594,22 @@ def _called_name(call: ast.Call) -> str | None:
     return f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else None
 
 
-def customop(mode: Mode, *, name: str | None = None, need_top_grad: bool = True,
-             infer_shape: Callable | None = None, infer_type: Callable | None = None,
-             num_outputs: CountSpec | None = None, auto_grad: bool = True,
-             aux: dict[str, Any] | None = None,
-             optional: tuple[str, ...] | list[str] = (),
-             no_grad: tuple[str, ...] | list[str] = (), outputs: Any = None,
-             infer_input_shape: dict[str, Callable] | None = None,
-             inline: bool = True) -> Callable[[Callable], CustomOperator]:
+def customop(
+    mode: Mode,
+    *,
+    name: str | None = None,
+    need_top_grad: bool = True,
+    infer_shape: Callable | None = None,
+    infer_type: Callable | None = None,
+    num_outputs: CountSpec | None = None,
+    auto_grad: bool = True,
+    aux: dict[str, Any] | None = None,
+    optional: tuple[str, ...] | list[str] = (),
+    no_grad: tuple[str, ...] | list[str] = (),
+    outputs: Any = None,
+    infer_input_shape: dict[str, Callable] | None = None,
+    inline: bool = True,
+) -> Callable[[Callable], CustomOperator]:
     """Turn a forward function into a registered MXNet custom operator.
 
     Args:
@@ -618,10 +714,23 @@ def customop(mode: Mode, *, name: str | None = None, need_top_grad: bool = True,
         >>> out.infer_shape(data=(4, 5))[0]
         [(4, 5), (3, 5)]
     """
+
     def wrap(fn: Callable) -> CustomOperator:
-        return CustomOperator(fn, mode, name=name, need_top_grad=need_top_grad,
-                              infer_shape=infer_shape, infer_type=infer_type,
-                              num_outputs=num_outputs, auto_grad=auto_grad, aux=aux,
-                              optional=optional, no_grad=no_grad, outputs=outputs,
-                              infer_input_shape=infer_input_shape, inline=inline)
+        return CustomOperator(
+            fn,
+            mode,
+            name=name,
+            need_top_grad=need_top_grad,
+            infer_shape=infer_shape,
+            infer_type=infer_type,
+            num_outputs=num_outputs,
+            auto_grad=auto_grad,
+            aux=aux,
+            optional=optional,
+            no_grad=no_grad,
+            outputs=outputs,
+            infer_input_shape=infer_input_shape,
+            inline=inline,
+        )
+
     return wrap

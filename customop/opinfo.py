@@ -6,6 +6,7 @@ run it: they name what they read with these small protocols, as PyTorch's
 needs neither the class nor an import back up. A new attribute read below ``operator.py``
 is added here first.
 """
+
 from __future__ import annotations
 
 from typing import Any, Callable, Protocol

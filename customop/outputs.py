@@ -8,6 +8,7 @@ names them (``('rois', 'label')``: a graph node lists ``<node>_rois``,
 ``<node>_label``, as a hand-written ``CustomOpProp.list_outputs`` does); a tuple,
 or a function of the parameters returning one, and then it gives the count too.
 """
+
 from __future__ import annotations
 
 import numbers
@@ -24,8 +25,14 @@ from .signature import Signature
 class OutputCount:
     """An operator's declared output count (and names), resolved per set of parameters."""
 
-    def __init__(self, declared: int | Callable[..., int] | None, signature: Signature,
-                 op_type: str, names: Any = None, counted: int = 1):
+    def __init__(
+        self,
+        declared: int | Callable[..., int] | None,
+        signature: Signature,
+        op_type: str,
+        names: Any = None,
+        counted: int = 1,
+    ):
         self.op_type = op_type
         self.defaults = signature.defaults
         self.param_names = signature.param_names
@@ -39,18 +46,33 @@ class OutputCount:
                 declared = self._count_from_names
             else:
                 declared = len(self.names_declared)
-        elif self.names_declared is not None and not callable(self.names_declared) and \
-                not callable(declared) and declared != len(self.names_declared):
-            raise errors.op_error(op_type, TypeError, (
-                f"num_outputs={declared!r} but outputs= names {len(self.names_declared)} "
-                f"({', '.join(map(repr, self.names_declared))}); give one of them"))
+        elif (
+            self.names_declared is not None
+            and not callable(self.names_declared)
+            and not callable(declared)
+            and declared != len(self.names_declared)
+        ):
+            raise errors.op_error(
+                op_type,
+                TypeError,
+                (
+                    f"num_outputs={declared!r} but outputs= names {len(self.names_declared)} "
+                    f"({', '.join(map(repr, self.names_declared))}); give one of them"
+                ),
+            )
         if callable(declared):
             self.wanted = self._wanted(declared, "num_outputs=")
-        elif isinstance(declared, bool) or not isinstance(declared, numbers.Integral) or \
-                declared < 1:
-            raise errors.op_error(op_type, TypeError, (
-                "num_outputs= must be an int >= 1 or a function of the op's parameters "
-                f"returning one, got {declared!r}"))
+        elif (
+            isinstance(declared, bool) or not isinstance(declared, numbers.Integral) or declared < 1
+        ):
+            raise errors.op_error(
+                op_type,
+                TypeError,
+                (
+                    "num_outputs= must be an int >= 1 or a function of the op's parameters "
+                    f"returning one, got {declared!r}"
+                ),
+            )
         else:
             declared = int(declared)
         self.declared = declared
@@ -60,11 +82,16 @@ class OutputCount:
         found, var_kw = keywords(fn, 0)
         unknown = [p.name for p in found if p.name not in self.param_names]
         if unknown:
-            raise errors.op_error(self.op_type, TypeError, (
-                f"{what} takes {', '.join(map(repr, unknown))}, which "
-                f"{'is' if len(unknown) == 1 else 'are'} not a parameter of the op "
-                f"(parameters: {', '.join(self.param_names) or 'none'}); it is called with the "
-                "op's parameters by keyword"))
+            raise errors.op_error(
+                self.op_type,
+                TypeError,
+                (
+                    f"{what} takes {', '.join(map(repr, unknown))}, which "
+                    f"{'is' if len(unknown) == 1 else 'are'} not a parameter of the op "
+                    f"(parameters: {', '.join(self.param_names) or 'none'}); it is called with the "
+                    "op's parameters by keyword"
+                ),
+            )
         return None if var_kw else {p.name for p in found}
 
     def _checked_names(self, names: Any) -> Any:
@@ -77,9 +104,14 @@ class OutputCount:
         names = tuple(names)
         problem = _names_problem(names)
         if problem:
-            raise errors.op_error(self.op_type, TypeError, (
-                f"outputs= must name each output once with a non-empty string, got "
-                f"{names!r} ({problem})"))
+            raise errors.op_error(
+                self.op_type,
+                TypeError,
+                (
+                    f"outputs= must name each output once with a non-empty string, got "
+                    f"{names!r} ({problem})"
+                ),
+            )
         return names
 
     def _call(self, fn: Callable, wanted: set | None, params: dict[str, Any], what: str) -> Any:
@@ -100,9 +132,14 @@ class OutputCount:
             return len(self.names(params))
         n = self._call(self.declared, self.wanted, params, "num_outputs")
         if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 1:
-            raise errors.op_error(self.op_type, TypeError, (
-                f"num_outputs= returned {n!r} for the parameters "
-                f"{_shown({**self.defaults, **params})}; it must return an int >= 1"))
+            raise errors.op_error(
+                self.op_type,
+                TypeError,
+                (
+                    f"num_outputs= returned {n!r} for the parameters "
+                    f"{_shown({**self.defaults, **params})}; it must return an int >= 1"
+                ),
+            )
         return int(n)
 
     def names(self, params: dict[str, Any]) -> tuple[str, ...]:
@@ -117,14 +154,24 @@ class OutputCount:
         if not callable(declared):
             return declared
         names = self._call(declared, self.names_wanted, params, "outputs")
-        names = (names,) if isinstance(names, str) else tuple(names) if isinstance(
-            names, (tuple, list)) else names
+        names = (
+            (names,)
+            if isinstance(names, str)
+            else tuple(names)
+            if isinstance(names, (tuple, list))
+            else names
+        )
         problem = _names_problem(names) if isinstance(names, tuple) else "not a tuple"
         if problem:
-            raise errors.op_error(self.op_type, TypeError, (
-                f"outputs= returned {names!r} for the parameters "
-                f"{_shown({**self.defaults, **params})}; it must return a tuple of distinct, "
-                f"non-empty names ({problem})"))
+            raise errors.op_error(
+                self.op_type,
+                TypeError,
+                (
+                    f"outputs= returned {names!r} for the parameters "
+                    f"{_shown({**self.defaults, **params})}; it must return a tuple of distinct, "
+                    f"non-empty names ({problem})"
+                ),
+            )
         return names
 
     def mismatch(self, got: int, params: dict[str, Any]) -> str:
@@ -132,12 +179,16 @@ class OutputCount:
         n = self.of(params)
         if self.names_declared is not None:
             names = ", ".join(map(repr, self.names(params)))
-            return (f"the op declares {n} ({names}, outputs=); return that many outputs, or "
-                    "name as many as it returns")
+            return (
+                f"the op declares {n} ({names}, outputs=); return that many outputs, or "
+                "name as many as it returns"
+            )
         if self.by_parameters:
-            return (f"the op declares {n} for the parameters {_shown({**self.defaults, **params})}"
-                    f" (num_outputs=); make num_outputs= return {got} for them, or return "
-                    "that many outputs")
+            return (
+                f"the op declares {n} for the parameters {_shown({**self.defaults, **params})}"
+                f" (num_outputs=); make num_outputs= return {got} for them, or return "
+                "that many outputs"
+            )
         return f"the op declares {n}; pass num_outputs={got} to @customop"
 
     def __repr__(self) -> str:
@@ -177,8 +228,10 @@ class OutputsSymbol(mx.sym.Symbol):
         if isinstance(index, numbers.Integral) and not isinstance(index, bool):
             count = len(self)
             if not -count <= index < count:
-                raise IndexError(f"output index {index} is out of range for a node with "
-                                 f"{count} outputs ({', '.join(self.list_outputs())})")
+                raise IndexError(
+                    f"output index {index} is out of range for a node with "
+                    f"{count} outputs ({', '.join(self.list_outputs())})"
+                )
             index = int(index) % count
         return super().__getitem__(index)
 

@@ -5,6 +5,7 @@ and writes the same strings into exported symbol JSON.  We encode with
 ``repr`` (exact for floats, keeps tuple vs list, quotes strings) and decode
 with a restricted literal evaluator, so Python types survive every path.
 """
+
 from __future__ import annotations
 
 import ast

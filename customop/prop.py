@@ -5,6 +5,7 @@ This is the path MXNet itself drives: ``mx.sym`` graphs, Module,
 One prop class is registered per ``op_type``; it looks the operator up at
 creation time, so redefining a function (a notebook cell re-run) takes effect.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -58,12 +59,14 @@ def _adopt_prop(prop: Any, refs: Any) -> None:
 def _adopting(adopt: Callable[[Any, Any], None]) -> property:
     """``_ref_holder``, where MXNet keeps the callback table it built for a prop or operator,
     right after creating it: ``adopt(obj, refs)`` then points slots of that table at ours."""
+
     def get(self: Any) -> Any:
         return self._mxnet_refs
 
     def put(self: Any, refs: Any) -> None:
         self._mxnet_refs = refs
         adopt(self, refs)
+
     return property(get, put)
 
 
@@ -126,8 +129,9 @@ class _Prop(mx.operator.CustomOpProp):
             return [list(s) for s in shapes], [()] * self.n_out, self._aux_if_known(shapes)
         self.shapes[threading.get_ident()] = shapes
         metas = self._reporting(self.op.inference.outputs, self.pkey, self.params, shapes, None)
-        aux = self._reporting(kernel.aux_shapes, self.op, list(shapes), self.params) \
-            if n_aux else []
+        aux = (
+            self._reporting(kernel.aux_shapes, self.op, list(shapes), self.params) if n_aux else []
+        )
         return [list(s) for s in shapes], [m.shape for m in metas], aux
 
     def _aux_if_known(self, shapes):
@@ -144,15 +148,17 @@ class _Prop(mx.operator.CustomOpProp):
         # FullyConnected's weight does; any other unknown one float32.
         inferred = self.op.input_shapes.fns
         like = kernel.aux_dtype_for([t for t in in_type if t is not None])
-        dtypes = tuple(np.dtype(t if t is not None else like if name in inferred else
-                                np.float32)
-                       for name, t in zip(self.op.signature.inputs, in_type))
+        dtypes = tuple(
+            np.dtype(t if t is not None else like if name in inferred else np.float32)
+            for name, t in zip(self.op.signature.inputs, in_type)
+        )
         shapes = self.shapes.get(threading.get_ident())
         if shapes is None:
             out = self._reporting(self.op.inference.dtypes_only, self.params, dtypes)
         else:
-            metas = self._reporting(self.op.inference.outputs, self.pkey, self.params,
-                                  shapes, dtypes)
+            metas = self._reporting(
+                self.op.inference.outputs, self.pkey, self.params, shapes, dtypes
+            )
             out = [m.dtype for m in metas]
         aux = [_mx_type(kernel.aux_dtype_for(dtypes))] * len(self.op.signature.aux)
         return [_mx_type(d) for d in dtypes], [_mx_type(d) for d in out], aux
@@ -162,13 +168,13 @@ class _Prop(mx.operator.CustomOpProp):
         shapes = tuple(tuple(int(d) for d in s) for s in shapes[:n])
         self._reporting(self._check_known, shapes)
         dtypes = tuple(np.dtype(_DTYPE_MX_TO_NP[t]) for t in dtypes[:n])
-        metas = self._reporting(self.op.inference.outputs, self.pkey, self.params,
-                              shapes, dtypes)
+        metas = self._reporting(self.op.inference.outputs, self.pkey, self.params, shapes, dtypes)
         if runtime.is_installed("backlog"):  # a node of ours per call: imperative, hybridized
             backlog.throttle()
         # The thread that binds (or calls) it reads its errors.
-        return _Op(self.op, self.params, [m.scalar for m in metas], self.call,
-                   threading.get_ident(), ctx)
+        return _Op(
+            self.op, self.params, [m.scalar for m in metas], self.call, threading.get_ident(), ctx
+        )
 
     def _check_known(self, shapes):
         # Legacy shapes read 0 as "unknown": a 0-size input reaches us as -1 seen unsigned
@@ -184,7 +190,8 @@ class _Prop(mx.operator.CustomOpProp):
                     "empty (0-size) batch cannot go through mx.nd.Custom, symbols or "
                     "hybridized blocks under MXNet's legacy shapes: skip empty batches "
                     "there, or call a 'numpy'-mode op on NDArrays outside a graph, where "
-                    "0-size inputs work")
+                    "0-size inputs work"
+                )
 
     def _reporting(self, fn, *args):
         try:
@@ -218,14 +225,22 @@ class _Op(mx.operator.CustomOp):
     itself; else ``reader``, the thread that bound it, gets the failure at its next read.
     """
 
-    def __init__(self, op: opinfo.Differentiable, params: dict[str, Any], scalar: list[bool],
-                 call: errors.Call | None, reader: int, ctx: mx.Context):
+    def __init__(
+        self,
+        op: opinfo.Differentiable,
+        params: dict[str, Any],
+        scalar: list[bool],
+        call: errors.Call | None,
+        reader: int,
+        ctx: mx.Context,
+    ):
         super().__init__()
         self.op, self.params, self.scalar = op, params, scalar
         self.call, self.reader, self.ctx = call, reader, ctx
         # MXNet's numbers of the arrays its backward reads, and how many arrays are numbered
-        self.dependencies = deps.dependency_set(len(scalar), len(op.signature.inputs),
-                                                   op.need_top_grad)
+        self.dependencies = deps.dependency_set(
+            len(scalar), len(op.signature.inputs), op.need_top_grad
+        )
         self.saved: tuple | None = None
         # The last training forward's residuals, until its backward: MXNet runs the two as
         # separate callbacks of this one object (one per bound node, or per mx.nd.Custom call).
@@ -254,7 +269,7 @@ class _Op(mx.operator.CustomOp):
         try:
             self.residuals = None
             args, outs, saved = kernel.forward_nd(op, [*in_data, *aux], self.params, wait=True)
-            args = args[:len(in_data)]
+            args = args[: len(in_data)]
             if is_train:
                 self.residuals = saved
             for dst, r, value in zip(out_data, req, outs):
@@ -279,10 +294,11 @@ class _Op(mx.operator.CustomOp):
             outs = [mode.as_scalar_view(v) if s else v for v, s in zip(outs, self.scalar)]
             grads_in = None
             if op.need_top_grad:
-                grads_in = [mode.as_scalar_view(v) if s else v
-                            for v, s in zip((mode.from_nd(o) for o in out_grad), self.scalar)]
-            kernel.backward_nd(op, args, aux, outs, grads_in, self.params, req, in_grad,
-                               residuals)
+                grads_in = [
+                    mode.as_scalar_view(v) if s else v
+                    for v, s in zip((mode.from_nd(o) for o in out_grad), self.scalar)
+                ]
+            kernel.backward_nd(op, args, aux, outs, grads_in, self.params, req, in_grad, residuals)
         except Exception as exc:
             self._fail(exc, "backward", [g for g, r in zip(in_grad, req) if r != "null"])
 

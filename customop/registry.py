@@ -4,6 +4,7 @@ MXNet finds a custom operator by its ``op_type`` string (graphs and exported
 symbol files store nothing else), so this table is the one place that maps
 that string to the operator object.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -40,17 +41,25 @@ def register(op: opinfo.Registered, named: bool) -> None:
     """
     old = _OPS.get(op.op_type)
     same = old is not None and (old.fn.__module__, old.fn.__qualname__) == (
-        op.fn.__module__, op.fn.__qualname__)
+        op.fn.__module__,
+        op.fn.__qualname__,
+    )
     if old is not None and not same:
         raise ValueError(
             f"customop name {op.op_type!r} is already used by "
-            f"{old.fn.__module__}.{old.fn.__qualname__}; pass a different name= to @customop")
+            f"{old.fn.__module__}.{old.fn.__qualname__}; pass a different name= to @customop"
+        )
     if old is not None and not named and _distinct(old.fn, op.fn):
-        raise errors.op_error(op.op_type, ValueError, (
-            f"another function of the same name is already registered "
-            f"({_made_by(old.fn)}; this one is {_made_by(op.fn)}); graphs, hybridized blocks "
-            "and mx.nd.Custom find an op by its name and would run only the last one: pass "
-            "name= to @customop to give each its own"))
+        raise errors.op_error(
+            op.op_type,
+            ValueError,
+            (
+                f"another function of the same name is already registered "
+                f"({_made_by(old.fn)}; this one is {_made_by(op.fn)}); graphs, hybridized blocks "
+                "and mx.nd.Custom find an op by its name and would run only the last one: pass "
+                "name= to @customop to give each its own"
+            ),
+        )
     if old is None:
         prop.register(op.op_type, _OPS.__getitem__)
     _OPS[op.op_type] = op  # a redefinition (notebook re-run, reload) replaces the old one
@@ -63,10 +72,15 @@ def by_reference(op_type: str, module: str) -> opinfo.Registered:
     try:
         return _OPS[op_type]
     except KeyError:
-        raise errors.op_error(op_type, LookupError, (
-            f"cannot unpickle the operator: importing {module!r} did not define it; define "
-            "ops at module level (not inside a function or a notebook cell the receiving "
-            "process never runs)")) from None
+        raise errors.op_error(
+            op_type,
+            LookupError,
+            (
+                f"cannot unpickle the operator: importing {module!r} did not define it; define "
+                "ops at module level (not inside a function or a notebook cell the receiving "
+                "process never runs)"
+            ),
+        ) from None
 
 
 def module_of(fn: Callable) -> str:
@@ -90,10 +104,14 @@ def _distinct(old: Callable, new: Callable) -> bool:
         return False
     a, b = old.__code__, new.__code__
     if a is b:
-        return not (_same_values(old.__defaults__, new.__defaults__)
-                    and _same_values(old.__kwdefaults__, new.__kwdefaults__)
-                    and _same_values([c.cell_contents for c in old.__closure__ or ()],
-                                     [c.cell_contents for c in new.__closure__ or ()]))
+        return not (
+            _same_values(old.__defaults__, new.__defaults__)
+            and _same_values(old.__kwdefaults__, new.__kwdefaults__)
+            and _same_values(
+                [c.cell_contents for c in old.__closure__ or ()],
+                [c.cell_contents for c in new.__closure__ or ()],
+            )
+        )
     return a.co_filename == b.co_filename and a.co_firstlineno != b.co_firstlineno
 
 

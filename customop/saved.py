@@ -4,6 +4,7 @@ Separate from :mod:`customop.kernel` (which unpacks it) so that
 :mod:`customop.gradients` can recognise it when it runs the forward again for
 an automatic gradient.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -36,7 +37,9 @@ class residuals:  # noqa: N801 - used like a function: ``return residuals(out, p
 
     def __init__(self, *outputs: Any, **saved: Any):
         if not outputs:
-            raise TypeError("customop.residuals(*outputs, **saved): give the forward's "
-                            "output(s) first, then the residuals by name")
+            raise TypeError(
+                "customop.residuals(*outputs, **saved): give the forward's "
+                "output(s) first, then the residuals by name"
+            )
         self.outputs = outputs[0] if len(outputs) == 1 else tuple(outputs)
         self.saved = saved

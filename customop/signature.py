@@ -5,6 +5,7 @@ inputs, then the auxiliary states named in ``aux=`` (state the operator owns
 and updates, never differentiated).  Parameters with a default and
 keyword-only parameters are operator parameters, which must be Python literals.
 """
+
 from __future__ import annotations
 
 import inspect
@@ -17,8 +18,9 @@ from . import params as _params
 class Signature:
     """The split of a forward function's parameters into inputs, aux states and parameters."""
 
-    def __init__(self, fn: Callable, op: str, aux: tuple[str, ...] = (),
-                 optional: tuple[str, ...] = ()):
+    def __init__(
+        self, fn: Callable, op: str, aux: tuple[str, ...] = (), optional: tuple[str, ...] = ()
+    ):
         self.op = op
         self.optional: list[str] = []
         sig = inspect.signature(fn)
@@ -32,44 +34,57 @@ class Signature:
                     "array input and every parameter explicitly."
                 )
             if p.kind == p.KEYWORD_ONLY:
-                (self.required.append(p.name) if p.default is p.empty
-                 else self.defaults.__setitem__(p.name, p.default))
+                (
+                    self.required.append(p.name)
+                    if p.default is p.empty
+                    else self.defaults.__setitem__(p.name, p.default)
+                )
             elif p.default is p.empty:
                 arrays.append(p.name)
             elif p.name in optional:
                 if p.default is not None:
-                    raise TypeError(f"customop {op!r}: optional input {p.name!r} must default "
-                                    f"to None (got {p.default!r}).")
+                    raise TypeError(
+                        f"customop {op!r}: optional input {p.name!r} must default "
+                        f"to None (got {p.default!r})."
+                    )
                 arrays.append(p.name)
                 self.optional.append(p.name)
             else:
                 self.defaults[p.name] = p.default
         not_optional = [o for o in optional if o not in self.optional]
         if not_optional:
-            raise TypeError(f"customop {op!r}: optional= names {', '.join(map(repr, not_optional))}"
-                            ", which must be positional parameters of the forward defaulting to "
-                            "None (e.g. def f(pred, label, weight=None, *, alpha=1.0)).")
+            raise TypeError(
+                f"customop {op!r}: optional= names {', '.join(map(repr, not_optional))}"
+                ", which must be positional parameters of the forward defaulting to "
+                "None (e.g. def f(pred, label, weight=None, *, alpha=1.0))."
+            )
         if optional and aux:
-            raise TypeError(f"customop {op!r}: an operator cannot have both optional inputs and "
-                            "auxiliary states.")
+            raise TypeError(
+                f"customop {op!r}: an operator cannot have both optional inputs and "
+                "auxiliary states."
+            )
         unknown = [a for a in aux if a not in arrays]
         if unknown:
             raise TypeError(
                 f"customop {op!r}: aux= names {', '.join(map(repr, unknown))}, which "
                 f"{'is' if len(unknown) == 1 else 'are'} not a positional array parameter of the "
                 f"forward (its array parameters: {', '.join(arrays) or 'none'}); list the "
-                "auxiliary states as positional parameters after the inputs.")
+                "auxiliary states as positional parameters after the inputs."
+            )
         n_in = len(arrays) - len(aux)
         if tuple(arrays[n_in:]) != tuple(aux) and aux:
             raise TypeError(
                 f"customop {op!r}: auxiliary states {', '.join(map(repr, aux))} must be the last "
-                f"positional parameters of the forward, in that order (got {', '.join(arrays)}).")
+                f"positional parameters of the forward, in that order (got {', '.join(arrays)})."
+            )
         self.inputs: list[str] = arrays[:n_in]
         self.aux: list[str] = arrays[n_in:]
         clash = (set(self.defaults) | set(self.required)) & _params.RESERVED
         if clash:
-            raise TypeError(f"customop {op!r}: parameter name(s) {sorted(clash)} are reserved "
-                            "by mx.nd.Custom / mx.sym.Custom; rename them.")
+            raise TypeError(
+                f"customop {op!r}: parameter name(s) {sorted(clash)} are reserved "
+                "by mx.nd.Custom / mx.sym.Custom; rename them."
+            )
 
     @property
     def arrays(self) -> list[str]:
@@ -98,12 +113,13 @@ class Signature:
         n = len(names)
         if len(args) > n:
             extra = self.param_names[: len(args) - n]
-            hint = (f"; pass parameter(s) {', '.join(map(repr, extra))} by keyword"
-                    if extra else "")
-            what = (f"{n} array input(s) ({', '.join(names)})" if not self.aux else
-                    f"{n} array argument(s) ({self.describe()})")
-            raise TypeError(f"customop {self.op!r} takes {what} but {len(args)} were "
-                            f"given{hint}.")
+            hint = f"; pass parameter(s) {', '.join(map(repr, extra))} by keyword" if extra else ""
+            what = (
+                f"{n} array input(s) ({', '.join(names)})"
+                if not self.aux
+                else f"{n} array argument(s) ({self.describe()})"
+            )
+            raise TypeError(f"customop {self.op!r} takes {what} but {len(args)} were given{hint}.")
         arrays = list(args)
         params: dict[str, Any] = {}
         for key, value in kwargs.items():
@@ -113,25 +129,33 @@ class Signature:
                 continue
             if key not in self.defaults and key not in self.required:
                 known = ", ".join(self.param_names) or "none"
-                raise TypeError(f"customop {self.op!r} got an unknown keyword {key!r} "
-                                f"({self.describe()}; parameters: {known}).")
+                raise TypeError(
+                    f"customop {self.op!r} got an unknown keyword {key!r} "
+                    f"({self.describe()}; parameters: {known})."
+                )
             params[key] = _params.normalize(value, self.op, key)
-        for name in self.inputs[len(args):]:
+        for name in self.inputs[len(args) :]:
             if name in self.optional and name not in kwargs:
                 arrays.append(None)
                 continue
             if name not in kwargs:
-                raise TypeError(f"customop {self.op!r} is missing array input {name!r} "
-                                f"({self.describe()}).")
+                raise TypeError(
+                    f"customop {self.op!r} is missing array input {name!r} ({self.describe()})."
+                )
             arrays.append(kwargs[name])
-        given = [name for i, name in enumerate(self.aux, len(self.inputs))
-                 if i < len(args) or name in kwargs]
+        given = [
+            name
+            for i, name in enumerate(self.aux, len(self.inputs))
+            if i < len(args) or name in kwargs
+        ]
         if given and len(given) < len(self.aux):
             missing = [a for a in self.aux if a not in given]
-            raise TypeError(f"customop {self.op!r} is missing auxiliary state(s) "
-                            f"{', '.join(map(repr, missing))} ({self.describe()}); pass every "
-                            "auxiliary state, or none with Symbols (MXNet then creates them).")
-        arrays += [kwargs[name] for name in given[len(arrays) - len(self.inputs):]]
+            raise TypeError(
+                f"customop {self.op!r} is missing auxiliary state(s) "
+                f"{', '.join(map(repr, missing))} ({self.describe()}); pass every "
+                "auxiliary state, or none with Symbols (MXNet then creates them)."
+            )
+        arrays += [kwargs[name] for name in given[len(arrays) - len(self.inputs) :]]
         self.check_params(params)
         return arrays, params
 
@@ -140,15 +164,19 @@ class Signature:
         for key in params:
             if key not in self.defaults and key not in self.required:
                 known = ", ".join(self.param_names) or "none"
-                raise TypeError(f"customop {self.op!r} got an unknown parameter {key!r} "
-                                f"(parameters: {known}).")
+                raise TypeError(
+                    f"customop {self.op!r} got an unknown parameter {key!r} (parameters: {known})."
+                )
         missing = [k for k in self.required if k not in params]
         if missing:
-            raise TypeError(f"customop {self.op!r} is missing required parameter(s) "
-                            f"{', '.join(map(repr, missing))}.")
+            raise TypeError(
+                f"customop {self.op!r} is missing required parameter(s) "
+                f"{', '.join(map(repr, missing))}."
+            )
 
-    def check_helper(self, fn: Callable, what: str, heads: list[str],
-                     residuals: bool = False) -> None:
+    def check_helper(
+        self, fn: Callable, what: str, heads: list[str], residuals: bool = False
+    ) -> None:
         """Raise ``TypeError`` now unless ``fn`` (an ``infer_shape``, an aux shape function, a
         gradient maker...) takes the arguments ``heads`` positionally and every operator
         parameter by name or through ``**params``, as calls will pass them.
@@ -177,7 +205,8 @@ class Signature:
                     f"{', '.join(names)}); name every parameter or end its signature with "
                     f"**params: def {_plain(fn)}({head}{', ' if head else ''}*, "
                     f"{', '.join(defaults)}) or def {_plain(fn)}({head}"
-                    f"{', ' if head else ''}**params)")
+                    f"{', ' if head else ''}**params)"
+                )
         # Every parameter set, and only the required ones (a call that sets none of the
         # others passes none of them; a gradient maker gets the defaults it names).
         calls = [names] if residuals else [names, self.required]
@@ -191,7 +220,8 @@ class Signature:
                     f"({head}) positionally and the parameters a call sets "
                     f"({', '.join(given) or 'none'}) by keyword: {exc}; give the parameters "
                     f"the operator's defaults (def {_plain(fn)}({head}{', ' if head else ''}*, "
-                    f"{', '.join(defaults)})) or take **params") from None
+                    f"{', '.join(defaults)})) or take **params"
+                ) from None
 
 
 def _name_of(fn: Callable) -> str:

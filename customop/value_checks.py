@@ -13,6 +13,7 @@ check becomes a value that flows through compiled code.
 Any code that traces a function (a forward, a gradient closure) opens
 :func:`collecting` around it and applies :func:`poisoned` to what it returns.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -130,7 +131,7 @@ def _holds(cond: Any) -> bool:
 
 def _text(arg: str, message: str) -> str:
     op = getattr(_state, "op", None)
-    return (f"customop {shown(op)!r}: {arg} {message}" if op else f"{arg} {message}")
+    return f"customop {shown(op)!r}: {arg} {message}" if op else f"{arg} {message}"
 
 
 @contextlib.contextmanager
@@ -196,8 +197,9 @@ def factor(conditions: Sequence[Condition]) -> Any:
     return None if ok is None else ok / ok
 
 
-def poisoned(outputs: Sequence[Any], conditions: Sequence[Condition],
-             nan_or_one: Any = None) -> list[Any]:
+def poisoned(
+    outputs: Sequence[Any], conditions: Sequence[Condition], nan_or_one: Any = None
+) -> list[Any]:
     """``outputs`` with every floating array NaN where ``conditions`` fail, as MXNet operators.
 
     Each floating output is multiplied by :func:`factor` (or by ``nan_or_one``, that

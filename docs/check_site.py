@@ -14,6 +14,7 @@
 
 Exits 1 naming what is missing.  ``PUBLIC`` is also what tests/test_docs_site.py reads.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -23,8 +24,13 @@ from pathlib import Path
 
 # The public API: the names each module lists in __all__ (customop.distributed exposes its
 # two modules' names: AuxSync for hand-written loops, the job launcher).
-PUBLIC = ["customop", "customop.check", "customop.distributed.auxsync",
-          "customop.distributed.launch", "customop.ops"]
+PUBLIC = [
+    "customop",
+    "customop.check",
+    "customop.distributed.auxsync",
+    "customop.distributed.launch",
+    "customop.ops",
+]
 
 
 def public_names() -> list[str]:
@@ -40,8 +46,9 @@ def documented(html: Path) -> set[str]:
 
     with open(html / "objects.inv", "rb") as f:
         inventory = InventoryFile.load(f, "", lambda base, uri: uri)
-    return {name for kind, entries in inventory.items() if kind.startswith("py:")
-            for name in entries}
+    return {
+        name for kind, entries in inventory.items() if kind.startswith("py:") for name in entries
+    }
 
 
 # "issue 19", "issue #4", "issue-19", "issues 10 and 11", "(#12)": numbers of our tracker
@@ -56,14 +63,13 @@ def issue_mentions(text: str) -> list[str]:
     text = re.sub(r"<(script|style)\b.*?</\1>", " ", text, flags=re.S | re.I)
     text = re.sub(r"<[^>]+>", " ", text)
     text = PUBLIC_ISSUE.sub("MXNet's tracker", re.sub(r"\s+", " ", text))
-    return [text[max(0, m.start() - 30):m.end() + 10].strip() for m in ISSUE.finditer(text)]
+    return [text[max(0, m.start() - 30) : m.end() + 10].strip() for m in ISSUE.finditer(text)]
 
 
 def repeated_toc_entries(index_html: str) -> list[str]:
     """The entries the front page's tables of contents (its toctrees) list more than once."""
     seen: dict[str, int] = {}
-    for wrapper in re.findall(r'<div class="toctree-wrapper[^"]*">(.*?)</div>', index_html,
-                              re.S):
+    for wrapper in re.findall(r'<div class="toctree-wrapper[^"]*">(.*?)</div>', index_html, re.S):
         for label in re.findall(r"<a [^>]*>(.*?)</a>", wrapper, re.S):
             label = re.sub(r"<[^>]+>", "", label).strip()
             seen[label] = seen.get(label, 0) + 1
@@ -74,17 +80,21 @@ def page_problems(html: Path) -> list[str]:
     """Internal issue numbers on any page but the changelog; front-page entries listed twice."""
     problems = []
     for page in sorted(html.rglob("*.html")):
-        if page.name in ("changelog.html", "genindex.html", "search.html") or \
-                "_modules" in page.parts:
+        if (
+            page.name in ("changelog.html", "genindex.html", "search.html")
+            or "_modules" in page.parts
+        ):
             continue  # the changelog keeps its history
         cited = issue_mentions(page.read_text(encoding="utf-8"))
         if cited:
-            problems.append(f"{page.relative_to(html)} cites internal issue numbers: "
-                            f"{'; '.join(cited[:5])}")
+            problems.append(
+                f"{page.relative_to(html)} cites internal issue numbers: {'; '.join(cited[:5])}"
+            )
     repeated = repeated_toc_entries((html / "index.html").read_text(encoding="utf-8"))
     if repeated:
-        problems.append(f"the front page's table of contents lists {', '.join(repeated)} "
-                        "more than once")
+        problems.append(
+            f"the front page's table of contents lists {', '.join(repeated)} more than once"
+        )
     return problems
 
 
@@ -100,8 +110,11 @@ def main(argv: list[str]) -> int:
         problems.append("searchindex.js does not know focal_loss")
     for page in html.rglob("*.html"):
         text = page.read_text(encoding="utf-8")
-        remote = [src for src in re.findall(r'<script[^>]*src="([^"]+)"', text)
-                  if src.startswith(("http:", "https:", "//"))]
+        remote = [
+            src
+            for src in re.findall(r'<script[^>]*src="([^"]+)"', text)
+            if src.startswith(("http:", "https:", "//"))
+        ]
         if remote:
             problems.append(f"{page.relative_to(html)} loads {remote} from the network")
     problems += page_problems(html)
@@ -115,9 +128,11 @@ def main(argv: list[str]) -> int:
     for problem in problems:
         print(f"check_site: {problem}", file=sys.stderr)
     if not problems:
-        print(f"check_site: {len(names)} API entries, every public name among them; search "
-              f"index knows focal_loss; {len(notebooks)} tutorial pages with plots; no "
-              "internal issue numbers; each table-of-contents entry once")
+        print(
+            f"check_site: {len(names)} API entries, every public name among them; search "
+            f"index knows focal_loss; {len(notebooks)} tutorial pages with plots; no "
+            "internal issue numbers; each table-of-contents entry once"
+        )
     return 1 if problems else 0
 
 

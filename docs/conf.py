@@ -8,6 +8,7 @@ The ``>>>`` examples of the docstrings shown by autodoc run in the same pass.  A
 must not run (a shell command, a fragment) is a plain ```` ```python ```` or
 ```` ```sh ```` fence instead.  More: docs/development.md, *Writing documentation*.
 """
+
 from __future__ import annotations
 
 import doctest
@@ -54,8 +55,12 @@ napoleon_numpy_docstring = True
 napoleon_use_rtype = False
 
 # ---- doctest -----------------------------------------------------------------------------
-doctest_default_flags = (doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE
-                         | doctest.IGNORE_EXCEPTION_DETAIL | doctest.DONT_ACCEPT_TRUE_FOR_1)
+doctest_default_flags = (
+    doctest.ELLIPSIS
+    | doctest.NORMALIZE_WHITESPACE
+    | doctest.IGNORE_EXCEPTION_DETAIL
+    | doctest.DONT_ACCEPT_TRUE_FOR_1
+)
 doctest_global_setup = """
 import warnings
 warnings.filterwarnings("ignore", message="Cannot decide type for the following arguments")
@@ -111,5 +116,3 @@ def setup(app):
     app.connect("source-read", _drop_absent_pages)
     app.connect("source-read", _retarget_notebook_links)
     return {"parallel_read_safe": True}
-
-

@@ -15,6 +15,7 @@ One change to the head: its ``F.full((1,), 3.0)`` fails under AMP in symbol mode
 1.9.1's AMP wrapper of an operator without array inputs), so the constant is made from
 one of the head's own constants.
 """
+
 from __future__ import annotations
 
 import os
@@ -52,8 +53,9 @@ def train(block, hybridize, steps=4, lr=1.0, seed=0):
                 mx.autograd.backward(scaled)
         trainer.step(1)
         losses.append(float(loss.astype("float32").asscalar()))
-    return losses, {name[len(block.prefix):]: p.data().asnumpy()
-                    for name, p in block.collect_params().items()}
+    return losses, {
+        name[len(block.prefix) :]: p.data().asnumpy() for name, p in block.collect_params().items()
+    }
 
 
 def main():

@@ -32,6 +32,7 @@ Two Horovod ranks (Gloo, one device each; ``hvd.DistributedTrainer`` in Gluon,
 Each worker writes ``<out>/<api>-rank<r>.npz``: every parameter's copy on every
 device (``<name>@<device index>``).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -50,8 +51,10 @@ NUM_CLASS, DIM, HIDDEN = 3, 6, 8
 def softmax_xent(pred, label):
     r"""Per-sample softmax cross-entropy :math:`-\log \mathrm{softmax}(pred_i)_{label_i}`."""
     if not ((label >= 0) & (label < pred.shape[1])).all():
-        raise ValueError(f"softmax_xent: label has values outside [0, {pred.shape[1]}): "
-                         f"{np.unique(label[(label < 0) | (label >= pred.shape[1])])}")
+        raise ValueError(
+            f"softmax_xent: label has values outside [0, {pred.shape[1]}): "
+            f"{np.unique(label[(label < 0) | (label >= pred.shape[1])])}"
+        )
     logp = pred - pred.max(axis=1, keepdims=True)
     logp = logp - np.log(np.exp(logp).sum(axis=1, keepdims=True))
     return -logp[np.arange(len(label)), label.astype(np.int64)]
@@ -63,6 +66,7 @@ def _xent_grad(ans, pred, label):
         p /= p.sum(axis=1, keepdims=True)
         p[np.arange(len(label)), label.astype(np.int64)] -= 1
         return g[:, None] * p
+
     return grad
 
 
@@ -87,8 +91,11 @@ class Net(mx.gluon.HybridBlock):
             self.body = mx.gluon.nn.Dense(HIDDEN, activation="relu", in_units=DIM)
             self.head = mx.gluon.nn.Dense(NUM_CLASS, in_units=HIDDEN)
             # Owns the centers: Parameter net_center_centers (aux state, grad_req='null').
-            self.center = (ops.CenterLoss(NUM_CLASS, HIDDEN, scale=center_weight,
-                                          prefix="center_") if center_weight else None)
+            self.center = (
+                ops.CenterLoss(NUM_CLASS, HIDDEN, scale=center_weight, prefix="center_")
+                if center_weight
+                else None
+            )
 
     def hybrid_forward(self, F, x, label):
         feat = self.body(x)
@@ -110,17 +117,20 @@ def train_gluon(args, kv, ctxs, x, y):
     if isinstance(kv, Ranks):  # Horovod: rank 0's initial values everywhere, centers too
         kv.hvd.broadcast_parameters(net.collect_params(), root_rank=0)
         # Horovod averages the gradients over the ranks: divide by this rank's share
-        trainer = kv.hvd.DistributedTrainer(net.collect_params(), "sgd",
-                                            {"learning_rate": args.lr})
+        trainer = kv.hvd.DistributedTrainer(net.collect_params(), "sgd", {"learning_rate": args.lr})
         return _gluon_loop(args, kv, net, trainer, ctxs, x, y, args.batch // kv.num_workers)
     dist = kv is not None and "dist" in kv.type
     # dist_* with aux states: the servers only sum (the center deltas must not go through
     # the optimizer). Without, MXNet's default: its first step with update_on_kvstore=False
     # can start a worker from the summed gradient (see customop.distributed.agree).
     on_kv = False if dist and args.center_loss and not args.update_on_kvstore else None
-    trainer = mx.gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": args.lr},
-                               kvstore=kv if kv is not None else "device",
-                               update_on_kvstore=on_kv)
+    trainer = mx.gluon.Trainer(
+        net.collect_params(),
+        "sgd",
+        {"learning_rate": args.lr},
+        kvstore=kv if kv is not None else "device",
+        update_on_kvstore=on_kv,
+    )
     return _gluon_loop(args, kv, net, trainer, ctxs, x, y, args.batch)
 
 
@@ -141,23 +151,27 @@ def _gluon_loop(args, kv, net, trainer, ctxs, x, y, batch):
 
 def train_module(args, kv, ctxs, x, y):
     data, label = mx.sym.var("data"), mx.sym.var("label")
-    feat = mx.sym.Activation(mx.sym.FullyConnected(data, num_hidden=HIDDEN, name="body"),
-                             act_type="relu")
+    feat = mx.sym.Activation(
+        mx.sym.FullyConnected(data, num_hidden=HIDDEN, name="body"), act_type="relu"
+    )
     loss = softmax_xent(mx.sym.FullyConnected(feat, num_hidden=NUM_CLASS, name="head"), label)
     if args.center_loss:
         # Aux state center_centers, created by MXNet (zeros) and saved with the aux params.
-        loss = loss + ops.center_loss(feat, label, num_class=NUM_CLASS, scale=args.center_loss,
-                                      name="center")
+        loss = loss + ops.center_loss(
+            feat, label, num_class=NUM_CLASS, scale=args.center_loss, name="center"
+        )
     if kv is not None and "dist" in kv.type and args.center_loss and not args.update_on_kvstore:
         os.environ["MXNET_UPDATE_ON_KVSTORE"] = "0"  # servers only sum (see Gluon above)
-    mod = mx.mod.Module(mx.sym.MakeLoss(loss), data_names=["data"], label_names=["label"],
-                        context=ctxs)
+    mod = mx.mod.Module(
+        mx.sym.MakeLoss(loss), data_names=["data"], label_names=["label"], context=ctxs
+    )
     local = args.batch // (kv.num_workers if kv is not None else 1)
     mod.bind(data_shapes=[("data", (local, DIM))], label_shapes=[("label", (local,))])
     mod.init_params(mx.init.Xavier())
     # Module divides by batch * num_workers itself (rescale_grad).
-    opt = dict(kvstore=kv if kv is not None else "device",
-               optimizer_params={"learning_rate": args.lr})
+    opt = dict(
+        kvstore=kv if kv is not None else "device", optimizer_params={"learning_rate": args.lr}
+    )
     if isinstance(kv, Ranks):  # Horovod: rank 0's initial values, gradients averaged
         arg_params, aux_params = mod.get_params()
         kv.hvd.broadcast_parameters(arg_params, root_rank=0)
@@ -167,14 +181,17 @@ def train_module(args, kv, ctxs, x, y):
         opt = dict(kvstore=None, optimizer=kv.hvd.DistributedOptimizer(sgd))
     if args.fit:  # the same batches, in order, through fit()
         rows = np.concatenate(list(_batches(args, kv, x)))
-        mod.fit(mx.io.NDArrayIter(x[rows], y[rows], batch_size=local), num_epoch=1,
-                eval_metric="loss", **opt)
+        mod.fit(
+            mx.io.NDArrayIter(x[rows], y[rows], batch_size=local),
+            num_epoch=1,
+            eval_metric="loss",
+            **opt,
+        )
     else:
         mod.init_optimizer(**opt)
         sync = AuxSync(mod) if args.center_loss and args.aux_sync else None
         for rows in _batches(args, kv, x):
-            mod.forward_backward(mx.io.DataBatch([mx.nd.array(x[rows])],
-                                                 [mx.nd.array(y[rows])]))
+            mod.forward_backward(mx.io.DataBatch([mx.nd.array(x[rows])], [mx.nd.array(y[rows])]))
             mod.update()
             if sync:
                 sync()
@@ -199,8 +216,9 @@ def _batches(args, kv, x):
     shards = workers * args.contexts
     for step in range(args.steps):
         rows = np.arange(step * args.batch, (step + 1) * args.batch)
-        rows = np.concatenate([rows[s::shards] for s in range(rank * args.contexts,
-                                                              (rank + 1) * args.contexts)])
+        rows = np.concatenate(
+            [rows[s::shards] for s in range(rank * args.contexts, (rank + 1) * args.contexts)]
+        )
         if args.fail_rank == rank and step == 1:
             # A decorated op that fails on bad input in one worker: the launcher ends the job.
             softmax_xent(mx.nd.zeros((2, NUM_CLASS)), mx.nd.array([0, NUM_CLASS + 4]))
@@ -210,25 +228,41 @@ def _batches(args, kv, x):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--api", choices=["gluon", "module"], default="gluon")
-    parser.add_argument("--kvstore", default="local",
-                        help="local, device, dist_sync, ... or none (no kvstore)")
+    parser.add_argument(
+        "--kvstore", default="local", help="local, device, dist_sync, ... or none (no kvstore)"
+    )
     parser.add_argument("--contexts", type=int, default=1, help="CPU devices per process")
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--batch", type=int, default=16, help="global batch (all workers)")
     parser.add_argument("--lr", type=float, default=0.1)
     parser.add_argument("--center-loss", type=float, default=0.0, help="its weight (0: off)")
-    parser.add_argument("--focal-loss", type=float, default=0.0,
-                        help="Gluon: add ops.focal_loss (no normalization) with this weight")
+    parser.add_argument(
+        "--focal-loss",
+        type=float,
+        default=0.0,
+        help="Gluon: add ops.focal_loss (no normalization) with this weight",
+    )
     parser.add_argument("--hybridize", action="store_true")
     parser.add_argument("--fit", action="store_true", help="Module: train with fit()")
-    parser.add_argument("--aux-sync", action="store_true",
-                        help="also call AuxSync after every step (not needed with these loops)")
-    parser.add_argument("--update-on-kvstore", action="store_true",
-                        help="dist_*: run the optimizer on the servers (aux states then warn)")
-    parser.add_argument("--fail-rank", type=int, default=-1,
-                        help="this worker feeds a bad label at step 1 (tests fail-fast)")
-    parser.add_argument("--horovod", action="store_true",
-                        help="a rank of a horovodrun job (instead of --kvstore)")
+    parser.add_argument(
+        "--aux-sync",
+        action="store_true",
+        help="also call AuxSync after every step (not needed with these loops)",
+    )
+    parser.add_argument(
+        "--update-on-kvstore",
+        action="store_true",
+        help="dist_*: run the optimizer on the servers (aux states then warn)",
+    )
+    parser.add_argument(
+        "--fail-rank",
+        type=int,
+        default=-1,
+        help="this worker feeds a bad label at step 1 (tests fail-fast)",
+    )
+    parser.add_argument(
+        "--horovod", action="store_true", help="a rank of a horovodrun job (instead of --kvstore)"
+    )
     parser.add_argument("--out", default=None, help="directory for <api>-rank<r>.npz")
     args = parser.parse_args(argv)
     mx.random.seed(0)
@@ -248,13 +282,16 @@ def main(argv=None):
     train = train_gluon if args.api == "gluon" else train_module
     params = train(args, kv, ctxs, x, y)
     rank = kv.rank if kv is not None else 0
-    values = {f"{name}@{i}": a.asnumpy() for name, arrs in params.items()
-              for i, a in enumerate(arrs)}
+    values = {
+        f"{name}@{i}": a.asnumpy() for name, arrs in params.items() for i, a in enumerate(arrs)
+    }
     if args.out:
         os.makedirs(args.out, exist_ok=True)
         np.savez(os.path.join(args.out, f"{args.api}-rank{rank}.npz"), **values)
-    print(f"rank {rank}: trained {len(params)} parameters for {args.steps} steps "
-          f"on {args.kvstore}", flush=True)
+    print(
+        f"rank {rank}: trained {len(params)} parameters for {args.steps} steps on {args.kvstore}",
+        flush=True,
+    )
     return values
 
 

@@ -15,6 +15,7 @@ path::
 
     python examples/face_embedding.py
 """
+
 from __future__ import annotations
 
 import os
@@ -41,11 +42,14 @@ class FaceHead(mx.gluon.HybridBlock):
         super().__init__(**kwargs)
         with self.name_scope():
             self.embed = mx.gluon.nn.HybridSequential()
-            self.embed.add(mx.gluon.nn.Dense(HIDDEN, activation="relu", in_units=DESCRIPTOR),
-                           mx.gluon.nn.Dense(EMBEDDING, in_units=HIDDEN))
+            self.embed.add(
+                mx.gluon.nn.Dense(HIDDEN, activation="relu", in_units=DESCRIPTOR),
+                mx.gluon.nn.Dense(EMBEDDING, in_units=HIDDEN),
+            )
             self.classify = mx.gluon.nn.Dense(NUM_ID, in_units=EMBEDDING)
-            self.center_loss = ops.CenterLoss(num_class=NUM_ID, feature_dim=EMBEDDING,
-                                              alpha=0.5, scale=CENTER_WEIGHT)
+            self.center_loss = ops.CenterLoss(
+                num_class=NUM_ID, feature_dim=EMBEDDING, alpha=0.5, scale=CENTER_WEIGHT
+            )
 
     def hybrid_forward(self, F, descriptor, identity):
         embedding = self.embed(descriptor)
@@ -95,8 +99,13 @@ def make_batches(steps=4, seed=3):
 
 def train_every_path(steps=4, lr=0.01):
     """``{path: [loss of each step]}`` for the four paths of :mod:`four_paths`."""
-    return four_paths.train_every_path(make_block, make_batches(steps), lr, INPUTS,
-                                       loss_of=lambda outs, batch: loss_of(outs, batch[1]))
+    return four_paths.train_every_path(
+        make_block,
+        make_batches(steps),
+        lr,
+        INPUTS,
+        loss_of=lambda outs, batch: loss_of(outs, batch[1]),
+    )
 
 
 def main():

@@ -18,6 +18,7 @@ prints the loss of each step on each path::
 
     python examples/faster_rcnn_head.py
 """
+
 from __future__ import annotations
 
 import os
@@ -31,7 +32,7 @@ from customop import customop, ops
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import four_paths  # noqa: E402
 
-NUM_CLASS, FEATURE, HIDDEN = 3, 10, 16          # foreground classes; class 0 is background
+NUM_CLASS, FEATURE, HIDDEN = 3, 10, 16  # foreground classes; class 0 is background
 BATCH, PROPOSALS, NUM_GT, NUM_SAMPLE = 2, 24, 3, 8
 MEANS, STDS = np.zeros(4, np.float32), np.array([0.1, 0.1, 0.2, 0.2], np.float32)
 SEED = 7
@@ -39,8 +40,9 @@ INPUTS = ["roi_feat", "proposals", "gt_boxes", "gt_labels"]
 
 
 @customop("numpy", no_grad=("proposals", "gt_boxes", "gt_labels"))
-def sample_proposals(proposals, gt_boxes, gt_labels, num_sample=NUM_SAMPLE, fg_fraction=0.25,
-                     fg_iou=0.5):
+def sample_proposals(
+    proposals, gt_boxes, gt_labels, num_sample=NUM_SAMPLE, fg_fraction=0.25, fg_iou=0.5
+):
     """Draw ``num_sample`` proposals per image: up to ``fg_fraction`` of them foreground
     (IoU >= ``fg_iou`` with a ground-truth box), the rest background, at random.
 
@@ -51,7 +53,7 @@ def sample_proposals(proposals, gt_boxes, gt_labels, num_sample=NUM_SAMPLE, fg_f
     """
     picks, labels, targets, weights = [], [], [], []
     for b in range(len(proposals)):
-        iou = ops.box_iou.numpy(proposals[b], gt_boxes[b])                 # (P, M)
+        iou = ops.box_iou.numpy(proposals[b], gt_boxes[b])  # (P, M)
         best, match = iou.max(axis=1), iou.argmax(axis=1)
         fg, bg = np.flatnonzero(best >= fg_iou), np.flatnonzero(best < fg_iou)
         fg = np.random.choice(fg, min(len(fg), int(fg_fraction * num_sample)), replace=False)
@@ -59,16 +61,23 @@ def sample_proposals(proposals, gt_boxes, gt_labels, num_sample=NUM_SAMPLE, fg_f
         keep = np.concatenate([fg, bg])
         is_fg = np.arange(num_sample) < len(fg)
         target, weight = ops.box_encode.numpy(
-            np.where(is_fg, 1.0, -1.0)[None], match[keep][None].astype(np.float64),
-            proposals[b][keep][None], gt_boxes[b][None], MEANS, STDS)
+            np.where(is_fg, 1.0, -1.0)[None],
+            match[keep][None].astype(np.float64),
+            proposals[b][keep][None],
+            gt_boxes[b][None],
+            MEANS,
+            STDS,
+        )
         picks.append(keep + b * proposals.shape[1])
         labels.append(np.where(is_fg, gt_labels[b][match[keep]], 0))
         targets.append(target[0])
         weights.append(weight[0])
-    return (np.concatenate(picks).astype(proposals.dtype),
-            np.concatenate(labels).astype(proposals.dtype),
-            np.concatenate(targets).astype(proposals.dtype),
-            np.concatenate(weights).astype(proposals.dtype))
+    return (
+        np.concatenate(picks).astype(proposals.dtype),
+        np.concatenate(labels).astype(proposals.dtype),
+        np.concatenate(targets).astype(proposals.dtype),
+        np.concatenate(weights).astype(proposals.dtype),
+    )
 
 
 class RCNNHead(mx.gluon.HybridBlock):
@@ -78,26 +87,33 @@ class RCNNHead(mx.gluon.HybridBlock):
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
         with self.name_scope():
-            self.hidden = mx.gluon.nn.Dense(HIDDEN, activation="relu", flatten=False,
-                                            in_units=FEATURE)
+            self.hidden = mx.gluon.nn.Dense(
+                HIDDEN, activation="relu", flatten=False, in_units=FEATURE
+            )
             self.cls = mx.gluon.nn.Dense(NUM_CLASS + 1, flatten=False, in_units=HIDDEN)
             self.box = mx.gluon.nn.Dense(4, flatten=False, in_units=HIDDEN)
 
     def hybrid_forward(self, F, roi_feat, proposals, gt_boxes, gt_labels):
-        hidden = self.hidden(roi_feat)                                     # (B, P, HIDDEN)
+        hidden = self.hidden(roi_feat)  # (B, P, HIDDEN)
         index, label, box_target, box_weight = sample_proposals(proposals, gt_boxes, gt_labels)
         cls_pred = F.take(F.reshape(self.cls(hidden), (-1, NUM_CLASS + 1)), index)
         box_pred = F.take(F.reshape(self.box(hidden), (-1, 4)), index)  # (B * NUM_SAMPLE, .)
 
         # OHEM: every positive and the 2 hardest negatives per positive (at least 1)
         per_image = F.reshape(label, (-1, NUM_SAMPLE))
-        keep = ops.ohem_sampler(F.reshape(cls_pred, (-1, NUM_SAMPLE, NUM_CLASS + 1)), per_image,
-                                F.ones_like(per_image), ratio=2.0, min_neg=1)
+        keep = ops.ohem_sampler(
+            F.reshape(cls_pred, (-1, NUM_SAMPLE, NUM_CLASS + 1)),
+            per_image,
+            F.ones_like(per_image),
+            ratio=2.0,
+            min_neg=1,
+        )
         keep = F.reshape(keep, (-1, 1))
         # softmax_ce is an output layer (its backward ignores the head gradient), so the
         # OHEM weight goes on the gradient reaching its input: the value stays cls_pred
-        weighted = (F.broadcast_mul(cls_pred, keep)
-                    + F.BlockGrad(F.broadcast_mul(cls_pred, 1 - keep)))
+        weighted = F.broadcast_mul(cls_pred, keep) + F.BlockGrad(
+            F.broadcast_mul(cls_pred, 1 - keep)
+        )
         probs = ops.softmax_ce(weighted, label)
         box_loss = F.sum(ops.smooth_l1(box_pred - box_target, F.ones((1,)), box_weight))
         return probs, F.make_loss(box_loss), F.BlockGrad(label), F.BlockGrad(keep)
@@ -113,11 +129,18 @@ class RCNNDetect(mx.gluon.HybridBlock):
         self.head = head
 
     def hybrid_forward(self, F, roi_feat, proposals):
-        hidden = self.head.hidden(roi_feat)                                # (B, P, HIDDEN)
+        hidden = self.head.hidden(roi_feat)  # (B, P, HIDDEN)
         probs = F.softmax(self.head.cls(hidden), axis=-1)
         foreground = F.slice_axis(probs, axis=-1, begin=1, end=None)
-        boxes = ops.box_decode(self.head.box(hidden), proposals, std0=0.1, std1=0.1, std2=0.2,
-                               std3=0.2, format="corner")
+        boxes = ops.box_decode(
+            self.head.box(hidden),
+            proposals,
+            std0=0.1,
+            std1=0.1,
+            std2=0.2,
+            std3=0.2,
+            format="corner",
+        )
         # the best class and its probability (topk, not max/pick: those do not convert to ONNX)
         probability, best = F.topk(foreground, axis=-1, k=1, ret_typ="both")
         dets = F.concat(best + 1, probability, boxes, dim=-1)
@@ -157,9 +180,14 @@ def make_batches(steps=4, seed=5):
 
 def train_every_path(steps=4, lr=0.01):
     """``{path: [loss of each step]}``; NumPy's generator is seeded before each path."""
-    return four_paths.train_every_path(make_block, make_batches(steps), lr, INPUTS,
-                                       loss_of=lambda outs, batch: loss_of(outs),
-                                       before_path=lambda: np.random.seed(SEED))
+    return four_paths.train_every_path(
+        make_block,
+        make_batches(steps),
+        lr,
+        INPUTS,
+        loss_of=lambda outs, batch: loss_of(outs),
+        before_path=lambda: np.random.seed(SEED),
+    )
 
 
 def main():

@@ -21,6 +21,7 @@ coder constants) stay fixed: ``Module`` gets them as ``fixed_param_names``; an e
 graph does not remember which parameters were constants, so the reloaded block's get
 ``grad_req='null'`` again.
 """
+
 from __future__ import annotations
 
 import os
@@ -51,8 +52,7 @@ def _fresh(make_block, params):
 
 
 def _constants(block):
-    return [name for name, p in block.collect_params().items()
-            if isinstance(p, mx.gluon.Constant)]
+    return [name for name, p in block.collect_params().items() if isinstance(p, mx.gluon.Constant)]
 
 
 def _outputs(out):
@@ -84,15 +84,16 @@ def train_module(make_block, params, batches, lr, input_names):
     """The outputs of every step through ``mx.mod.Module`` on the block's Symbol."""
     block = make_block()
     symbol = mx.sym.Group(_outputs(block(*[mx.sym.var(n) for n in input_names])))
-    mod = mx.mod.Module(symbol, data_names=input_names, label_names=None,
-                        fixed_param_names=_constants(block))
+    mod = mx.mod.Module(
+        symbol, data_names=input_names, label_names=None, fixed_param_names=_constants(block)
+    )
     mod.bind(data_shapes=[mx.io.DataDesc(n, a.shape) for n, a in zip(input_names, batches[0])])
     aux_names = set(symbol.list_auxiliary_states())
-    mod.init_params(arg_params={n: mx.nd.array(a) for n, a in params.items()
-                                if n not in aux_names},
-                    aux_params={n: mx.nd.array(a) for n, a in params.items() if n in aux_names})
-    mod.init_optimizer(optimizer="sgd",
-                       optimizer_params={"learning_rate": lr, "rescale_grad": 1.0})
+    mod.init_params(
+        arg_params={n: mx.nd.array(a) for n, a in params.items() if n not in aux_names},
+        aux_params={n: mx.nd.array(a) for n, a in params.items() if n in aux_names},
+    )
+    mod.init_optimizer(optimizer="sgd", optimizer_params={"learning_rate": lr, "rescale_grad": 1.0})
     steps = []
     for batch in batches:
         mod.forward_backward(mx.io.DataBatch([mx.nd.array(a) for a in batch]))
@@ -111,8 +112,9 @@ def train_exported(make_block, params, batches, lr, export_after=2):
         prefix = os.path.join(tmp, "model")
         net.export(prefix, epoch=export_after)
         names = [f"data{i}" for i in range(len(batches[0]))] if len(batches[0]) > 1 else "data"
-        loaded = customop.imports(f"{prefix}-symbol.json", names,
-                                  f"{prefix}-{export_after:04d}.params")
+        loaded = customop.imports(
+            f"{prefix}-symbol.json", names, f"{prefix}-{export_after:04d}.params"
+        )
     constants = set(_constants(net))
     for name, p in loaded.collect_params().items():
         if name in constants:
@@ -122,8 +124,7 @@ def train_exported(make_block, params, batches, lr, export_after=2):
     return steps + [_gluon_step(loaded, trainer, batch) for batch in batches[export_after:]]
 
 
-def train_every_path(make_block, batches, lr, input_names, loss_of, before_path=None,
-                     seed=0):
+def train_every_path(make_block, batches, lr, input_names, loss_of, before_path=None, seed=0):
     """``{path: [loss of step 1, 2, ...]}``; ``loss_of(outputs, batch)`` gives one step's loss.
 
     ``before_path`` (optional) runs before each path starts: seed a sampler's RNG there.

@@ -15,6 +15,7 @@ float32 rounding)::
 
     python examples/retinanet_head.py
 """
+
 from __future__ import annotations
 
 import os
@@ -28,7 +29,7 @@ from customop import ops
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import four_paths  # noqa: E402
 
-NUM_CLASS, SIZES, STRIDE = 3, (3.0, 4.5, 6.0), 2.0   # SIZES: the anchors of one location
+NUM_CLASS, SIZES, STRIDE = 3, (3.0, 4.5, 6.0), 2.0  # SIZES: the anchors of one location
 NUM_SIZE = len(SIZES)
 BATCH, CHANNELS, HEIGHT, WIDTH, NUM_GT = 2, 8, 4, 4, 2
 INPUTS = ["feat", "gt_boxes", "gt_labels"]
@@ -45,8 +46,9 @@ def make_anchors(height=HEIGHT, width=WIDTH, sizes=SIZES, stride=STRIDE):
 class RetinaHead(mx.gluon.HybridBlock):
     """Class logits and box offsets per anchor; returns the training loss (one value)."""
 
-    def __init__(self, anchors, channels=CHANNELS, num_class=NUM_CLASS, num_size=NUM_SIZE,
-                 **kwargs):
+    def __init__(
+        self, anchors, channels=CHANNELS, num_class=NUM_CLASS, num_size=NUM_SIZE, **kwargs
+    ):
         super().__init__(**kwargs)
         self.num_class = num_class
         with self.name_scope():
@@ -62,9 +64,9 @@ class RetinaHead(mx.gluon.HybridBlock):
         box_pred = F.reshape(F.transpose(self.box(feat), (0, 2, 3, 1)), (0, -1, 4))
 
         # targets: match each anchor to the ground-truth box it overlaps most
-        iou = F.transpose(ops.box_iou(anchors, gt_boxes), (1, 0, 2))      # (B, anchors, gt)
+        iou = F.transpose(ops.box_iou(anchors, gt_boxes), (1, 0, 2))  # (B, anchors, gt)
         best, match = F.max(iou, axis=2), F.argmax(iou, axis=2)
-        samples = (best >= 0.5) - (best < 0.4)           # +1 positive, -1 background, 0 ignored
+        samples = (best >= 0.5) - (best < 0.4)  # +1 positive, -1 background, 0 ignored
         label = F.pick(F.broadcast_like(F.expand_dims(gt_labels, 1), iou), match, axis=2)
         cls_target = F.where(samples > 0, label, -1 - samples)  # background 0, ignored -1
         anchors = F.broadcast_like(F.expand_dims(anchors, 0), box_pred, lhs_axes=0, rhs_axes=0)
@@ -74,7 +76,6 @@ class RetinaHead(mx.gluon.HybridBlock):
         cls_loss = F.sum(ops.focal_loss(cls_pred, cls_target))
         box_loss = F.sum(ops.smooth_l1(box_pred - box_target, self.sigma(F, stds), box_mask))
         return F.make_loss(cls_loss + F.broadcast_div(box_loss, F.maximum(F.sum(samples > 0), 1)))
-
 
     def sigma(self, F, stds):
         """smooth-L1's ``sigma`` (shape ``(1,)``), a constant of the graph (``amp_training.py``
@@ -98,14 +99,16 @@ class RetinaDetect(mx.gluon.HybridBlock):
         cls_pred = F.reshape(F.transpose(head.cls(feat), (0, 2, 3, 1)), (0, -1, head.num_class))
         box_pred = F.reshape(F.transpose(head.box(feat), (0, 2, 3, 1)), (0, -1, 4))
         scores = F.sigmoid(cls_pred)
-        boxes = ops.box_decode(box_pred, anchors, std0=0.1, std1=0.1, std2=0.2, std3=0.2,
-                               format="corner")
+        boxes = ops.box_decode(
+            box_pred, anchors, std0=0.1, std1=0.1, std2=0.2, std3=0.2, format="corner"
+        )
         # the best class and its score (topk, not max/pick: those do not convert to ONNX)
         score, best = F.topk(scores, axis=2, k=1, ret_typ="both")
         dets = F.concat(best + 1, score, boxes, dim=2)
         kept = ops.box_nms(dets, overlap_thresh=0.5, valid_thresh=0.05, force_suppress=True)
-        return kept, ops.topk(F.reshape(F.slice_axis(kept, axis=2, begin=1, end=2), (0, -1)),
-                              k=self.k)
+        return kept, ops.topk(
+            F.reshape(F.slice_axis(kept, axis=2, begin=1, end=2), (0, -1)), k=self.k
+        )
 
 
 def make_block():
@@ -130,8 +133,9 @@ def make_batches(steps=4, seed=1):
 
 def train_every_path(steps=4, lr=0.03):
     """``{path: [loss of each step]}`` for the four paths of :mod:`four_paths`."""
-    return four_paths.train_every_path(make_block, make_batches(steps), lr, INPUTS,
-                                       loss_of=lambda outs, batch: outs[0].item())
+    return four_paths.train_every_path(
+        make_block, make_batches(steps), lr, INPUTS, loss_of=lambda outs, batch: outs[0].item()
+    )
 
 
 def main():

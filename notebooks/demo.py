@@ -4,6 +4,7 @@ Run with ``make demo``.  The loss is a plain NumPy function plus a gradient
 closure (MinPy style); ``@customop('numpy')`` makes it an MXNet operator that
 records under ``mx.autograd.record()`` like any native op.
 """
+
 import mxnet as mx
 import numpy
 
@@ -25,6 +26,7 @@ def softmax_ce_grad(ans, x, y):
         probs /= numpy.sum(probs, axis=1, keepdims=True)
         probs[numpy.arange(n), y] -= 1
         return g * probs / n
+
     return grad
 
 

@@ -5,6 +5,7 @@
 
 A cell that raises stops the run with the cell's traceback and exit status 1.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -26,8 +27,12 @@ def notebooks() -> list[Path]:
 def execute(path: Path, save: bool) -> nbformat.NotebookNode:
     """Run every cell of ``path`` in a fresh kernel; write the outputs back when ``save``."""
     nb = nbformat.read(path, as_version=4)
-    client = NotebookClient(nb, timeout=CELL_TIMEOUT_S, kernel_name="python3",
-                            resources={"metadata": {"path": str(HERE)}})
+    client = NotebookClient(
+        nb,
+        timeout=CELL_TIMEOUT_S,
+        kernel_name="python3",
+        resources={"metadata": {"path": str(HERE)}},
+    )
     client.execute()
     if save:
         nbformat.write(nb, path)

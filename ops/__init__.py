@@ -14,6 +14,7 @@ top-level ``ops`` belongs to Canonical's Juju package.  In a checkout the same f
 also ``ops`` (the repository root on ``sys.path``); both names then give one module object,
 so every operator is defined and registered once.
 """
+
 from . import _checkout  # noqa: F401  (first: in a checkout, makes customop.ops be ops)
 from .arr_pick import arr_pick
 from .box_decode import box_decode
@@ -31,8 +32,23 @@ from .wing_loss import WingLoss, wing_loss
 
 __all__ = [
     # losses
-    "focal_loss", "FocalLoss", "smooth_l1", "SmoothL1Loss", "wing_loss", "WingLoss",
-    "center_loss", "CenterLoss", "softmax_ce", "SoftmaxCE", "tile",
+    "focal_loss",
+    "FocalLoss",
+    "smooth_l1",
+    "SmoothL1Loss",
+    "wing_loss",
+    "WingLoss",
+    "center_loss",
+    "CenterLoss",
+    "softmax_ce",
+    "SoftmaxCE",
+    "tile",
     # detection
-    "topk", "arr_pick", "box_iou", "box_nms", "box_encode", "box_decode", "ohem_sampler",
+    "topk",
+    "arr_pick",
+    "box_iou",
+    "box_nms",
+    "box_encode",
+    "box_decode",
+    "ohem_sampler",
 ]

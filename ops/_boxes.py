@@ -6,6 +6,7 @@ center at ``x1 + w / 2`` and so ``x2 = cx + w / 2 - 1``. A center box ``[cx, cy,
 carries its width itself in both conventions. These helpers are plain arithmetic, so
 they work on NumPy arrays and NDArrays alike.
 """
+
 from __future__ import annotations
 
 

@@ -7,6 +7,7 @@ register) every operator twice.  Imported as ``customop.ops``, the package then 
 itself ``ops`` (imported first) by replacing its ``sys.modules`` entries, which the import
 system supports; a top-level ``ops`` from elsewhere (Canonical's) is left alone.
 """
+
 import importlib.util
 import os
 import sys
@@ -29,5 +30,5 @@ if _package != "ops" and _same_folder_is_top_level_ops():
 
     for _key, _module in list(sys.modules.items()):
         if _key == "ops" or _key.startswith("ops."):
-            sys.modules[_package + _key[len("ops"):]] = _module
+            sys.modules[_package + _key[len("ops") :]] = _module
     del ops

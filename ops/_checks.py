@@ -13,6 +13,7 @@ back; the data itself never leaves the device) and raises the message below; in
 a native graph (hybridized, bound, exported) it reads nothing back and makes the
 operator's outputs NaN when it fails.
 """
+
 from __future__ import annotations
 
 import math
@@ -49,8 +50,15 @@ def boolean(op: str, name: str, value) -> bool:
     return bool(value)
 
 
-def number(op: str, name: str, value, low: float | None = None, high: float | None = None,
-           low_open: bool = False, finite: bool = True) -> float:
+def number(
+    op: str,
+    name: str,
+    value,
+    low: float | None = None,
+    high: float | None = None,
+    low_open: bool = False,
+    finite: bool = True,
+) -> float:
     """A real number (not a bool or a string), not NaN, finite unless ``finite=False``, in
     ``[low, high]`` (``(low, high]`` with ``low_open``)."""
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
@@ -61,10 +69,12 @@ def number(op: str, name: str, value, low: float | None = None, high: float | No
     if math.isnan(value) or (finite and math.isinf(value)) or too_low or too_high:
         bounds = [f"{'>' if low_open else '>='} {low:g}"] if low is not None else []
         bounds += [f"<= {high:g}"] if high is not None else []
-        span = f" in [{low:g}, {high:g}]" if len(bounds) == 2 and not low_open else \
-            "".join(" " + b for b in bounds[:1]) + "".join(" and " + b for b in bounds[1:])
-        raise fail(op, name, f"must be a {'finite ' if finite else ''}number{span}, got "
-                   f"{value!r}")
+        span = (
+            f" in [{low:g}, {high:g}]"
+            if len(bounds) == 2 and not low_open
+            else "".join(" " + b for b in bounds[:1]) + "".join(" and " + b for b in bounds[1:])
+        )
+        raise fail(op, name, f"must be a {'finite ' if finite else ''}number{span}, got {value!r}")
     return value
 
 
@@ -92,9 +102,13 @@ def choice(op: str, name: str, value, choices: tuple) -> None:
 def floating(op: str, name: str, dtype) -> None:
     """Float math on an integer array would truncate silently: refuse it, naming the input."""
     if not np.issubdtype(np.dtype(dtype), np.floating):
-        raise fail(op, name, f"must be a float array (float16/32/64), got dtype "
-                   f"{np.dtype(dtype).name}; cast it first, e.g. x.astype('float32')",
-                   TypeError)
+        raise fail(
+            op,
+            name,
+            f"must be a float array (float16/32/64), got dtype "
+            f"{np.dtype(dtype).name}; cast it first, e.g. x.astype('float32')",
+            TypeError,
+        )
 
 
 def broadcastable(op: str, name: str, shape: tuple, to: tuple, to_name: str) -> None:
@@ -103,14 +117,16 @@ def broadcastable(op: str, name: str, shape: tuple, to: tuple, to_name: str) -> 
     except ValueError:
         ok = False
     if not ok:
-        raise fail(op, name, f"has shape {tuple(shape)}, which does not broadcast to "
-                   f"{to_name}'s shape {tuple(to)}")
+        raise fail(
+            op,
+            name,
+            f"has shape {tuple(shape)}, which does not broadcast to {to_name}'s shape {tuple(to)}",
+        )
 
 
 def same_shape(op: str, name: str, shape: tuple, want: tuple, what: str) -> None:
     if tuple(shape) != tuple(want):
-        raise fail(op, name, f"has shape {tuple(shape)} but must have shape {tuple(want)} "
-                   f"({what})")
+        raise fail(op, name, f"has shape {tuple(shape)} but must have shape {tuple(want)} ({what})")
 
 
 def shape_is(op: str, name: str, shape: tuple, ok: bool, want: str) -> None:
@@ -130,5 +146,4 @@ def box_format(op: str, name: str, value) -> None:
 def boxes(op: str, name: str, shape: tuple, ndim: int | None = None) -> None:
     if len(shape) < 2 or shape[-1] != 4 or (ndim is not None and len(shape) != ndim):
         want = f"a {ndim}-d array" if ndim else "an array"
-        raise fail(op, name, f"must be {want} of boxes with last axis 4, got shape "
-                   f"{tuple(shape)}")
+        raise fail(op, name, f"must be {want} of boxes with last axis 4, got shape {tuple(shape)}")

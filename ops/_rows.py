@@ -11,6 +11,7 @@ rows it gave wrong picks), float32 only to 2**24; float64 is exact to 2**53.  Tr
 with ``mx.autograd.is_recording()`` (customop traces recording, pauses included), not
 ``customop.is_tracing()``, which would keep the calling op's ``Custom`` node.
 """
+
 from __future__ import annotations
 
 import functools

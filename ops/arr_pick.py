@@ -1,4 +1,5 @@
 """``ops.arr_pick``: dynamic indexing by a 0/1 mask, built on ``topk(do_sort=False)``."""
+
 from __future__ import annotations
 
 import mxnet as mx
@@ -14,8 +15,13 @@ def _check(arr, indicate, num):
     _checks.integer("arr_pick", "num", num)
     _checks.shape_is("arr_pick", "arr", arr.shape, len(arr.shape) == 3, "(B, M, L)")
     b, _, length = arr.shape
-    _checks.same_shape("arr_pick", "indicate", indicate.shape, (b, 1, length),
-                       f"(B, 1, L) for arr of shape {tuple(arr.shape)}")
+    _checks.same_shape(
+        "arr_pick",
+        "indicate",
+        indicate.shape,
+        (b, 1, length),
+        f"(B, 1, L) for arr of shape {tuple(arr.shape)}",
+    )
     _checks.integer("arr_pick", "num", num, 1, length)
     return length
 
@@ -82,6 +88,7 @@ def _arr_pick_grad_np(ans, arr, indicate, *, num):
         out = np.zeros_like(arr)
         np.put_along_axis(out, np.broadcast_to(pos, g.shape), g, axis=-1)
         return out
+
     return grad
 
 

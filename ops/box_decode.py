@@ -1,4 +1,5 @@
 """``ops.box_decode``: ``mx.nd.contrib.box_decode`` plus ``legacy_box``, differentiable."""
+
 from __future__ import annotations
 
 import mxnet as mx
@@ -15,22 +16,40 @@ def _check(data, anchors, std0, std1, std2, std3, clip, format, legacy_box):
     _checks.boxes("box_decode", "anchors", anchors.shape, ndim=3)
     _checks.floating("box_decode", "data", data.dtype)
     _checks.floating("box_decode", "anchors", anchors.dtype)
-    _checks.shape_is("box_decode", "anchors", anchors.shape,
-                     anchors.shape[0] in (1, data.shape[0]) and anchors.shape[1] == data.shape[1],
-                     f"(1, N, 4) or (B, N, 4) for data of shape {tuple(data.shape)}")
+    _checks.shape_is(
+        "box_decode",
+        "anchors",
+        anchors.shape,
+        anchors.shape[0] in (1, data.shape[0]) and anchors.shape[1] == data.shape[1],
+        f"(1, N, 4) or (B, N, 4) for data of shape {tuple(data.shape)}",
+    )
     for i, std in enumerate((std0, std1, std2, std3)):
         _checks.number("box_decode", f"std{i}", std)
     if clip is None:
-        raise _checks.fail("box_decode", "clip", "must be a number (-1 or any value <= 0: no "
-                           "clip; GluonCV's clip=None), got None", TypeError)
+        raise _checks.fail(
+            "box_decode",
+            "clip",
+            "must be a number (-1 or any value <= 0: no clip; GluonCV's clip=None), got None",
+            TypeError,
+        )
     _checks.number("box_decode", "clip", clip)
     _checks.box_format("box_decode", "format", format)
     _checks.boolean("box_decode", "legacy_box", legacy_box)
 
 
 @customop("mxnet", name="ops.box_decode")
-def box_decode(data, anchors, *, std0=1.0, std1=1.0, std2=1.0, std3=1.0, clip=-1.0,
-               format="center", legacy_box=False):
+def box_decode(
+    data,
+    anchors,
+    *,
+    std0=1.0,
+    std1=1.0,
+    std2=1.0,
+    std3=1.0,
+    clip=-1.0,
+    format="center",
+    legacy_box=False,
+):
     r"""Boxes from regression offsets w.r.t. anchors (inverse of :func:`ops.box_encode`).
 
     With anchor center :math:`(x_a, y_a)` and size :math:`(w_a, h_a)` (for
@@ -89,8 +108,18 @@ def box_decode(data, anchors, *, std0=1.0, std1=1.0, std2=1.0, std3=1.0, clip=-1
 
 
 @box_decode.twin("numpy")
-def _box_decode_numpy(data, anchors, *, std0=1.0, std1=1.0, std2=1.0, std3=1.0, clip=-1.0,
-                      format="center", legacy_box=False):
+def _box_decode_numpy(
+    data,
+    anchors,
+    *,
+    std0=1.0,
+    std1=1.0,
+    std2=1.0,
+    std3=1.0,
+    clip=-1.0,
+    format="center",
+    legacy_box=False,
+):
     # Written with autograd.numpy: HIPS autograd gives the gradients.
     _check(data, anchors, std0, std1, std2, std3, clip, format, legacy_box)
     one = 1 if legacy_box else 0

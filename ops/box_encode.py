@@ -1,4 +1,5 @@
 """``ops.box_encode``: ``mx.nd.contrib.box_encode`` plus ``legacy_box``, differentiable."""
+
 from __future__ import annotations
 
 import mxnet as mx
@@ -18,8 +19,9 @@ def _check(samples, matches, anchors, refs, means, stds, legacy_box):
     b, n = anchors.shape[:2]
     for name, x in (("samples", samples), ("matches", matches)):
         _checks.same_shape("box_encode", name, x.shape, (b, n), "(B, N) like anchors")
-    _checks.shape_is("box_encode", "refs", refs.shape, refs.shape[0] == b,
-                     f"(B, M, 4) with B = {b}")
+    _checks.shape_is(
+        "box_encode", "refs", refs.shape, refs.shape[0] == b, f"(B, M, 4) with B = {b}"
+    )
     for name, x in (("means", means), ("stds", stds)):
         _checks.same_shape("box_encode", name, x.shape, (4,), "one value per coordinate")
     for name, x in (("anchors", anchors), ("refs", refs), ("means", means), ("stds", stds)):
@@ -35,8 +37,13 @@ def _infer_shape(samples, matches, anchors, refs, means, stds, **_):
 
 
 # samples and matches select; they get no gradient.
-@customop("mxnet", name="ops.box_encode", infer_shape=_infer_shape, num_outputs=2,
-          no_grad=("samples", "matches"))
+@customop(
+    "mxnet",
+    name="ops.box_encode",
+    infer_shape=_infer_shape,
+    num_outputs=2,
+    no_grad=("samples", "matches"),
+)
 def box_encode(samples, matches, anchors, refs, means, stds, *, legacy_box=False):
     r"""Regression targets of matched reference boxes w.r.t. anchors (R-CNN coding).
 
@@ -117,10 +124,10 @@ def _encode_nd(samples, matches, anchors, refs, means, stds, one):
     ref = ref.astype(anchors.dtype, copy=False)
     rx, ry, rw, rh = to_center(*mx.nd.split(ref, 4, axis=-1), one)
     ax, ay, aw, ah = to_center(*mx.nd.split(anchors, 4, axis=-1), one)
-    t = mx.nd.concat((rx - ax) / aw, (ry - ay) / ah, mx.nd.log(rw / aw), mx.nd.log(rh / ah),
-                     dim=-1)
-    t = mx.nd.broadcast_div(mx.nd.broadcast_sub(t, means.reshape((1, 1, 4))),
-                            stds.reshape((1, 1, 4)))
+    t = mx.nd.concat((rx - ax) / aw, (ry - ay) / ah, mx.nd.log(rw / aw), mx.nd.log(rh / ah), dim=-1)
+    t = mx.nd.broadcast_div(
+        mx.nd.broadcast_sub(t, means.reshape((1, 1, 4))), stds.reshape((1, 1, 4))
+    )
     masks = mx.nd.broadcast_like(mx.nd.expand_dims(valid, axis=2), anchors)
     return mx.nd.where(masks, t, mx.nd.zeros_like(t)), masks
 
@@ -136,8 +143,11 @@ def _encode_nd(samples, matches, anchors, refs, means, stds, one):
 # slicing or broadcasting g would transpose into Concat and slow sums (both measured).
 def _one_hot_refs(matches, refs, dtype):
     index = mx.nd.floor(matches.astype(dtype, copy=False))  # (as MXNet's kernel truncates)
-    return mx.nd.broadcast_equal(index.expand_dims(2), mx.nd.reshape(
-        mx.nd.contrib.arange_like(refs, axis=1).astype(dtype, copy=False), shape=(1, 1, -1))
+    return mx.nd.broadcast_equal(
+        index.expand_dims(2),
+        mx.nd.reshape(
+            mx.nd.contrib.arange_like(refs, axis=1).astype(dtype, copy=False), shape=(1, 1, -1)
+        ),
     ).astype(dtype)
 
 
@@ -168,6 +178,7 @@ def _encode_grads(ans, samples, matches, anchors, refs, means, stds, *, legacy_b
         d_means = -big.sum(axis=(0, 1))
         d_stds = -(big * targets).sum(axis=(0, 1))
         return d_anchors, d_refs, d_means, d_stds
+
     return grad
 
 
@@ -198,11 +209,11 @@ def _box_encode_numpy(samples, matches, anchors, refs, means, stds, *, legacy_bo
     index = np.clip(index, 0, refs.shape[1] - 1).astype(np.int64)
     ref = refs[np.arange(refs.shape[0])[:, None], index]
     rx, ry, rw, rh = to_center(ref[..., 0], ref[..., 1], ref[..., 2], ref[..., 3], one)
-    ax, ay, aw, ah = to_center(anchors[..., 0], anchors[..., 1], anchors[..., 2],
-                               anchors[..., 3], one)
+    ax, ay, aw, ah = to_center(
+        anchors[..., 0], anchors[..., 1], anchors[..., 2], anchors[..., 3], one
+    )
     with np.errstate(divide="ignore", invalid="ignore"):
         t = anp.stack([(rx - ax) / aw, (ry - ay) / ah, anp.log(rw / aw), anp.log(rh / ah)], -1)
         t = (t - means) / stds
     masks = np.broadcast_to(valid[..., None], t.shape).astype(getval(anchors).dtype)
     return anp.where(masks > 0, t, 0.0), masks
-

@@ -1,4 +1,5 @@
 """``ops.box_iou``: ``mx.nd.contrib.box_iou`` plus ``legacy_box`` (+1 widths)."""
+
 from __future__ import annotations
 
 import mxnet as mx

@@ -1,4 +1,5 @@
 """``ops.box_nms``: ``mx.nd.contrib.box_nms`` plus ``legacy_box`` (+1 widths)."""
+
 from __future__ import annotations
 
 import mxnet as mx
@@ -10,14 +11,30 @@ from . import _checks, _rows
 from ._boxes import to_center, to_corner
 
 
-def _check(data, overlap_thresh, valid_thresh, topk, coord_start, score_index, id_index,
-           background_id, force_suppress, in_format, out_format, legacy_box):
+def _check(
+    data,
+    overlap_thresh,
+    valid_thresh,
+    topk,
+    coord_start,
+    score_index,
+    id_index,
+    background_id,
+    force_suppress,
+    in_format,
+    out_format,
+    legacy_box,
+):
     op = "box_nms"
     _checks.number(op, "overlap_thresh", overlap_thresh)
     _checks.number(op, "valid_thresh", valid_thresh)
-    for name, value in (("topk", topk), ("coord_start", coord_start),
-                        ("score_index", score_index), ("id_index", id_index),
-                        ("background_id", background_id)):
+    for name, value in (
+        ("topk", topk),
+        ("coord_start", coord_start),
+        ("score_index", score_index),
+        ("id_index", id_index),
+        ("background_id", background_id),
+    ):
         _checks.integer(op, name, value)
     _checks.boolean(op, "force_suppress", force_suppress)
     _checks.box_format(op, "in_format", in_format)
@@ -29,18 +46,34 @@ def _check(data, overlap_thresh, valid_thresh, topk, coord_start, score_index, i
     width = shape[-1]
     coords = set(range(coord_start, coord_start + 4))
     if not 0 <= coord_start <= width - 4:
-        raise _checks.fail(op, "coord_start", f"must leave 4 coordinates inside the last axis "
-                           f"of data, of length {width}, got {coord_start}")
+        raise _checks.fail(
+            op,
+            "coord_start",
+            f"must leave 4 coordinates inside the last axis "
+            f"of data, of length {width}, got {coord_start}",
+        )
     if not 0 <= score_index < width or score_index in coords:
-        raise _checks.fail(op, "score_index", f"must be in [0, {width}) and not one of the "
-                           f"coordinates {sorted(coords)}, got {score_index}")
+        raise _checks.fail(
+            op,
+            "score_index",
+            f"must be in [0, {width}) and not one of the "
+            f"coordinates {sorted(coords)}, got {score_index}",
+        )
     if id_index >= 0 and (id_index >= width or id_index in coords or id_index == score_index):
-        raise _checks.fail(op, "id_index", f"must be -1 or in [0, {width}), apart from the "
-                           f"score and the coordinates, got {id_index}")
+        raise _checks.fail(
+            op,
+            "id_index",
+            f"must be -1 or in [0, {width}), apart from the "
+            f"score and the coordinates, got {id_index}",
+        )
     if width < 5 + (id_index > 0):
-        raise _checks.fail(op, "data", f"needs at least {5 + (id_index > 0)} entries on its "
-                           f"last axis (score, 4 coordinates{', id' if id_index > 0 else ''}), "
-                           f"got {width}")
+        raise _checks.fail(
+            op,
+            "data",
+            f"needs at least {5 + (id_index > 0)} entries on its "
+            f"last axis (score, 4 coordinates{', id' if id_index > 0 else ''}), "
+            f"got {width}",
+        )
 
 
 def _convert(coords, in_format, out_format, one):
@@ -50,9 +83,21 @@ def _convert(coords, in_format, out_format, one):
 
 
 @customop("mxnet", name="ops.box_nms", auto_grad=False)
-def box_nms(data, *, overlap_thresh=0.5, valid_thresh=0.0, topk=-1, coord_start=2,
-            score_index=1, id_index=-1, background_id=-1, force_suppress=False,
-            in_format="corner", out_format="corner", legacy_box=False):
+def box_nms(
+    data,
+    *,
+    overlap_thresh=0.5,
+    valid_thresh=0.0,
+    topk=-1,
+    coord_start=2,
+    score_index=1,
+    id_index=-1,
+    background_id=-1,
+    force_suppress=False,
+    in_format="corner",
+    out_format="corner",
+    legacy_box=False,
+):
     r"""Greedy non-maximum suppression per image, as ``mx.nd.contrib.box_nms``.
 
     Per image (all leading axes of ``data``): a box is valid iff
@@ -118,12 +163,31 @@ def box_nms(data, *, overlap_thresh=0.5, valid_thresh=0.0, topk=-1, coord_start=
         >>> ops.box_nms(d, overlap_thresh=0.12, legacy_box=True)[:, 1].asnumpy().tolist()
         [0.9, -1.0]
     """
-    _check(data, overlap_thresh, valid_thresh, topk, coord_start, score_index, id_index,
-           background_id, force_suppress, in_format, out_format, legacy_box)
-    common = dict(overlap_thresh=overlap_thresh, valid_thresh=valid_thresh, topk=topk,
-                  coord_start=coord_start, score_index=score_index, id_index=id_index,
-                  background_id=background_id, force_suppress=force_suppress,
-                  in_format=in_format)
+    _check(
+        data,
+        overlap_thresh,
+        valid_thresh,
+        topk,
+        coord_start,
+        score_index,
+        id_index,
+        background_id,
+        force_suppress,
+        in_format,
+        out_format,
+        legacy_box,
+    )
+    common = dict(
+        overlap_thresh=overlap_thresh,
+        valid_thresh=valid_thresh,
+        topk=topk,
+        coord_start=coord_start,
+        score_index=score_index,
+        id_index=id_index,
+        background_id=background_id,
+        force_suppress=force_suppress,
+        in_format=in_format,
+    )
     if not legacy_box:
         return mx.nd.contrib.box_nms(data, out_format=out_format, **common)
     if topk == 0:  # MXNet's box_nms returns its input as is
@@ -136,24 +200,34 @@ def box_nms(data, *, overlap_thresh=0.5, valid_thresh=0.0, topk=-1, coord_start=
     work = rows.astype("float32") if rows.dtype == np.float16 else rows
     if in_format == "corner":
         shift = np.zeros(width)
-        shift[coord_start + 2:coord_start + 4] = 1
+        shift[coord_start + 2 : coord_start + 4] = 1
         work = mx.nd.broadcast_add(work, mx.nd.array(shift, ctx=ctx, dtype=work.dtype))
     column = mx.nd.slice_axis(work, axis=2, begin=0, end=1)  # (B, N, 1)
     index = mx.nd.reshape(_rows.index_along(column, 1).astype(work.dtype), shape=(1, -1, 1))
     work = mx.nd.concat(work, mx.nd.broadcast_like(index, column), dim=-1)
-    kept = mx.nd.slice_axis(mx.nd.contrib.box_nms(work, out_format=in_format, **common),
-                            axis=2, begin=width, end=width + 1)  # (B, N, 1): input row or -1
+    kept = mx.nd.slice_axis(
+        mx.nd.contrib.box_nms(work, out_format=in_format, **common),
+        axis=2,
+        begin=width,
+        end=width + 1,
+    )  # (B, N, 1): input row or -1
     keep = kept >= 0
     images = mx.nd.reshape(column, shape=(0, 1, -1))  # (B, 1, N): a row per image
-    flat = mx.nd.broadcast_add(mx.nd.where(keep, kept, mx.nd.zeros_like(kept)).astype("int64"),
-                               _rows.row_starts(images))  # + b N, where image b starts
-    out = mx.nd.take(mx.nd.reshape(rows, shape=(-1, 0), reverse=True),
-                     mx.nd.reshape(flat, shape=(-1,)))
+    flat = mx.nd.broadcast_add(
+        mx.nd.where(keep, kept, mx.nd.zeros_like(kept)).astype("int64"), _rows.row_starts(images)
+    )  # + b N, where image b starts
+    out = mx.nd.take(
+        mx.nd.reshape(rows, shape=(-1, 0), reverse=True), mx.nd.reshape(flat, shape=(-1,))
+    )
     out = mx.nd.reshape_like(out, rows)
     if in_format != out_format:
         lo, hi = coord_start, coord_start + 4
-        coords = _convert(mx.nd.split(mx.nd.slice_axis(out, axis=2, begin=lo, end=hi), 4,
-                                      axis=-1), in_format, out_format, 1)
+        coords = _convert(
+            mx.nd.split(mx.nd.slice_axis(out, axis=2, begin=lo, end=hi), 4, axis=-1),
+            in_format,
+            out_format,
+            1,
+        )
         parts = [mx.nd.slice_axis(out, axis=2, begin=0, end=lo)] if lo else []
         parts += list(coords)
         parts += [mx.nd.slice_axis(out, axis=2, begin=hi, end=width)] if hi < width else []
@@ -163,11 +237,35 @@ def box_nms(data, *, overlap_thresh=0.5, valid_thresh=0.0, topk=-1, coord_start=
 
 
 @box_nms.twin("numpy")
-def _box_nms_numpy(data, *, overlap_thresh=0.5, valid_thresh=0.0, topk=-1, coord_start=2,
-                   score_index=1, id_index=-1, background_id=-1, force_suppress=False,
-                   in_format="corner", out_format="corner", legacy_box=False):
-    _check(data, overlap_thresh, valid_thresh, topk, coord_start, score_index, id_index,
-           background_id, force_suppress, in_format, out_format, legacy_box)
+def _box_nms_numpy(
+    data,
+    *,
+    overlap_thresh=0.5,
+    valid_thresh=0.0,
+    topk=-1,
+    coord_start=2,
+    score_index=1,
+    id_index=-1,
+    background_id=-1,
+    force_suppress=False,
+    in_format="corner",
+    out_format="corner",
+    legacy_box=False,
+):
+    _check(
+        data,
+        overlap_thresh,
+        valid_thresh,
+        topk,
+        coord_start,
+        score_index,
+        id_index,
+        background_id,
+        force_suppress,
+        in_format,
+        out_format,
+        legacy_box,
+    )
     if topk == 0:  # MXNet's box_nms returns its input as is
         return data.copy()
     one = 1 if legacy_box else 0
@@ -187,15 +285,18 @@ def _box_nms_numpy(data, *, overlap_thresh=0.5, valid_thresh=0.0, topk=-1, coord
             corners = np.stack(to_corner(*corners.T, one), axis=-1)
         kept = []
         for i in order:
-            rivals = [j for j in kept if force_suppress or id_index < 0
-                      or boxes[j, id_index] == boxes[i, id_index]]
+            rivals = [
+                j
+                for j in kept
+                if force_suppress or id_index < 0 or boxes[j, id_index] == boxes[i, id_index]
+            ]
             if not rivals or _iou(corners[i], corners[rivals], one).max() <= overlap_thresh:
                 kept.append(i)
-        out[b, :len(kept)] = boxes[kept]
+        out[b, : len(kept)] = boxes[kept]
         if in_format != out_format and kept:
             convert = np.ones(len(kept), bool) if legacy_box else boxes[kept, lo] >= 0
             coords = np.stack(_convert(boxes[kept, lo:hi].T, in_format, out_format, one), -1)
-            out[b, :len(kept), lo:hi] = np.where(convert[:, None], coords, boxes[kept, lo:hi])
+            out[b, : len(kept), lo:hi] = np.where(convert[:, None], coords, boxes[kept, lo:hi])
     return out.reshape(data.shape)
 
 

@@ -1,4 +1,5 @@
 """Center loss (Wen et al., ECCV 2016) whose class centers are an auxiliary state of the op."""
+
 import mxnet as mx
 import numpy as np
 
@@ -18,11 +19,11 @@ def _check_params(num_class, alpha, scale):
 def _check(data, label, centers, num_class, alpha, scale):
     _check_params(num_class, alpha, scale)
     if len(data.shape) != 2:
-        raise _checks.fail("center_loss", "data", f"must have shape (N, feature_dim), got "
-                           f"{tuple(data.shape)}")
+        raise _checks.fail(
+            "center_loss", "data", f"must have shape (N, feature_dim), got {tuple(data.shape)}"
+        )
     _checks.floating("center_loss", "data", data.dtype)
-    _checks.same_shape("center_loss", "label", label.shape, data.shape[:1],
-                       "one class per sample")
+    _checks.same_shape("center_loss", "label", label.shape, data.shape[:1], "one class per sample")
     _checks.floating("center_loss", "centers", centers.dtype)
 
 
@@ -36,8 +37,13 @@ def _centers_shape(data, label, num_class, alpha=0.5, scale=1.0):
     return (num_class, data[1])
 
 
-@customop("mxnet", name="ops.center_loss", aux={"centers": _centers_shape},
-          infer_shape=lambda data, *_, **__: (data[0],), no_grad=("label",))
+@customop(
+    "mxnet",
+    name="ops.center_loss",
+    aux={"centers": _centers_shape},
+    infer_shape=lambda data, *_, **__: (data[0],),
+    no_grad=("label",),
+)
 def center_loss(data, label, centers, *, num_class, alpha=0.5, scale=1.0):
     r"""Center loss: pull each feature towards the running center of its class.
 
@@ -93,8 +99,11 @@ def center_loss(data, label, centers, *, num_class, alpha=0.5, scale=1.0):
         (array([0.5, 4.5], dtype=float32), array([0.6666667, 0.       ], dtype=float32))
     """
     _check(data, label, centers, num_class, alpha, scale)
-    _checks.require((1 - (label < 0)) * (label < num_class) * (label == mx.nd.floor(label)),
-                    "label", _label_message(num_class))
+    _checks.require(
+        (1 - (label < 0)) * (label < num_class) * (label == mx.nd.floor(label)),
+        "label",
+        _label_message(num_class),
+    )
     diff = data - mx.nd.take(centers, label, axis=0)
     return 0.5 * scale * (diff * diff).sum(axis=1)
 
@@ -116,6 +125,7 @@ def _grad_data_nd(ans, data, label, centers, *, num_class, alpha=0.5, scale=1.0)
         sums = mx.nd.dot(onehot, diff, transpose_a=True)  # sum_{i: y_i = j} (x_i - c_j)
         centers[:] = centers + alpha * sums / (1 + onehot.sum(axis=0)).reshape((-1, 1))
         return dx
+
     return grad
 
 
@@ -128,6 +138,7 @@ def _grad_data_np(ans, data, label, centers, *, num_class, alpha=0.5, scale=1.0)
         np.add.at(sums, y, diff)  # every sample of a class counts, repeats included
         centers[...] += alpha * sums / (1 + np.bincount(y, minlength=num_class))[:, None]
         return dx
+
     return grad
 
 
@@ -167,15 +178,17 @@ class CenterLoss(mx.gluon.loss.Loss):
         array([1., 1., 1., 1.], dtype=float32)
     """
 
-    def __init__(self, num_class, feature_dim, alpha=0.5, scale=1.0, weight=None, batch_axis=0,
-                 **kwargs):
+    def __init__(
+        self, num_class, feature_dim, alpha=0.5, scale=1.0, weight=None, batch_axis=0, **kwargs
+    ):
         super().__init__(weight, batch_axis, **kwargs)
         _check_params(num_class, alpha, scale)
         _checks.integer("center_loss", "feature_dim", feature_dim, 1)
         self._op_params = dict(num_class=int(num_class), alpha=float(alpha), scale=float(scale))
         with self.name_scope():
-            self.centers = self.params.get("centers", shape=(num_class, feature_dim),
-                                           init=mx.init.Zero(), grad_req="null")
+            self.centers = self.params.get(
+                "centers", shape=(num_class, feature_dim), init=mx.init.Zero(), grad_req="null"
+            )
 
     def hybrid_forward(self, F, pred, label, centers):
         """The loss of each sample, ``(N,)``; Gluon passes the block's ``centers``."""

@@ -1,5 +1,6 @@
 """Sigmoid focal loss (Lin et al., ICCV 2017) with positive/valid normalization and a run-time
 normalizer input (focal loss v2 of the research operators)."""
+
 import mxnet as mx
 import numpy as np
 
@@ -22,27 +23,51 @@ def _check_params(alpha, gamma, normalization, ignore_label):
 def _check(pred, label, normalizer, alpha, gamma, normalization, ignore_label):
     _check_params(alpha, gamma, normalization, ignore_label)
     if len(pred.shape) < 1 or pred.shape[-1] < 1:
-        raise _checks.fail("focal_loss", "pred", f"must have a class axis last, got shape "
-                           f"{tuple(pred.shape)}")
+        raise _checks.fail(
+            "focal_loss", "pred", f"must have a class axis last, got shape {tuple(pred.shape)}"
+        )
     _checks.floating("focal_loss", "pred", pred.dtype)
-    _checks.same_shape("focal_loss", "label", label.shape, pred.shape[:-1],
-                       "pred's shape without its last, class axis")
+    _checks.same_shape(
+        "focal_loss",
+        "label",
+        label.shape,
+        pred.shape[:-1],
+        "pred's shape without its last, class axis",
+    )
     if normalizer is not None:
         if int(np.prod(normalizer.shape)) != 1:
-            raise _checks.fail("focal_loss", "normalizer", f"must hold one value (shape "
-                               f"(1,)), got shape {tuple(normalizer.shape)}")
+            raise _checks.fail(
+                "focal_loss",
+                "normalizer",
+                f"must hold one value (shape (1,)), got shape {tuple(normalizer.shape)}",
+            )
         _checks.floating("focal_loss", "normalizer", normalizer.dtype)
 
 
 def _label_message(num_class, ignore_label):
-    return (f"has values outside [ignore_label, C]: every label must be "
-            f"ignore_label={ignore_label}, 0 (background) or a class 1..C={num_class}")
+    return (
+        f"has values outside [ignore_label, C]: every label must be "
+        f"ignore_label={ignore_label}, 0 (background) or a class 1..C={num_class}"
+    )
 
 
-@customop("mxnet", name="ops.focal_loss", optional=("normalizer",), no_grad=("label",),
-          infer_shape=lambda pred, *_, **__: pred)
-def focal_loss(pred, label, normalizer=None, *, alpha=0.25, gamma=2.0,
-               normalization="positive", ignore_label=-1):
+@customop(
+    "mxnet",
+    name="ops.focal_loss",
+    optional=("normalizer",),
+    no_grad=("label",),
+    infer_shape=lambda pred, *_, **__: pred,
+)
+def focal_loss(
+    pred,
+    label,
+    normalizer=None,
+    *,
+    alpha=0.25,
+    gamma=2.0,
+    normalization="positive",
+    ignore_label=-1,
+):
     r"""Sigmoid focal loss on logits, one binary classifier per foreground class.
 
     .. math::
@@ -117,12 +142,21 @@ def focal_loss(pred, label, normalizer=None, *, alpha=0.25, gamma=2.0,
 
 
 @focal_loss.twin("numpy")
-def _focal_loss_numpy(pred, label, normalizer=None, *, alpha=0.25, gamma=2.0,
-                      normalization="positive", ignore_label=-1):
+def _focal_loss_numpy(
+    pred,
+    label,
+    normalizer=None,
+    *,
+    alpha=0.25,
+    gamma=2.0,
+    normalization="positive",
+    ignore_label=-1,
+):
     _check(pred, label, normalizer, alpha, gamma, normalization, ignore_label)
     num_class = pred.shape[-1]
-    if np.any(((label < 0) | (label > num_class) | (label != np.floor(label)))
-              & (label != ignore_label)):
+    if np.any(
+        ((label < 0) | (label > num_class) | (label != np.floor(label))) & (label != ignore_label)
+    ):
         raise _checks.fail("focal_loss", "label", _label_message(num_class, ignore_label))
     t, valid = _targets_np(label, num_class, ignore_label, pred.dtype)
     sp_pos = np.logaddexp(0, pred)  # -log(1 - p)
@@ -140,8 +174,7 @@ def _targets_nd(label, num_class, ignore_label, alpha):
     valid = (label != ignore_label).expand_dims(-1)
     index = label - 1  # 0 (background) and ignore_label: no class, all zeros
     alpha_t = mx.nd.one_hot(index, num_class, on_value=alpha, off_value=0.0, dtype=label.dtype)
-    alpha_1t = mx.nd.one_hot(index, num_class, on_value=0.0, off_value=1 - alpha,
-                             dtype=label.dtype)
+    alpha_1t = mx.nd.one_hot(index, num_class, on_value=0.0, off_value=1 - alpha, dtype=label.dtype)
     return alpha_t, alpha_1t, valid
 
 
@@ -179,31 +212,43 @@ def _normalizer_np(label, valid, normalizer, normalization):
 # -(1-alpha) p^gamma (gamma (1-p) log(1-p) - p); below with q = 1 - p, the stable logs
 # log p = -softplus(-x), log q = -softplus(x), and the forward's weights, softplus terms,
 # valid mask and normalizer (its residuals) instead of computing them again.
-def _grad_pred_nd(ans, pred, label, normalizer=None, *, gamma, pos, neg, sp_pos, sp_neg, valid,
-                  z, **_):
+def _grad_pred_nd(
+    ans, pred, label, normalizer=None, *, gamma, pos, neg, sp_pos, sp_neg, valid, z, **_
+):
     def grad(g):
         p, q = mx.nd.sigmoid(pred), mx.nd.sigmoid(-pred)
         d = -pos * (q + gamma * p * sp_neg) + neg * (p + gamma * q * sp_pos)
         return g * mx.nd.broadcast_div(mx.nd.broadcast_mul(d, valid), z)
+
     return grad
 
 
-def _grad_pred_np(ans, pred, label, normalizer=None, *, gamma, pos, neg, sp_pos, sp_neg, valid,
-                  z, **_):
+def _grad_pred_np(
+    ans, pred, label, normalizer=None, *, gamma, pos, neg, sp_pos, sp_neg, valid, z, **_
+):
     def grad(g):
         p, q = np.exp(-sp_neg), np.exp(-sp_pos)
         d = -pos * (q + gamma * p * sp_neg) + neg * (p + gamma * q * sp_pos)
         return g * (d * valid / z)
+
     return grad
 
 
 # The output is L_unnormalized / Z, so dZ = -sum(g * output) / Z.
 focal_loss.def_grad(_grad_pred_nd)
-focal_loss.def_grad(lambda ans, pred, label, normalizer=None, **_:
-                    lambda g: -(g * ans).sum().reshape(normalizer.shape) / normalizer, 2)
+focal_loss.def_grad(
+    lambda ans, pred, label, normalizer=None, **_: (
+        lambda g: -(g * ans).sum().reshape(normalizer.shape) / normalizer
+    ),
+    2,
+)
 focal_loss.numpy.def_grad(_grad_pred_np)
-focal_loss.numpy.def_grad(lambda ans, pred, label, normalizer=None, **_:
-                          lambda g: -(g * ans).sum().reshape(normalizer.shape) / normalizer, 2)
+focal_loss.numpy.def_grad(
+    lambda ans, pred, label, normalizer=None, **_: (
+        lambda g: -(g * ans).sum().reshape(normalizer.shape) / normalizer
+    ),
+    2,
+)
 
 
 class FocalLoss(mx.gluon.loss.Loss):
@@ -234,12 +279,24 @@ class FocalLoss(mx.gluon.loss.Loss):
         (1,)
     """
 
-    def __init__(self, alpha=0.25, gamma=2.0, normalization="positive", ignore_label=-1,
-                 weight=None, batch_axis=0, **kwargs):
+    def __init__(
+        self,
+        alpha=0.25,
+        gamma=2.0,
+        normalization="positive",
+        ignore_label=-1,
+        weight=None,
+        batch_axis=0,
+        **kwargs,
+    ):
         super().__init__(weight, batch_axis, **kwargs)
         _check_params(alpha, gamma, normalization, ignore_label)
-        self._op_params = dict(alpha=float(alpha), gamma=float(gamma),
-                            normalization=normalization, ignore_label=int(ignore_label))
+        self._op_params = dict(
+            alpha=float(alpha),
+            gamma=float(gamma),
+            normalization=normalization,
+            ignore_label=int(ignore_label),
+        )
 
     def hybrid_forward(self, F, pred, label, normalizer=None):
         """The focal loss of each sample, summed over its anchors and classes."""

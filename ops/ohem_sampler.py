@@ -1,4 +1,5 @@
 """``ops.ohem_sampler``: online hard example mining as sample re-weighting."""
+
 from __future__ import annotations
 
 import mxnet as mx
@@ -9,8 +10,9 @@ from customop import customop
 from . import _checks
 
 
-def _check(conf_data, conf_target, conf_weight, ratio, min_neg, ignore_label, loss_type,
-           from_logits):
+def _check(
+    conf_data, conf_target, conf_weight, ratio, min_neg, ignore_label, loss_type, from_logits
+):
     op = "ohem_sampler"
     _checks.number(op, "ratio", ratio, 0)
     _checks.integer(op, "min_neg", min_neg, 0)
@@ -18,18 +20,36 @@ def _check(conf_data, conf_target, conf_weight, ratio, min_neg, ignore_label, lo
     _checks.choice(op, "loss_type", loss_type, ("softmax",))
     _checks.boolean(op, "from_logits", from_logits)
     shape = conf_data.shape
-    _checks.shape_is(op, "conf_data", shape, len(shape) == 3 and shape[-1] >= 2,
-                     "(B, N, C) with C >= 2 (class 0 = background)")
+    _checks.shape_is(
+        op,
+        "conf_data",
+        shape,
+        len(shape) == 3 and shape[-1] >= 2,
+        "(B, N, C) with C >= 2 (class 0 = background)",
+    )
     _checks.floating(op, "conf_data", conf_data.dtype)
     _checks.same_shape(op, "conf_target", conf_target.shape, shape[:2], "(B, N)")
-    _checks.shape_is(op, "conf_weight", conf_weight.shape,
-                     tuple(conf_weight.shape) in (tuple(shape[:2]), tuple(shape[:2]) + (1,)),
-                     f"(B, N) = {tuple(shape[:2])} or (B, N, 1)")
+    _checks.shape_is(
+        op,
+        "conf_weight",
+        conf_weight.shape,
+        tuple(conf_weight.shape) in (tuple(shape[:2]), tuple(shape[:2]) + (1,)),
+        f"(B, N) = {tuple(shape[:2])} or (B, N, 1)",
+    )
 
 
 @customop("mxnet", name="ops.ohem_sampler", auto_grad=False)
-def ohem_sampler(conf_data, conf_target, conf_weight, *, ratio=3.0, min_neg=0, ignore_label=-1,
-                 loss_type="softmax", from_logits=True):
+def ohem_sampler(
+    conf_data,
+    conf_target,
+    conf_weight,
+    *,
+    ratio=3.0,
+    min_neg=0,
+    ignore_label=-1,
+    loss_type="softmax",
+    from_logits=True,
+):
     r"""Online hard example mining (Shrivastava et al., 2016) by re-weighting samples.
 
     Per image ``b``: a sample is *usable* if ``conf_weight > 0`` and
@@ -96,8 +116,9 @@ def ohem_sampler(conf_data, conf_target, conf_weight, *, ratio=3.0, min_neg=0, i
         >>> ops.ohem_sampler(x, t, w, ratio=2).asnumpy().tolist()
         [[1.0, 1.0, 0.0, 1.0, 0.0]]
     """
-    _check(conf_data, conf_target, conf_weight, ratio, min_neg, ignore_label, loss_type,
-           from_logits)
+    _check(
+        conf_data, conf_target, conf_weight, ratio, min_neg, ignore_label, loss_type, from_logits
+    )
     f64 = "float64"
     # Shapes come from the arrays through operators (reshape_like, slice_axis, 0 and -1 in
     # mx.nd.reshape), never as numbers: a graph of it serves any batch size.
@@ -106,8 +127,9 @@ def ohem_sampler(conf_data, conf_target, conf_weight, *, ratio=3.0, min_neg=0, i
     if from_logits:
         conf_data = mx.nd.log_softmax(conf_data, axis=-1)
     # -p0 ranks as -log p0 does
-    loss = -mx.nd.reshape(mx.nd.slice_axis(conf_data, axis=2, begin=0, end=1),
-                          shape=(0, 0)).astype(f64)
+    loss = -mx.nd.reshape(mx.nd.slice_axis(conf_data, axis=2, begin=0, end=1), shape=(0, 0)).astype(
+        f64
+    )
     usable = (conf_weight > 0) * (conf_target != ignore_label)
     pos = (usable * (conf_target > 0)).astype(f64)
     neg = (usable * (conf_target == 0)).astype(f64)
@@ -115,8 +137,9 @@ def ohem_sampler(conf_data, conf_target, conf_weight, *, ratio=3.0, min_neg=0, i
     num_neg = mx.nd.reshape(mx.nd.minimum(wanted, neg.sum(axis=1)), shape=(-1, 1))  # (B, 1)
     key = mx.nd.where(neg, loss, mx.nd.log(mx.nd.zeros_like(loss)))  # -inf off the negatives
     ranked = mx.nd.sort(key, axis=1, is_ascend=False)
-    cut = mx.nd.pick(ranked, mx.nd.reshape(mx.nd.maximum(num_neg - 1, 0), shape=(-1,)), axis=1,
-                     keepdims=True)  # the num_neg-th largest loss
+    cut = mx.nd.pick(
+        ranked, mx.nd.reshape(mx.nd.maximum(num_neg - 1, 0), shape=(-1,)), axis=1, keepdims=True
+    )  # the num_neg-th largest loss
     above = neg * mx.nd.broadcast_greater(key, cut)
     at_cut = neg * mx.nd.broadcast_equal(key, cut)
     room = num_neg - above.sum(axis=1, keepdims=True)  # ties at the cut: lowest index first
@@ -125,20 +148,36 @@ def ohem_sampler(conf_data, conf_target, conf_weight, *, ratio=3.0, min_neg=0, i
 
 
 @ohem_sampler.twin("numpy")
-def _ohem_sampler_numpy(conf_data, conf_target, conf_weight, *, ratio=3.0, min_neg=0,
-                        ignore_label=-1, loss_type="softmax", from_logits=True):
-    _check(conf_data, conf_target, conf_weight, ratio, min_neg, ignore_label, loss_type,
-           from_logits)
+def _ohem_sampler_numpy(
+    conf_data,
+    conf_target,
+    conf_weight,
+    *,
+    ratio=3.0,
+    min_neg=0,
+    ignore_label=-1,
+    loss_type="softmax",
+    from_logits=True,
+):
+    _check(
+        conf_data, conf_target, conf_weight, ratio, min_neg, ignore_label, loss_type, from_logits
+    )
     num_class = conf_data.shape[-1]
     labels = conf_target[conf_target != ignore_label]
     if np.any((labels < 0) | (labels >= num_class) | (labels != np.round(labels))):
-        raise _checks.fail("ohem_sampler", "conf_target", f"has values outside "
-                           f"{{ignore_label={ignore_label}}} and the classes [0, {num_class})")
+        raise _checks.fail(
+            "ohem_sampler",
+            "conf_target",
+            f"has values outside {{ignore_label={ignore_label}}} and the classes [0, {num_class})",
+        )
     if np.isnan(conf_data).any():
         raise _checks.fail("ohem_sampler", "conf_data", "contains NaN")
     if not from_logits and np.any((conf_data < 0) | (conf_data > 1)):
-        raise _checks.fail("ohem_sampler", "conf_data", "holds values outside [0, 1], but "
-                           "from_logits=False says they are probabilities")
+        raise _checks.fail(
+            "ohem_sampler",
+            "conf_data",
+            "holds values outside [0, 1], but from_logits=False says they are probabilities",
+        )
     weight_shape = conf_weight.shape
     conf_weight = conf_weight.reshape(conf_target.shape)
     x = conf_data.astype(np.float64)

@@ -1,4 +1,5 @@
 """Smooth L1 loss whose ``sigma`` is an input array (smooth-L1 v2 of the research operators)."""
+
 import mxnet as mx
 import numpy as np
 
@@ -65,8 +66,7 @@ def smooth_l1(data, sigma, weight=None):
     # sigma^2 at every element first: MXNet's backward of a broadcast_mul/div sums over the
     # broadcast axes even for an input that needs no gradient (0.5 ms of a 1 ms native
     # step at 8 x 768 x 4, measured), and training graphs run MXNet's gradient of this forward
-    s2 = mx.nd.broadcast_add(mx.nd.zeros_like(data), (sigma * sigma).astype(data.dtype,
-                                                                             copy=False))
+    s2 = mx.nd.broadcast_add(mx.nd.zeros_like(data), (sigma * sigma).astype(data.dtype, copy=False))
     # smooth_l1(x; sigma) = smooth_l1(sigma^2 x; 1) / sigma^2: MXNet's fused kernel does the rest
     loss = mx.nd.smooth_l1(s2 * data, scalar=1.0) / s2
     return loss if weight is None else loss * weight.astype(data.dtype, copy=False)
@@ -88,6 +88,7 @@ def _grad_numpy(ans, data, sigma, weight=None):
         s2 = sigma * sigma
         d = np.where(np.abs(data) < 1 / s2, s2 * data, np.sign(data)) * g
         return d if weight is None else d * weight
+
     return grad
 
 

@@ -1,4 +1,5 @@
 """Softmax cross-entropy output layer: probabilities forward, the CE gradient backward."""
+
 import mxnet as mx
 import numpy as np
 
@@ -11,20 +12,31 @@ __all__ = ["softmax_ce", "SoftmaxCE"]
 
 def _check(data, label):
     if len(data.shape) != 2:
-        raise _checks.fail("softmax_ce", "data", f"must have shape (N, C) (batch, classes), "
-                           f"got shape {tuple(data.shape)}")
+        raise _checks.fail(
+            "softmax_ce",
+            "data",
+            f"must have shape (N, C) (batch, classes), got shape {tuple(data.shape)}",
+        )
     _checks.floating("softmax_ce", "data", data.dtype)
-    _checks.same_shape("softmax_ce", "label", label.shape, data.shape[:1],
-                       "one class index per sample")
+    _checks.same_shape(
+        "softmax_ce", "label", label.shape, data.shape[:1], "one class index per sample"
+    )
 
 
 def _label_message(num_class):
-    return (f"has values that are not class indices in [0, {num_class - 1}] (data has "
-            f"{num_class} classes)")
+    return (
+        f"has values that are not class indices in [0, {num_class - 1}] (data has "
+        f"{num_class} classes)"
+    )
 
 
-@customop("mxnet", name="ops.softmax_ce", need_top_grad=False, infer_shape=lambda data, label: data,
-          no_grad=("label",))
+@customop(
+    "mxnet",
+    name="ops.softmax_ce",
+    need_top_grad=False,
+    infer_shape=lambda data, label: data,
+    no_grad=("label",),
+)
 def softmax_ce(data, label):
     r"""Softmax output layer trained with cross-entropy, like ``mx.nd.SoftmaxOutput``.
 
@@ -62,8 +74,11 @@ def softmax_ce(data, label):
     """
     _check(data, label)
     num_class = data.shape[1]
-    _checks.require((1 - (label < 0)) * (label < num_class) * (label == mx.nd.floor(label)),
-                    "label", _label_message(num_class))
+    _checks.require(
+        (1 - (label < 0)) * (label < num_class) * (label == mx.nd.floor(label)),
+        "label",
+        _label_message(num_class),
+    )
     onehot = mx.nd.one_hot(label, num_class, dtype=data.dtype)
     return residuals(mx.nd.softmax(data, axis=1), onehot=onehot)
 
@@ -88,6 +103,7 @@ def _grad_numpy(ans, data, label, index):
         d = ans.copy()
         d[np.arange(len(d)), index] -= 1
         return d
+
     return grad
 
 

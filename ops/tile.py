@@ -1,4 +1,5 @@
 """``numpy.tile`` as an operator: repeat an array along each axis, gradients summed back."""
+
 import mxnet as mx
 import numpy as np
 
@@ -14,16 +15,25 @@ def _layout(shape, reps):
     if isinstance(reps, int):
         reps = (reps,)
     if not isinstance(reps, (tuple, list)) or not all(
-            isinstance(r, int) and not isinstance(r, bool) and r >= 1 for r in reps):
-        raise _checks.fail("tile", "reps", f"must be an int or a tuple of ints >= 1, got {reps!r}",
-                           TypeError if not _ints(reps) else ValueError)
+        isinstance(r, int) and not isinstance(r, bool) and r >= 1 for r in reps
+    ):
+        raise _checks.fail(
+            "tile",
+            "reps",
+            f"must be an int or a tuple of ints >= 1, got {reps!r}",
+            TypeError if not _ints(reps) else ValueError,
+        )
     n = max(len(reps), len(shape))
     reps, shape = (1,) * (n - len(reps)) + tuple(reps), (1,) * (n - len(shape)) + tuple(shape)
     size = int(np.prod([r * s for r, s in zip(reps, shape)], dtype=object))
     if size > _MAX_SIZE:
-        raise _checks.fail("tile", "reps", f"{reps!r} would make an output of {size:,} "
-                           f"elements from data of shape {tuple(shape)}; MXNet 1.9.1's arrays "
-                           f"hold at most {_MAX_SIZE:,} (2**31 - 1)")
+        raise _checks.fail(
+            "tile",
+            "reps",
+            f"{reps!r} would make an output of {size:,} "
+            f"elements from data of shape {tuple(shape)}; MXNet 1.9.1's arrays "
+            f"hold at most {_MAX_SIZE:,} (2**31 - 1)",
+        )
     return reps, shape
 
 
@@ -32,7 +42,8 @@ _MAX_SIZE = 2**31 - 1  # elements in one array of MXNet 1.9.1's pip builds (int3
 
 def _ints(reps):
     return isinstance(reps, (tuple, list)) and all(
-        isinstance(r, int) and not isinstance(r, bool) for r in reps)
+        isinstance(r, int) and not isinstance(r, bool) for r in reps
+    )
 
 
 def _interleaved(shape, reps):

@@ -1,4 +1,5 @@
 """``ops.topk``: ``mx.nd.topk`` plus ``do_sort=False`` (the top k in their original order)."""
+
 from __future__ import annotations
 
 import mxnet as mx
@@ -25,8 +26,12 @@ def _check(shape, k, axis, ret_typ, is_ascend, dtype, do_sort):
         _checks.integer("topk", "axis", axis, -len(shape), len(shape) - 1)
         length = shape[axis]
     if k > length:
-        raise _checks.fail("topk", "k", f"must be no larger than the length {length} of axis "
-                           f"{axis} (k < 1 selects all, sorted), got {k}")
+        raise _checks.fail(
+            "topk",
+            "k",
+            f"must be no larger than the length {length} of axis "
+            f"{axis} (k < 1 selects all, sorted), got {k}",
+        )
     return length
 
 
@@ -64,9 +69,13 @@ def _const_like(x, value):
     if mx.autograd.is_recording():  # traced (a pause records then): a graph at any shape
         one = mx.nd.array([value], x.context, dtype=x.dtype).reshape((1,) * x.ndim)
         return mx.nd.broadcast_like(one, x)
-    return _cached((float(value), x.shape, np.dtype(x.dtype).name, str(x.context)), x.size,
-                   lambda: mx.nd.broadcast_to(mx.nd.array(
-                       [value], x.context, dtype=x.dtype).reshape((1,) * x.ndim), x.shape))
+    return _cached(
+        (float(value), x.shape, np.dtype(x.dtype).name, str(x.context)),
+        x.size,
+        lambda: mx.nd.broadcast_to(
+            mx.nd.array([value], x.context, dtype=x.dtype).reshape((1,) * x.ndim), x.shape
+        ),
+    )
 
 
 def _to_last(x, axis):
@@ -99,15 +108,15 @@ def _topk_parts(data, k, axis, ret_typ, is_ascend, dtype, do_sort):
             mask = mx.nd.topk(key, axis=-1, k=k, ret_typ="mask", is_ascend=is_ascend)
             mask = _from_last(mask.astype(data.dtype, copy=False), perm)
             return mx.nd.reshape_like(mask, data), None
-        pos = mx.nd.topk(key, axis=-1, k=k, ret_typ="indices", is_ascend=is_ascend,
-                         dtype="int64")
+        pos = mx.nd.topk(key, axis=-1, k=k, ret_typ="indices", is_ascend=is_ascend, dtype="int64")
         if not do_sort:
             pos = mx.nd.sort(pos, axis=-1)
         flat = mx.nd.reshape(mx.nd.broadcast_add(pos, _rows.row_starts(key)), shape=(-1, k))
     if ret_typ == "indices":
         return _from_last(pos.astype(dtype), perm), None
-    value = _from_last(mx.nd.reshape_like(mx.nd.take(mx.nd.reshape(x, shape=(-1,)), flat), pos),
-                       perm)
+    value = _from_last(
+        mx.nd.reshape_like(mx.nd.take(mx.nd.reshape(x, shape=(-1,)), flat), pos), perm
+    )
     return (value if ret_typ == "value" else (value, _from_last(pos.astype(dtype), perm))), flat
 
 
@@ -137,8 +146,7 @@ def _num_outputs(ret_typ):
 
 
 @customop("mxnet", name="ops.topk", num_outputs=_num_outputs)
-def topk(data, *, k=1, axis=-1, ret_typ="value", is_ascend=False, dtype="float32",
-         do_sort=True):
+def topk(data, *, k=1, axis=-1, ret_typ="value", is_ascend=False, dtype="float32", do_sort=True):
     r"""Top k elements along an axis; ``mx.nd.topk`` with an extra ``do_sort``.
 
     With ``do_sort=True`` this is ``mx.nd.topk`` (same outputs, dtypes and
@@ -209,13 +217,23 @@ def topk(data, *, k=1, axis=-1, ret_typ="value", is_ascend=False, dtype="float32
 
 
 @topk.twin("numpy")
-def _topk_numpy(data, *, k=1, axis=-1, ret_typ="value", is_ascend=False, dtype="float32",
-                do_sort=True):
+def _topk_numpy(
+    data, *, k=1, axis=-1, ret_typ="value", is_ascend=False, dtype="float32", do_sort=True
+):
     return _topk_np(data, k, axis, ret_typ, is_ascend, dtype, do_sort)
 
 
-def _topk_grad_nd(ans, data, k=1, axis=-1, ret_typ="value", is_ascend=False,
-                  dtype="float32", do_sort=True, flat=None):
+def _topk_grad_nd(
+    ans,
+    data,
+    k=1,
+    axis=-1,
+    ret_typ="value",
+    is_ascend=False,
+    dtype="float32",
+    do_sort=True,
+    flat=None,
+):
     # The head gradient scattered back to the selected positions (``flat``, the forward's):
     # linear in g, so training graphs transpose it into a gather (customop.graphs.transposed).
     def grad(g):
@@ -223,15 +241,19 @@ def _topk_grad_nd(ans, data, k=1, axis=-1, ret_typ="value", is_ascend=False,
             return data.zeros_like()
         g = g[0] if ret_typ == "both" else g
         gl, perm = _to_last(g, axis)
-        picked = mx.nd.scatter_nd(mx.nd.reshape(gl, shape=(-1,)),
-                                  mx.nd.reshape(flat, shape=(1, -1)), shape=(data.size,))
-        return mx.nd.reshape_like(_from_last(mx.nd.reshape_like(picked, _to_last(data, axis)[0]),
-                                             perm), data)
+        picked = mx.nd.scatter_nd(
+            mx.nd.reshape(gl, shape=(-1,)), mx.nd.reshape(flat, shape=(1, -1)), shape=(data.size,)
+        )
+        return mx.nd.reshape_like(
+            _from_last(mx.nd.reshape_like(picked, _to_last(data, axis)[0]), perm), data
+        )
+
     return grad
 
 
-def _topk_grad_np(ans, data, k=1, axis=-1, ret_typ="value", is_ascend=False, dtype="float32",
-                  do_sort=True):
+def _topk_grad_np(
+    ans, data, k=1, axis=-1, ret_typ="value", is_ascend=False, dtype="float32", do_sort=True
+):
     # d value / d data scatters the head gradient back to the selected positions.
     def grad(g):
         if ret_typ not in ("value", "both"):
@@ -244,6 +266,7 @@ def _topk_grad_np(ans, data, k=1, axis=-1, ret_typ="value", is_ascend=False, dty
         out = np.zeros_like(x)
         np.put_along_axis(out, pos, gl, axis=-1)
         return out.reshape(data.shape) if axis is None else np.moveaxis(out, -1, axis)
+
     return grad
 
 

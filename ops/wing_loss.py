@@ -1,4 +1,5 @@
 """Wing loss (Feng et al., CVPR 2018) for landmark regression."""
+
 import math
 
 import mxnet as mx
@@ -96,8 +97,9 @@ def _wing_np(pred, target, w, epsilon):
 def _summed_axes(shape, to):
     # The axes along which an array of shape ``to`` was broadcast up to ``shape``.
     lead = len(shape) - len(to)
-    return tuple(range(lead)) + tuple(lead + i for i, d in enumerate(to) if d == 1 and
-                                      shape[lead + i] != 1)
+    return tuple(range(lead)) + tuple(
+        lead + i for i, d in enumerate(to) if d == 1 and shape[lead + i] != 1
+    )
 
 
 def _unbroadcast_np(x, to):
@@ -112,13 +114,23 @@ def _slope_numpy(pred, target, weight, w, epsilon, g):
     return d if weight is None else d * weight
 
 
-wing_loss.numpy.def_grad(lambda ans, pred, target, weight=None, *, w=10.0, epsilon=2.0:
-                         lambda g: _slope_numpy(pred, target, weight, w, epsilon, g))
-wing_loss.numpy.def_grad(lambda ans, pred, target, weight=None, *, w=10.0, epsilon=2.0:
-                         lambda g: -_slope_numpy(pred, target, weight, w, epsilon, g), 1)
-wing_loss.numpy.def_grad(lambda ans, pred, target, weight=None, *, w=10.0, epsilon=2.0:
-                         lambda g: _unbroadcast_np(_wing_np(pred, target, w, epsilon) * g,
-                                                   weight.shape), 2)
+wing_loss.numpy.def_grad(
+    lambda ans, pred, target, weight=None, *, w=10.0, epsilon=2.0: (
+        lambda g: _slope_numpy(pred, target, weight, w, epsilon, g)
+    )
+)
+wing_loss.numpy.def_grad(
+    lambda ans, pred, target, weight=None, *, w=10.0, epsilon=2.0: (
+        lambda g: -_slope_numpy(pred, target, weight, w, epsilon, g)
+    ),
+    1,
+)
+wing_loss.numpy.def_grad(
+    lambda ans, pred, target, weight=None, *, w=10.0, epsilon=2.0: (
+        lambda g: _unbroadcast_np(_wing_np(pred, target, w, epsilon) * g, weight.shape)
+    ),
+    2,
+)
 
 
 class WingLoss(mx.gluon.loss.Loss):

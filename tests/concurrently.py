@@ -11,6 +11,7 @@ twice: a worker thread starting a subprocess runs MXNet's fork step (customop's 
 patch stops and restarts MXNet's engine), and the test thread, meanwhile using MXNet
 (``mx.random.seed``), joined an engine worker that never ended (gdb on the hung run).
 """
+
 from __future__ import annotations
 
 from concurrent.futures import Future
@@ -22,8 +23,11 @@ def selected(request, name: str) -> list:
     seen = []
     for item in request.session.items:
         params = getattr(getattr(item, "callspec", None), "params", {})
-        if getattr(item, "module", None) is request.module and name in params \
-                and params[name] not in seen:
+        if (
+            getattr(item, "module", None) is request.module
+            and name in params
+            and params[name] not in seen
+        ):
             seen.append(params[name])
     return seen
 

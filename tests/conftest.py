@@ -32,8 +32,7 @@ SLOWEST_FIRST = [
 def pytest_collection_modifyitems(config, items):
     rank = {path: i for i, path in enumerate(SLOWEST_FIRST)}
     root = config.rootpath
-    items.sort(key=lambda item: rank.get(item.path.relative_to(root).as_posix(),
-                                         len(rank)))
+    items.sort(key=lambda item: rank.get(item.path.relative_to(root).as_posix(), len(rank)))
 
 
 @pytest.fixture(autouse=True)

@@ -6,6 +6,7 @@ need it); this runs the same blocks on every Python of the test matrix.  A page'
 ```` ```{testcode} ```` and ```` ```{testoutput} ```` fences run in order in one namespace, as
 Sphinx's default group does; the flags are docs/conf.py's ``doctest_default_flags``.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -16,8 +17,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
-FLAGS = (doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE | doctest.IGNORE_EXCEPTION_DETAIL
-         | doctest.DONT_ACCEPT_TRUE_FOR_1)
+FLAGS = (
+    doctest.ELLIPSIS
+    | doctest.NORMALIZE_WHITESPACE
+    | doctest.IGNORE_EXCEPTION_DETAIL
+    | doctest.DONT_ACCEPT_TRUE_FOR_1
+)
 KINDS = ("doctest", "testsetup", "testcleanup", "testcode", "testoutput")
 # An opening fence of three or more backticks or colons with a directive name, e.g. ```{doctest}
 _FENCE = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>`{3,}|:{3,})\{(?P<kind>[\w-]+)\}(?P<arg>.*)$")
@@ -38,8 +43,10 @@ def blocks(page: Path) -> list[tuple[str, str, int]]:
         j = start
         while j < len(lines) and lines[j].strip() != fence:
             j += 1
-        body = [line[len(indent):] if line.startswith(indent) else line.lstrip()
-                for line in lines[start:j]]
+        body = [
+            line[len(indent) :] if line.startswith(indent) else line.lstrip()
+            for line in lines[start:j]
+        ]
         while body and body[0].startswith(":"):  # directive options (:options:, :hide:)
             body.pop(0)
         if kind in KINDS:
@@ -83,6 +90,7 @@ def run_page(page: Path) -> tuple[int, list[str]]:
         elif kind == "testoutput":
             checker = doctest.OutputChecker()
             if code_output is None or not checker.check_output(text, code_output, FLAGS):
-                failures.append(f"{where}: testoutput differs\nexpected:\n{text}got:\n"
-                                f"{code_output}")
+                failures.append(
+                    f"{where}: testoutput differs\nexpected:\n{text}got:\n{code_output}"
+                )
     return attempted, failures

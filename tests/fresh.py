@@ -17,6 +17,7 @@ interpreter options, an environment whose MXNet, OpenMP or interpreter variables
 from the server's (those are read when MXNet loads or Python starts), file objects as
 streams, or ``real=True``.
 """
+
 from __future__ import annotations
 
 import atexit
@@ -35,7 +36,7 @@ import threading
 _READ_AT_START = ("MXNET_", "DMLC_", "OMP_", "KMP_", "LD_", "MALLOC_", "PYTHON")
 _ROOM_FOR_THE_CHILD = {"PYTHONPATH", "PYTHONDONTWRITEBYTECODE", "PYTHONUNBUFFERED"}
 
-SERVER = r'''
+SERVER = r"""
 import json, os, signal, socket, sys
 for name in sys.argv[2].split(","):  # mxnet: the point of the server
     if name:
@@ -138,7 +139,7 @@ while os.getppid() == worker:  # ends with the test worker that started it
         finally:
             os._exit(1)
     conn.close()
-'''
+"""
 
 PRELOAD = ["mxnet"]  # what the server imports (its own tests need none of it)
 _lock = threading.Lock()
@@ -155,10 +156,14 @@ def _address() -> str:
             listener.bind(address)
             listener.listen(64)
             env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-            proc = subprocess.Popen([sys.executable, "-c", SERVER, str(listener.fileno()),
-                                     ",".join(PRELOAD)],
-                                    pass_fds=[listener.fileno()], cwd="/", env=env,
-                                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+            proc = subprocess.Popen(
+                [sys.executable, "-c", SERVER, str(listener.fileno()), ",".join(PRELOAD)],
+                pass_fds=[listener.fileno()],
+                cwd="/",
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+            )
             listener.close()
             atexit.register(proc.kill)
             atexit.register(shutil.rmtree, room, True)
@@ -172,32 +177,63 @@ def _needs_a_new_interpreter(args, env) -> bool:
     if args[1].startswith("-") and args[1] not in ("-c", "-m"):
         return True  # interpreter options
     with _lock:
-        server_env = _server.get("env") or {k: v for k, v in os.environ.items()
-                                            if k != "PYTHONPATH"}
+        server_env = _server.get("env") or {
+            k: v for k, v in os.environ.items() if k != "PYTHONPATH"
+        }
     for key in set(env) | set(server_env):
-        if key.startswith(_READ_AT_START) and key not in _ROOM_FOR_THE_CHILD \
-                and env.get(key) != server_env.get(key):
+        if (
+            key.startswith(_READ_AT_START)
+            and key not in _ROOM_FOR_THE_CHILD
+            and env.get(key) != server_env.get(key)
+        ):
             return True
     return False
 
 
-def run(args, *, env=None, cwd=None, timeout=None, input=None, capture_output=False,
-        text=False, check=False, start_new_session=False, stderr=None, real=False,
-        **kwargs) -> subprocess.CompletedProcess:
+def run(
+    args,
+    *,
+    env=None,
+    cwd=None,
+    timeout=None,
+    input=None,
+    capture_output=False,
+    text=False,
+    check=False,
+    start_new_session=False,
+    stderr=None,
+    real=False,
+    **kwargs,
+) -> subprocess.CompletedProcess:
     """``subprocess.run(args, ...)`` for a Python child (see the module docstring).
 
     ``stderr=subprocess.STDOUT`` merges the streams; with ``start_new_session`` a timeout
     kills the child's whole process group, as a test that kills its session does.
     """
     env = dict(os.environ if env is None else env)
-    if real or kwargs or stderr not in (None, subprocess.STDOUT) \
-            or _needs_a_new_interpreter(list(args), env):
-        return _new_interpreter(args, env=env, cwd=cwd, timeout=timeout, input=input,
-                                capture_output=capture_output, text=text, check=check,
-                                start_new_session=start_new_session, stderr=stderr, **kwargs)
+    if (
+        real
+        or kwargs
+        or stderr not in (None, subprocess.STDOUT)
+        or _needs_a_new_interpreter(list(args), env)
+    ):
+        return _new_interpreter(
+            args,
+            env=env,
+            cwd=cwd,
+            timeout=timeout,
+            input=input,
+            capture_output=capture_output,
+            text=text,
+            check=check,
+            start_new_session=start_new_session,
+            stderr=stderr,
+            **kwargs,
+        )
     args = [str(a) for a in args]
-    how, what, rest = (args[1], args[2], args[3:]) if args[1] in ("-c", "-m") \
-        else ("script", args[1], args[2:])
+    how, what, rest = (
+        (args[1], args[2], args[3:]) if args[1] in ("-c", "-m") else ("script", args[1], args[2:])
+    )
     with tempfile.TemporaryDirectory(prefix="customop-child-") as room:
         streams = {name: os.path.join(room, name) for name in ("stdin", "stdout", "stderr")}
         if stderr == subprocess.STDOUT:
@@ -207,8 +243,15 @@ def run(args, *, env=None, cwd=None, timeout=None, input=None, capture_output=Fa
             f.write(data)
         for name in ("stdout", "stderr"):
             open(streams[name], "wb").close()
-        request = dict(how=how, what=what, args=rest, env=env, session=start_new_session,
-                       cwd=os.path.abspath(cwd or os.getcwd()), **streams)
+        request = dict(
+            how=how,
+            what=what,
+            args=rest,
+            env=env,
+            session=start_new_session,
+            cwd=os.path.abspath(cwd or os.getcwd()),
+            **streams,
+        )
         conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         conn.connect(_address())
         try:
@@ -221,8 +264,7 @@ def run(args, *, env=None, cwd=None, timeout=None, input=None, capture_output=Fa
                 (os.killpg if start_new_session else os.kill)(pid, signal.SIGKILL)
                 replies.next(None)
                 out, err = (_read(streams[n], text) for n in ("stdout", "stderr"))
-                raise subprocess.TimeoutExpired(args, timeout, output=out, stderr=err) \
-                    from None
+                raise subprocess.TimeoutExpired(args, timeout, output=out, stderr=err) from None
         finally:
             conn.close()
         out, err = (_read(streams[n], text) for n in ("stdout", "stderr"))
@@ -238,15 +280,20 @@ def run(args, *, env=None, cwd=None, timeout=None, input=None, capture_output=Fa
     return done
 
 
-def _new_interpreter(args, *, timeout, input, capture_output, check, stderr,
-                     start_new_session, **kwargs) -> subprocess.CompletedProcess:
+def _new_interpreter(
+    args, *, timeout, input, capture_output, check, stderr, start_new_session, **kwargs
+) -> subprocess.CompletedProcess:
     # subprocess.run, but a timeout kills the whole session when it started one
     if stderr is not None:
         kwargs.update(stdout=subprocess.PIPE, stderr=stderr)
     elif capture_output:
         kwargs.update(stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    with subprocess.Popen(args, stdin=subprocess.PIPE if input is not None else None,
-                          start_new_session=start_new_session, **kwargs) as proc:
+    with subprocess.Popen(
+        args,
+        stdin=subprocess.PIPE if input is not None else None,
+        start_new_session=start_new_session,
+        **kwargs,
+    ) as proc:
         try:
             out, err = proc.communicate(input, timeout=timeout)
         except subprocess.TimeoutExpired:

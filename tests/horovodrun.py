@@ -9,6 +9,7 @@ runs horovodrun's own command line with that server bound to 127.0.0.1::
     python tests/horovodrun.py --gloo -np 2 -H localhost:2 --network-interface lo \\
         python worker.py ...
 """
+
 import sys
 
 from horovod.runner.http import http_server

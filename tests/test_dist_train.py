@@ -1,6 +1,7 @@
 """examples/dist_train.py under ``python -m customop.distributed.launch``.
 
 Two dist_sync workers end equal to one process."""
+
 import importlib.util
 import os
 import re
@@ -29,12 +30,33 @@ def _example():
 def _launch(out, *args, workers=2):
     mark = uuid.uuid4().hex
     start = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "customop.distributed.launch", "-n",
-                           str(workers), "-s", "1", "--launcher", "local", "--timeout", "90",
-                           sys.executable,
-                           str(EXAMPLE), "--kvstore", "dist_sync", "--out", str(out), *args],
-                          cwd=ROOT, capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "PYTHONPATH": str(ROOT), "TEST_MARK": mark})
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "customop.distributed.launch",
+            "-n",
+            str(workers),
+            "-s",
+            "1",
+            "--launcher",
+            "local",
+            "--timeout",
+            "90",
+            sys.executable,
+            str(EXAMPLE),
+            "--kvstore",
+            "dist_sync",
+            "--out",
+            str(out),
+            *args,
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "TEST_MARK": mark},
+    )
     took = time.monotonic() - start
     time.sleep(0.2)
     assert _job_processes(mark) == [], "processes of the job outlived the launcher"
@@ -56,8 +78,10 @@ def _assert_same(got, want, **tol):
 # `make test` makes both checks another way: gluon, the `make dist-demo` job below (the same
 # loop with ops.center_loss on: the workers agree bit for bit and equal one process);
 # module, module-fit below and the Module job of tests/customop/test_aux_rules.py.
-@pytest.mark.parametrize("api", [pytest.param("gluon", marks=pytest.mark.soak),
-                                 pytest.param("module", marks=pytest.mark.soak)])
+@pytest.mark.parametrize(
+    "api",
+    [pytest.param("gluon", marks=pytest.mark.soak), pytest.param("module", marks=pytest.mark.soak)],
+)
 def test_dist_sync_workers_end_equal_to_one_process(api, tmp_path):
     proc, _ = _launch(tmp_path, "--api", api)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -72,12 +96,17 @@ def test_dist_sync_workers_end_equal_to_one_process(api, tmp_path):
 # 8 s); `make test` still checks Module.update on dist_sync workers: module-fit (fit runs
 # forward_backward + update, same op, same kvstore) and the Module job of
 # tests/customop/test_aux_rules.py (the manual loop, aux states of every rule on two workers).
-@pytest.mark.parametrize("api, contexts, extra", [
-    pytest.param("gluon", 2, ["--hybridize"], id="gluon-trainer"),
-    pytest.param("module", 1, [], id="module-update", marks=pytest.mark.soak),
-    pytest.param("module", 1, ["--fit"], id="module-fit")])
-def test_ops_center_loss_keeps_one_set_of_centers_on_dist_sync_workers(api, contexts, extra,
-                                                                       tmp_path):
+@pytest.mark.parametrize(
+    "api, contexts, extra",
+    [
+        pytest.param("gluon", 2, ["--hybridize"], id="gluon-trainer"),
+        pytest.param("module", 1, [], id="module-update", marks=pytest.mark.soak),
+        pytest.param("module", 1, ["--fit"], id="module-fit"),
+    ],
+)
+def test_ops_center_loss_keeps_one_set_of_centers_on_dist_sync_workers(
+    api, contexts, extra, tmp_path
+):
     # The standard loops, no AuxSync call: Trainer.step / Module.update / fit keep them equal.
     args = ["--api", api, "--center-loss", "0.1", "--contexts", str(contexts), *extra]
     proc, _ = _launch(tmp_path, *args)
@@ -91,19 +120,20 @@ def test_ops_center_loss_keeps_one_set_of_centers_on_dist_sync_workers(api, cont
     for key in centers:  # every device of every worker holds the same centers
         np.testing.assert_array_equal(w0[key], w0[centers[0]])
     # One process with as many devices sees the same shards: the same centers and weights.
-    one = _example().main(["--kvstore", "local", *args[:4], "--contexts", str(2 * contexts),
-                           *extra])
+    one = _example().main(
+        ["--kvstore", "local", *args[:4], "--contexts", str(2 * contexts), *extra]
+    )
     for key in w0:
         name, device = key.rsplit("@", 1)
-        np.testing.assert_allclose(w0[key], one[f"{name}@{device}"], rtol=1e-5, atol=1e-5,
-                                   err_msg=key)
+        np.testing.assert_allclose(
+            w0[key], one[f"{name}@{device}"], rtol=1e-5, atol=1e-5, err_msg=key
+        )
     assert np.abs(w0[centers[0]]).max() > 0.5  # the centers moved
     assert "AuxStateWarning" not in proc.stderr
 
 
 def test_optimizer_on_the_servers_is_named_and_the_workers_drift(tmp_path):
-    proc, _ = _launch(tmp_path, "--api", "gluon", "--center-loss", "0.1",
-                      "--update-on-kvstore")
+    proc, _ = _launch(tmp_path, "--api", "gluon", "--center-loss", "0.1", "--update-on-kvstore")
     assert proc.returncode == 0, proc.stderr[-3000:]
     warned = [line for line in proc.stderr.splitlines() if "AuxStateWarning" in line]
     assert len(warned) == 2, proc.stderr[-3000:]  # once per worker
@@ -132,9 +162,15 @@ def test_make_dist_demo_runs_as_written(tmp_path):
     mark = uuid.uuid4().hex
     # the recipe as written, plus --out: the job also checks what the soak's plain Gluon job
     # checks (the workers end equal, and equal to one process)
-    proc = subprocess.run(f"{command} --out {tmp_path}", shell=True, cwd=ROOT,
-                          capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "PYTHONPATH": str(ROOT), "TEST_MARK": mark})
+    proc = subprocess.run(
+        f"{command} --out {tmp_path}",
+        shell=True,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "TEST_MARK": mark},
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "rank 0: trained" in proc.stdout and "rank 1: trained" in proc.stdout
     time.sleep(0.2)
@@ -144,8 +180,9 @@ def test_make_dist_demo_runs_as_written(tmp_path):
     args = command.split("examples/dist_train.py", 1)[1].split()
     assert args == ["--api", "gluon", "--kvstore", "dist_sync", "--center-loss", "0.1"]
     # one process with a device per worker sees the same shards (as the center-loss jobs)
-    one = _example().main(["--api", "gluon", "--kvstore", "local", "--center-loss", "0.1",
-                           "--contexts", "2"])
+    one = _example().main(
+        ["--api", "gluon", "--kvstore", "local", "--center-loss", "0.1", "--contexts", "2"]
+    )
     _assert_same(w0, {k: v for k, v in one.items() if k.endswith("@0")}, rtol=1e-5, atol=1e-5)
     assert max(np.abs(v).max() for v in one.values()) > 0.1
     assert np.abs(w0["net_center_centers@0"]).max() > 0.5  # the centers moved

@@ -5,6 +5,7 @@ exported-then-reloaded (examples/four_paths.py); the losses must agree to 1e-5 r
 at every step.  The first step's loss (or the graph's parts) is also checked against an
 independent reference: NumPy formulas, or the same head in MXNet's own operators.
 """
+
 import importlib
 import json
 import sys
@@ -42,8 +43,7 @@ def test_four_sgd_steps_give_the_same_losses_on_every_path(name, numpy_rng_kept)
 
 
 @pytest.mark.parametrize("name", ["retinanet_head", "faster_rcnn_head", "face_embedding"])
-def test_four_sgd_steps_are_the_same_with_inlining_switched_off(name, numpy_rng_kept,
-                                                                 monkeypatch):
+def test_four_sgd_steps_are_the_same_with_inlining_switched_off(name, numpy_rng_kept, monkeypatch):
     # Issue 33 item 4: ops with their own gradients inline in training (their closures
     # transposed); with CUSTOMOP_RUNTIME_OFF=inline every op is a Custom node again.
     module = importlib.import_module(name)
@@ -62,15 +62,20 @@ def test_the_face_head_starts_at_the_loss_of_its_formula():
     params = four_paths.initial_params(face.make_block)
     descriptor, identity = face.make_batches(1)[0]
     layers = [net.embed[0], net.embed[1], net.classify]
-    weight, bias = ([params[getattr(la, k).name].astype(np.float64) for la in layers]
-                    for k in ("weight", "bias"))
+    weight, bias = (
+        [params[getattr(la, k).name].astype(np.float64) for la in layers]
+        for k in ("weight", "bias")
+    )
     hidden = np.maximum(descriptor @ weight[0].T + bias[0], 0)
     embedding = hidden @ weight[1].T + bias[1]
     logits = embedding @ weight[2].T + bias[2]
     m = logits.max(axis=1)
-    cross_entropy = (m + np.log(np.exp(logits - m[:, None]).sum(axis=1))
-                     - logits[np.arange(len(identity)), identity.astype(int)]).sum()
-    centers = face.CENTER_WEIGHT / 2 * (embedding ** 2).sum()  # the centers start at zero
+    cross_entropy = (
+        m
+        + np.log(np.exp(logits - m[:, None]).sum(axis=1))
+        - logits[np.arange(len(identity)), identity.astype(int)]
+    ).sum()
+    centers = face.CENTER_WEIGHT / 2 * (embedding**2).sum()  # the centers start at zero
     losses = face.train_every_path(steps=1)
     np.testing.assert_allclose(losses["imperative"][0], cross_entropy + centers, rtol=1e-5)
 
@@ -88,12 +93,13 @@ def test_the_faster_rcnn_sampler_draws_seeded_proposals_and_their_targets(numpy_
     draws = []
     for seed in (0, 0, 1):
         np.random.seed(seed)
-        draws.append(rcnn.sample_proposals(mx.nd.array(proposals), mx.nd.array(gt),
-                                           mx.nd.array(labels)))
+        draws.append(
+            rcnn.sample_proposals(mx.nd.array(proposals), mx.nd.array(gt), mx.nd.array(labels))
+        )
     draws = [[o.asnumpy() for o in d] for d in draws]
     for a, b in zip(draws[0], draws[1]):
-        np.testing.assert_array_equal(a, b)                 # the same seed, the same draw
-    assert not np.array_equal(draws[0][0], draws[2][0])     # drawn, not fixed
+        np.testing.assert_array_equal(a, b)  # the same seed, the same draw
+    assert not np.array_equal(draws[0][0], draws[2][0])  # drawn, not fixed
     index, label, target, weight = draws[0]
     s, p = rcnn.NUM_SAMPLE, rcnn.PROPOSALS
     assert index.shape == (rcnn.BATCH * s,) and target.shape == weight.shape == (rcnn.BATCH * s, 4)
@@ -119,17 +125,30 @@ def test_the_faster_rcnn_sampler_draws_seeded_proposals_and_their_targets(numpy_
 def test_the_retinanet_head_equals_the_same_head_in_native_operators():
     # benchmarks/composed.py checks this before it times anything; its --quick run here keeps
     # the benchmark runnable and the check in the suite
-    proc = fresh.run([sys.executable, "benchmarks/composed.py", "--quick"], cwd=ROOT,
-                     capture_output=True, text=True, timeout=240)
+    proc = fresh.run(
+        [sys.executable, "benchmarks/composed.py", "--quick"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "loss and every gradient agree" in proc.stderr
-    rows = [line.split("anchors", 1)[1].rsplit(None, 4)[0].strip()
-            for line in proc.stdout.splitlines() if line.startswith("RetinaNet")]
-    assert rows == ["ours", "native", "ours imperative", "native imperative",
-                    "ours imperative, function path"]
+    rows = [
+        line.split("anchors", 1)[1].rsplit(None, 4)[0].strip()
+        for line in proc.stdout.splitlines()
+        if line.startswith("RetinaNet")
+    ]
+    assert rows == [
+        "ours",
+        "native",
+        "ours imperative",
+        "native imperative",
+        "ours imperative, function path",
+    ]
 
 
-AMP_CHILD = r'''
+AMP_CHILD = r"""
 import json, sys
 import numpy as np
 sys.path[:0] = ["examples", "benchmarks"]
@@ -151,15 +170,20 @@ for (name, hybridize), (losses, params) in runs.items():
         "loss": rel(np.array(losses), np.array(want_losses)),
         "params": max(rel(params[k], want_params[k]) for k in want_params)}
 print(json.dumps(out))
-'''
+"""
 
 
 def test_the_retinanet_head_trains_under_amp_as_in_native_operators():
     # Issue 52 item 5: examples/amp_training.py under amp.init() (bfloat16 on CPU), in a
     # process of its own (amp.init() patches MXNet process-wide); the same head in MXNet's
     # own operators (benchmarks/composed.py) under AMP is the reference.
-    done = fresh.run([sys.executable, "-c", AMP_CHILD], cwd=str(ROOT), capture_output=True,
-                     text=True, timeout=240)
+    done = fresh.run(
+        [sys.executable, "-c", AMP_CHILD],
+        cwd=str(ROOT),
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     lines = done.stdout.strip().splitlines()
     assert lines[0].startswith("imperative") and lines[1].startswith("hybridized"), lines

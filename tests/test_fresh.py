@@ -1,4 +1,5 @@
 """tests/fresh.py: a child forked from the MXNet server behaves as a new interpreter would."""
+
 import os
 import signal
 import subprocess
@@ -21,8 +22,10 @@ REPORT = textwrap.dedent("""
 
 def _both(args, **kwargs):
     """The same call through the server and through a new interpreter."""
-    return (fresh.run(args, capture_output=True, text=True, timeout=60, **kwargs),
-            subprocess.run(args, capture_output=True, text=True, timeout=60, **kwargs))
+    return (
+        fresh.run(args, capture_output=True, text=True, timeout=60, **kwargs),
+        subprocess.run(args, capture_output=True, text=True, timeout=60, **kwargs),
+    )
 
 
 @pytest.mark.parametrize("how", ["-c", "script", "-m"])
@@ -36,14 +39,20 @@ def test_a_child_sees_what_a_new_interpreter_sees(how, tmp_path):
     assert '"customop": false' in forked.stdout and '"env": "yes"' in forked.stdout
 
 
-@pytest.mark.parametrize("code, returncode", [
-    ("import sys; sys.exit(3)", 3),
-    ("import sys; sys.exit('message')", 1),
-    ("raise ValueError('from the child')", 1),
-    ("import os; os.kill(os.getpid(), 9)", -signal.SIGKILL),
-    ("import threading, time, atexit\natexit.register(print, 'atexit ran')\n"
-     "threading.Thread(target=lambda: (time.sleep(0.5), print('thread ended'))).start()", 0),
-])
+@pytest.mark.parametrize(
+    "code, returncode",
+    [
+        ("import sys; sys.exit(3)", 3),
+        ("import sys; sys.exit('message')", 1),
+        ("raise ValueError('from the child')", 1),
+        ("import os; os.kill(os.getpid(), 9)", -signal.SIGKILL),
+        (
+            "import threading, time, atexit\natexit.register(print, 'atexit ran')\n"
+            "threading.Thread(target=lambda: (time.sleep(0.5), print('thread ended'))).start()",
+            0,
+        ),
+    ],
+)
 def test_exit_codes_messages_threads_and_atexit_as_a_new_interpreter(code, returncode):
     forked, new = _both([sys.executable, "-c", code])
     assert forked.returncode == new.returncode == returncode
@@ -54,8 +63,16 @@ def test_exit_codes_messages_threads_and_atexit_as_a_new_interpreter(code, retur
 def test_a_hung_child_is_killed_at_its_timeout():
     start = time.monotonic()
     with pytest.raises(subprocess.TimeoutExpired) as caught:
-        fresh.run([sys.executable, "-c", "import os, time; print(os.getpid(), flush=True); "
-                   "time.sleep(60)"], capture_output=True, text=True, timeout=2)
+        fresh.run(
+            [
+                sys.executable,
+                "-c",
+                "import os, time; print(os.getpid(), flush=True); time.sleep(60)",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=2,
+        )
     assert time.monotonic() - start < 20
     pid = int(caught.value.output.split()[0])
     with pytest.raises(ProcessLookupError):
@@ -66,11 +83,13 @@ def test_a_hung_child_is_killed_at_its_timeout():
 
 def test_mxnet_comes_imported_and_what_mxnet_reads_at_load_gets_a_new_interpreter():
     code = "import sys; print('mxnet' in sys.modules)"
-    assert fresh.run([sys.executable, "-c", code], capture_output=True, text=True,
-                     timeout=60).stdout.split() == ["True"]
+    assert fresh.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60
+    ).stdout.split() == ["True"]
     env = dict(os.environ, MXNET_ENGINE_TYPE="NaiveEngine")
-    assert fresh.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
-                     env=env).stdout.split() == ["False"]
+    assert fresh.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env
+    ).stdout.split() == ["False"]
 
 
 @pytest.mark.parametrize("real", [False, True])
@@ -84,8 +103,14 @@ def test_merged_streams_and_a_session_killed_whole_at_its_timeout(real, tmp_path
         time.sleep(60)
     """)
     with pytest.raises(subprocess.TimeoutExpired) as caught:
-        fresh.run([sys.executable, "-c", code], stderr=subprocess.STDOUT, text=True,
-                  start_new_session=True, timeout=3, real=real)
+        fresh.run(
+            [sys.executable, "-c", code],
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+            timeout=3,
+            real=real,
+        )
     out = caught.value.output
     if isinstance(out, bytes):
         out = out.decode()
@@ -111,8 +136,9 @@ def test_the_server_ends_with_the_process_that_started_it(ending, tmp_path):
             os.kill(os.getpid(), 9)  # no atexit: the server sees its parent go
     """)
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    done = subprocess.run([sys.executable, "-c", code, root, ending], capture_output=True,
-                          text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-c", code, root, ending], capture_output=True, text=True, timeout=120
+    )
     server = int(done.stdout.split()[0])
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:

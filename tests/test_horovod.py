@@ -12,6 +12,7 @@ job.  Each job runs under ``tests/horovodrun.py`` (``horovodrun`` with every ser
 Skipped where Horovod is not installed with its MXNet extension (``make test``'s .venv): the
 ``horovod`` nox session builds it against the pinned MXNet and runs this module.
 """
+
 import importlib.util
 import os
 import signal
@@ -38,24 +39,39 @@ def _horovod_mxnet() -> bool:
 
 
 pytestmark = pytest.mark.skipif(
-    not _horovod_mxnet(), reason="Horovod with its MXNet extension is not installed; "
-    "`nox -s horovod` builds it and runs these tests (docs/development.md)")
+    not _horovod_mxnet(),
+    reason="Horovod with its MXNet extension is not installed; "
+    "`nox -s horovod` builds it and runs these tests (docs/development.md)",
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "dist_train.py"
 WORKER = ROOT / "tests" / "customop" / "horovod_worker.py"
-RUN = ["tests/horovodrun.py", "--gloo", "-np", "2", "-H", "localhost:2",
-       "--network-interface", "lo"]
+RUN = [
+    "tests/horovodrun.py",
+    "--gloo",
+    "-np",
+    "2",
+    "-H",
+    "localhost:2",
+    "--network-interface",
+    "lo",
+]
 
 
 def _horovodrun(*command, timeout=120):
     """A 2-rank job; killed whole (its process group) past ``timeout`` seconds."""
     mark = uuid.uuid4().hex
     start = time.monotonic()
-    proc = subprocess.Popen([sys.executable, *RUN, sys.executable, *map(str, command)],
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True,
-                            env={**os.environ, "PYTHONPATH": str(ROOT), "TEST_MARK": mark})
+    proc = subprocess.Popen(
+        [sys.executable, *RUN, sys.executable, *map(str, command)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "TEST_MARK": mark},
+    )
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -91,27 +107,37 @@ def test_every_rule_merges_across_two_horovod_ranks(tmp_path):
             saved = dict(f)
         for run in ("gluon", "gluon-hybridized", "by_hand", "module"):
             for name in RULE_STATES:
-                np.testing.assert_array_equal(saved[f"{run}/{name}"], want[rank][name],
-                                              err_msg=f"{run}: {name} on rank {rank}")
+                np.testing.assert_array_equal(
+                    saved[f"{run}/{name}"],
+                    want[rank][name],
+                    err_msg=f"{run}: {name} on rank {rank}",
+                )
 
 
 def test_a_forgotten_aux_sync_is_an_error_that_stops_the_job(tmp_path):
     # a plain Trainer, gradients allreduced by hand, no AuxSync: the second step's forward
     proc, took = _horovodrun(WORKER, "--out", tmp_path, "--forget")
     assert proc.returncode != 0
-    assert ("AuxStateError: customop 'tests.customop.auxops.merged' (aux state 'total'): the "
-            "last gluon.Trainer step left its copies unmerged: this is a Horovod job of 2 ranks"
-            in proc.stderr), proc.stderr[-3000:]
+    assert (
+        "AuxStateError: customop 'tests.customop.auxops.merged' (aux state 'total'): the "
+        "last gluon.Trainer step left its copies unmerged: this is a Horovod job of 2 ranks"
+        in proc.stderr
+    ), proc.stderr[-3000:]
     assert "AuxSync([...its Parameter...], hvd)" in proc.stderr
     assert took < 60
 
 
 # softmax_xent: a 'numpy' op with def_grad (a Custom node); ops.focal_loss (Gluon): an
 # 'mxnet' op, MXNet's operators in the hybridized graph and in the recorded imperative calls
-@pytest.mark.parametrize("api, extra", [("gluon", ["--focal-loss", "1"]),
-                                        ("gluon", ["--focal-loss", "1", "--hybridize"]),
-                                        ("module", [])],
-                         ids=["gluon", "gluon-hybridized", "module"])
+@pytest.mark.parametrize(
+    "api, extra",
+    [
+        ("gluon", ["--focal-loss", "1"]),
+        ("gluon", ["--focal-loss", "1", "--hybridize"]),
+        ("module", []),
+    ],
+    ids=["gluon", "gluon-hybridized", "module"],
+)
 def test_center_loss_on_two_horovod_ranks_equals_one_process(api, extra, tmp_path):
     args = ["--api", api, "--center-loss", "0.1", *extra]
     proc, _ = _horovodrun(EXAMPLE, "--horovod", "--out", tmp_path, *args)
@@ -133,8 +159,10 @@ def test_center_loss_on_two_horovod_ranks_equals_one_process(api, extra, tmp_pat
 def test_a_rank_whose_op_rejects_its_input_stops_the_job(tmp_path):
     proc, took = _horovodrun(EXAMPLE, "--horovod", "--api", "gluon", "--fail-rank", "1")
     assert proc.returncode != 0
-    assert ("[1]<stderr>:ValueError: customop '__main__.softmax_xent' (forward): softmax_xent: "
-            "label has values outside [0, 3)" in proc.stderr), proc.stderr[-3000:]
+    assert (
+        "[1]<stderr>:ValueError: customop '__main__.softmax_xent' (forward): softmax_xent: "
+        "label has values outside [0, 3)" in proc.stderr
+    ), proc.stderr[-3000:]
     assert "one or more processes exited with non-zero status" in proc.stderr
     assert took < 60
 
@@ -142,8 +170,17 @@ def test_a_rank_whose_op_rejects_its_input_stops_the_job(tmp_path):
 @pytest.mark.soak
 def test_a_longer_horovod_job_keeps_the_ranks_equal(tmp_path):
     # 3,000 steps (about 50 s on 2 cores), against one process with two devices
-    args = ["--api", "gluon", "--center-loss", "0.1", "--focal-loss", "1", "--hybridize",
-            "--steps", "3000"]
+    args = [
+        "--api",
+        "gluon",
+        "--center-loss",
+        "0.1",
+        "--focal-loss",
+        "1",
+        "--hybridize",
+        "--steps",
+        "3000",
+    ]
     proc, _ = _horovodrun(EXAMPLE, "--horovod", "--out", tmp_path, *args, timeout=400)
     assert proc.returncode == 0, proc.stderr[-3000:]
     r0, r1 = _load(tmp_path, "gluon", 0), _load(tmp_path, "gluon", 1)

@@ -8,6 +8,7 @@ leak of 100 KiB a call or an end 64 MiB above MXNet's; ``make soak`` runs 5,000 
 case and asks for at most 2 KiB a call (``ops.focal_loss``: 2 KiB more
 than MXNet's own operators of its graph).
 """
+
 import importlib.util
 import sys
 from pathlib import Path
@@ -25,8 +26,12 @@ def _memory():
 
 
 memory = _memory()
-SHORT = ["ours, forced_path('function'), 10 lengths", "ours, forced_path('custom')",
-         "ours, inline=False, hybridized", "ours, inline=False, 10 lengths"]
+SHORT = [
+    "ours, forced_path('function'), 10 lengths",
+    "ours, forced_path('custom')",
+    "ours, inline=False, hybridized",
+    "ours, inline=False, 10 lengths",
+]
 FOCAL_GRAPH = "mxnet: focal_loss's graph as a CachedOp"
 OURS = [name for name in memory.CASES if name.startswith(("ours", "ops."))]
 
@@ -56,8 +61,13 @@ def test_a_long_loop_stays_flat(case):
     # 1,000 lengths cycled: against MXNet's loop on the same lengths, after two passes (a
     # signature's second call plans its graph: 31 KiB resident each, MXNet's shape and
     # memory passes at a new size; planned, it stays within 2 KiB a call)
-    reference = (FOCAL_GRAPH if case.startswith("ops.focal_loss") else
-                 "mxnet x*x, 1,000 lengths" if "1,000 lengths" in case else "mxnet x*x")
+    reference = (
+        FOCAL_GRAPH
+        if case.startswith("ops.focal_loss")
+        else "mxnet x*x, 1,000 lengths"
+        if "1,000 lengths" in case
+        else "mxnet x*x"
+    )
     warmup = 2000 if "1,000 lengths" in case else 1000
     native = memory.measure(reference, warmup, 5000, timeout=1800)
     found = memory.measure(case, warmup, 5000, timeout=1800)

@@ -2,6 +2,7 @@
 
 The kernels of the selected notebooks run once, up front, one after another (tests/concurrently.py).
 """
+
 import sys
 from pathlib import Path
 
@@ -19,17 +20,22 @@ NOTEBOOKS = run_notebooks.notebooks()
 
 def test_the_tours_are_there():
     names = {p.name for p in NOTEBOOKS}
-    assert {"01_quickstart.ipynb", "02_gradient_check.ipynb", "03_losses.ipynb",
-            "04_detection.ipynb",
-            "05_write_your_own.ipynb"} <= names
+    assert {
+        "01_quickstart.ipynb",
+        "02_gradient_check.ipynb",
+        "03_losses.ipynb",
+        "04_detection.ipynb",
+        "05_write_your_own.ipynb",
+    } <= names
 
 
 @pytest.fixture(scope="module")
 def executed(request):
     # 03_losses trains five models: it starts first, the others run beside it
     paths = sorted(concurrently.selected(request, "path"), key=lambda p: "_losses" not in p.name)
-    runs = concurrently.run_selected({p: lambda p=p: run_notebooks.execute(p, save=False)
-                                      for p in paths})
+    runs = concurrently.run_selected(
+        {p: lambda p=p: run_notebooks.execute(p, save=False) for p in paths}
+    )
     yield runs
     runs.wait()
 
@@ -37,8 +43,13 @@ def executed(request):
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_notebook_executes_cleanly(path, executed):
     nb = executed[path]
-    errors = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])
-              if o.get("output_type") == "error"]
+    errors = [
+        o
+        for c in nb.cells
+        if c.cell_type == "code"
+        for o in c.get("outputs", [])
+        if o.get("output_type") == "error"
+    ]
     assert not errors
 
 

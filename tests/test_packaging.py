@@ -1,4 +1,5 @@
 """Issue 20: what `pip install 'customop[cpu]'` gives a user, checked on a built wheel."""
+
 import base64
 import hashlib
 import os
@@ -32,8 +33,9 @@ def wheel(tmp_path_factory):
     for name in ("customop", "ops"):
         shutil.copytree(ROOT / name, src / name, ignore=shutil.ignore_patterns("__pycache__"))
     out = tmp_path_factory.mktemp("wheels")
-    proc = run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "-w", str(out),
-                str(src)])
+    proc = run(
+        [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "-w", str(out), str(src)]
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     (path,) = out.glob("customop-*.whl")
     return path
@@ -41,10 +43,13 @@ def wheel(tmp_path_factory):
 
 def fake_ops_wheel(directory: Path) -> Path:
     """A distribution that owns a top-level ``ops`` package, as Canonical's Juju ``ops`` does."""
-    files = {"ops/__init__.py": "CHARM = 'not customop'\n", "ops/charm.py": "",
-             "ops-2.0.0.dist-info/METADATA": "Metadata-Version: 2.1\nName: ops\nVersion: 2.0.0\n",
-             "ops-2.0.0.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: tests\n"
-                                          "Root-Is-Purelib: true\nTag: py3-none-any\n"}
+    files = {
+        "ops/__init__.py": "CHARM = 'not customop'\n",
+        "ops/charm.py": "",
+        "ops-2.0.0.dist-info/METADATA": "Metadata-Version: 2.1\nName: ops\nVersion: 2.0.0\n",
+        "ops-2.0.0.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: tests\n"
+        "Root-Is-Purelib: true\nTag: py3-none-any\n",
+    }
     record = []
     for name, text in files.items():
         digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=")
@@ -75,7 +80,10 @@ def test_wheel_metadata_pythons_and_exclusive_mxnet_extras(wheel):
     assert not any(r.startswith("mxnet") and "extra" not in r for r in requires)
     assert "numpy<1.24" in requires
     assert {r.split(";")[0] for r in requires if r.startswith("autograd")} == {
-        "autograd>=1.7.0", "autograd>=1.8.0", "autograd>=1.9.1"}
+        "autograd>=1.7.0",
+        "autograd>=1.8.0",
+        "autograd>=1.9.1",
+    }
     # The operators install inside customop: a top-level ops/ would be another package's.
     assert "customop/ops/focal_loss.py" in names and "customop/check/cli.py" in names
     assert "customop/distributed/worker_site/sitecustomize.py" in names
@@ -164,8 +172,11 @@ def test_installed_wheel_coexists_with_a_top_level_ops_package(wheel, tmp_path):
     work.mkdir()
 
     def pip(*args):
-        out = run([python, "-m", "pip", *args, "--quiet", "--disable-pip-version-check"],
-                  env=env, cwd=work)
+        out = run(
+            [python, "-m", "pip", *args, "--quiet", "--disable-pip-version-check"],
+            env=env,
+            cwd=work,
+        )
         assert out.returncode == 0, out.stdout + out.stderr
 
     def python_run(script):
@@ -205,8 +216,9 @@ def test_checkout_gives_one_module_object_for_ops_and_customop_ops():
             """)
         # (a child of the tests' fork server: its site setup, the editable install's
         # finder included, is a new interpreter's)
-        proc = fresh.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True,
-                         text=True, timeout=300)
+        proc = fresh.run(
+            [sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=300
+        )
         assert proc.returncode == 0, proc.stderr
 
 
@@ -236,11 +248,22 @@ def test_notebooks_and_docs_extras_pin_what_the_project_runs(wheel):
     docs = _pins(r for r in requires if re.search(r"extra\s*==\s*.docs", r))
     dev = _pins((ROOT / "requirements-dev.txt").read_text().splitlines())
     docs_pins = _pins((ROOT / "docs" / "requirements.txt").read_text().splitlines())
-    assert {n for n, _, _ in notebooks} == {"matplotlib", "scikit-learn", "scipy", "nbclient",
-                                           "nbformat", "ipykernel"}
+    assert {n for n, _, _ in notebooks} == {
+        "matplotlib",
+        "scikit-learn",
+        "scipy",
+        "nbclient",
+        "nbformat",
+        "ipykernel",
+    }
     assert notebooks <= dev, notebooks - dev
-    assert {n for n, _, _ in docs} == {"sphinx", "myst-parser", "myst-nb", "furo",
-                                      "sphinx-mathjax-offline"}
+    assert {n for n, _, _ in docs} == {
+        "sphinx",
+        "myst-parser",
+        "myst-nb",
+        "furo",
+        "sphinx-mathjax-offline",
+    }
     assert docs <= docs_pins, docs - docs_pins
     shared = {n for n, _, _ in dev} & {n for n, _, _ in docs_pins}
     # make docs installs docs/requirements.txt into the .venv of requirements-dev.txt

@@ -2,6 +2,7 @@
 @customop port run on the same inputs on the nd, sym (bound executor / Module) and hybridized
 paths, with equal outputs and gradients (the sampler: equal draws from the same NumPy seed),
 and the ports against float64 references from the formulas."""
+
 import re
 from pathlib import Path
 
@@ -17,15 +18,13 @@ PATHS = ("nd", "sym", "hybridized")
 
 
 def _close(a, b, **tol):
-    np.testing.assert_allclose(np.asarray(a), np.asarray(b), **{"rtol": 1e-5, "atol": 1e-6,
-                                                               **tol})
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), **{"rtol": 1e-5, "atol": 1e-6, **tol})
 
 
 # ---- the loss layer (need_top_grad=False) -------------------------------------------------
 def _loss_inputs():
     rng = np.random.RandomState(0)
-    return (rng.normal(size=(6, 3)).astype(np.float32),
-            (rng.rand(6, 3) > 0.5).astype(np.float32))
+    return (rng.normal(size=(6, 3)).astype(np.float32), (rng.rand(6, 3) > 0.5).astype(np.float32))
 
 
 def _loss_reference(x, y, pos_weight):
@@ -47,8 +46,11 @@ class _Loss(mx.gluon.HybridBlock):
 def _run_loss(original, path, x, y):
     if path == "sym":
         data, label = mx.sym.var("data"), mx.sym.var("label")
-        s = (mx.sym.Custom(data, label, op_type="porting_weighted_sigmoid", pos_weight=3.0)
-             if original else loss_layer.weighted_sigmoid(data, label, pos_weight=3.0))
+        s = (
+            mx.sym.Custom(data, label, op_type="porting_weighted_sigmoid", pos_weight=3.0)
+            if original
+            else loss_layer.weighted_sigmoid(data, label, pos_weight=3.0)
+        )
         ex = s.simple_bind(mx.cpu(), data=x.shape, label=y.shape)
         ex.arg_dict["data"][:], ex.arg_dict["label"][:] = x, y
         out = ex.forward(is_train=True)[0].asnumpy()
@@ -87,8 +89,9 @@ def test_check_grad_checks_the_loss_layer_against_the_loss_it_differentiates():
         weight = 3.0 * y + (1 - y)
         return float(-(weight * (y * np.log(p) + (1 - y) * np.log(1 - p))).sum() / len(p))
 
-    assert check_grad(loss_layer.weighted_sigmoid, x, y, argnums=["data"], loss=weighted_bce,
-                      pos_weight=3.0).passed
+    assert check_grad(
+        loss_layer.weighted_sigmoid, x, y, argnums=["data"], loss=weighted_bce, pos_weight=3.0
+    ).passed
 
 
 # ---- the sampler (four named outputs, no gradient, NumPy's RNG) -----------------------------
@@ -118,8 +121,11 @@ class _Sampler(mx.gluon.HybridBlock):
 def _run_sampler(original, path, rois, gt, seed):
     if path == "sym":
         r, g = mx.sym.var("rois"), mx.sym.var("gt_boxes")
-        s = (mx.sym.Custom(r, g, op_type="porting_proposal_target", name="pt", **PARAMS)
-             if original else sampler.proposal_target(r, g, name="pt", **PARAMS))
+        s = (
+            mx.sym.Custom(r, g, op_type="porting_proposal_target", name="pt", **PARAMS)
+            if original
+            else sampler.proposal_target(r, g, name="pt", **PARAMS)
+        )
         ex = s.simple_bind(mx.cpu(), rois=rois.shape, gt_boxes=gt.shape)
         ex.arg_dict["rois"][:], ex.arg_dict["gt_boxes"][:] = rois, gt
         np.random.seed(seed)
@@ -165,10 +171,12 @@ NUM_HIDDEN, STEPS = 3, 2
 
 def _margin_inputs():
     rng = np.random.RandomState(2)
-    return (rng.normal(size=(4, 5)).astype(np.float32),
-            rng.randint(0, NUM_HIDDEN, size=4).astype(np.float32),
-            rng.normal(size=(NUM_HIDDEN, 5)).astype(np.float32),
-            rng.normal(size=(4, NUM_HIDDEN)).astype(np.float32))
+    return (
+        rng.normal(size=(4, 5)).astype(np.float32),
+        rng.randint(0, NUM_HIDDEN, size=4).astype(np.float32),
+        rng.normal(size=(NUM_HIDDEN, 5)).astype(np.float32),
+        rng.normal(size=(4, NUM_HIDDEN)).astype(np.float32),
+    )
 
 
 def _margin_reference(x, y, w, head, step, scale=16.0, margin=0.35, base=100.0, gamma=0.5):
@@ -179,8 +187,11 @@ def _margin_reference(x, y, w, head, step, scale=16.0, margin=0.35, base=100.0, 
     m = margin / (1 + max(0.0, base / (1 + gamma * step)))
     out = scale * (xh @ wh.T - m * np.eye(NUM_HIDDEN)[y.astype(int)])
     g, h = scale * head @ wh, scale * head.T @ xh
-    return (out, (g - xh * (g * xh).sum(1, keepdims=True)) / xn,
-            (h - wh * (h * wh).sum(1, keepdims=True)) / wn)
+    return (
+        out,
+        (g - xh * (g * xh).sum(1, keepdims=True)) / xn,
+        (h - wh * (h * wh).sum(1, keepdims=True)) / wn,
+    )
 
 
 class _Margin(mx.gluon.HybridBlock):
@@ -188,15 +199,16 @@ class _Margin(mx.gluon.HybridBlock):
         super().__init__(**kwargs)
         self.original = original
         with self.name_scope():
-            self.weight = self.params.get("weight", shape=(NUM_HIDDEN, 0),
-                                          allow_deferred_init=True)
-            self.iteration = self.params.get("iteration", shape=(1,), init=mx.init.Zero(),
-                                             grad_req="null")
+            self.weight = self.params.get("weight", shape=(NUM_HIDDEN, 0), allow_deferred_init=True)
+            self.iteration = self.params.get(
+                "iteration", shape=(1,), init=mx.init.Zero(), grad_req="null"
+            )
 
     def hybrid_forward(self, F, x, y, weight, iteration):
         if self.original:
-            return F.Custom(x, y, weight, iteration, op_type="porting_margin_cosine",
-                            num_hidden=NUM_HIDDEN)
+            return F.Custom(
+                x, y, weight, iteration, op_type="porting_margin_cosine", num_hidden=NUM_HIDDEN
+            )
         return weighted_op.margin_cosine(x, y, weight, iteration, num_hidden=NUM_HIDDEN)
 
 
@@ -206,22 +218,44 @@ def _run_margin(original, path, x, y, w, head):
     if path == "sym":  # Module, bound without the weight's shape
         data, label, heads = mx.sym.var("data"), mx.sym.var("label"), mx.sym.var("head")
         weight = mx.sym.var("fc_weight")
-        out = (mx.sym.Custom(data, label, weight, op_type="porting_margin_cosine",
-                             num_hidden=NUM_HIDDEN, name="fc") if original else
-               weighted_op.margin_cosine(data, label, weight, num_hidden=NUM_HIDDEN, name="fc"))
+        out = (
+            mx.sym.Custom(
+                data,
+                label,
+                weight,
+                op_type="porting_margin_cosine",
+                num_hidden=NUM_HIDDEN,
+                name="fc",
+            )
+            if original
+            else weighted_op.margin_cosine(data, label, weight, num_hidden=NUM_HIDDEN, name="fc")
+        )
         loss = mx.sym.MakeLoss(mx.sym.sum(out * heads))
-        mod = mx.mod.Module(mx.sym.Group([loss, mx.sym.BlockGrad(out)]),
-                            data_names=["data", "head"], label_names=["label"])
-        mod.bind(data_shapes=[("data", x.shape), ("head", head.shape)],
-                 label_shapes=[("label", y.shape)], inputs_need_grad=True)
-        mod.init_params(arg_params={"fc_weight": mx.nd.array(w)},
-                        aux_params={"fc_iteration": mx.nd.zeros((1,))})
+        mod = mx.mod.Module(
+            mx.sym.Group([loss, mx.sym.BlockGrad(out)]),
+            data_names=["data", "head"],
+            label_names=["label"],
+        )
+        mod.bind(
+            data_shapes=[("data", x.shape), ("head", head.shape)],
+            label_shapes=[("label", y.shape)],
+            inputs_need_grad=True,
+        )
+        mod.init_params(
+            arg_params={"fc_weight": mx.nd.array(w)}, aux_params={"fc_iteration": mx.nd.zeros((1,))}
+        )
         ex = mod._exec_group.execs[0]
         for _ in range(STEPS):
-            mod.forward_backward(mx.io.DataBatch([mx.nd.array(x), mx.nd.array(head)],
-                                                 [mx.nd.array(y)]))
-            steps.append((mod.get_outputs()[1].asnumpy(), mod.get_input_grads()[0].asnumpy(),
-                          ex.grad_dict["fc_weight"].asnumpy()))
+            mod.forward_backward(
+                mx.io.DataBatch([mx.nd.array(x), mx.nd.array(head)], [mx.nd.array(y)])
+            )
+            steps.append(
+                (
+                    mod.get_outputs()[1].asnumpy(),
+                    mod.get_input_grads()[0].asnumpy(),
+                    ex.grad_dict["fc_weight"].asnumpy(),
+                )
+            )
         mx.nd.waitall()
         return steps, ex.aux_dict["fc_iteration"].asnumpy()
     net = _Margin(original)

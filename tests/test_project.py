@@ -1,4 +1,5 @@
 """Item 9: the skeleton a new user meets: README blocks, demo, packaging, commands."""
+
 import doctest
 import importlib
 import importlib.util
@@ -18,8 +19,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _install_check():
-    spec = importlib.util.spec_from_file_location("install_check",
-                                                  ROOT / ".ci" / "install_check.py")
+    spec = importlib.util.spec_from_file_location(
+        "install_check", ROOT / ".ci" / "install_check.py"
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -40,8 +42,9 @@ def test_every_readme_block_runs_and_prints_what_the_readme_shows(tmp_path):
             continue
         script = tmp_path / "block.py"
         script.write_text(block.code)
-        out = fresh.run([sys.executable, str(script)], capture_output=True, text=True,
-                        timeout=120, cwd=tmp_path)
+        out = fresh.run(
+            [sys.executable, str(script)], capture_output=True, text=True, timeout=120, cwd=tmp_path
+        )
         assert out.returncode == 0, (block.name, out.stderr)
         assert block.prints is not None, f"{block.name}: show what it prints"
         assert out.stdout.strip() == block.prints.strip(), (block.name, out.stdout)
@@ -64,11 +67,15 @@ def test_every_docstring_example_runs():
 
 def test_readme_fragment_marker_is_read(tmp_path):
     check = _install_check()
-    text = ("# t\n\n## A\n\n<!-- fragment -->\n\n```python\nundefined_name\n```\n\n"
-            "## B\n\n```python\nprint(1)\n```\n\nIt prints:\n\n```text\n1\n```\n")
+    text = (
+        "# t\n\n## A\n\n<!-- fragment -->\n\n```python\nundefined_name\n```\n\n"
+        "## B\n\n```python\nprint(1)\n```\n\nIt prints:\n\n```text\n1\n```\n"
+    )
     blocks = check.readme_blocks(text)
     assert [(b.name, b.fragment, b.prints) for b in blocks] == [
-        ("A #1", True, None), ("B #1", False, "1\n")]
+        ("A #1", True, None),
+        ("B #1", False, "1\n"),
+    ]
 
 
 def test_check_command_of_the_docs_runs_as_written(tmp_path):
@@ -79,8 +86,14 @@ def test_check_command_of_the_docs_runs_as_written(tmp_path):
     page = (ROOT / "docs" / "howto" / "check_loss_gradient.md").read_text()
     command = re.search(r"```sh\n(python -m customop\.check .*?)\n```", page, re.S).group(1)
     argv = re.sub(r"\[.*?\]", "", command.replace("\\\n", " ")).split()[1:]
-    out = fresh.run([sys.executable, *argv], capture_output=True, text=True, timeout=120,
-                    cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    out = fresh.run(
+        [sys.executable, *argv],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     assert "check_grad 'my_module.my_softmax': passed" in out.stdout
     assert "skipped: integer input, not differentiable" in out.stdout
@@ -146,12 +159,19 @@ SMOKE = {
 @pytest.fixture(scope="module")
 def benchmark_runs(request):
     def run(script):
-        return lambda: fresh.run([sys.executable, f"benchmarks/{script}", *SMOKE[script]],
-                                 cwd=ROOT, capture_output=True, text=True, timeout=240)
+        return lambda: fresh.run(
+            [sys.executable, f"benchmarks/{script}", *SMOKE[script]],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=240,
+        )
 
     # the slowest first: they finish while the quick ones run on the other core
-    scripts = sorted(concurrently.selected(request, "script"),
-                     key=lambda s: s not in ("native_graphs.py", "fork_cost.py", "bind_cost.py"))
+    scripts = sorted(
+        concurrently.selected(request, "script"),
+        key=lambda s: s not in ("native_graphs.py", "fork_cost.py", "bind_cost.py"),
+    )
     runs = concurrently.run_selected({script: run(script) for script in scripts})
     yield runs
     runs.wait()
@@ -167,25 +187,39 @@ def test_benchmark_runs_and_checks_its_variants(script, benchmark_runs):
     assert proc.returncode == 0, proc.stderr
     assert "every variant matches native" in proc.stderr
     variants = {line.split()[3] for line in proc.stdout.splitlines() if line.startswith("x*x ")}
-    assert {"native", "handwritten", "ag.Function", "hips", "mx/default", "mx/direct",
-            "mx/function", "mx/custom", "mx/nd.Custom", "np/default", "np/custom"} <= variants
+    assert {
+        "native",
+        "handwritten",
+        "ag.Function",
+        "hips",
+        "mx/default",
+        "mx/direct",
+        "mx/function",
+        "mx/custom",
+        "mx/nd.Custom",
+        "np/default",
+        "np/custom",
+    } <= variants
     assert "allocator: MALLOC_MMAP_THRESHOLD_" in proc.stdout and "Targets:" in proc.stdout
 
 
 @pytest.mark.benchmarks
-@pytest.mark.parametrize("script, expect", [
-    ("losses.py", "wing_loss"),
-    ("detection.py", "ohem_sampler"),
-    ("residuals.py", "arc_margin"),
-    ("fork_cost.py", "fork patch"),
-    ("bind_cost.py", "binds patch"),
-    ("bind_cost.py", "new box count"),
-    ("imperative.py", "graph path (default)"),
-    ("imperative.py", "not recorded: one forward per call"),
-    ("aux_rules.py", "| 'local' |"),
-    ("native_graphs.py", "exported (all inlined)"),
-    ("transposed_forms.py", "| MXNet's square(x): backward g * (2 * x) | yes |"),
-])
+@pytest.mark.parametrize(
+    "script, expect",
+    [
+        ("losses.py", "wing_loss"),
+        ("detection.py", "ohem_sampler"),
+        ("residuals.py", "arc_margin"),
+        ("fork_cost.py", "fork patch"),
+        ("bind_cost.py", "binds patch"),
+        ("bind_cost.py", "new box count"),
+        ("imperative.py", "graph path (default)"),
+        ("imperative.py", "not recorded: one forward per call"),
+        ("aux_rules.py", "| 'local' |"),
+        ("native_graphs.py", "exported (all inlined)"),
+        ("transposed_forms.py", "| MXNet's square(x): backward g * (2 * x) | yes |"),
+    ],
+)
 def test_operator_benchmarks_run(script, expect, benchmark_runs):
     proc = benchmark_runs[script]
     assert proc.returncode == 0, proc.stderr

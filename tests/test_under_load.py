@@ -3,6 +3,7 @@
 Each test starts its own CPU hogs (busy Python processes, one more than the cores) and ends
 them by pid, whatever happens; the work under test runs in children under timeouts.
 """
+
 import contextlib
 import os
 import signal
@@ -35,8 +36,11 @@ def test_fork_soak_beside_cpu_hogs(run):
     assert rc == 0 and "forks ok 200" in out, out[-3000:]
 
 
-THREAD_AND_ERROR_TESTS = ["tests/customop/test_errors.py", "tests/customop/test_reliability.py",
-                          "tests/customop/test_multidevice.py"]
+THREAD_AND_ERROR_TESTS = [
+    "tests/customop/test_errors.py",
+    "tests/customop/test_reliability.py",
+    "tests/customop/test_multidevice.py",
+]
 
 
 @pytest.mark.soak
@@ -44,10 +48,8 @@ def test_thread_and_error_tests_pass_20_times_beside_cpu_hogs():
     failures = []
     with cpu_hogs():
         for run in range(20):
-            args = ["-q", "-x", "-m", "not soak", "-p", "no:cacheprovider",
-                    *THREAD_AND_ERROR_TESTS]
-            rc, out = run_child(f"import sys, pytest\nsys.exit(pytest.main({args!r}))",
-                                timeout=900)
+            args = ["-q", "-x", "-m", "not soak", "-p", "no:cacheprovider", *THREAD_AND_ERROR_TESTS]
+            rc, out = run_child(f"import sys, pytest\nsys.exit(pytest.main({args!r}))", timeout=900)
             if rc != 0:
                 failures.append((run, out[-2000:]))
     assert failures == []

@@ -3,6 +3,7 @@
 ``report`` holds what a check found, ``numeric`` the three gradients it
 compares, ``grad`` the check itself and ``cli`` the command line.
 """
+
 from .grad import check_grad
 from .report import (
     ARGNUM_SKIP,
@@ -16,8 +17,19 @@ from .report import (
     Tolerance,
 )
 
-__all__ = ["check_grad", "GradReport", "GradRow", "Tolerance", "TOLERANCES", "COMPARISONS",
-           "GRAPH_COMPARISON", "INTEGER_SKIP", "ARGNUM_SKIP", "NO_GRAD_SKIP", "main"]
+__all__ = [
+    "check_grad",
+    "GradReport",
+    "GradRow",
+    "Tolerance",
+    "TOLERANCES",
+    "COMPARISONS",
+    "GRAPH_COMPARISON",
+    "INTEGER_SKIP",
+    "ARGNUM_SKIP",
+    "NO_GRAD_SKIP",
+    "main",
+]
 
 
 def main(argv=None) -> int:

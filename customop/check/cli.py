@@ -3,6 +3,7 @@
 Exit status: 0 when every comparison passes, 1 when one fails, 2 for a usage
 error (one line on stderr).  ``python -m customop.check --help`` lists every option.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -44,8 +45,10 @@ def _ranges(text: str) -> list[tuple[float, float]]:
     for part in text.split(","):
         low, sep, high = part.partition(":")
         if not sep:
-            raise ValueError("expected LOW:HIGH (e.g. 0:1), or one LOW:HIGH per position of "
-                             "the last axis, comma-separated")
+            raise ValueError(
+                "expected LOW:HIGH (e.g. 0:1), or one LOW:HIGH per position of "
+                "the last axis, comma-separated"
+            )
         lo, hi = float(low), float(high)
         if not lo < hi:
             raise ValueError(f"LOW must be below HIGH, got {part}")
@@ -77,47 +80,102 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m customop.check",
         description="Check an operator's gradients on random inputs: the imperative "
-                    "(mx.autograd) and symbolic (bound executor) gradients against float64 "
-                    "central differences (see customop.check_grad).",
+        "(mx.autograd) and symbolic (bound executor) gradients against float64 "
+        "central differences (see customop.check_grad).",
         epilog=EXIT_CODES + "\n\nexample:\n  python -m customop.check my_ops:my_softmax "
-               "--shape x=8,5 --shape y=8 --dtype y=int32 --int-high y=5",
-        formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("target", help="MODULE:NAME of a customop, an mx.sym.Symbol or a "
-                   "function building one (e.g. mxnet.symbol:smooth_l1); MODULE is imported "
-                   "with the current directory on sys.path")
-    p.add_argument("--shape", action="append", metavar="NAME=D1,D2",
-                   help="shape of an input (empty for a scalar); one flag per input, in order; "
-                   "an optional input (optional=) without a --shape is left out")
-    p.add_argument("--dtype", action="append", metavar="NAME=DTYPE",
-                   help="dtype of an input (default float32); integer inputs are not checked")
-    p.add_argument("--int-high", action="append", metavar="NAME=N",
-                   help="integer inputs are uniform in [0, N) (default 2)")
-    p.add_argument("--range", action="append", metavar="NAME=LOW:HIGH[,LOW:HIGH...]",
-                   help="a float input uniform in [LOW, HIGH) instead of standard normal "
-                   "(default); several ranges, comma-separated, one per position of the last "
-                   "axis: boxes (x1, y1, x2, y2) that are never inverted are "
-                   "--range boxes=0:1,0:1,2:3,2:3")
-    p.add_argument("--param", action="append", metavar="KEY=VALUE",
-                   help="operator parameter, a Python literal (0.25, 'a', (1, 2), True); a "
-                   "bare word is a string, accepted only where the parameter's default is one")
-    p.add_argument("--wrt", action="append", metavar="NAME",
-                   help="check only these inputs (default: every float input not declared "
-                   "no_grad)")
-    p.add_argument("--output-layer", action="store_true", default=None,
-                   help="check with ones heads, the gradient of sum(outputs) (default for "
-                   "need_top_grad=False ops)")
-    p.add_argument("--seed", type=int, default=0, metavar="N",
-                   help="seed of the random inputs and head gradients (default 0)")
-    p.add_argument("--num-heads", type=int, default=3, metavar="N",
-                   help="random head-gradient draws compared (default 3)")
-    p.add_argument("--eps", type=float, default=None, metavar="H",
-                   help="finite-difference step (default by dtype: float16 1e-3, float32 1e-4, "
-                   "float64 1e-6)")
-    p.add_argument("--rtol", type=float, default=None, metavar="R",
-                   help="relative tolerance (default by dtype: 1e-2, 1e-3, 1e-5)")
-    p.add_argument("--atol", type=float, default=None, metavar="A",
-                   help="absolute tolerance (default by dtype: 1e-2, 1e-5, 1e-8); an error "
-                   "passes when |got - want| <= atol + rtol * |want|")
+        "--shape x=8,5 --shape y=8 --dtype y=int32 --int-high y=5",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "target",
+        help="MODULE:NAME of a customop, an mx.sym.Symbol or a "
+        "function building one (e.g. mxnet.symbol:smooth_l1); MODULE is imported "
+        "with the current directory on sys.path",
+    )
+    p.add_argument(
+        "--shape",
+        action="append",
+        metavar="NAME=D1,D2",
+        help="shape of an input (empty for a scalar); one flag per input, in order; "
+        "an optional input (optional=) without a --shape is left out",
+    )
+    p.add_argument(
+        "--dtype",
+        action="append",
+        metavar="NAME=DTYPE",
+        help="dtype of an input (default float32); integer inputs are not checked",
+    )
+    p.add_argument(
+        "--int-high",
+        action="append",
+        metavar="NAME=N",
+        help="integer inputs are uniform in [0, N) (default 2)",
+    )
+    p.add_argument(
+        "--range",
+        action="append",
+        metavar="NAME=LOW:HIGH[,LOW:HIGH...]",
+        help="a float input uniform in [LOW, HIGH) instead of standard normal "
+        "(default); several ranges, comma-separated, one per position of the last "
+        "axis: boxes (x1, y1, x2, y2) that are never inverted are "
+        "--range boxes=0:1,0:1,2:3,2:3",
+    )
+    p.add_argument(
+        "--param",
+        action="append",
+        metavar="KEY=VALUE",
+        help="operator parameter, a Python literal (0.25, 'a', (1, 2), True); a "
+        "bare word is a string, accepted only where the parameter's default is one",
+    )
+    p.add_argument(
+        "--wrt",
+        action="append",
+        metavar="NAME",
+        help="check only these inputs (default: every float input not declared no_grad)",
+    )
+    p.add_argument(
+        "--output-layer",
+        action="store_true",
+        default=None,
+        help="check with ones heads, the gradient of sum(outputs) (default for "
+        "need_top_grad=False ops)",
+    )
+    p.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        metavar="N",
+        help="seed of the random inputs and head gradients (default 0)",
+    )
+    p.add_argument(
+        "--num-heads",
+        type=int,
+        default=3,
+        metavar="N",
+        help="random head-gradient draws compared (default 3)",
+    )
+    p.add_argument(
+        "--eps",
+        type=float,
+        default=None,
+        metavar="H",
+        help="finite-difference step (default by dtype: float16 1e-3, float32 1e-4, float64 1e-6)",
+    )
+    p.add_argument(
+        "--rtol",
+        type=float,
+        default=None,
+        metavar="R",
+        help="relative tolerance (default by dtype: 1e-2, 1e-3, 1e-5)",
+    )
+    p.add_argument(
+        "--atol",
+        type=float,
+        default=None,
+        metavar="A",
+        help="absolute tolerance (default by dtype: 1e-2, 1e-5, 1e-8); an error "
+        "passes when |got - want| <= atol + rtol * |want|",
+    )
     return p
 
 
@@ -129,9 +187,11 @@ def _check_param_types(op: CustomOperator, raw: dict[str, str], params: dict[str
         default = op.signature.defaults.get(key)
         if not _same_kind(value, default):
             what = "" if _is_literal(raw[key]) else " (not a Python literal, so a string)"
-            raise ValueError(f"--param {key}={raw[key]}: parameter {key!r} of "
-                             f"{errors.shown(op.op_type)!r} takes a {type(default).__name__} "
-                             f"(default {default!r}), got {value!r}{what}")
+            raise ValueError(
+                f"--param {key}={raw[key]}: parameter {key!r} of "
+                f"{errors.shown(op.op_type)!r} takes a {type(default).__name__} "
+                f"(default {default!r}), got {value!r}{what}"
+            )
 
 
 def _same_kind(value: Any, default: Any) -> bool:
@@ -165,8 +225,10 @@ def _random_inputs(names, shapes, dtypes, highs, seed, ranges=None) -> list[np.n
         elif name in ranges:
             shape, found = shapes[name], ranges[name]
             if len(found) > 1 and (not shape or shape[-1] != len(found)):
-                raise ValueError(f"--range {name}: {len(found)} ranges, one per position of "
-                                 f"the last axis, but {name}'s shape is {shape}")
+                raise ValueError(
+                    f"--range {name}: {len(found)} ranges, one per position of "
+                    f"the last axis, but {name}'s shape is {shape}"
+                )
             lo = np.array([r[0] for r in found]) if len(found) > 1 else found[0][0]
             hi = np.array([r[1] for r in found]) if len(found) > 1 else found[0][1]
             out.append((lo + (hi - lo) * rng.uniform(size=shape)).astype(dtype))
@@ -186,9 +248,11 @@ def _cli_names(obj: Any, shapes: dict[str, Any]) -> list[str]:
     missing = [n for n in names if n not in shapes and n not in optional]
     extra = [n for n in shapes if n not in names]
     if missing or extra:
-        raise ValueError(f"the inputs are {', '.join(names)}; give exactly one --shape each"
-                         + (f" (missing: {', '.join(missing)})" if missing else "")
-                         + (f" (unknown: {', '.join(extra)})" if extra else ""))
+        raise ValueError(
+            f"the inputs are {', '.join(names)}; give exactly one --shape each"
+            + (f" (missing: {', '.join(missing)})" if missing else "")
+            + (f" (unknown: {', '.join(extra)})" if extra else "")
+        )
     return [n for n in names if n in shapes]  # optional inputs without a --shape: left out
 
 
@@ -230,13 +294,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.wrt:
         argnums = [names.index(n) if n in names else n for n in args.wrt]
     try:
-        report = check_grad(obj, *inputs, argnums=argnums, eps=args.eps, rtol=args.rtol,
-                            atol=args.atol, output_layer=args.output_layer, seed=args.seed,
-                            num_heads=args.num_heads, **params)
+        report = check_grad(
+            obj,
+            *inputs,
+            argnums=argnums,
+            eps=args.eps,
+            rtol=args.rtol,
+            atol=args.atol,
+            output_layer=args.output_layer,
+            seed=args.seed,
+            num_heads=args.num_heads,
+            **params,
+        )
     except AssertionError as exc:
         print(exc)
         return 1
     print(report)
     return 0
-
-

@@ -20,6 +20,7 @@ The command line runs the same check on random inputs::
     python -m customop.check my_ops:focal --shape x=4,5 --shape y=4 \\
         --dtype y=int32 --int-high y=5 --param alpha=0.25
 """
+
 from __future__ import annotations
 
 import typing
@@ -63,11 +64,20 @@ Loss = typing.Callable[[typing.List[np.ndarray], typing.List[np.ndarray]], float
 # (typing's generics: evaluated at run time, and Python 3.8 has no list[...])
 
 
-def check_grad(op: Any, *inputs: Any, argnums: Sequence[int | str] | None = None,
-               eps: float | None = None, rtol: float | None = None, atol: float | None = None,
-               output_layer: bool | None = None, loss: Loss | None = None, seed: int = 0,
-               num_heads: int = 3, ctx: mx.Context | None = None,
-               **params: Any) -> GradReport:
+def check_grad(
+    op: Any,
+    *inputs: Any,
+    argnums: Sequence[int | str] | None = None,
+    eps: float | None = None,
+    rtol: float | None = None,
+    atol: float | None = None,
+    output_layer: bool | None = None,
+    loss: Loss | None = None,
+    seed: int = 0,
+    num_heads: int = 3,
+    ctx: mx.Context | None = None,
+    **params: Any,
+) -> GradReport:
     """Check an operator's gradients against float64 finite differences, through MXNet.
 
     ``op`` is a :func:`customop` operator, an ``mx.sym.Symbol`` or a tuple of
@@ -121,34 +131,46 @@ def check_grad(op: Any, *inputs: Any, argnums: Sequence[int | str] | None = None
     arrays = [to_numpy(a) for a in inputs]
     ctx = ctx or next((a.context for a in inputs if isinstance(a, mx.nd.NDArray)), mx.cpu())
     target = make_target(op, arrays, params, ctx)
-    arrays = arrays[:len(target.names)]  # auxiliary states, if given, are the target's
+    arrays = arrays[: len(target.names)]  # auxiliary states, if given, are the target's
     # By default an input the operator declares no_grad is not checked; asked for, it is.
     skip = target.no_grad if argnums is None else frozenset()
-    wrt = [i for i in _resolve_argnums(argnums, target.names)
-           if floating(arrays[i]) and target.names[i] not in skip]
+    wrt = [
+        i
+        for i in _resolve_argnums(argnums, target.names)
+        if floating(arrays[i]) and target.names[i] not in skip
+    ]
     output_layer = _resolve_output_layer(op, output_layer, loss)
     tols = {i: _tolerance(arrays[i].dtype, eps, rtol, atol) for i in wrt}
-    heads_list, heads_text = _heads(target.run64(with_float64(arrays)), arrays, output_layer,
-                                    loss, num_heads, seed)
+    heads_list, heads_text = _heads(
+        target.run64(with_float64(arrays)), arrays, output_layer, loss, num_heads, seed
+    )
 
     graph = _has_imperative_graph(op, arrays, params)
-    results, inlined = (_run_comparisons(target, arrays, wrt, tols, heads_list, loss, ctx,
-                                         graph) if wrt else ({}, False))
-    report = GradReport(target.label, heads_text,
-                        _rows(target.names, arrays, wrt, results, skip))
+    results, inlined = (
+        _run_comparisons(target, arrays, wrt, tols, heads_list, loss, ctx, graph)
+        if wrt
+        else ({}, False)
+    )
+    report = GradReport(target.label, heads_text, _rows(target.names, arrays, wrt, results, skip))
     if inlined:
-        report.notes.append("symbolic: the bound graph ran as MXNet's own operators (inlined, "
-                            "gradient closures transposed; customop.explain); imperative: "
-                            "the Custom node")
+        report.notes.append(
+            "symbolic: the bound graph ran as MXNet's own operators (inlined, "
+            "gradient closures transposed; customop.explain); imperative: "
+            "the Custom node"
+        )
     if graph and wrt:
-        report.notes.append("graph: the imperative call's native graph (what record() runs "
-                            "from a signature's second call), compared with the imperative "
-                            "call's closures")
+        report.notes.append(
+            "graph: the imperative call's native graph (what record() runs "
+            "from a signature's second call), compared with the imperative "
+            "call's closures"
+        )
     if target.run_nd is None and wrt:
         report.notes.append("no imperative check: the symbol has auxiliary states")
     if not report.passed and output_layer and loss is None:
-        report.notes.append("an output layer is compared with d sum(outputs) / d input; if its "
-                            "output is not its loss (SoftmaxOutput: probabilities), pass loss=")
+        report.notes.append(
+            "an output layer is compared with d sum(outputs) / d input; if its "
+            "output is not its loss (SoftmaxOutput: probabilities), pass loss="
+        )
     if not report.passed:
         raise AssertionError(str(report))
     return report
@@ -159,21 +181,31 @@ def _has_imperative_graph(op: Any, arrays, params) -> bool:
     if not isinstance(op, CustomOperator) or imperative.eligible(op) or op.variants:
         return False
     shapes, dtypes = [a.shape for a in arrays], [a.dtype for a in arrays]
-    return len(arrays) == len(op.signature.inputs) and native.native_graph(
-        op, params, shapes, dtypes, native.TRAIN).inlines
+    return (
+        len(arrays) == len(op.signature.inputs)
+        and native.native_graph(op, params, shapes, dtypes, native.TRAIN).inlines
+    )
 
 
 def _run_comparisons(target, arrays, wrt, tols, heads_list, loss, ctx, graph=False):
     """The worst row over all head draws, by (input index, comparison)."""
     names = target.names
-    numeric = {i: numeric_grads(target.run64, arrays, i, tols[i].eps, heads_list, loss)
-               for i in wrt}
-    ex = bind(target.symbol, names, arrays, ctx,
-               {n: "write" if i in wrt else "null" for i, n in enumerate(names)})
+    numeric = {
+        i: numeric_grads(target.run64, arrays, i, tols[i].eps, heads_list, loss) for i in wrt
+    }
+    ex = bind(
+        target.symbol,
+        names,
+        arrays,
+        ctx,
+        {n: "write" if i in wrt else "null" for i, n in enumerate(names)},
+    )
     results: dict[tuple[int, str], GradRow] = {}
     for h, heads in enumerate(heads_list):
-        grads = {"numeric": {i: numeric[i][h] for i in wrt},
-                 "symbolic": symbolic_grads(ex, names, arrays, heads, wrt, ctx, target.aux)}
+        grads = {
+            "numeric": {i: numeric[i][h] for i in wrt},
+            "symbolic": symbolic_grads(ex, names, arrays, heads, wrt, ctx, target.aux),
+        }
         if target.run_nd is not None:
             with forced_path("native"):  # the closures (or MXNet's recorded forward)
                 grads["imperative"] = imperative_grads(target, arrays, heads, wrt, ctx)
@@ -184,8 +216,9 @@ def _run_comparisons(target, arrays, wrt, tols, heads_list, loss, ctx, graph=Fal
             for comparison in (*COMPARISONS, GRAPH_COMPARISON):
                 got, want = comparison.split(" vs ")
                 if got in grads:
-                    found = row(names[i], arrays[i], comparison, tols[i],
-                                grads[got][i], grads[want][i])
+                    found = row(
+                        names[i], arrays[i], comparison, tols[i], grads[got][i], grads[want][i]
+                    )
                     results[i, comparison] = worse(results.get((i, comparison)), found)
     return results, hasattr(ex, "customop_inlined")
 
@@ -194,11 +227,15 @@ def _rows(names, arrays, wrt, results, no_grad=frozenset()) -> list[GradRow]:
     rows = []
     for i, (name, a) in enumerate(zip(names, arrays)):
         if i in wrt:
-            rows += [results[i, c] for c in (*COMPARISONS, GRAPH_COMPARISON)
-                     if (i, c) in results]
+            rows += [results[i, c] for c in (*COMPARISONS, GRAPH_COMPARISON) if (i, c) in results]
         else:
-            status = (INTEGER_SKIP if not floating(a) else NO_GRAD_SKIP if name in no_grad
-                      else ARGNUM_SKIP)
+            status = (
+                INTEGER_SKIP
+                if not floating(a)
+                else NO_GRAD_SKIP
+                if name in no_grad
+                else ARGNUM_SKIP
+            )
             rows.append(GradRow(name, a.shape, str(a.dtype), status=status))
     return rows
 
@@ -215,8 +252,15 @@ def _heads(outs, arrays, output_layer, loss, num_heads, seed):
     floats = [a.dtype for a in arrays if floating(a)]
     low = min(floats, key=lambda d: d.itemsize) if floats else np.dtype(np.float32)
     rng = np.random.RandomState(seed)
-    draws = [[rng.normal(size=o.shape).astype(low).astype(np.float64) if floating(o)
-              else np.zeros(o.shape) for o in outs] for _ in range(num_heads)]
+    draws = [
+        [
+            rng.normal(size=o.shape).astype(low).astype(np.float64)
+            if floating(o)
+            else np.zeros(o.shape)
+            for o in outs
+        ]
+        for _ in range(num_heads)
+    ]
     return draws, f"{num_heads} random draw{'s' if num_heads > 1 else ''}, seed {seed}"
 
 
@@ -229,8 +273,10 @@ def _resolve_argnums(argnums, names: list[str]) -> list[int]:
     for a in argnums:
         i = names.index(a) if isinstance(a, str) and a in names else a
         if not isinstance(i, int) or not 0 <= i < len(names):
-            raise ValueError(f"check_grad: argnums entry {a!r} is not an input; the inputs are "
-                             f"{', '.join(f'{k}={n}' for k, n in enumerate(names))}")
+            raise ValueError(
+                f"check_grad: argnums entry {a!r} is not an input; the inputs are "
+                f"{', '.join(f'{k}={n}' for k, n in enumerate(names))}"
+            )
         out.append(i)
     return sorted(set(out))
 
@@ -240,14 +286,17 @@ def _resolve_output_layer(op, output_layer, loss) -> bool:
     if output_layer is None:
         output_layer = default or loss is not None
     if loss is not None and not output_layer:
-        raise ValueError("check_grad: loss= describes an output layer; it cannot be combined "
-                         "with output_layer=False")
+        raise ValueError(
+            "check_grad: loss= describes an output layer; it cannot be combined "
+            "with output_layer=False"
+        )
     return bool(output_layer)
 
 
 def _tolerance(dtype, eps, rtol, atol) -> Tolerance:
     base = TOLERANCES.get(np.dtype(dtype), TOLERANCES[np.dtype(np.float32)])
-    return Tolerance(base.eps if eps is None else eps, base.rtol if rtol is None else rtol,
-                     base.atol if atol is None else atol)
-
-
+    return Tolerance(
+        base.eps if eps is None else eps,
+        base.rtol if rtol is None else rtol,
+        base.atol if atol is None else atol,
+    )

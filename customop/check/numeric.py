@@ -1,5 +1,6 @@
 """The three gradients a check compares: imperative (``mx.autograd``), symbolic (a bound
 executor) and numeric (central finite differences of a float64 forward), and what they run."""
+
 from __future__ import annotations
 
 import functools
@@ -34,15 +35,19 @@ def make_target(obj: Any, arrays: list[np.ndarray], params: dict[str, Any], ctx)
         obj = mx.sym.Group(list(obj))  # the outputs of a multi-output customop symbol
     if isinstance(obj, mx.sym.Symbol):
         if params:
-            raise TypeError(f"check_grad: a Symbol is already built; got parameters "
-                            f"{sorted(params)} (pass parameters with a symbol function instead)")
+            raise TypeError(
+                f"check_grad: a Symbol is already built; got parameters "
+                f"{sorted(params)} (pass parameters with a symbol function instead)"
+            )
         return _symbol_target(obj, "symbol " + repr(obj.name), arrays, ctx)
     if callable(obj):
         names = _function_input_names(obj, len(arrays), params)
         sym = obj(*[mx.sym.var(n) for n in names], **params)
         return _symbol_target(sym, getattr(obj, "__name__", repr(obj)), arrays, ctx)
-    raise TypeError(f"check_grad checks a customop, an mx.sym.Symbol or a function building "
-                    f"one; got {type(obj).__name__}")
+    raise TypeError(
+        f"check_grad checks a customop, an mx.sym.Symbol or a function building "
+        f"one; got {type(obj).__name__}"
+    )
 
 
 def _custom_target(op: CustomOperator, arrays, params) -> _Target:
@@ -51,8 +56,10 @@ def _custom_target(op: CustomOperator, arrays, params) -> _Target:
     names = list(op.signature.inputs)
     aux = _aux_start(op, names, arrays, params)
     if len(arrays) != len(names) + (len(aux) if len(arrays) > len(names) else 0):
-        raise TypeError(f"check_grad: customop {errors.shown(op.op_type)!r} takes {len(names)} "
-                        f"input(s) ({', '.join(names)}), got {len(arrays)}")
+        raise TypeError(
+            f"check_grad: customop {errors.shown(op.op_type)!r} takes {len(names)} "
+            f"input(s) ({', '.join(names)}), got {len(arrays)}"
+        )
     out = _group(op(*[mx.sym.var(n) for n in names], **params))
 
     # Every evaluation starts from the same auxiliary states (an update in one must not
@@ -62,11 +69,19 @@ def _custom_target(op: CustomOperator, arrays, params) -> _Target:
         return list(outs) if isinstance(outs, tuple) else [outs]
 
     def run_nd(xs):
-        return op(*xs, *[mx.nd.array(a, ctx=xs[0].context, dtype=xs[0].dtype) for a in aux],
-                  **params)
+        return op(
+            *xs, *[mx.nd.array(a, ctx=xs[0].context, dtype=xs[0].dtype) for a in aux], **params
+        )
 
-    return _Target(repr(op.op_type), names, out, run_nd, _float64_errors(op.op_type, run64),
-                   dict(zip(out.list_auxiliary_states(), aux)), op.no_grad)
+    return _Target(
+        repr(op.op_type),
+        names,
+        out,
+        run_nd,
+        _float64_errors(op.op_type, run64),
+        dict(zip(out.list_auxiliary_states(), aux)),
+        op.no_grad,
+    )
 
 
 def _aux_start(op: CustomOperator, names, arrays, params) -> list[np.ndarray]:
@@ -74,8 +89,8 @@ def _aux_start(op: CustomOperator, names, arrays, params) -> list[np.ndarray]:
     if not op.signature.aux:
         return []
     if len(arrays) > len(names):
-        return [np.asarray(a) for a in arrays[len(names):]]
-    shapes = kernel.aux_shapes(op, [np.shape(a) for a in arrays[:len(names)]], params)
+        return [np.asarray(a) for a in arrays[len(names) :]]
+    shapes = kernel.aux_shapes(op, [np.shape(a) for a in arrays[: len(names)]], params)
     dtype = arrays[0].dtype if arrays else np.float32
     return [np.zeros(s, dtype) for s in shapes]
 
@@ -83,14 +98,17 @@ def _aux_start(op: CustomOperator, names, arrays, params) -> list[np.ndarray]:
 def _symbol_target(sym: mx.sym.Symbol, label: str, arrays, ctx) -> _Target:
     names = sym.list_arguments()
     if len(arrays) != len(names):
-        raise TypeError(f"check_grad: {label} has arguments {names}; pass {len(names)} "
-                        f"input(s) in that order, got {len(arrays)}")
+        raise TypeError(
+            f"check_grad: {label} has arguments {names}; pass {len(names)} "
+            f"input(s) in that order, got {len(arrays)}"
+        )
     run_nd = None
     if sym.list_inputs() == names:  # no auxiliary states: CachedOp runs it imperatively
         cached = mx.nd.CachedOp(sym)
 
         def run_nd(xs):
             return cached(*xs)
+
     ex = bind(sym, names, arrays, ctx, "null", float64=True)
 
     def run64(xs):
@@ -109,8 +127,12 @@ def _function_input_names(fn: Callable, n: int, params: dict[str, Any]) -> list[
         ps = list(inspect.signature(fn).parameters.values())[:n]
     except (TypeError, ValueError):
         ps = []
-    if len(ps) == n and all(p.kind == p.POSITIONAL_OR_KEYWORD and p.name not in params
-                            and p.name not in ("name", "attr", "out") for p in ps):
+    if len(ps) == n and all(
+        p.kind == p.POSITIONAL_OR_KEYWORD
+        and p.name not in params
+        and p.name not in ("name", "attr", "out")
+        for p in ps
+    ):
         return [p.name for p in ps]
     return [f"arg{i}" for i in range(n)]
 
@@ -121,10 +143,14 @@ def _float64_errors(label: str, run64):
         try:
             return run64(xs)
         except Exception as exc:
-            errors.add_context(exc, f"check_grad ran the forward of {label} on float64 inputs "
-                               "(finite differences need them); a forward that fixes its own "
-                               "dtype fails there")
+            errors.add_context(
+                exc,
+                f"check_grad ran the forward of {label} on float64 inputs "
+                "(finite differences need them); a forward that fixes its own "
+                "dtype fails there",
+            )
             raise
+
     return wrapped
 
 
@@ -135,9 +161,13 @@ def _group(out: Any) -> mx.sym.Symbol:
 def bind(sym, names, arrays, ctx, grad_req, float64=False):
     def dtype(a):
         return np.float64 if float64 and floating(a) else a.dtype
-    ex = sym.simple_bind(ctx, grad_req=grad_req,
-                         type_dict={n: dtype(a) for n, a in zip(names, arrays)},
-                         **{n: _mx_shape(a) for n, a in zip(names, arrays)})
+
+    ex = sym.simple_bind(
+        ctx,
+        grad_req=grad_req,
+        type_dict={n: dtype(a) for n, a in zip(names, arrays)},
+        **{n: _mx_shape(a) for n, a in zip(names, arrays)},
+    )
     for n, a in zip(names, arrays):
         ex.arg_dict[n][:] = a.reshape(_mx_shape(a)).astype(dtype(a))
     return ex
@@ -160,8 +190,9 @@ def symbolic_grads(ex, names, arrays, heads, wrt, ctx, aux) -> dict[int, np.ndar
         ex.aux_dict[name][:] = value
     ex.forward(is_train=True)
     ex.backward(out_grads=_mx_heads(heads, ex.outputs, ctx))
-    return {i: ex.grad_dict[names[i]].asnumpy().reshape(arrays[i].shape).astype(np.float64)
-            for i in wrt}
+    return {
+        i: ex.grad_dict[names[i]].asnumpy().reshape(arrays[i].shape).astype(np.float64) for i in wrt
+    }
 
 
 def numeric_grads(run64, arrays, i, eps, heads_list, loss) -> list[np.ndarray]:
@@ -213,7 +244,9 @@ def name_of(fn) -> str:
 
 
 def _mx_heads(heads, outs, ctx):
-    return [mx.nd.array(h.reshape(o.shape), ctx=ctx, dtype=o.dtype)
-            if np.issubdtype(np.dtype(o.dtype), np.floating)
-            else mx.nd.zeros(o.shape, ctx=ctx, dtype=o.dtype)
-            for h, o in zip(heads, outs)]
+    return [
+        mx.nd.array(h.reshape(o.shape), ctx=ctx, dtype=o.dtype)
+        if np.issubdtype(np.dtype(o.dtype), np.floating)
+        else mx.nd.zeros(o.shape, ctx=ctx, dtype=o.dtype)
+        for h, o in zip(heads, outs)
+    ]

@@ -1,4 +1,5 @@
 """What a gradient check found: tolerances, one row per input and comparison, the report table."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -83,13 +84,24 @@ class GradReport:
     def __str__(self) -> str:
         verdict = "passed" if self.passed else "FAILED"
         lines = [f"check_grad {self.target}: {verdict} (heads: {self.heads})"]
-        lines += _table(["input", "shape", "dtype", "comparison", "max abs err",
-                         "max rel err", "worst index", "status"],
-                        [_cells(r) for r in self.rows])
-        tols = sorted({(r.dtype, r.tolerance) for r in self.rows if r.tolerance is not None},
-                      key=lambda dt: dt[0])
-        lines += [f"{dtype}: eps={t.eps:g} rtol={t.rtol:g} atol={t.atol:g}"
-                  for dtype, t in tols]
+        lines += _table(
+            [
+                "input",
+                "shape",
+                "dtype",
+                "comparison",
+                "max abs err",
+                "max rel err",
+                "worst index",
+                "status",
+            ],
+            [_cells(r) for r in self.rows],
+        )
+        tols = sorted(
+            {(r.dtype, r.tolerance) for r in self.rows if r.tolerance is not None},
+            key=lambda dt: dt[0],
+        )
+        lines += [f"{dtype}: eps={t.eps:g} rtol={t.rtol:g} atol={t.atol:g}" for dtype, t in tols]
         lines += [f"note: {n}" for n in self.notes]
         return "\n".join(lines)
 
@@ -116,24 +128,40 @@ def worse(a: GradRow | None, b: GradRow) -> GradRow:
     return max(a, b, key=lambda r: (not r.passed, r.max_rel_err or 0.0, r.max_abs_err or 0.0))
 
 
-
 def row(name, a, comparison, tol, got, want) -> GradRow:
     """The row comparing ``got`` with the reference ``want`` for input ``name``."""
     abs_err, rel_err, worst, ok = compare(got, want, tol)
-    return GradRow(name, a.shape, str(a.dtype), comparison, abs_err, rel_err, worst,
-                   "ok" if ok else "FAIL", tol)
+    return GradRow(
+        name,
+        a.shape,
+        str(a.dtype),
+        comparison,
+        abs_err,
+        rel_err,
+        worst,
+        "ok" if ok else "FAIL",
+        tol,
+    )
 
 
 def _cells(r: GradRow) -> list[str]:
     def num(v):
         return "" if v is None else f"{v:.3g}"
-    return [r.input, str(r.shape), r.dtype, r.comparison, num(r.max_abs_err),
-            num(r.max_rel_err), "" if r.worst_index is None else str(r.worst_index), r.status]
+
+    return [
+        r.input,
+        str(r.shape),
+        r.dtype,
+        r.comparison,
+        num(r.max_abs_err),
+        num(r.max_rel_err),
+        "" if r.worst_index is None else str(r.worst_index),
+        r.status,
+    ]
 
 
 def _table(header: list[str], rows: list[list[str]]) -> list[str]:
     widths = [max(len(c) for c in col) for col in zip(header, *rows)]
-    return ["  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip()
-            for line in [header, *rows]]
-
-
+    return [
+        "  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip() for line in [header, *rows]
+    ]

@@ -7,6 +7,7 @@ image) becomes ``_contrib_arange_like``/``broadcast_like`` of the input; a
 ``Reshape`` that differs by the batch factor gets ``-1`` on that axis; any other
 constant is named as fixing the export's shapes (``done.fixed``).
 """
+
 from __future__ import annotations
 
 import ast
@@ -33,10 +34,10 @@ def longer_batch(data: list[str], inputs: list[Any], batched: list[str]) -> list
     """The example inputs with ``EXTRA`` more rows in the ``batched`` ones (rows repeated)."""
     batch = inputs[data.index(batched[0])].shape[0]
     rows = np.arange(batch + EXTRA) % batch
-    return [np.take(a.asnumpy(), rows, axis=0) if n in batched else a.asnumpy()
-            for n, a in zip(data, inputs)]
-
-
+    return [
+        np.take(a.asnumpy(), rows, axis=0) if n in batched else a.asnumpy()
+        for n, a in zip(data, inputs)
+    ]
 
 
 def batch_free(graph, constants, ops, data, inputs, retrace, rename, kept_before=0):
@@ -53,8 +54,10 @@ def batch_free(graph, constants, ops, data, inputs, retrace, rename, kept_before
     other = again = None
     batched: list[str] = []
     for batched in batch_candidates(data, inputs):
-        shapes = {n: ((batch + EXTRA,) + tuple(a.shape[1:]) if n in batched
-                      else tuple(a.shape)) for n, a in zip(data, inputs)}
+        shapes = {
+            n: ((batch + EXTRA,) + tuple(a.shape[1:]) if n in batched else tuple(a.shape))
+            for n, a in zip(data, inputs)
+        }
         try:
             again = retrace(shapes)
         except Exception:  # noqa: BLE001 - the ops refuse these shapes: the next guess
@@ -67,8 +70,13 @@ def batch_free(graph, constants, ops, data, inputs, retrace, rename, kept_before
         batched = []
     paired = _pair(constants, other, ops)
     kept: dict[str, np.ndarray] = {}
-    fixed = _differing(graph, graph_json.parse(again.symbol) if again is not None else None,
-                       ops, batch, batch + EXTRA if batch else None)
+    fixed = _differing(
+        graph,
+        graph_json.parse(again.symbol) if again is not None else None,
+        ops,
+        batch,
+        batch + EXTRA if batch else None,
+    )
     renamed = rename(graph, constants, ops)
     new_names = dict(zip(constants, renamed))
     index = {n["name"]: i for i, n in enumerate(graph["nodes"])}
@@ -84,9 +92,11 @@ def batch_free(graph, constants, ops, data, inputs, retrace, rename, kept_before
         if rows is None or like is None:
             kept[new] = value
             host = max((h for h in ops if name.startswith(h + "_")), key=len, default=name)
-            fixed.append(f"customop {ops.get(host, '?')!r} (node {host!r}) builds an array of "
-                         f"shape {tuple(value.shape)} from the input shapes, saved as "
-                         f"parameter {new!r}")
+            fixed.append(
+                f"customop {ops.get(host, '?')!r} (node {host!r}) builds an array of "
+                f"shape {tuple(value.shape)} from the input shapes, saved as "
+                f"parameter {new!r}"
+            )
             continue
         k, base, step = rows
         replace[index[new]] = _batch_nodes(new, like, k, value, base, step, kept)
@@ -104,10 +114,16 @@ def _differing(graph, other, ops, batch, longer) -> list[str]:
     then holds at every batch size.
     """
     if longer is None or other is None or len(other["nodes"]) != len(graph["nodes"]):
-        why = ("the graph could not be traced at another batch size" if other is None or
-               longer is None else f"its graph has other operators at batch size {longer}")
-        return [f"customop {op!r} (node {host!r}): {why}" for host, op in ops.items()
-                if not any(n["name"] == host for n in graph["nodes"] if n["op"] == "Custom")]
+        why = (
+            "the graph could not be traced at another batch size"
+            if other is None or longer is None
+            else f"its graph has other operators at batch size {longer}"
+        )
+        return [
+            f"customop {op!r} (node {host!r}): {why}"
+            for host, op in ops.items()
+            if not any(n["name"] == host for n in graph["nodes"] if n["op"] == "Custom")
+        ]
     found: dict[str, str] = {}
     for a, b in zip(graph["nodes"], other["nodes"]):
         if a["op"] == b["op"] == "null":
@@ -115,12 +131,17 @@ def _differing(graph, other, ops, batch, longer) -> list[str]:
         if a["op"] == b["op"] == "Reshape" and _batch_reshape(a, b, batch, longer):
             continue
         if a["op"] != b["op"] or _plain(graph_json.attrs(a)) != _plain(graph_json.attrs(b)):
-            host = max((h for h in ops if a["name"] == h or a["name"].startswith(h + "_")),
-                       key=len, default=None)
+            host = max(
+                (h for h in ops if a["name"] == h or a["name"].startswith(h + "_")),
+                key=len,
+                default=None,
+            )
             if host is not None and host not in found:
-                found[host] = (f"customop {ops[host]!r} (node {host!r}): its operator "
-                               f"{a['op']} has {_plain(graph_json.attrs(a))} here and "
-                               f"{_plain(graph_json.attrs(b))} at batch size {longer}")
+                found[host] = (
+                    f"customop {ops[host]!r} (node {host!r}): its operator "
+                    f"{a['op']} has {_plain(graph_json.attrs(a))} here and "
+                    f"{_plain(graph_json.attrs(b))} at batch size {longer}"
+                )
     return list(found.values())
 
 
@@ -140,8 +161,12 @@ def _batch_reshape(a, b, batch, longer) -> bool:
     if any(d < 0 for d in mine):  # -1, or -2/-3/-4: MXNet's special values; not ours to move
         return False
     axes = [i for i, (m, t) in enumerate(zip(mine, theirs)) if m != t]
-    if len(axes) != 1 or mine[axes[0]] % batch or theirs[axes[0]] % longer or (
-            mine[axes[0]] // batch != theirs[axes[0]] // longer):
+    if (
+        len(axes) != 1
+        or mine[axes[0]] % batch
+        or theirs[axes[0]] % longer
+        or (mine[axes[0]] // batch != theirs[axes[0]] // longer)
+    ):
         return False
     mine[axes[0]] = -1
     a["attrs"]["shape"] = str(tuple(mine))
@@ -156,12 +181,14 @@ def _pair(constants, other, ops):
     """``{constant: its twin in the other splice}``, matched by op node and order."""
     if other is None:
         return {}
+
     def by_host(found):
         groups: dict[str, list[str]] = {}
         for name in found:
             host = max((h for h in ops if name.startswith(h + "_")), key=len, default="")
             groups.setdefault(host, []).append(name)
         return groups
+
     mine, theirs = by_host(constants), by_host(other)
     paired = {}
     for host, names in mine.items():
@@ -193,7 +220,8 @@ def _rows(value, twin, batch, longer):
     a, b = value.reshape((batch, k) + rest), twin.reshape((longer, k) + rest)
     base = b[:1]
     if _same(a, np.broadcast_to(base, a.shape).copy()) and _same(
-            b, np.broadcast_to(base, b.shape).copy()):
+        b, np.broadcast_to(base, b.shape).copy()
+    ):
         return k, base, None
     if not (np.all(np.isfinite(b)) if np.issubdtype(b.dtype, np.floating) else True):
         return None
@@ -210,27 +238,38 @@ def _batch_nodes(name, like, k, value, base, step, kept):
     rest = tuple(value.shape[1:])
     ones = (1,) * (1 + len(rest))
     dtype = np.dtype(value.dtype).name
-    nodes = [{"op": "_contrib_arange_like", "name": f"{name}_index",
-              "attrs": {"axis": "0"}, "inputs": [["like", 0]]},
-             {"op": "Reshape", "name": f"{name}_rows", "attrs": {"shape": str((-1,) + ones)},
-              "inputs": [[-1, 0]]},
-             {"op": "Cast", "name": f"{name}_cast", "attrs": {"dtype": dtype},
-              "inputs": [[-1, 0]]}]
+    nodes = [
+        {
+            "op": "_contrib_arange_like",
+            "name": f"{name}_index",
+            "attrs": {"axis": "0"},
+            "inputs": [["like", 0]],
+        },
+        {
+            "op": "Reshape",
+            "name": f"{name}_rows",
+            "attrs": {"shape": str((-1,) + ones)},
+            "inputs": [[-1, 0]],
+        },
+        {"op": "Cast", "name": f"{name}_cast", "attrs": {"dtype": dtype}, "inputs": [[-1, 0]]},
+    ]
     kept[f"{name}_base"] = base
     nodes.append({"op": "null", "name": f"{name}_base", "inputs": []})
     if step is None:
         nodes.append({"op": "zeros_like", "name": f"{name}_zeros", "inputs": [[-2, 0]]})
-        nodes.append({"op": "broadcast_add", "name": f"{name}_rows_of", "inputs": [[-1, 0],
-                                                                                  [-2, 0]]})
+        nodes.append(
+            {"op": "broadcast_add", "name": f"{name}_rows_of", "inputs": [[-1, 0], [-2, 0]]}
+        )
     else:
         kept[f"{name}_step"] = step
         nodes.append({"op": "null", "name": f"{name}_step", "inputs": []})
-        nodes.append({"op": "broadcast_mul", "name": f"{name}_times", "inputs": [[-3, 0],
-                                                                                [-1, 0]]})
-        nodes.append({"op": "broadcast_add", "name": f"{name}_rows_of", "inputs": [[-1, 0],
-                                                                                  [-3, 0]]})
-    nodes.append({"op": "Reshape", "name": name, "attrs": {"shape": str((-1,) + rest)},
-                  "inputs": [[-1, 0]]})
+        nodes.append({"op": "broadcast_mul", "name": f"{name}_times", "inputs": [[-3, 0], [-1, 0]]})
+        nodes.append(
+            {"op": "broadcast_add", "name": f"{name}_rows_of", "inputs": [[-1, 0], [-3, 0]]}
+        )
+    nodes.append(
+        {"op": "Reshape", "name": name, "attrs": {"shape": str((-1,) + rest)}, "inputs": [[-1, 0]]}
+    )
     for n in nodes:
         n["like"] = like
     return nodes
@@ -257,8 +296,12 @@ def _substitute(graph, replace):
         start = len(nodes)
         for j, n in enumerate(group):
             like = n.pop("like")
-            refs.append([("old", like, e[1]) if e[0] == "like" else ("new", start + j + e[0], e[1])
-                         for e in n["inputs"]])
+            refs.append(
+                [
+                    ("old", like, e[1]) if e[0] == "like" else ("new", start + j + e[0], e[1])
+                    for e in n["inputs"]
+                ]
+            )
             nodes.append(n)
         moved[i] = len(nodes) - 1
     for node, node_refs in zip(nodes, refs):

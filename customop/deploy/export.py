@@ -7,6 +7,7 @@ predict API cannot run them and ``mx.onnx.export_model`` refuses them.  Here eac
 :mod:`customop.graphs.native`; ``def_grad`` ops too, inference takes no gradient) is
 written as that graph, and the files load with plain MXNet.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -59,9 +60,15 @@ class OnnxModel:
     outputs: list[str]
 
 
-def export(block: mx.gluon.HybridBlock, path: str, *inputs: Any, epoch: int = 0,
-           not_inlined: str = "raise", input_names: Sequence[str] | None = None,
-           output_names: Sequence[str] | None = None) -> Exported:
+def export(
+    block: mx.gluon.HybridBlock,
+    path: str,
+    *inputs: Any,
+    epoch: int = 0,
+    not_inlined: str = "raise",
+    input_names: Sequence[str] | None = None,
+    output_names: Sequence[str] | None = None,
+) -> Exported:
     """Write ``path-symbol.json`` and ``path-%04d.params`` for deployment.
 
     Like ``block.export(path, epoch)``, with every ``'mxnet'``-mode operator of
@@ -114,17 +121,22 @@ def export(block: mx.gluon.HybridBlock, path: str, *inputs: Any, epoch: int = 0,
         (['offsets', 'anchors'], ['boxes_output'], [])
     """
     if not_inlined not in CHOICES:
-        raise ValueError(f"customop.export: not_inlined must be one of {CHOICES}, got "
-                         f"{not_inlined!r}")
+        raise ValueError(
+            f"customop.export: not_inlined must be one of {CHOICES}, got {not_inlined!r}"
+        )
     if not isinstance(block, mx.gluon.HybridBlock):
         raise TypeError(f"customop.export: expected a HybridBlock, got {type(block).__name__}")
     if not inputs or not all(isinstance(a, mx.nd.NDArray) for a in inputs):
-        raise TypeError("customop.export(block, path, *inputs): pass example inputs for the "
-                        "block's forward as NDArrays (the ops are traced at their shapes)")
+        raise TypeError(
+            "customop.export(block, path, *inputs): pass example inputs for the "
+            "block's forward as NDArrays (the ops are traced at their shapes)"
+        )
     data, sym, shapes, dtypes = graph_json.block_signature(block, inputs)
     if len(data) != len(inputs):
-        raise TypeError(f"customop.export: the block's forward takes {len(data)} input(s), "
-                        f"got {len(inputs)} example input(s)")
+        raise TypeError(
+            f"customop.export: the block's forward takes {len(data)} input(s), "
+            f"got {len(inputs)} example input(s)"
+        )
     names = _input_names(input_names, [d.name for d in data])
     params = {}
     for name, param in block.collect_params().items():
@@ -134,31 +146,45 @@ def export(block: mx.gluon.HybridBlock, path: str, *inputs: Any, epoch: int = 0,
     kept = [str(k) for k in found.kept] if found is not None else []
     kept += splice.foreign(graph_json.parse(sym))
     if kept:
-        text = ("customop.export: these Custom nodes cannot be written as MXNet operators:\n  "
-                + "\n  ".join(kept))
+        text = (
+            "customop.export: these Custom nodes cannot be written as MXNet operators:\n  "
+            + "\n  ".join(kept)
+        )
         if not_inlined == "raise":
-            raise NotInlinedError(text + "\n(pass not_inlined='warn' to export them as Custom "
-                                  "nodes: loading the files then needs customop)")
-        warnings.warn(text + "\nThey stay Custom nodes: loading the files needs customop.",
-                      stacklevel=2)
+            raise NotInlinedError(
+                text + "\n(pass not_inlined='warn' to export them as Custom "
+                "nodes: loading the files then needs customop)"
+            )
+        warnings.warn(
+            text + "\nThey stay Custom nodes: loading the files needs customop.", stacklevel=2
+        )
+
     def retrace(other: dict) -> Any:  # the splice at other data shapes
         return splice.inline(sym, {**shapes, **other}, dtypes, native.EXPORT)
 
-    written = rewrites.deployable(sym, found, [d.name for d in data], names, list(inputs),
-                                      output_names, retrace)
+    written = rewrites.deployable(
+        sym, found, [d.name for d in data], names, list(inputs), output_names, retrace
+    )
     sym, constants = written.symbol, written.constants
     if found is not None and found.inlined and not written.fixed and written.batched:
-        why = _other_batch_differs(block, sym, params, constants, names, list(inputs),
-                                   [names[[d.name for d in data].index(n)]
-                                    for n in written.batched])
+        why = _other_batch_differs(
+            block,
+            sym,
+            params,
+            constants,
+            names,
+            list(inputs),
+            [names[[d.name for d in data].index(n)] for n in written.batched],
+        )
         if why:
             written.fixed.append(why)
             sym = rewrites.guarded(sym, dict(zip(names, inputs)), "the_export")
     if found is not None and found.inlined and not written.fixed:
         # the ops' shape checks ran at the exported shapes: no other shape but a batch size
         gluon = [d.name for d in data]
-        sym = rewrites.guarded_other_axes(sym, dict(zip(names, inputs)),
-                                              [names[gluon.index(n)] for n in written.batched])
+        sym = rewrites.guarded_other_axes(
+            sym, dict(zip(names, inputs)), [names[gluon.index(n)] for n in written.batched]
+        )
     symbol_file, params_file = f"{path}-symbol.json", f"{path}-{epoch:04d}.params"
     arg_names, aux_names = set(sym.list_arguments()), set(sym.list_auxiliary_states())
     saved: dict[str, mx.nd.NDArray] = {}
@@ -172,17 +198,23 @@ def export(block: mx.gluon.HybridBlock, path: str, *inputs: Any, epoch: int = 0,
     sym.save(symbol_file)
     mx.nd.save(params_file, saved)
     read = set(sym.list_inputs())
-    inputs_at = {n: (tuple(a.shape), np.dtype(a.dtype)) for n, a in zip(names, inputs)
-                 if n in read}
+    inputs_at = {n: (tuple(a.shape), np.dtype(a.dtype)) for n, a in zip(names, inputs) if n in read}
     gluon = [d.name for d in data]
     batched = [] if written.fixed else [names[gluon.index(n)] for n in written.batched]
-    return Exported(symbol_file, params_file, inputs_at,
-                    found.inlined if found is not None else [], kept, sym.list_outputs(),
-                    written.fixed, [n for n in batched if n in read])
+    return Exported(
+        symbol_file,
+        params_file,
+        inputs_at,
+        found.inlined if found is not None else [],
+        kept,
+        sym.list_outputs(),
+        written.fixed,
+        [n for n in batched if n in read],
+    )
 
 
 def _other_batch_differs(block, sym, params, constants, names, inputs, batched) -> str:
-    """"" when the exported graph gives the block's outputs at a larger batch size too."""
+    """ "" when the exported graph gives the block's outputs at a larger batch size too."""
     longer = batch_sizes.longer_batch(names, inputs, batched)
     size = longer[names.index(batched[0])].shape[0]
     try:
@@ -196,8 +228,9 @@ def _other_batch_differs(block, sym, params, constants, names, inputs, batched) 
     except mx.base.MXNetError as exc:
         return f"the exported graph fails at batch size {size}: {str(exc).splitlines()[0]}"
     if len(got) != len(want) or not all(
-            g.shape == w.shape and np.allclose(g, w.asnumpy(), rtol=1e-4, atol=1e-5,
-                                               equal_nan=True) for g, w in zip(got, want)):
+        g.shape == w.shape and np.allclose(g, w.asnumpy(), rtol=1e-4, atol=1e-5, equal_nan=True)
+        for g, w in zip(got, want)
+    ):
         return f"the exported graph gives other outputs than the block at batch size {size}"
     return ""
 
@@ -207,8 +240,10 @@ def _input_names(chosen, gluon: list[str]) -> list[str]:
         return list(gluon)
     chosen = [chosen] if isinstance(chosen, str) else list(chosen)
     if len(chosen) != len(gluon) or not all(isinstance(n, str) and n for n in chosen):
-        raise ValueError(f"customop.export: input_names must name each of the {len(gluon)} "
-                         f"input(s) of the block's forward, in its order; got {chosen!r}")
+        raise ValueError(
+            f"customop.export: input_names must name each of the {len(gluon)} "
+            f"input(s) of the block's forward, in its order; got {chosen!r}"
+        )
     if len(set(chosen)) != len(chosen):
         raise ValueError(f"customop.export: input_names must differ; got {chosen!r}")
     return chosen
@@ -239,9 +274,11 @@ def to_onnx(exported: Exported, onnx_file: str) -> OnnxModel:
     try:
         import onnx
     except ImportError as exc:
-        raise ImportError("customop.to_onnx needs the 'onnx' package: pip install "
-                          "'customop[onnx]' (onnx 1.14.1, the version measured beside "
-                          "mxnet 1.9.1)") from exc
+        raise ImportError(
+            "customop.to_onnx needs the 'onnx' package: pip install "
+            "'customop[onnx]' (onnx 1.14.1, the version measured beside "
+            "mxnet 1.9.1)"
+        ) from exc
     from mxnet.onnx import export_model
 
     runtime.install("onnxops")  # translations of operators MXNet's converter lacks
@@ -249,22 +286,33 @@ def to_onnx(exported: Exported, onnx_file: str) -> OnnxModel:
     with open(exported.symbol_file, encoding="utf-8") as f:
         graph = json.load(f)
     # the shape checks have no ONNX translation; an ONNX model of fixed shapes checks them
-    sym = graph_json.load(_one_hot_in_range(_reversed_named(_digit_free_names(
-        rewrites.unguarded(graph)))))
+    sym = graph_json.load(
+        _one_hot_in_range(_reversed_named(_digit_free_names(rewrites.unguarded(graph))))
+    )
     in_graph = [n for n in sym.list_inputs() if n in exported.inputs]  # the converter's order
     shapes = [tuple(exported.inputs[n][0]) for n in in_graph]
     dtypes = [exported.inputs[n][1] for n in in_graph]
     saved = mx.nd.load(exported.params_file)
     saved = saved if isinstance(saved, dict) else {}
-    params = [{k[4:]: v for k, v in saved.items() if k.startswith("arg:")},
-              {k[4:]: v for k, v in saved.items() if k.startswith("aux:")}]
+    params = [
+        {k[4:]: v for k, v in saved.items() if k.startswith("arg:")},
+        {k[4:]: v for k, v in saved.items() if k.startswith("aux:")},
+    ]
     batch = set(exported.batch_inputs)
     try:
         if batch and not exported.fixed:  # the batch axis left open, as in the MXNet graph
             with contextlib.redirect_stdout(io.StringIO()):  # its print of reversed nodes
-                export_model(sym, params, shapes, dtypes, onnx_file, dynamic=True,
-                             dynamic_input_shapes=[(None,) + s[1:] if n in batch else s
-                                                   for n, s in zip(in_graph, shapes)])
+                export_model(
+                    sym,
+                    params,
+                    shapes,
+                    dtypes,
+                    onnx_file,
+                    dynamic=True,
+                    dynamic_input_shapes=[
+                        (None,) + s[1:] if n in batch else s for n, s in zip(in_graph, shapes)
+                    ],
+                )
         else:
             batch = set()
     except Exception:  # noqa: BLE001 - a converter that needs the shapes: the exported ones
@@ -331,19 +379,46 @@ def _one_hot_in_range(graph: dict) -> dict:
         nodes[i] = dict(node, attrs=attrs)
         name, dtype = node["name"], attrs.get("dtype", "float32")
         k = len(nodes)
-        nodes += [{"op": "_greater_equal_scalar", "name": f"{name}_nonneg",
-                   "attrs": {"scalar": "0"}, "inputs": [node["inputs"][0]]},
-                  {"op": "Cast", "name": f"{name}_nonneg_cast", "attrs": {"dtype": dtype},
-                   "inputs": [[k, 0, 0]]},
-                  {"op": "expand_dims", "name": f"{name}_nonneg_axis",
-                   "attrs": {"axis": "-1"}, "inputs": [[k + 1, 0, 0]]},
-                  {"op": "broadcast_mul", "name": f"{name}_in_range",
-                   "inputs": [[i, 0, 0], [k + 2, 0, 0]]}]
+        nodes += [
+            {
+                "op": "_greater_equal_scalar",
+                "name": f"{name}_nonneg",
+                "attrs": {"scalar": "0"},
+                "inputs": [node["inputs"][0]],
+            },
+            {
+                "op": "Cast",
+                "name": f"{name}_nonneg_cast",
+                "attrs": {"dtype": dtype},
+                "inputs": [[k, 0, 0]],
+            },
+            {
+                "op": "expand_dims",
+                "name": f"{name}_nonneg_axis",
+                "attrs": {"axis": "-1"},
+                "inputs": [[k + 1, 0, 0]],
+            },
+            {
+                "op": "broadcast_mul",
+                "name": f"{name}_in_range",
+                "inputs": [[i, 0, 0], [k + 2, 0, 0]],
+            },
+        ]
         if (on, off) != (1.0, 0.0):
-            nodes += [{"op": "_mul_scalar", "name": f"{name}_on", "attrs": {
-                          "scalar": repr(on - off)}, "inputs": [[k + 3, 0, 0]]},
-                      {"op": "_plus_scalar", "name": f"{name}_off", "attrs": {
-                          "scalar": repr(off)}, "inputs": [[k + 4, 0, 0]]}]
+            nodes += [
+                {
+                    "op": "_mul_scalar",
+                    "name": f"{name}_on",
+                    "attrs": {"scalar": repr(on - off)},
+                    "inputs": [[k + 3, 0, 0]],
+                },
+                {
+                    "op": "_plus_scalar",
+                    "name": f"{name}_off",
+                    "attrs": {"scalar": repr(off)},
+                    "inputs": [[k + 4, 0, 0]],
+                },
+            ]
         moved[i] = len(nodes) - 1
     if not moved:
         return graph
@@ -354,8 +429,7 @@ def _one_hot_in_range(graph: dict) -> dict:
     return graph_json.toposorted(dict(graph, nodes=nodes, heads=heads))
 
 
-def _onnx_names(model: Any, inputs: list[str], mxnet_outputs: list[str],
-                names: list[str]) -> None:
+def _onnx_names(model: Any, inputs: list[str], mxnet_outputs: list[str], names: list[str]) -> None:
     """The ONNX graph's inputs as the export lists them (its order, constants left out:
     MXNet's converter lists its initializers as inputs too), and its outputs renamed."""
     graph = model.graph
@@ -375,4 +449,3 @@ def _onnx_names(model: Any, inputs: list[str], mxnet_outputs: list[str],
         node.output[:] = [renames.get(n, n) for n in node.output]
     for out in graph.output:
         out.name = renames.get(out.name, out.name)
-

@@ -10,6 +10,7 @@ or be named by the caller (``modules=``); ``trust_op_modules=True`` is the
 caller's explicit opt-in to import whatever module the file names (see
 docs/security.md).
 """
+
 from __future__ import annotations
 
 import importlib
@@ -36,8 +37,13 @@ class UntrustedModuleError(ImportError):
     """
 
 
-def ensure_registered(op_types: list[str], source: str, modules: Any = (),
-                      trust_op_modules: bool = False, caller: str = "customop.imports") -> None:
+def ensure_registered(
+    op_types: list[str],
+    source: str,
+    modules: Any = (),
+    trust_op_modules: bool = False,
+    caller: str = "customop.imports",
+) -> None:
     """Register each ``op_type`` from code the caller chose; raise naming any that is not.
 
     ``modules`` (names or module objects) are imported first.  Then an op type that
@@ -76,38 +82,51 @@ def ensure_registered(op_types: list[str], source: str, modules: Any = (),
             refused.append((op_type, module, origin))
         # else: imported, and the op is not ours (mx.operator.register): MXNet's to find
     if refused:
-        lines = [f"  op type {t!r}: module {m!r}" + (f" ({o})" if o else "")
-                 for t, m, o in refused]
+        lines = [f"  op type {t!r}: module {m!r}" + (f" ({o})" if o else "") for t, m, o in refused]
         names = sorted({m for _, m, _ in refused})
         raise UntrustedModuleError(
             f"{caller}: {source} names custom operators whose module was NOT imported: a "
-            "model file does not choose which code runs.\n" + "\n".join(lines)
+            "model file does not choose which code runs.\n"
+            + "\n".join(lines)
             + f"\nIf you trust that code, import it before loading, or pass modules={names!r} "
-              f"to {caller}; trust_op_modules=True imports whatever module the file names "
-              "(customop's docs, 'Security').", name=refused[0][1], path=refused[0][2])
+            f"to {caller}; trust_op_modules=True imports whatever module the file names "
+            "(customop's docs, 'Security').",
+            name=refused[0][1],
+            path=refused[0][2],
+        )
     if unknown:
         home = _HOMES[unknown[0].split(".")[0]]
         raise RuntimeError(
             f"customop: {source} uses op type(s) {', '.join(map(repr, unknown))}, which the "
             f"operator library ({home}) does not define: its op types are pinned (docs/"
             "operators.md, 'Retired op types'). A renamed one is listed there with its new op "
-            "type; replace it in the symbol file.")
+            "type; replace it in the symbol file."
+        )
     if missing:
         found = "importable" if trust_op_modules else "imported or found"
-        lines = [f"  {t!r}: no {found} module among {', '.join(map(repr, m)) or '-'}"
-                 for t, m in missing]
+        lines = [
+            f"  {t!r}: no {found} module among {', '.join(map(repr, m)) or '-'}" for t, m in missing
+        ]
         raise RuntimeError(
             f"customop: {source} uses custom operator(s) that are not registered, and the "
-            "module named in their op_type cannot be found:\n" + "\n".join(lines)
+            "module named in their op_type cannot be found:\n"
+            + "\n".join(lines)
             + "\nImport the module that defines them before loading (or name it in "
-              "modules=); an op defined in a script is registered as '__main__.<name>' and "
-              "must be defined there again before loading.")
+            "modules=); an op defined in a script is registered as '__main__.<name>' and "
+            "must be defined there again before loading."
+        )
 
 
-def imports(symbol_file: str, input_names: str | list[str],
-            param_file: str | None = None,
-            ctx: Any = None, *, modules: Any = (), trust_op_modules: bool = False,
-            **kwargs: Any) -> mx.gluon.SymbolBlock:
+def imports(
+    symbol_file: str,
+    input_names: str | list[str],
+    param_file: str | None = None,
+    ctx: Any = None,
+    *,
+    modules: Any = (),
+    trust_op_modules: bool = False,
+    **kwargs: Any,
+) -> mx.gluon.SymbolBlock:
     """``gluon.SymbolBlock.imports`` that first registers its custom ops from code you chose.
 
     The ops of the operator library (``customop.ops``) and of modules already
@@ -127,13 +146,19 @@ def imports(symbol_file: str, input_names: str | list[str],
         ...                        modules=['my_ops'])  # doctest: +SKIP
     """
     with open(symbol_file, encoding="utf-8") as f:
-        ensure_registered(custom_op_types(f.read()), repr(symbol_file), modules,
-                          trust_op_modules, "customop.imports")
+        ensure_registered(
+            custom_op_types(f.read()),
+            repr(symbol_file),
+            modules,
+            trust_op_modules,
+            "customop.imports",
+        )
     return mx.gluon.SymbolBlock.imports(symbol_file, input_names, param_file, ctx, **kwargs)
 
 
-def load_checkpoint(prefix: str, epoch: int, *, modules: Any = (),
-                    trust_op_modules: bool = False) -> tuple[mx.sym.Symbol, dict, dict]:
+def load_checkpoint(
+    prefix: str, epoch: int, *, modules: Any = (), trust_op_modules: bool = False
+) -> tuple[mx.sym.Symbol, dict, dict]:
     """``mx.model.load_checkpoint`` that first registers its custom ops from code you chose.
 
     Returns ``(symbol, arg_params, aux_params)``.  ``modules`` and
@@ -147,8 +172,13 @@ def load_checkpoint(prefix: str, epoch: int, *, modules: Any = (),
     """
     symbol_file = f"{prefix}-symbol.json"
     with open(symbol_file, encoding="utf-8") as f:
-        ensure_registered(custom_op_types(f.read()), repr(symbol_file), modules,
-                          trust_op_modules, "customop.load_checkpoint")
+        ensure_registered(
+            custom_op_types(f.read()),
+            repr(symbol_file),
+            modules,
+            trust_op_modules,
+            "customop.load_checkpoint",
+        )
     return mx.model.load_checkpoint(prefix, epoch)
 
 
@@ -164,8 +194,9 @@ def _module_names(modules: Any, caller: str) -> list[str]:
         if isinstance(module, str) and module:
             names.append(module)
         else:
-            raise TypeError(f"{caller}: modules must hold module names (str) or modules, "
-                            f"got {module!r}")
+            raise TypeError(
+                f"{caller}: modules must hold module names (str) or modules, got {module!r}"
+            )
     return names
 
 
@@ -173,8 +204,9 @@ def _iterable(modules: Any, caller: str) -> Iterable:
     try:
         return list(modules)
     except TypeError:
-        raise TypeError(f"{caller}: modules must be a list of module names (str) or "
-                        f"modules, got {modules!r}") from None
+        raise TypeError(
+            f"{caller}: modules must be a list of module names (str) or modules, got {modules!r}"
+        ) from None
 
 
 def _prefixes(op_type: str) -> list[str]:

@@ -16,6 +16,7 @@ operators (:mod:`customop.graphs.splice`); the rewrites here then act on that gr
   that depend only on the batch size become operators of the input's shape
   (``_contrib_arange_like``, ``broadcast_like``), so the export runs at other batch sizes.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -36,13 +37,16 @@ def dtype_code(dtype: Any) -> str:
 
 def hosts(graph: dict[str, Any]) -> dict[str, str]:
     """``{Custom node name: the op as its user knows it}`` for our ops in a block's graph."""
-    return {node["name"]: errors.shown(op_type)
-            for _, node, op_type in graph_json.custom_nodes(graph)
-            if registry.lookup(op_type) is not None}
+    return {
+        node["name"]: errors.shown(op_type)
+        for _, node, op_type in graph_json.custom_nodes(graph)
+        if registry.lookup(op_type) is not None
+    }
 
 
-def rename_constants(graph: dict[str, Any], constants: dict[str, np.ndarray],
-                     ops: dict[str, str]) -> dict[str, np.ndarray]:
+def rename_constants(
+    graph: dict[str, Any], constants: dict[str, np.ndarray], ops: dict[str, str]
+) -> dict[str, np.ndarray]:
     """Name each constant ``<custom node>_<op>_constant<k>``; return the renamed dict.
 
     ``ops``: :func:`hosts` of the graph before splicing (a constant's name starts
@@ -111,11 +115,21 @@ def guard_inputs(graph: dict[str, Any], inputs: dict[str, Any], why: str) -> Non
     guarded: dict[int, int] = {}
     for i, node, value, shape in _data_inputs(nodes, inputs):
         text = "x".join(map(str, shape)) or "scalar"
-        nodes.append({"op": "_zeros", "name": f"{node['name']}_exported_shape", "inputs": [],
-                      "attrs": {"shape": str(shape),
-                                "dtype": np.dtype(value.dtype).name}})
-        nodes.append({"op": GUARD, "name": f"{node['name']}_fixed_at_{text}_by_{why}",
-                      "inputs": [[i, 0, 0], [len(nodes) - 1, 0, 0]]})
+        nodes.append(
+            {
+                "op": "_zeros",
+                "name": f"{node['name']}_exported_shape",
+                "inputs": [],
+                "attrs": {"shape": str(shape), "dtype": np.dtype(value.dtype).name},
+            }
+        )
+        nodes.append(
+            {
+                "op": GUARD,
+                "name": f"{node['name']}_fixed_at_{text}_by_{why}",
+                "inputs": [[i, 0, 0], [len(nodes) - 1, 0, 0]],
+            }
+        )
         guarded[i] = len(nodes) - 1
     _read_through(graph, guarded, [n for n in nodes if n["op"] != GUARD])
 
@@ -138,17 +152,32 @@ def guard_other_axes(graph: dict[str, Any], inputs: dict[str, Any], batched: lis
         free = node["name"] in batched and len(shape) > 0
         text = "x".join(["N", *map(str, shape[1:])] if free else map(str, shape)) or "scalar"
         zeros_shape = (1, *shape[1:]) if free else shape
-        nodes.append({"op": "_zeros", "name": f"{node['name']}_exported_shape", "inputs": [],
-                      "attrs": {"shape": str(zeros_shape),
-                                "dtype": np.dtype(value.dtype).name}})
+        nodes.append(
+            {
+                "op": "_zeros",
+                "name": f"{node['name']}_exported_shape",
+                "inputs": [],
+                "attrs": {"shape": str(zeros_shape), "dtype": np.dtype(value.dtype).name},
+            }
+        )
         like = len(nodes) - 1
         if free:
-            nodes.append({"op": "broadcast_like", "name": f"{node['name']}_batch_like",
-                          "inputs": [[like, 0, 0], [i, 0, 0]],
-                          "attrs": {"lhs_axes": "(0,)", "rhs_axes": "(0,)"}})
+            nodes.append(
+                {
+                    "op": "broadcast_like",
+                    "name": f"{node['name']}_batch_like",
+                    "inputs": [[like, 0, 0], [i, 0, 0]],
+                    "attrs": {"lhs_axes": "(0,)", "rhs_axes": "(0,)"},
+                }
+            )
             like = len(nodes) - 1
-        nodes.append({"op": GUARD, "name": f"{node['name']}_must_have_shape_{text}",
-                      "inputs": [[i, 0, 0], [like, 0, 0]]})
+        nodes.append(
+            {
+                "op": GUARD,
+                "name": f"{node['name']}_must_have_shape_{text}",
+                "inputs": [[i, 0, 0], [like, 0, 0]],
+            }
+        )
         guarded[i] = len(nodes) - 1
     _read_through(graph, guarded, nodes[:first])  # the graph's own nodes; ours read inputs
 
@@ -157,8 +186,12 @@ def unguarded(graph: dict[str, Any]) -> dict[str, Any]:
     """``graph`` without :func:`guard_inputs`' nodes (for converters that lack them)."""
     nodes = graph["nodes"]
     through = {i: n["inputs"][0][0] for i, n in enumerate(nodes) if n["op"] == GUARD}
-    out = dict(graph, nodes=[dict(n, inputs=[[through.get(e[0], e[0]), e[1], 0]
-                                             for e in n["inputs"]]) for n in nodes])
+    out = dict(
+        graph,
+        nodes=[
+            dict(n, inputs=[[through.get(e[0], e[0]), e[1], 0] for e in n["inputs"]]) for n in nodes
+        ],
+    )
     out["heads"] = [[through.get(h[0], h[0]), h[1], 0] for h in graph["heads"]]
     out.pop("node_row_ptr", None)
     return graph_json.toposorted(graph_json.reachable(out))
@@ -186,9 +219,14 @@ def name_outputs(graph: dict[str, Any], names: list[str]) -> None:
 
 def run(sym: mx.sym.Symbol, arrays: dict[str, Any]) -> list[np.ndarray]:
     """``sym``'s outputs, run on these arrays (inputs and parameters) by name."""
-    return graph_json.run(graph_json.parse(sym), {
-        k: (v if isinstance(v, mx.nd.NDArray) else mx.nd.array(v, dtype=v.dtype))
-        for k, v in arrays.items() if k in set(sym.list_inputs())})
+    return graph_json.run(
+        graph_json.parse(sym),
+        {
+            k: (v if isinstance(v, mx.nd.NDArray) else mx.nd.array(v, dtype=v.dtype))
+            for k, v in arrays.items()
+            if k in set(sym.list_inputs())
+        },
+    )
 
 
 def guarded(sym: mx.sym.Symbol, inputs: dict[str, Any], why: str) -> mx.sym.Symbol:
@@ -197,8 +235,9 @@ def guarded(sym: mx.sym.Symbol, inputs: dict[str, Any], why: str) -> mx.sym.Symb
     return graph_json.load(graph_json.toposorted(graph))
 
 
-def guarded_other_axes(sym: mx.sym.Symbol, inputs: dict[str, Any],
-                       batched: list[str]) -> mx.sym.Symbol:
+def guarded_other_axes(
+    sym: mx.sym.Symbol, inputs: dict[str, Any], batched: list[str]
+) -> mx.sym.Symbol:
     graph = graph_json.parse(sym)
     guard_other_axes(graph, inputs, batched)
     return graph_json.load(graph_json.toposorted(graph))
@@ -221,14 +260,26 @@ class Deployable:
     input shapes only (``fixed``, [] when it runs at other batch sizes), and the inputs
     whose axis 0 was taken for the batch (``batched``, Gluon's names)."""
 
-    def __init__(self, symbol: mx.sym.Symbol, constants: dict[str, np.ndarray],
-                 fixed: list[str], batched: list[str]):
+    def __init__(
+        self,
+        symbol: mx.sym.Symbol,
+        constants: dict[str, np.ndarray],
+        fixed: list[str],
+        batched: list[str],
+    ):
         self.symbol, self.constants, self.fixed = symbol, constants, fixed
         self.batched = batched
 
 
-def deployable(block_sym: mx.sym.Symbol, spliced: Any, data: list[str], names: list[str],
-               inputs: list[Any], output_names: Any, retrace: Any) -> Deployable:
+def deployable(
+    block_sym: mx.sym.Symbol,
+    spliced: Any,
+    data: list[str],
+    names: list[str],
+    inputs: list[Any],
+    output_names: Any,
+    retrace: Any,
+) -> Deployable:
     """The graph :func:`customop.export` writes.
 
     ``block_sym``: the block's graph; ``spliced``: :func:`customop.graphs.splice.inline`'s
@@ -242,8 +293,9 @@ def deployable(block_sym: mx.sym.Symbol, spliced: Any, data: list[str], names: l
     ops = hosts(graph_json.parse(block_sym))
     variables = {n["name"] for n in graph["nodes"] if n["op"] == "null"} | set(names)
     if output_names is None:  # Gluon's names (a block's export lists the same)
-        output_names = [n[:-len("_output")] if n.endswith("_output") else n
-                        for n in block_sym.list_outputs()]
+        output_names = [
+            n[: -len("_output")] if n.endswith("_output") else n for n in block_sym.list_outputs()
+        ]
         output_names = [f"{n}_copy" if n in variables else n for n in output_names]
     else:
         output_names = [output_names] if isinstance(output_names, str) else list(output_names)
@@ -252,7 +304,8 @@ def deployable(block_sym: mx.sym.Symbol, spliced: Any, data: list[str], names: l
     batched: list[str] = []
     if spliced is not None and spliced.inlined:
         constants, fixed, batched = batch_sizes.batch_free(
-            graph, constants, ops, data, inputs, retrace, rename_constants, len(spliced.kept))
+            graph, constants, ops, data, inputs, retrace, rename_constants, len(spliced.kept)
+        )
     annotate_constants(graph, constants)
     rename_inputs(graph, dict(zip(data, names)))
     if fixed:
@@ -263,10 +316,13 @@ def deployable(block_sym: mx.sym.Symbol, spliced: Any, data: list[str], names: l
 
 def _check_output_names(graph: dict[str, Any], chosen: list[str], inputs: set) -> None:
     if len(chosen) != len(graph["heads"]) or not all(isinstance(n, str) and n for n in chosen):
-        raise ValueError(f"customop.export: output_names must name each of the "
-                         f"{len(graph['heads'])} output(s) of the block, in order; got "
-                         f"{chosen!r}")
+        raise ValueError(
+            f"customop.export: output_names must name each of the "
+            f"{len(graph['heads'])} output(s) of the block, in order; got "
+            f"{chosen!r}"
+        )
     if len(set(chosen)) != len(chosen) or set(chosen) & inputs:
-        raise ValueError(f"customop.export: output_names must differ from each other and "
-                         f"from the names of inputs and parameters; got {chosen!r}")
-
+        raise ValueError(
+            f"customop.export: output_names must differ from each other and "
+            f"from the names of inputs and parameters; got {chosen!r}"
+        )

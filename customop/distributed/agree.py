@@ -51,6 +51,7 @@ Trainer's first-step broadcast is finished before any push: :func:`initial_broad
 Where copies can drift and nothing keeps them equal, :class:`AuxStateWarning` says so
 once, naming the op, the state and the fix.
 """
+
 from __future__ import annotations
 
 import os
@@ -72,8 +73,16 @@ AUX_RULES = ("sum", "mean", "first", "local")
 # (tests/customop/test_agree.py::test_the_mxnet_internals_we_read_are_there fails loudly when
 # MXNet changes them).
 MXNET_INTERNALS = {
-    "gluon.Trainer": ("_params", "_kvstore", "_update_on_kvstore", "_kv_initialized",
-                      "_init_kvstore", "_params_to_init", "_init_params", "_kvstore_params"),
+    "gluon.Trainer": (
+        "_params",
+        "_kvstore",
+        "_update_on_kvstore",
+        "_kv_initialized",
+        "_init_kvstore",
+        "_params_to_init",
+        "_init_params",
+        "_kvstore_params",
+    ),
     "mod.Module": ("_exec_group", "_kvstore", "_update_on_kvstore"),
     "DataParallelExecutorGroup": ("execs", "aux_names", "aux_arrays"),
 }
@@ -91,8 +100,18 @@ class AuxStateError(RuntimeError):
 
 # ---- which arrays are aux states of our ops, and their value when a step first used them ----
 class _Tracked:
-    __slots__ = ("array", "base", "op_type", "state", "passes", "step_mark", "synced", "first",
-                 "last", "ranks_left")
+    __slots__ = (
+        "array",
+        "base",
+        "op_type",
+        "state",
+        "passes",
+        "step_mark",
+        "synced",
+        "first",
+        "last",
+        "ranks_left",
+    )
 
     def __init__(self, array, op_type, state):
         self.array, self.op_type, self.state = array, op_type, state
@@ -121,6 +140,8 @@ def declare_rules(op_type: str, rules: dict[str, str]) -> None:
 def rule_of(op_type: str, state: str) -> str:
     """The merge rule of an op's aux state: one of :data:`AUX_RULES`."""
     return _rules.get((op_type, state), "sum")
+
+
 _touches = 0  # touch() calls so far
 _tracking = False  # the auxsync patch is installed: bases come from touch()
 _generation = 0  # bumps when a new array is tracked (plans are cached against it)
@@ -189,8 +210,13 @@ def _several_copies(entry: _Tracked) -> list[str]:
     # was waiting for a sync (another model's, long gone, does not count).
     _prune()
     key = (entry.op_type, entry.state, entry.array.shape)
-    places = sorted({str(e.array.context) for e in _tracked.values()
-                     if (e.op_type, e.state, e.array.shape) == key and e.last >= entry.first})
+    places = sorted(
+        {
+            str(e.array.context)
+            for e in _tracked.values()
+            if (e.op_type, e.state, e.array.shape) == key and e.last >= entry.first
+        }
+    )
     workers = int(os.environ.get("DMLC_NUM_WORKER", "1") or 1)
     if os.environ.get("DMLC_ROLE") == "worker" and workers > 1:
         places.append(f"{workers} workers")
@@ -203,21 +229,29 @@ def _check_unsynced(entry: _Tracked) -> None:
     if entry.synced and _steps == entry.step_mark:
         return  # accumulating over several passes before the next step
     if _steps > entry.step_mark:
-        why = ("a gluon.Trainer or Module stepped, but it is not among that Trainer's "
-               "parameters or that Module's graph")
+        why = (
+            "a gluon.Trainer or Module stepped, but it is not among that Trainer's "
+            "parameters or that Module's graph"
+        )
     elif entry.passes >= UNSYNCED_PASSES and not entry.synced:
-        why = (f"{entry.passes} training passes ran with no gluon.Trainer.step/update, "
-               "Module.update or AuxSync call")
+        why = (
+            f"{entry.passes} training passes ran with no gluon.Trainer.step/update, "
+            "Module.update or AuxSync call"
+        )
     else:
         return
     places = _several_copies(entry)
     if places:
-        warn(entry.op_type, entry.state, f"its copies on {', '.join(places)} are updated and "
-             f"nothing keeps them equal ({why})",
-             "put it in the parameters of the gluon.Trainer you step (e.g. the block that "
-             "owns it in Trainer(net.collect_params(), ...)), or create "
-             "customop.distributed.auxsync.AuxSync([...its Parameter...], trainer) and call "
-             "it after every step", "unsynced")
+        warn(
+            entry.op_type,
+            entry.state,
+            f"its copies on {', '.join(places)} are updated and nothing keeps them equal ({why})",
+            "put it in the parameters of the gluon.Trainer you step (e.g. the block that "
+            "owns it in Trainer(net.collect_params(), ...)), or create "
+            "customop.distributed.auxsync.AuxSync([...its Parameter...], trainer) and call "
+            "it after every step",
+            "unsynced",
+        )
 
 
 def _ranks_unmerged(entry: _Tracked) -> None:
@@ -231,7 +265,8 @@ def _ranks_unmerged(entry: _Tracked) -> None:
         "copy would drift apart. Fix: train with hvd.DistributedTrainer (or "
         "hvd.DistributedOptimizer), which merge it across the ranks themselves, or create "
         "customop.distributed.auxsync.AuxSync([...its Parameter...], hvd) before the first "
-        "step and call it after every step")
+        "step and call it after every step"
+    )
 
 
 def warn(op_type: str, state: str, what: str, fix: str, kind: str) -> None:
@@ -239,9 +274,12 @@ def warn(op_type: str, state: str, what: str, fix: str, kind: str) -> None:
     if (op_type, state, kind) in _warned:
         return
     _warned.add((op_type, state, kind))
-    warnings.warn(f"customop {op_type!r} (aux state {state!r}): {what}; the copies will drift "
-                  f"apart and whichever one is saved wins. Fix: {fix}.", AuxStateWarning,
-                  stacklevel=4)
+    warnings.warn(
+        f"customop {op_type!r} (aux state {state!r}): {what}; the copies will drift "
+        f"apart and whichever one is saved wins. Fix: {fix}.",
+        AuxStateWarning,
+        stacklevel=4,
+    )
 
 
 # ---- the sum over devices and workers, written once ------------------------------------------
@@ -282,8 +320,7 @@ def begin(plan: Plan) -> None:
         rule = copies_rule(devs)
         if rule == "local":
             # each copy keeps its own: only what a Trainer's first step overwrites comes back
-            pending.append((rule, [d.copy() for d in devs] if plan.restore_local else None,
-                            None))
+            pending.append((rule, [d.copy() for d in devs] if plan.restore_local else None, None))
             continue
         ctx = devs[0].context
         entries = [_entry(d) for d in devs]
@@ -332,8 +369,7 @@ def finish(plan: Plan, kv: Any, priority_base: int = 0) -> None:
                 total[:] = 0  # worker 0's first device wins
             workers.sum(key, total, priority, first=False)
             if count is not None:
-                workers.sum(_count_key(key), count, priority,
-                            first=key not in plan.counts_inited)
+                workers.sum(_count_key(key), count, priority, first=key not in plan.counts_inited)
                 plan.counts_inited.add(key)
         if count is not None:
             total = mx.nd.broadcast_div(total, count.reshape((1,) * total.ndim))
@@ -363,24 +399,36 @@ def _checked_kvstore(plan: Plan, kv: Any, on_kv: bool, owner: str) -> Any:
         return None
     problem = None
     if not isinstance(kv, mx.kv.KVStore):
-        problem = (f"the kvstore {type(kv).__name__} is not MXNet's KVStore, whose push and "
-                   "pull sum the workers' deltas",
-                   "use kvstore='dist_sync', or sum the deltas yourself with that kvstore")
+        problem = (
+            f"the kvstore {type(kv).__name__} is not MXNet's KVStore, whose push and "
+            "pull sum the workers' deltas",
+            "use kvstore='dist_sync', or sum the deltas yourself with that kvstore",
+        )
     elif "async" in kv.type:
-        problem = (f"kvstore {kv.type!r} does not wait for every worker's push",
-                   "use kvstore='dist_sync'")
+        problem = (
+            f"kvstore {kv.type!r} does not wait for every worker's push",
+            "use kvstore='dist_sync'",
+        )
     elif on_kv:
-        problem = ("the kvstore runs the optimizer on its servers (update_on_kvstore=True), "
-                   "which would apply it to the aux deltas",
-                   "create the Trainer with update_on_kvstore=False (Module: set "
-                   "MXNET_UPDATE_ON_KVSTORE=0 before init_optimizer or fit)")
+        problem = (
+            "the kvstore runs the optimizer on its servers (update_on_kvstore=True), "
+            "which would apply it to the aux deltas",
+            "create the Trainer with update_on_kvstore=False (Module: set "
+            "MXNET_UPDATE_ON_KVSTORE=0 before init_optimizer or fit)",
+        )
     if problem is None:
         return kv
     for devs in plan.copies:
         entry = _entry(devs[0])
         if entry is not None:
-            warn(entry.op_type, entry.state, f"{owner} keeps the copies on this worker's devices "
-                 f"equal but not across workers: {problem[0]}", problem[1], "kvstore")
+            warn(
+                entry.op_type,
+                entry.state,
+                f"{owner} keeps the copies on this worker's devices "
+                f"equal but not across workers: {problem[0]}",
+                problem[1],
+                "kvstore",
+            )
     return None
 
 
@@ -443,8 +491,9 @@ def _updates_on_workers(trainer: mx.gluon.Trainer) -> bool:
 
 def trainer_begin(trainer: mx.gluon.Trainer) -> Plan | None:
     plan = trainer_plan(trainer)
-    if plan is not None and _left_to_auxsync(plan, trainer, trainer._kvstore_params["kvstore"],
-                                             "gluon.Trainer"):
+    if plan is not None and _left_to_auxsync(
+        plan, trainer, trainer._kvstore_params["kvstore"], "gluon.Trainer"
+    ):
         return None
     if plan is not None:
         # the first step broadcasts every Parameter (under dist_*: worker 0's), 'local'
@@ -464,8 +513,9 @@ def trainer_begin(trainer: mx.gluon.Trainer) -> Plan | None:
 def trainer_finish(plan: Plan, trainer: mx.gluon.Trainer) -> None:
     workers = workers_mod.horovod_of(trainer)  # hvd.DistributedTrainer, DistributedOptimizer
     if workers is None:
-        workers = _checked_kvstore(plan, trainer._kvstore, bool(trainer._update_on_kvstore),
-                                   "gluon.Trainer")
+        workers = _checked_kvstore(
+            plan, trainer._kvstore, bool(trainer._update_on_kvstore), "gluon.Trainer"
+        )
     finish(plan, workers)
 
 

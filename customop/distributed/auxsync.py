@@ -20,6 +20,7 @@ Under Horovod, ``hvd.DistributedTrainer`` (and a Trainer or Module whose optimiz
 Trainer or Module Horovod does not drive leaves them to this call, and the next
 training pass without it raises :class:`AuxStateError`.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -81,16 +82,20 @@ class AuxSync:
                 raise ValueError(
                     f"customop.AuxSync: this is a Horovod job of {workers.horovod_ranks()} "
                     "ranks, and without Horovod the states would be merged on this process's "
-                    "devices only; pass it: AuxSync([...], hvd) (import horovod.mxnet as hvd)")
+                    "devices only; pass it: AuxSync([...], hvd) (import horovod.mxnet as hvd)"
+                )
         if isinstance(self.kvstore, mx.kv.KVStore) and on_kv:
             raise ValueError(
                 "customop.AuxSync: the kvstore runs the optimizer on its servers "
                 "(update_on_kvstore=True), which would apply it to the aux deltas too; create "
                 "the Trainer with update_on_kvstore=False (Module: set "
-                "MXNET_UPDATE_ON_KVSTORE=0 before init_optimizer)")
+                "MXNET_UPDATE_ON_KVSTORE=0 before init_optimizer)"
+            )
         if isinstance(self.kvstore, mx.kv.KVStore) and "async" in self.kvstore.type:
-            raise ValueError(f"customop.AuxSync: kvstore {self.kvstore.type!r} does not wait for "
-                             "every worker's push, so deltas cannot be summed; use dist_sync")
+            raise ValueError(
+                f"customop.AuxSync: kvstore {self.kvstore.type!r} does not wait for "
+                "every worker's push, so deltas cannot be summed; use dist_sync"
+            )
         self.keys = keys
         mx.nd.waitall()
         # Start from one value everywhere: the first device's (worker 0's, through the
@@ -105,8 +110,7 @@ class AuxSync:
                 devs[0].copyto(d)
         if isinstance(self.kvstore, mx.kv.KVStore):
             for key, devs in zip(keys, copies):
-                self.kvstore.init(key, mx.nd.zeros(devs[0].shape, devs[0].context,
-                                                   devs[0].dtype))
+                self.kvstore.init(key, mx.nd.zeros(devs[0].shape, devs[0].context, devs[0].dtype))
             self._plan.inited = set(keys)  # every worker starts from worker 0's value
 
     def __call__(self, *_: Any) -> None:
@@ -129,11 +133,15 @@ def _gluon_aux(source: Any) -> tuple[list[str], list[list[mx.nd.NDArray]]]:
         params = list(source)
     for p in params:
         if not isinstance(p, mx.gluon.Parameter):
-            raise TypeError(f"customop.AuxSync: expected Gluon Parameters holding aux states "
-                            f"(or a Module), got {type(p).__name__}")
+            raise TypeError(
+                f"customop.AuxSync: expected Gluon Parameters holding aux states "
+                f"(or a Module), got {type(p).__name__}"
+            )
         if p.grad_req != "null":
-            raise ValueError(f"customop.AuxSync: Parameter {p.name!r} has grad_req="
-                             f"{p.grad_req!r}; aux states are Parameters with grad_req='null'")
+            raise ValueError(
+                f"customop.AuxSync: Parameter {p.name!r} has grad_req="
+                f"{p.grad_req!r}; aux states are Parameters with grad_req='null'"
+            )
     return [p.name for p in params], [p.list_data() for p in params]
 
 
@@ -149,26 +157,39 @@ def _gluon_kvstore(kvstore: Any) -> tuple[Any, bool]:
         return kvstore, False
     if isinstance(kvstore, str):
         return mx.kv.create(kvstore), False
-    raise TypeError(f"customop.AuxSync: kvstore must be a Trainer, an mx.kv.KVStore, "
-                    f"horovod.mxnet (in a Horovod job) or None, got {type(kvstore).__name__}")
+    raise TypeError(
+        f"customop.AuxSync: kvstore must be a Trainer, an mx.kv.KVStore, "
+        f"horovod.mxnet (in a Horovod job) or None, got {type(kvstore).__name__}"
+    )
 
 
-def _module_aux(mod: mx.mod.Module) -> tuple[list[str], list[list[mx.nd.NDArray]], Any, bool,
-                                              list[tuple[str, str]]]:
+def _module_aux(
+    mod: mx.mod.Module,
+) -> tuple[list[str], list[list[mx.nd.NDArray]], Any, bool, list[tuple[str, str]]]:
     if not (mod.binded and mod.params_initialized):
-        raise ValueError("customop.AuxSync: bind the Module and init_params (and init_optimizer "
-                         "for a kvstore) before creating AuxSync")
+        raise ValueError(
+            "customop.AuxSync: bind the Module and init_params (and init_optimizer "
+            "for a kvstore) before creating AuxSync"
+        )
     graph = json.loads(mod.symbol.tojson())
     nodes = graph["nodes"]
     wanted: dict[str, tuple[str, str]] = {}
     for node in nodes:
-        op = registry.lookup(node.get("attrs", {}).get("op_type", "")) \
-            if node["op"] == "Custom" else None
+        op = (
+            registry.lookup(node.get("attrs", {}).get("op_type", ""))
+            if node["op"] == "Custom"
+            else None
+        )
         if op is not None and op.signature.aux:
-            for entry, state in zip(node["inputs"][-len(op.signature.aux):], op.signature.aux):
+            for entry, state in zip(node["inputs"][-len(op.signature.aux) :], op.signature.aux):
                 wanted[nodes[entry[0]]["name"]] = (op.op_type, state)
     group = mod._exec_group
     names = [n for n in group.aux_names if n in wanted]
     copies = [group.aux_arrays[group.aux_names.index(n)] for n in names]
-    return names, copies, getattr(mod, "_kvstore", None), bool(
-        getattr(mod, "_update_on_kvstore", False)), [wanted[n] for n in names]
+    return (
+        names,
+        copies,
+        getattr(mod, "_kvstore", None),
+        bool(getattr(mod, "_update_on_kvstore", False)),
+        [wanted[n] for n in names],
+    )

@@ -18,6 +18,7 @@ Usage::
 Other ``--launcher`` values (``ssh``, ``mpi``, ``sge``, ``yarn``) are handed to
 MXNet's ``tools/launch.py`` with the Python 3.11 fix applied; they do not fail fast.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -45,13 +46,17 @@ _SERVE = [sys.executable, os.path.join(os.path.dirname(os.path.abspath(__file__)
 class _Proc:
     """One started process: its role, a tail of its stderr (echoed live) and its exit."""
 
-    def __init__(self, role: str, index: int, cmd: Sequence[str], env: dict[str, str],
-                 tail: int):
+    def __init__(self, role: str, index: int, cmd: Sequence[str], env: dict[str, str], tail: int):
         self.role, self.index = role, index
         self.name = role if role == "scheduler" else f"{role} {index}"
         self.tail: collections.deque[str] = collections.deque(maxlen=tail)
-        self.popen = subprocess.Popen(list(cmd), env=env, stderr=subprocess.PIPE,
-                                      stdin=subprocess.DEVNULL, start_new_session=True)
+        self.popen = subprocess.Popen(
+            list(cmd),
+            env=env,
+            stderr=subprocess.PIPE,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         self.reader = threading.Thread(target=self._echo, daemon=True)
         self.reader.start()
 
@@ -106,9 +111,14 @@ def free_port(host: str = LOOPBACK) -> int:
 def job_env(num_workers: int, num_servers: int, port: int, job: str) -> dict[str, str]:
     """The environment every process of a local job shares (loopback only)."""
     env = dict(os.environ)
-    env.update(DMLC_PS_ROOT_URI=LOOPBACK, DMLC_PS_ROOT_PORT=str(port),
-               DMLC_NODE_HOST=LOOPBACK, DMLC_NUM_WORKER=str(num_workers),
-               DMLC_NUM_SERVER=str(num_servers), DMLC_JOB_CLUSTER="local")
+    env.update(
+        DMLC_PS_ROOT_URI=LOOPBACK,
+        DMLC_PS_ROOT_PORT=str(port),
+        DMLC_NODE_HOST=LOOPBACK,
+        DMLC_NUM_WORKER=str(num_workers),
+        DMLC_NUM_SERVER=str(num_servers),
+        DMLC_JOB_CLUSTER="local",
+    )
     env[TAG] = job
     # Workers start with worker_site/sitecustomize.py: an uncaught exception exits 1 at once.
     site = os.path.join(os.path.dirname(os.path.abspath(__file__)), "worker_site")
@@ -116,13 +126,20 @@ def job_env(num_workers: int, num_servers: int, port: int, job: str) -> dict[str
     return env
 
 
-def run_local(command: Sequence[str], num_workers: int, num_servers: int,
-              timeout: float | None = None, grace: float = 5.0, tail: int = 30,
-              port: int | None = None) -> int:
+def run_local(
+    command: Sequence[str],
+    num_workers: int,
+    num_servers: int,
+    timeout: float | None = None,
+    grace: float = 5.0,
+    tail: int = 30,
+    port: int | None = None,
+) -> int:
     """Run a local ``dist_*`` job; return 0 when every worker exits 0, else 1 (after ending it)."""
     if num_workers < 1 or num_servers < 1:
-        raise ValueError("customop.distributed.launch: need at least one worker (-n) and one "
-                         "server (-s)")
+        raise ValueError(
+            "customop.distributed.launch: need at least one worker (-n) and one server (-s)"
+        )
     if not command:
         raise ValueError("customop.distributed.launch: no COMMAND to run on the workers")
     job = uuid.uuid4().hex
@@ -133,13 +150,15 @@ def run_local(command: Sequence[str], num_workers: int, num_servers: int,
     reason = ""
 
     def start(role: str, index: int, cmd: Sequence[str]) -> _Proc:
-        proc = _Proc(role, index, cmd, {**env, "DMLC_ROLE": role, "DMLC_TASK_ID": str(index)},
-                     tail)
+        proc = _Proc(role, index, cmd, {**env, "DMLC_ROLE": role, "DMLC_TASK_ID": str(index)}, tail)
         procs.append(proc)
         return proc
 
-    previous = signal.signal(signal.SIGTERM, _raise_interrupt) \
-        if threading.current_thread() is threading.main_thread() else None
+    previous = (
+        signal.signal(signal.SIGTERM, _raise_interrupt)
+        if threading.current_thread() is threading.main_thread()
+        else None
+    )
     try:
         start("scheduler", 0, _SERVE)
         for i in range(num_servers):
@@ -174,9 +193,12 @@ def run_local(command: Sequence[str], num_workers: int, num_servers: int,
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
     if failed is not None:
-        _report(f"{failed.name} of {num_workers if failed.role == 'worker' else num_servers} "
-                f"(pid {failed.popen.pid}) {failed.describe_exit()}; the job was stopped "
-                "and every process it started was ended", failed)
+        _report(
+            f"{failed.name} of {num_workers if failed.role == 'worker' else num_servers} "
+            f"(pid {failed.popen.pid}) {failed.describe_exit()}; the job was stopped "
+            "and every process it started was ended",
+            failed,
+        )
         return 1
     if reason:
         _report(f"job {reason}; every process it started was ended", None)
@@ -192,8 +214,11 @@ def _report(message: str, proc: _Proc | None) -> None:
     lines = [f"customop.distributed.launch: {message}"]
     if proc is not None:
         text = "".join(proc.tail).rstrip()
-        lines.append(f"--- last lines of {proc.name}'s error output ---" if text else
-                     f"--- {proc.name} wrote nothing to stderr ---")
+        lines.append(
+            f"--- last lines of {proc.name}'s error output ---"
+            if text
+            else f"--- {proc.name} wrote nothing to stderr ---"
+        )
         if text:
             lines.append(text)
     print("\n".join(lines), file=sys.stderr, flush=True)
@@ -210,11 +235,13 @@ def exit_on_error() -> None:
     kvstore threads shut down.  With it, the traceback is printed and the process
     leaves at once through ``os._exit(1)`` (the launcher then ends the job).
     """
+
     def hook(kind, value, tb):
         traceback.print_exception(kind, value, tb)
         sys.stderr.flush()
         sys.stdout.flush()
         os._exit(1)
+
     sys.excepthook = hook
 
 
@@ -226,15 +253,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     """
     parser = argparse.ArgumentParser(
         prog="python -m customop.distributed.launch",
-        description="Start a distributed MXNet job (scheduler, servers, workers); fail fast.")
+        description="Start a distributed MXNet job (scheduler, servers, workers); fail fast.",
+    )
     parser.add_argument("-n", "--num-workers", type=int, required=True)
-    parser.add_argument("-s", "--num-servers", type=int, default=None,
-                        help="default: the number of workers")
-    parser.add_argument("--launcher", default="local",
-                        help="'local' (this launcher, 127.0.0.1 only) or one of MXNet's "
-                             "(ssh, mpi, sge, yarn: handed to mxnet/tools/launch.py)")
-    parser.add_argument("--timeout", type=float, default=None,
-                        help="end the job after this many seconds (default: no limit)")
+    parser.add_argument(
+        "-s", "--num-servers", type=int, default=None, help="default: the number of workers"
+    )
+    parser.add_argument(
+        "--launcher",
+        default="local",
+        help="'local' (this launcher, 127.0.0.1 only) or one of MXNet's "
+        "(ssh, mpi, sge, yarn: handed to mxnet/tools/launch.py)",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=None,
+        help="end the job after this many seconds (default: no limit)",
+    )
     parser.add_argument("--port", type=int, default=None, help="scheduler port (default: free)")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="the worker command")
     args, rest = parser.parse_known_args(argv)
@@ -248,8 +284,17 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         runtime.install("isAlive")
         tool = os.path.join(os.path.dirname(mxnet.__file__), "tools", "launch.py")
-        sys.argv = [tool, "-n", str(args.num_workers), "-s", str(servers), "--launcher",
-                    args.launcher, *rest, *args.command]
+        sys.argv = [
+            tool,
+            "-n",
+            str(args.num_workers),
+            "-s",
+            str(servers),
+            "--launcher",
+            args.launcher,
+            *rest,
+            *args.command,
+        ]
         runpy.run_path(tool, run_name="__main__")
         return 0
     if rest:
@@ -257,8 +302,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.command:
         parser.error("no COMMAND given")
     try:
-        return run_local(args.command, args.num_workers, servers, timeout=args.timeout,
-                         port=args.port)
+        return run_local(
+            args.command, args.num_workers, servers, timeout=args.timeout, port=args.port
+        )
     except ValueError as exc:
         parser.error(str(exc))
         return 2

@@ -12,6 +12,7 @@ command, then hands it to MXNet's own ``KVStoreServer`` controller, which unpick
 optimizer and runs it as MXNet's server would.  ``customop.distributed.launch`` runs this
 file for both roles.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -30,8 +31,9 @@ def library_path() -> str:
     """The ``libmxnet`` that ``import mxnet`` would load (``mxnet/libinfo.py``'s search)."""
     spec = importlib.util.find_spec("mxnet")  # finds the package without running it
     if spec is None or not spec.submodule_search_locations:
-        raise RuntimeError(f"{_NAME}: MXNet is not installed; install customop[cpu] or "
-                           "customop[gpu]")
+        raise RuntimeError(
+            f"{_NAME}: MXNet is not installed; install customop[cpu] or customop[gpu]"
+        )
     where = os.path.join(list(spec.submodule_search_locations)[0], "libinfo.py")
     info_spec = importlib.util.spec_from_file_location("_customop_mxnet_libinfo", where)
     libinfo = importlib.util.module_from_spec(info_spec)
@@ -64,9 +66,12 @@ def main() -> int:
     """Run the scheduler or server that ``DMLC_*`` describes; return when the job ends."""
     role = os.environ.get("DMLC_ROLE")
     if role not in ("scheduler", "server"):
-        print(f"{_NAME}: runs a dist job's scheduler or server and needs DMLC_ROLE=scheduler "
-              f"or server (got {role!r}); start jobs with python -m "
-              "customop.distributed.launch", file=sys.stderr)
+        print(
+            f"{_NAME}: runs a dist job's scheduler or server and needs DMLC_ROLE=scheduler "
+            f"or server (got {role!r}); start jobs with python -m "
+            "customop.distributed.launch",
+            file=sys.stderr,
+        )
         return 2
     lib = ctypes.CDLL(library_path(), ctypes.RTLD_LOCAL)  # the handle import mxnet gets too
     lib.MXGetLastError.restype = ctypes.c_char_p

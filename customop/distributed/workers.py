@@ -19,6 +19,7 @@ arrays.  Horovod is never imported here: a trainer or optimizer of Horovod's mea
 the job imported ``horovod.mxnet`` already (:func:`horovod_of` looks in
 ``sys.modules``).
 """
+
 from __future__ import annotations
 
 import sys
@@ -68,12 +69,22 @@ class HorovodWorkers:
         return f"customop.aux.{key}.{what}"
 
     def start(self, key: Any, value: mx.nd.NDArray, priority: int) -> None:
-        self.hvd.broadcast_(value, root_rank=0, name=self._name(key, "start"),
-                            priority=priority, process_set=self.process_set)
+        self.hvd.broadcast_(
+            value,
+            root_rank=0,
+            name=self._name(key, "start"),
+            priority=priority,
+            process_set=self.process_set,
+        )
 
     def sum(self, key: Any, value: mx.nd.NDArray, priority: int, first: bool) -> None:
-        self.hvd.allreduce_(value, name=self._name(key, "delta"), priority=priority,
-                            op=self.hvd.Sum, process_set=self.process_set)
+        self.hvd.allreduce_(
+            value,
+            name=self._name(key, "delta"),
+            priority=priority,
+            op=self.hvd.Sum,
+            process_set=self.process_set,
+        )
 
     def __repr__(self) -> str:
         return f"Horovod ({self.size} ranks)"

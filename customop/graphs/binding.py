@@ -13,6 +13,7 @@ users see stays the same: the executor's ``arg_dict``, ``arg_arrays`` (in the
 original order, which Module relies on), ``output_dict`` and ``reshape``; the
 CachedOp's inputs.  Graphs without such a node are left alone.
 """
+
 from __future__ import annotations
 
 import copy
@@ -39,8 +40,9 @@ _splices_lock = threading.Lock()
 SPLICE_FACTOR = 3
 
 
-def spliced(sym: mx.sym.Symbol, shapes: Any, dtypes: Any, grads: set[str] | None = None
-            ) -> splice.Spliced | None:
+def spliced(
+    sym: mx.sym.Symbol, shapes: Any, dtypes: Any, grads: set[str] | None = None
+) -> splice.Spliced | None:
     """``sym`` inlined for training, or None when nothing in it inlines.
 
     ``shapes``, ``dtypes``: by input name, or functions giving them (called only when the
@@ -59,9 +61,13 @@ def spliced(sym: mx.sym.Symbol, shapes: Any, dtypes: Any, grads: set[str] | None
         shapes = shapes()
     if callable(dtypes):
         dtypes = dtypes()
-    key = (text, tuple(op for _, op in splice.ours(graph)),
-           _signature(shapes), _signature(dtypes),
-           None if grads is None else frozenset(grads))
+    key = (
+        text,
+        tuple(op for _, op in splice.ours(graph)),
+        _signature(shapes),
+        _signature(dtypes),
+        None if grads is None else frozenset(grads),
+    )
     with _splices_lock:
         if key in _splices:
             _splices.move_to_end(key)
@@ -69,8 +75,12 @@ def spliced(sym: mx.sym.Symbol, shapes: Any, dtypes: Any, grads: set[str] | None
     try:
         found = splice.inline(sym, shapes, dtypes, native.TRAIN, graph=graph, grads=grads)
     except Exception as exc:  # noqa: BLE001 - the graph still runs, as Custom nodes
-        warnings.warn(f"customop: the graph keeps its Custom nodes; inlining failed with "
-                      f"{type(exc).__name__}: {exc}", RuntimeWarning, stacklevel=4)
+        warnings.warn(
+            f"customop: the graph keeps its Custom nodes; inlining failed with "
+            f"{type(exc).__name__}: {exc}",
+            RuntimeWarning,
+            stacklevel=4,
+        )
         return None
     if found is None or not found.inlined:
         found = None
@@ -89,34 +99,69 @@ def clear_cache() -> None:
 
 
 def _signature(by_name: dict[str, Any]) -> tuple:
-    return tuple(sorted((n, str(np.dtype(v)) if not isinstance(v, (tuple, list)) else
-                         tuple(int(d) for d in v)) for n, v in by_name.items()))
+    return tuple(
+        sorted(
+            (n, str(np.dtype(v)) if not isinstance(v, (tuple, list)) else tuple(int(d) for d in v))
+            for n, v in by_name.items()
+        )
+    )
 
 
 def _default_dtypes(sym: mx.sym.Symbol, type_dict: dict | None) -> dict[str, Any]:
     # What simple_bind assumes: float32 for every argument without a __dtype__ attribute.
     attrs = sym.attr_dict()
-    dtypes: dict[str, Any] = {n: np.float32 for n in sym.list_arguments()
-                              if "__dtype__" not in attrs.get(n, {})}
+    dtypes: dict[str, Any] = {
+        n: np.float32 for n in sym.list_arguments() if "__dtype__" not in attrs.get(n, {})
+    }
     dtypes.update(type_dict or {})
     return dtypes
 
 
-def simple_bind(original, sym, ctx, grad_req="write", type_dict=None, stype_dict=None,
-                group2ctx=None, shared_arg_names=None, shared_exec=None, shared_buffer=None,
-                **shapes):
+def simple_bind(
+    original,
+    sym,
+    ctx,
+    grad_req="write",
+    type_dict=None,
+    stype_dict=None,
+    group2ctx=None,
+    shared_arg_names=None,
+    shared_exec=None,
+    shared_buffer=None,
+    **shapes,
+):
     """``Symbol.simple_bind`` of ``sym`` with its inlinable ops inlined."""
     if isinstance(grad_req, (list, tuple)):
         grad_req = dict(zip(sym.list_arguments(), grad_req))
     grads = wanting(sym, grad_req)
     found = spliced(sym, shapes, lambda: _default_dtypes(sym, type_dict), grads)
     if found is None:
-        return original(sym, ctx, grad_req, type_dict, stype_dict, group2ctx, shared_arg_names,
-                        shared_exec, shared_buffer, **shapes)
+        return original(
+            sym,
+            ctx,
+            grad_req,
+            type_dict,
+            stype_dict,
+            group2ctx,
+            shared_arg_names,
+            shared_exec,
+            shared_buffer,
+            **shapes,
+        )
     all_shapes = _all_shapes(sym, shapes)
     with binds.serialized():  # MXNet's binds race (customop.runtime.binds)
-        exe = original(found.symbol, ctx, grad_req, type_dict, stype_dict, group2ctx,
-                       shared_arg_names, shared_exec, shared_buffer, **all_shapes)
+        exe = original(
+            found.symbol,
+            ctx,
+            grad_req,
+            type_dict,
+            stype_dict,
+            group2ctx,
+            shared_arg_names,
+            shared_exec,
+            shared_buffer,
+            **all_shapes,
+        )
     return present(exe, sym, found.symbol, grads)
 
 
@@ -138,40 +183,66 @@ def _all_shapes(sym: mx.sym.Symbol, shapes: dict[str, tuple]) -> dict[str, tuple
     # (simple_bind takes shapes of names the graph lacks, ignored: so are they here)
     inputs = set(sym.list_inputs())
     args, _, aux = sym.infer_shape_partial(**{k: v for k, v in shapes.items() if k in inputs})
-    found = {n: tuple(s) for n, s in zip(sym.list_arguments(), args or [])
-             if s and all(d > 0 for d in s)}
-    found.update((n, tuple(s)) for n, s in zip(sym.list_auxiliary_states(), aux or [])
-                 if s and all(d > 0 for d in s))
+    found = {
+        n: tuple(s) for n, s in zip(sym.list_arguments(), args or []) if s and all(d > 0 for d in s)
+    }
+    found.update(
+        (n, tuple(s))
+        for n, s in zip(sym.list_auxiliary_states(), aux or [])
+        if s and all(d > 0 for d in s)
+    )
     found.update(shapes)
     return found
 
 
-def bind(original, sym, ctx, args, args_grad=None, grad_req="write", aux_states=None,
-         group2ctx=None, shared_exec=None):
+def bind(
+    original,
+    sym,
+    ctx,
+    args,
+    args_grad=None,
+    grad_req="write",
+    aux_states=None,
+    group2ctx=None,
+    shared_exec=None,
+):
     """``Symbol.bind`` of ``sym`` with its inlinable ops inlined."""
     names, aux_names = sym.list_arguments(), sym.list_auxiliary_states()
     arg_map = dict(zip(names, args)) if isinstance(args, (list, tuple)) else dict(args)
-    aux_map = (dict(zip(aux_names, aux_states)) if isinstance(aux_states, (list, tuple))
-               else dict(aux_states or {}))
+    aux_map = (
+        dict(zip(aux_names, aux_states))
+        if isinstance(aux_states, (list, tuple))
+        else dict(aux_states or {})
+    )
     arrays = {**arg_map, **aux_map}
     found = None
-    grad_map = ({n: g for n, g in zip(names, args_grad) if g is not None}
-                if isinstance(args_grad, (list, tuple)) else args_grad)
+    grad_map = (
+        {n: g for n, g in zip(names, args_grad) if g is not None}
+        if isinstance(args_grad, (list, tuple))
+        else args_grad
+    )
     req = dict(zip(names, grad_req)) if isinstance(grad_req, (list, tuple)) else grad_req
     grads = wanting(sym, req, grad_map)
     if all(isinstance(a, mx.nd.NDArray) for a in arrays.values()):
-        found = spliced(sym, lambda: {n: a.shape for n, a in arrays.items()},
-                        lambda: {n: a.dtype for n, a in arrays.items()}, grads)
+        found = spliced(
+            sym,
+            lambda: {n: a.shape for n, a in arrays.items()},
+            lambda: {n: a.dtype for n, a in arrays.items()},
+            grads,
+        )
     if found is None:
         return original(sym, ctx, args, args_grad, grad_req, aux_states, group2ctx, shared_exec)
     with binds.serialized():  # MXNet's binds race (customop.runtime.binds)
-        exe = original(found.symbol, ctx, arg_map, grad_map, req, aux_map, group2ctx,
-                       shared_exec)
+        exe = original(found.symbol, ctx, arg_map, grad_map, req, aux_map, group2ctx, shared_exec)
     return present(exe, sym, found.symbol, grads)
 
 
-def present(exe: mx.executor.Executor, original: mx.sym.Symbol,
-            inlined: mx.sym.Symbol, grads: set[str] | None = None) -> mx.executor.Executor:
+def present(
+    exe: mx.executor.Executor,
+    original: mx.sym.Symbol,
+    inlined: mx.sym.Symbol,
+    grads: set[str] | None = None,
+) -> mx.executor.Executor:
     """Make an executor of ``inlined`` look like one of ``original`` (names, order, reshape)."""
     args, aux = inlined.list_arguments(), inlined.list_auxiliary_states()
     order = [args.index(n) for n in original.list_arguments()]
@@ -208,23 +279,35 @@ class _Reshape:
             warnings.simplefilter("ignore")
             args, _, aux = self.original.infer_shape_partial(**given)
         current = {**exe.arg_dict, **exe.aux_dict}
-        shapes = {n: tuple(s) if s and all(d > 0 for d in s) else current[n].shape
-                  for n, s in zip([*names, *aux_names], [*(args or []), *(aux or [])])}
+        shapes = {
+            n: tuple(s) if s and all(d > 0 for d in s) else current[n].shape
+            for n, s in zip([*names, *aux_names], [*(args or []), *(aux or [])])
+        }
         dtypes = {n: a.dtype for n, a in current.items()}
         checked(self.original, shapes, dtypes)
         found = spliced(self.original, shapes, dtypes, self.grads)
-        if found is not None and (graph_json.anonymous(found.symbol)
-                                  == graph_json.anonymous(self.inlined)):
+        if found is not None and (
+            graph_json.anonymous(found.symbol) == graph_json.anonymous(self.inlined)
+        ):
             new = mx.executor.Executor.reshape(exe, partial_shaping, allow_up_sizing, **kwargs)
             return present(new, self.original, self.inlined, self.grads)
 
         def same_or_new(arrays):
-            return {n: a if a.shape == shapes[n] else mx.nd.zeros(shapes[n], a.context, a.dtype)
-                    for n, a in arrays.items() if a is not None}
+            return {
+                n: a if a.shape == shapes[n] else mx.nd.zeros(shapes[n], a.context, a.dtype)
+                for n, a in arrays.items()
+                if a is not None
+            }
 
         grads = same_or_new(exe.grad_dict) or None
-        return self.original.bind(exe._ctx, same_or_new(exe.arg_dict), grads, exe._grad_req,
-                                  same_or_new(exe.aux_dict), exe._group2ctx)
+        return self.original.bind(
+            exe._ctx,
+            same_or_new(exe.arg_dict),
+            grads,
+            exe._grad_req,
+            same_or_new(exe.aux_dict),
+            exe._group2ctx,
+        )
 
 
 def checked(sym: mx.sym.Symbol, shapes: dict[str, Any], dtypes: dict[str, Any]) -> None:

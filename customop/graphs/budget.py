@@ -24,6 +24,7 @@ Example:
     ...                       * 2 ** 20)
     True
 """
+
 from __future__ import annotations
 
 import os
@@ -47,14 +48,15 @@ def limit() -> int:
     """The budget in bytes: what :func:`cache_budget` set, else ``CUSTOMOP_CACHE_MB`` (read
     at each new entry), else :data:`DEFAULT_MB`."""
     if _set[0] is not None:
-        return int(_set[0] * 2 ** 20)
+        return int(_set[0] * 2**20)
     text = os.environ.get(ENV)
     try:
         mb = float(text) if text else DEFAULT_MB
     except ValueError:
-        raise ValueError(f"customop: {ENV}={text!r} is not a number of MiB (default "
-                         f"{DEFAULT_MB})") from None
-    return max(int(mb * 2 ** 20), 0)
+        raise ValueError(
+            f"customop: {ENV}={text!r} is not a number of MiB (default {DEFAULT_MB})"
+        ) from None
+    return max(int(mb * 2**20), 0)
 
 
 def total() -> int:
@@ -90,8 +92,9 @@ def cache_budget(mb: float | None = None, *, reset: bool = False) -> float:
         except (TypeError, ValueError):
             value = float("nan")
         if not value >= 0 or value == float("inf"):
-            raise ValueError(f"customop.cache_budget: mb must be a finite number of MiB >= 0, "
-                             f"got {mb!r}")
+            raise ValueError(
+                f"customop.cache_budget: mb must be a finite number of MiB >= 0, got {mb!r}"
+            )
         _set[0] = value
     budget = limit()
     with _lock:
@@ -100,7 +103,7 @@ def cache_budget(mb: float | None = None, *, reset: bool = False) -> float:
             table = ref()
             if table is not None:
                 table._shrink(budget)
-    return budget / 2 ** 20
+    return budget / 2**20
 
 
 def _release(costs: dict) -> None:

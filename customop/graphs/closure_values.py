@@ -6,6 +6,7 @@ graph (:func:`run_graph`) and the closures (:func:`closure_gradients`) on the
 same values and compares them (:func:`mismatch`), and picks values on which the
 op's own checks pass (:func:`passing`).
 """
+
 from __future__ import annotations
 
 import mxnet as mx
@@ -17,8 +18,9 @@ from . import compare, graph_json, trace
 from .graph_json import NativeGraph
 
 
-def run_graph(graph: NativeGraph, inputs: list[np.ndarray], head_grads: list[np.ndarray]
-              ) -> tuple[list[np.ndarray], list[np.ndarray | None]]:
+def run_graph(
+    graph: NativeGraph, inputs: list[np.ndarray], head_grads: list[np.ndarray]
+) -> tuple[list[np.ndarray], list[np.ndarray | None]]:
     """The graph's outputs and MXNet's gradients of its inputs for these head gradients."""
     names = [f"input{i}" for i in range(len(inputs))]
     sym = graph_json.load(graph_json.to_json(graph, names))
@@ -32,8 +34,10 @@ def run_graph(graph: NativeGraph, inputs: list[np.ndarray], head_grads: list[np.
         outs = cached(*[arrays[nm] for nm in used])
     outs = list(outs) if isinstance(outs, (list, tuple)) else [outs]
     mx.autograd.backward(outs, head_grads=[mx.nd.array(g, dtype=g.dtype) for g in head_grads])
-    grads = [arrays[nm].grad.asnumpy() if nm in used and arrays[nm].grad is not None else None
-             for nm in names]
+    grads = [
+        arrays[nm].grad.asnumpy() if nm in used and arrays[nm].grad is not None else None
+        for nm in names
+    ]
     return [o.asnumpy() for o in outs], grads
 
 
@@ -51,29 +55,47 @@ def closure_gradients(op, params, inputs: list[np.ndarray], head_grads=None):
             head_grads = head_grads([o.asnumpy() for o in outs])
         gs = [mx.nd.array(g, dtype=g.dtype) for g in head_grads]
         grads = kernel.run_backward(op, xs, outs, gs, dict(params), [True] * len(xs), saved)
-    return ([o.asnumpy() for o in outs],
-            [None if g is None else (g.asnumpy() if isinstance(g, mx.nd.NDArray)
-                                     else np.asarray(g)) for g in grads], head_grads)
+    return (
+        [o.asnumpy() for o in outs],
+        [
+            None if g is None else (g.asnumpy() if isinstance(g, mx.nd.NDArray) else np.asarray(g))
+            for g in grads
+        ],
+        head_grads,
+    )
 
 
 def _tolerance(dtype) -> float:
     return {np.dtype(np.float16): 1e-2, np.dtype(np.float64): 1e-9}.get(np.dtype(dtype), 2e-4)
 
 
-def mismatch(op, params, graph: NativeGraph, inputs: list[np.ndarray],
-             seed: int = 11, tolerance: float | None = None) -> str:
-    """"" when the graph's outputs and MXNet's gradients equal the op's; else what differs."""
+def mismatch(
+    op,
+    params,
+    graph: NativeGraph,
+    inputs: list[np.ndarray],
+    seed: int = 11,
+    tolerance: float | None = None,
+) -> str:
+    """ "" when the graph's outputs and MXNet's gradients equal the op's; else what differs."""
     rng = np.random.RandomState(seed)
     try:
-        want_out, want, heads = closure_gradients(op, params, inputs, lambda outs: [
-            rng.uniform(-1, 1, o.shape).astype(o.dtype) for o in outs])
+        want_out, want, heads = closure_gradients(
+            op,
+            params,
+            inputs,
+            lambda outs: [rng.uniform(-1, 1, o.shape).astype(o.dtype) for o in outs],
+        )
     except Exception as exc:  # noqa: BLE001 - a failing closure is the reason
         return f"its forward or gradient failed on these values ({type(exc).__name__}: {exc})"
     got_out, got = run_graph(graph, inputs, heads)
     # Where the forward is inf, h(0) = inf * 0 makes NaN: equal there is "not finite" too.
-    got_out = [np.where(~np.isfinite(w) & ~np.isfinite(gv), w, gv) if gv.shape == w.shape
-               and np.issubdtype(w.dtype, np.floating) else gv
-               for gv, w in zip(got_out, want_out)]
+    got_out = [
+        np.where(~np.isfinite(w) & ~np.isfinite(gv), w, gv)
+        if gv.shape == w.shape and np.issubdtype(w.dtype, np.floating)
+        else gv
+        for gv, w in zip(got_out, want_out)
+    ]
     if not compare.close(got_out, want_out):
         return "its graph does not give the forward's outputs"
     names = op.signature.inputs
@@ -88,9 +110,11 @@ def mismatch(op, params, graph: NativeGraph, inputs: list[np.ndarray],
         if not np.allclose(g, w, rtol=tol, atol=tol * scale, equal_nan=True):
             diff = np.abs(g - w)
             numbers = diff[~np.isnan(diff)]  # (np.nanmax of only NaN warns in the user's process)
-            return (f"MXNet's gradient of its transposed closure differs from the closure's for "
-                    f"input {names[i]!r} (max difference "
-                    f"{f'{numbers.max():.3g}' if numbers.size else 'NaN against numbers'})")
+            return (
+                f"MXNet's gradient of its transposed closure differs from the closure's for "
+                f"input {names[i]!r} (max difference "
+                f"{f'{numbers.max():.3g}' if numbers.size else 'NaN against numbers'})"
+            )
     return ""
 
 
@@ -105,12 +129,21 @@ def passing(op, params, first: list[np.ndarray]) -> list[np.ndarray]:
     passes, ``first`` is returned and the comparison names the failure.  Only the
     signature decides (never the values a graph will see): the verdict is cached by it.
     """
-    fixed = [i for i, (name, v) in enumerate(zip(op.signature.inputs, first))
-             if name in op.no_grad or not np.issubdtype(v.dtype, np.floating)]
-    fills = [lambda v: np.ones_like(v), lambda v: np.zeros_like(v),
-             lambda v: (np.arange(v.size) % 2).reshape(v.shape).astype(v.dtype)]
-    candidates = [list(first)] + ([[fill(v) if i in fixed else v for i, v in enumerate(first)]
-                                   for fill in fills] if fixed else [])
+    fixed = [
+        i
+        for i, (name, v) in enumerate(zip(op.signature.inputs, first))
+        if name in op.no_grad or not np.issubdtype(v.dtype, np.floating)
+    ]
+    fills = [
+        lambda v: np.ones_like(v),
+        lambda v: np.zeros_like(v),
+        lambda v: (np.arange(v.size) % 2).reshape(v.shape).astype(v.dtype),
+    ]
+    candidates = [list(first)] + (
+        [[fill(v) if i in fixed else v for i, v in enumerate(first)] for fill in fills]
+        if fixed
+        else []
+    )
     for values in candidates:
         try:
             closure_gradients(op, params, values, lambda outs: [np.ones_like(o) for o in outs])

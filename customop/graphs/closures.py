@@ -6,6 +6,7 @@ closure) in input order; :func:`record` calls them inside the forward's recordin
 itself recorded, so that the graph read back holds each closure as a function of ``g``
 (:mod:`customop.graphs.transposed` transposes it).
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -35,16 +36,18 @@ class Closure:
         self.maker = op.grads[first]
         self.inputs = list(joint.argnums) if joint is not None else [first]
         names = [op.signature.inputs[i] for i in self.inputs]
-        self.label = (f"gradient closure {describe(self.maker)} for input"
-                      f"{'s' if len(names) > 1 else ''} {', '.join(map(repr, names))}")
+        self.label = (
+            f"gradient closure {describe(self.maker)} for input"
+            f"{'s' if len(names) > 1 else ''} {', '.join(map(repr, names))}"
+        )
 
     def gradients(self, op: Differentiable, ans, xs, g, params, saved) -> list:
         """The closure's gradients, one per input of :attr:`inputs`."""
         if self.joint is None:
-            return [gradients.from_closure(op, self.first, ans, list(xs), g, params,
-                                           lambda: saved)]
-        got = gradients.from_joint(op, self.joint, self.first, ans, list(xs), g, params,
-                                   lambda: saved)
+            return [gradients.from_closure(op, self.first, ans, list(xs), g, params, lambda: saved)]
+        got = gradients.from_joint(
+            op, self.joint, self.first, ans, list(xs), g, params, lambda: saved
+        )
         return [got[self.joint.picks[k]] for k in range(len(self.inputs))]
 
 
@@ -75,8 +78,16 @@ class Recorded:
         self.spans: list[tuple[int, Closure]] = []  # (reads before it ran, closure)
 
 
-def record(op: Differentiable, closures: list[Closure], xs, outs, saved, params,
-           log: Any, rng: np.random.RandomState) -> Recorded:
+def record(
+    op: Differentiable,
+    closures: list[Closure],
+    xs,
+    outs,
+    saved,
+    params,
+    log: Any,
+    rng: np.random.RandomState,
+) -> Recorded:
     """Call every closure on a recorded random ``g`` (inside the forward's recording).
 
     ``log``: the trace log (its ``inputs`` get the ``g`` variables; ``poison``, the

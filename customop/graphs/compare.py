@@ -1,4 +1,5 @@
 """Comparing what two traces of one operator recorded, and two of its native graphs."""
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
@@ -10,8 +11,6 @@ from ..modes import BFLOAT16
 if TYPE_CHECKING:
     from .graph_json import NativeGraph
     from .trace import Recording
-
-
 
 
 def host(a: np.ndarray) -> np.ndarray:
@@ -43,8 +42,10 @@ def close(got: list[np.ndarray], want: list[np.ndarray]) -> bool:
 
 def structure(rec: Recording) -> list:
     """What a recording's graph is, values left out: equal for traces on other values."""
-    return [(n["op"], sorted(n["attrs"].items()), n["inputs"], i in rec.free)
-            for i, n in enumerate(rec.nodes)] + [rec.heads, rec.inputs]
+    return [
+        (n["op"], sorted(n["attrs"].items()), n["inputs"], i in rec.free)
+        for i, n in enumerate(rec.nodes)
+    ] + [rec.heads, rec.inputs]
 
 
 def difference(a: NativeGraph, b: NativeGraph) -> str:
@@ -55,8 +56,11 @@ def difference(a: NativeGraph, b: NativeGraph) -> str:
         if x["op"] != y["op"] or x["inputs"] != y["inputs"]:
             return f"operator {x['op']} becomes {y['op']}"
         if x["attrs"] != y["attrs"]:
-            key = next(k for k in sorted(set(x["attrs"]) | set(y["attrs"]))
-                       if x["attrs"].get(k) != y["attrs"].get(k))
+            key = next(
+                k
+                for k in sorted(set(x["attrs"]) | set(y["attrs"]))
+                if x["attrs"].get(k) != y["attrs"].get(k)
+            )
             return f"{x['op']} {key}={x['attrs'].get(key)} becomes {y['attrs'].get(key)}"
     if a.heads != b.heads:
         return "other outputs"

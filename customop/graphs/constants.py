@@ -7,6 +7,7 @@ can hold without a parameter (uniform, an arithmetic run broadcast along axes, o
 up to ``SMALL`` elements written out).  A new form is one more branch of
 :func:`expressed` and a test.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -21,10 +22,10 @@ SMALL = 64  # elements: a constant up to this size may be written out node by no
 
 def add_node(nodes: list, op: str, attrs: dict, inputs: list) -> tuple:
     """Append a node of ``op`` to a native graph's ``nodes``; its first output's reference."""
-    nodes.append({"op": op, "name": f"{op.strip('_').lower()}{len(nodes)}", "attrs": attrs,
-                  "inputs": inputs})
+    nodes.append(
+        {"op": op, "name": f"{op.strip('_').lower()}{len(nodes)}", "attrs": attrs, "inputs": inputs}
+    )
     return ("node", len(nodes) - 1, 0)
-
 
 
 def folded(nodes, slot, free, heads) -> tuple[list[bool], dict[tuple[int, int], np.ndarray]]:
@@ -37,8 +38,9 @@ def folded(nodes, slot, free, heads) -> tuple[list[bool], dict[tuple[int, int], 
     for j, n in enumerate(nodes):
         if j in slot:
             continue
-        const[j] = j in free or (n["op"] != "null" and bool(n["inputs"]) and all(
-            const[e[0]] for e in n["inputs"]))
+        const[j] = j in free or (
+            n["op"] != "null" and bool(n["inputs"]) and all(const[e[0]] for e in n["inputs"])
+        )
     wanted: list[tuple[int, int]] = []
     for j, n in enumerate(nodes):
         if not const[j]:
@@ -55,8 +57,14 @@ def folded(nodes, slot, free, heads) -> tuple[list[bool], dict[tuple[int, int], 
         for j, n in enumerate(nodes):
             if const[j]:
                 index[j] = len(graph["nodes"])
-                graph["nodes"].append({"op": n["op"], "name": f"n{j}", "attrs": n["attrs"],
-                                       "inputs": [[index[e[0]], e[1], 0] for e in n["inputs"]]})
+                graph["nodes"].append(
+                    {
+                        "op": n["op"],
+                        "name": f"n{j}",
+                        "attrs": n["attrs"],
+                        "inputs": [[index[e[0]], e[1], 0] for e in n["inputs"]],
+                    }
+                )
         graph["heads"] = [[index[j], k, 0] for j, k in computed]
         args = {f"n{j}": mx.nd.array(free[j], dtype=free[j].dtype) for j in free if const[j]}
         for e, out in zip(computed, graph_json.run(graph, args)):
@@ -77,8 +85,9 @@ def expressed(value: np.ndarray, nodes: list, shapes) -> tuple | None:
             ones = (1,) * value.ndim
             full = add_node(nodes, "_full", {"shape": str(ones), "value": u, "dtype": dtype}, [])
             return add_node(nodes, "broadcast_like", {}, [full, ("in", like)])
-        return add_node(nodes, "_full", {"shape": str(value.shape or (1,)), "value": u,
-                                     "dtype": dtype}, [])
+        return add_node(
+            nodes, "_full", {"shape": str(value.shape or (1,)), "value": u, "dtype": dtype}, []
+        )
     core = value
     for axis in range(value.ndim):  # drop the axes it is constant along
         first = np.take(core, [0], axis=axis)
@@ -88,14 +97,28 @@ def expressed(value: np.ndarray, nodes: list, shapes) -> tuple | None:
     steps = np.diff(line.astype(np.float64))
     if line.size > 1 and np.all(steps == steps[0]) and steps[0] != 0:
         start, step = float(line[0]), float(steps[0])
-        node = add_node(nodes, "_arange", {"start": number_attr(start), "stop": number_attr(
-            start + step * line.size), "step": number_attr(step), "repeat": "1",
-            "dtype": dtype}, [])
+        node = add_node(
+            nodes,
+            "_arange",
+            {
+                "start": number_attr(start),
+                "stop": number_attr(start + step * line.size),
+                "step": number_attr(step),
+                "repeat": "1",
+                "dtype": dtype,
+            },
+            [],
+        )
     elif line.size <= SMALL:
-        parts = [add_node(nodes, "_full", {"shape": "(1,)", "value": number_attr(v),
-                                           "dtype": dtype}, []) for v in line]
-        node = parts[0] if len(parts) == 1 else add_node(
-            nodes, "Concat", {"dim": "0", "num_args": str(len(parts))}, parts)
+        parts = [
+            add_node(nodes, "_full", {"shape": "(1,)", "value": number_attr(v), "dtype": dtype}, [])
+            for v in line
+        ]
+        node = (
+            parts[0]
+            if len(parts) == 1
+            else add_node(nodes, "Concat", {"dim": "0", "num_args": str(len(parts))}, parts)
+        )
     else:
         return None
     node = add_node(nodes, "Reshape", {"shape": str(core.shape)}, [node])
@@ -107,8 +130,7 @@ def expressed(value: np.ndarray, nodes: list, shapes) -> tuple | None:
 def number_attr(v: Any) -> str:
     """A number as an operator attribute (MXNet parses it: exact, and nan/inf spelled out)."""
     v = float(v)
-    return repr(v) if np.isfinite(v) else ("nan" if np.isnan(v) else
-                                           ("inf" if v > 0 else "-inf"))
+    return repr(v) if np.isfinite(v) else ("nan" if np.isnan(v) else ("inf" if v > 0 else "-inf"))
 
 
 def same(a: np.ndarray, b: np.ndarray) -> bool:

@@ -1,4 +1,5 @@
 """``customop.explain``: whether an op, or each op of a graph, runs as MXNet's own operators."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -12,8 +13,10 @@ from ..modes import BFLOAT16
 from ..operator import CustomOperator
 from . import graph_json, imperative, native, splice
 
-_WHERE = {native.TRAIN: "training (hybridized blocks, bound graphs)",
-          native.EXPORT: "deploy export (customop.export)"}
+_WHERE = {
+    native.TRAIN: "training (hybridized blocks, bound graphs)",
+    native.EXPORT: "deploy export (customop.export)",
+}
 
 
 @dataclass
@@ -56,18 +59,25 @@ class GraphReport:
     @property
     def kept(self) -> dict[str, list[str]]:
         """Nodes that stay ``Custom`` nodes, per purpose."""
-        return {p: [n for n, _, t, e in self.nodes
-                    if not (t if p == native.TRAIN else e).startswith("inlines")]
-                for p in native.PURPOSES}
+        return {
+            p: [
+                n
+                for n, _, t, e in self.nodes
+                if not (t if p == native.TRAIN else e).startswith("inlines")
+            ]
+            for p in native.PURPOSES
+        }
 
     def __repr__(self) -> str:
         if not self.nodes:
             return "no Custom node of a customop operator in this graph"
         lines = []
         for node, op_type, train, export in self.nodes:
-            lines += [f"node {node!r} (customop {op_type!r})",
-                      f"  {_WHERE[native.TRAIN]}: {train}",
-                      f"  {_WHERE[native.EXPORT]}: {export}"]
+            lines += [
+                f"node {node!r} (customop {op_type!r})",
+                f"  {_WHERE[native.TRAIN]}: {train}",
+                f"  {_WHERE[native.EXPORT]}: {export}",
+            ]
         return "\n".join(lines)
 
 
@@ -82,11 +92,12 @@ def _said(verdict: native.Verdict) -> str:
         said += f"; {verdict.graph.note}"
     if verdict.graph.checks:
         n = verdict.graph.checks
-        said += (f"; its customop.require checks ({n}) make the outputs NaN when one "
-                 f"fails")
+        said += f"; its customop.require checks ({n}) make the outputs NaN when one fails"
     if verdict.graph.guards:
-        said += (f"; indices into {', '.join(verdict.graph.guards)} are guarded (NaN for one "
-                 f"out of range)")
+        said += (
+            f"; indices into {', '.join(verdict.graph.guards)} are guarded (NaN for one "
+            f"out of range)"
+        )
     return said
 
 
@@ -123,8 +134,10 @@ def explain(target: Any, *inputs: Any, **params: Any) -> OpReport | GraphReport:
         return _explain_graph(sym, shapes, dtypes)
     if isinstance(target, mx.sym.Symbol):
         return _explain_graph(target, {k: tuple(v) for k, v in params.items()}, {})
-    raise TypeError(f"customop.explain: expected a decorated operator, a HybridBlock or a "
-                    f"Symbol, got {type(target).__name__}")
+    raise TypeError(
+        f"customop.explain: expected a decorated operator, a HybridBlock or a "
+        f"Symbol, got {type(target).__name__}"
+    )
 
 
 def _explain_op(op: CustomOperator, inputs, params) -> OpReport:
@@ -140,21 +153,26 @@ def _explain_op(op: CustomOperator, inputs, params) -> OpReport:
         if isinstance(a, mx.nd.NDArray):
             a = a.asnumpy()
         if not isinstance(a, np.ndarray):
-            raise errors.op_error(op.op_type, TypeError, (
-                f"explain: input {name!r} must be an array or a shape tuple, got "
-                f"{type(a).__name__}"))
+            raise errors.op_error(
+                op.op_type,
+                TypeError,
+                (
+                    f"explain: input {name!r} must be an array or a shape tuple, got "
+                    f"{type(a).__name__}"
+                ),
+            )
         values.append(a)
     shapes = tuple(tuple(a) if v is None else v.shape for a, v in zip(arrays, values))
     dtypes = tuple(np.dtype(np.float32) if v is None else v.dtype for v in values)
     # The verdict graphs get at this signature (traced on placeholders, cached): the values
     # given only say the shapes and dtypes, so explain never answers otherwise than a graph.
-    verdicts = [native.native_graph(op, params, shapes, dtypes, p)
-                for p in native.PURPOSES]
+    verdicts = [native.native_graph(op, params, shapes, dtypes, p) for p in native.PURPOSES]
     imperative = _imperative_path(op, verdicts[0])
     if BFLOAT16 in dtypes:  # an imperative call casts them to float32 first (dispatch)
         wide = tuple(np.dtype(np.float32) if d == BFLOAT16 else d for d in dtypes)
-        imperative = ("bfloat16 inputs cast to float32, then " + _imperative_path(
-            op, native.native_graph(op, params, shapes, wide, native.TRAIN)))
+        imperative = "bfloat16 inputs cast to float32, then " + _imperative_path(
+            op, native.native_graph(op, params, shapes, wide, native.TRAIN)
+        )
     return OpReport(errors.shown(op.op_type), shapes, dtypes, *verdicts, imperative=imperative)
 
 
@@ -166,19 +184,24 @@ def _imperative_path(op: CustomOperator, train: native.Verdict) -> str:
     else:
         usual = "the function path (the forward, then its gradient closures in backward)"
     usual += " under mx.autograd.record(), else its forward in Python"
-    why = imperative.eligible(op) or ("" if train.inlines else "it has no native training "
-                                      "graph (see training above)")
+    why = imperative.eligible(op) or (
+        "" if train.inlines else "it has no native training graph (see training above)"
+    )
     if why:
         return f"{usual}: {why}"
-    return ("its native graph (under mx.autograd.record() recorded by MXNet's autograd: no "
-            "Python in backward), from a signature's second call; the first call takes "
-            f"{usual}")
+    return (
+        "its native graph (under mx.autograd.record() recorded by MXNet's autograd: no "
+        "Python in backward), from a signature's second call; the first call takes "
+        f"{usual}"
+    )
 
 
 def _block_graph(block: mx.gluon.HybridBlock, inputs) -> tuple:
     if not inputs:
-        raise TypeError("customop.explain(block, *inputs): pass example inputs for the "
-                        "block's forward (their shapes and dtypes are what is traced)")
+        raise TypeError(
+            "customop.explain(block, *inputs): pass example inputs for the "
+            "block's forward (their shapes and dtypes are what is traced)"
+        )
     _, out, shapes, dtypes = graph_json.block_signature(block, inputs)
     return out, shapes, dtypes
 
@@ -199,7 +222,12 @@ def _explain_graph(sym: mx.sym.Symbol, shapes, dtypes) -> GraphReport:
     for node in graph["nodes"] if graph else []:
         if (node["name"], native.TRAIN) in said:
             op_type = graph_json.attrs(node).get("op_type", "?")
-            report.nodes.append((node["name"], errors.shown(op_type),
-                                 said[(node["name"], native.TRAIN)],
-                                 said.get((node["name"], native.EXPORT), "?")))
+            report.nodes.append(
+                (
+                    node["name"],
+                    errors.shown(op_type),
+                    said[(node["name"], native.TRAIN)],
+                    said.get((node["name"], native.EXPORT), "?"),
+                )
+            )
     return report

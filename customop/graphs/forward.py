@@ -8,6 +8,7 @@ that a table of :mod:`customop.graphs.rules` refuses, and writes the recording a
 operators, inputs that get no gradient stopped, values computed inside
 ``autograd.pause()`` cut from the gradient).
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -50,7 +51,7 @@ class ForwardGraph:
         return self.fragment(rec, shapes)
 
     def differs(self, graph: NativeGraph, first, second, rec2: trace.Recording) -> str:
-        """"" when the graph gives the forward's outputs at the second recording's values."""
+        """ "" when the graph gives the forward's outputs at the second recording's values."""
         return "" if compare.close(evaluate(graph, second), rec2.outputs) else "differs"
 
     def other_values(self, first, shapes) -> list[np.ndarray]:
@@ -62,8 +63,7 @@ class ForwardGraph:
         self.check(rec)
         return self.fragment(rec, shapes), rec
 
-    def differs_at(self, graph: NativeGraph, inputs, rec: trace.Recording,
-                   alt: NativeGraph) -> str:
+    def differs_at(self, graph: NativeGraph, inputs, rec: trace.Recording, alt: NativeGraph) -> str:
         if compare.close(evaluate(graph, inputs, alt.constants), rec.outputs):
             return ""
         return "other outputs"
@@ -93,8 +93,9 @@ class ForwardGraph:
                     if self.frozen(slot[j]):  # no gradient reaches it (MXNet would give one)
                         found = consts.add_node(out_nodes, "BlockGrad", {}, [found])
                 elif const[j]:
-                    found = self._constant(values[(j, k)], out_nodes, constants, shapes,
-                                           f"{nodes[j]['name']}_{k}")
+                    found = self._constant(
+                        values[(j, k)], out_nodes, constants, shapes, f"{nodes[j]['name']}_{k}"
+                    )
                 else:
                     found = ("node", placed[j], k)
                 refs[(j, k)] = found
@@ -105,8 +106,12 @@ class ForwardGraph:
         def leaving(j: int, k: int, into: int | None) -> tuple:
             # A value computed inside mx.autograd.pause() carries no gradient out of it.
             r = ref(j, k)
-            if (self.purpose == TRAIN and j in rec.paused and r[0] == "node"
-                    and (into is None or into not in rec.paused)):
+            if (
+                self.purpose == TRAIN
+                and j in rec.paused
+                and r[0] == "node"
+                and (into is None or into not in rec.paused)
+            ):
                 if r not in stopped:
                     stopped[r] = consts.add_node(out_nodes, "BlockGrad", {}, [r])
                 r = stopped[r]
@@ -118,8 +123,9 @@ class ForwardGraph:
             if n["op"] == "null":
                 raise NotNative.of("unread-array")
             inputs = [leaving(e[0], e[1], j) for e in n["inputs"]]
-            out_nodes.append({"op": n["op"], "name": n["name"], "attrs": n["attrs"],
-                              "inputs": inputs})
+            out_nodes.append(
+                {"op": n["op"], "name": n["name"], "attrs": n["attrs"], "inputs": inputs}
+            )
             placed[j] = len(out_nodes) - 1
         heads = []
         for j, k in rec.heads:
@@ -145,18 +151,19 @@ class ForwardGraph:
         if expressed is None:
             raise NotNative.of("constant-unheld", value.shape, value.dtype)
         # MXNet parses number attributes itself: the written constant must be exact.
-        probe = NativeGraph([dict(n, inputs=[_shifted(r, start) for r in n["inputs"]])
-                             for n in nodes[start:]], [_shifted(expressed, start)])
+        probe = NativeGraph(
+            [dict(n, inputs=[_shifted(r, start) for r in n["inputs"]]) for n in nodes[start:]],
+            [_shifted(expressed, start)],
+        )
         try:
             got = evaluate(probe, [np.zeros(s, np.float32) for s in shapes])[0]
         except mx.base.MXNetError as exc:
             got = exc
-        if not isinstance(got, np.ndarray) or not consts.same(got.reshape(value.shape)
-                                                         if got.size == value.size else got,
-                                                         value):
+        if not isinstance(got, np.ndarray) or not consts.same(
+            got.reshape(value.shape) if got.size == value.size else got, value
+        ):
             raise NotNative.of("constant-inexact", value.shape, value.dtype)
         return expressed
-
 
 
 def _shifted(r: tuple, start: int) -> tuple:

@@ -9,6 +9,7 @@ or writes that JSON (splicing native graphs in, export, explain, loading symbol
 files, the runtime's ``aux`` patch) does it through this module; the rewrites of an
 exported graph (names, batch sizes, shape checks) are :mod:`customop.deploy.rewrites`'s.
 """
+
 from __future__ import annotations
 
 import json
@@ -78,8 +79,11 @@ def graph_of(sym: mx.sym.Symbol) -> dict[str, Any] | None:
 
 def custom_nodes(graph: dict[str, Any]) -> list[tuple[int, dict[str, Any], str]]:
     """``(index, node, op_type)`` of every ``Custom`` node of ``graph``, in graph order."""
-    return [(i, node, attrs(node).get("op_type", ""))
-            for i, node in enumerate(graph.get("nodes", [])) if node.get("op") == "Custom"]
+    return [
+        (i, node, attrs(node).get("op_type", ""))
+        for i, node in enumerate(graph.get("nodes", []))
+        if node.get("op") == "Custom"
+    ]
 
 
 def custom_op_types(symbol_json: str) -> list[str]:
@@ -122,8 +126,9 @@ def block_signature(block: mx.gluon.HybridBlock, inputs) -> tuple:
 
 
 # ---- graphs of MXNet operators as JSON: written, loaded, run ------------------------------------
-def to_json(graph: Any, input_names: Sequence[str],
-            const_names: dict[str, str] | None = None) -> dict[str, Any]:
+def to_json(
+    graph: Any, input_names: Sequence[str], const_names: dict[str, str] | None = None
+) -> dict[str, Any]:
     """``graph`` as a standalone symbol JSON whose inputs are variables ``input_names``."""
     nodes: list[dict[str, Any]] = []
     index: dict[tuple, int] = {}
@@ -140,8 +145,9 @@ def to_json(graph: Any, input_names: Sequence[str],
     for k, n in enumerate(graph.nodes):
         inputs = [entry(r) for r in n["inputs"]]
         index[("node", k)] = len(nodes)
-        nodes.append({"op": n["op"], "name": n["name"], "attrs": dict(n["attrs"]),
-                      "inputs": inputs})
+        nodes.append(
+            {"op": n["op"], "name": n["name"], "attrs": dict(n["attrs"]), "inputs": inputs}
+        )
     heads = [entry(r) for r in graph.heads]
     return {"nodes": nodes, "heads": heads}
 
@@ -149,11 +155,17 @@ def to_json(graph: Any, input_names: Sequence[str],
 def run(graph: dict[str, Any], args: dict[str, mx.nd.NDArray]) -> list[np.ndarray]:
     # A CachedOp (binding an executor prints MKLDNN notices), which needs an input.
     n = len(graph["heads"])
-    graph = {"nodes": [*graph["nodes"], {"op": "null", "name": "_customop_unused",
-                                         "inputs": []}],
-             "heads": graph["heads"]}
-    graph["nodes"].append({"op": "_copy", "name": "_customop_unused_copy",
-                           "inputs": [[len(graph["nodes"]) - 1, 0, 0]]})
+    graph = {
+        "nodes": [*graph["nodes"], {"op": "null", "name": "_customop_unused", "inputs": []}],
+        "heads": graph["heads"],
+    }
+    graph["nodes"].append(
+        {
+            "op": "_copy",
+            "name": "_customop_unused_copy",
+            "inputs": [[len(graph["nodes"]) - 1, 0, 0]],
+        }
+    )
     graph["heads"] = [*graph["heads"], [len(graph["nodes"]) - 1, 0, 0]]
     args = dict(args, _customop_unused=mx.nd.zeros((1,)))
     sym = load(graph)
@@ -164,21 +176,28 @@ def run(graph: dict[str, Any], args: dict[str, mx.nd.NDArray]) -> list[np.ndarra
 
 def load(graph: dict[str, Any]) -> mx.sym.Symbol:
     """A Symbol from JSON nodes and heads (``arg_nodes`` and versions filled in)."""
-    nodes = [dict(n, attrs={k: str(v) for k, v in (n.get("attrs") or {}).items()})
-             for n in graph["nodes"]]
+    nodes = [
+        dict(n, attrs={k: str(v) for k, v in (n.get("attrs") or {}).items()})
+        for n in graph["nodes"]
+    ]
     for n in nodes:
         if not n["attrs"]:
             n.pop("attrs")
         n["inputs"] = [list(e) + [0] * (3 - len(e)) for e in n["inputs"]]
-    text = json.dumps({"nodes": nodes,
-                       "arg_nodes": [i for i, n in enumerate(nodes) if n["op"] == "null"],
-                       "heads": [list(h) + [0] * (3 - len(h)) for h in graph["heads"]],
-                       "attrs": {"mxnet_version": ["int", 10901]}})
+    text = json.dumps(
+        {
+            "nodes": nodes,
+            "arg_nodes": [i for i, n in enumerate(nodes) if n["op"] == "null"],
+            "heads": [list(h) + [0] * (3 - len(h)) for h in graph["heads"]],
+            "attrs": {"mxnet_version": ["int", 10901]},
+        }
+    )
     return mx.sym.load_json(text)
 
 
-def evaluate(graph: Any, inputs: Sequence[np.ndarray],
-             constants: dict[str, np.ndarray] | None = None) -> list[np.ndarray]:
+def evaluate(
+    graph: Any, inputs: Sequence[np.ndarray], constants: dict[str, np.ndarray] | None = None
+) -> list[np.ndarray]:
     """``graph``'s outputs on these inputs (its constants, or those given)."""
     names = [f"input{i}" for i in range(len(inputs))]
     args = {n: mx.nd.array(v, dtype=v.dtype) for n, v in zip(names, inputs)}
@@ -212,8 +231,9 @@ def toposorted(graph: dict[str, Any]) -> dict[str, Any]:
             order.append(i)
     where = {old: new for new, old in enumerate(order)}
     out = dict(graph)
-    out["nodes"] = [dict(nodes[i], inputs=[[where[e[0]], e[1], 0] for e in nodes[i]["inputs"]])
-                    for i in order]
+    out["nodes"] = [
+        dict(nodes[i], inputs=[[where[e[0]], e[1], 0] for e in nodes[i]["inputs"]]) for i in order
+    ]
     out["heads"] = [[where[h[0]], h[1], 0] for h in graph["heads"]]
     out["arg_nodes"] = [i for i, n in enumerate(out["nodes"]) if n["op"] == "null"]
     out.pop("node_row_ptr", None)
@@ -231,8 +251,13 @@ def reachable(graph: dict[str, Any]) -> dict[str, Any]:
             stack += [e[0] for e in nodes[i]["inputs"]]
     keep = sorted(seen)
     where = {old: new for new, old in enumerate(keep)}
-    out = dict(graph, nodes=[dict(nodes[i], inputs=[[where[e[0]], e[1], 0]
-                                                     for e in nodes[i]["inputs"]]) for i in keep])
+    out = dict(
+        graph,
+        nodes=[
+            dict(nodes[i], inputs=[[where[e[0]], e[1], 0] for e in nodes[i]["inputs"]])
+            for i in keep
+        ],
+    )
     out["heads"] = [[where[h[0]], h[1], 0] for h in graph["heads"]]
     return out
 
@@ -247,9 +272,11 @@ def entry_signatures(frag: Any, shapes, dtypes) -> dict:
     internals = sym.get_internals()
     args = set(sym.list_inputs())
     _, out_shapes, _ = internals.infer_shape_partial(
-        **{nm: tuple(s) for nm, s in zip(names, shapes) if nm in args})
+        **{nm: tuple(s) for nm, s in zip(names, shapes) if nm in args}
+    )
     _, out_types, _ = internals.infer_type_partial(
-        **{nm: np.dtype(d) for nm, d in zip(names, dtypes) if nm in args})
+        **{nm: np.dtype(d) for nm, d in zip(names, dtypes) if nm in args}
+    )
     # (list_outputs names each visible output "<node>_<output name>"; some operators have
     # hidden outputs, so the graph's node_row_ptr does not index these lists)
     wanted = {nd["name"]: k for k, nd in enumerate(frag.nodes)}

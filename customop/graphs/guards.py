@@ -22,6 +22,7 @@ the node stays as it is).  The formulas use operators MXNet's ONNX converter kno
 (``shape_array``, ``slice_axis``, ``_contrib_arange_like``, comparisons without
 ``>=``/``!=``).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -102,9 +103,12 @@ def _clipped(of: Callable[[Ref], Any], index: Ref, data: Ref, axis: int) -> bool
     if float(low["attrs"].get("scalar", "nan")) != 0 or high["attrs"]:
         return False
     count = of(_cast_away(of, high["inputs"][0]))
-    return (count is not None and count["op"] == "_contrib_arange_like"
-            and {k: str(v) for k, v in count["attrs"].items()} == {"axis": str(axis)}
-            and _unblocked(of, count["inputs"][0]) == _unblocked(of, data))
+    return (
+        count is not None
+        and count["op"] == "_contrib_arange_like"
+        and {k: str(v) for k, v in count["attrs"].items()} == {"axis": str(axis)}
+        and _unblocked(of, count["inputs"][0]) == _unblocked(of, data)
+    )
 
 
 def _cast_away(of: Callable[[Ref], Any], ref: Ref) -> Ref:
@@ -121,16 +125,18 @@ def _unblocked(of: Callable[[Ref], Any], ref: Ref) -> Ref:
     return ref
 
 
-def box_encode(node: dict, add: Add, dtypes: list[Any], of: Callable[[Ref], Any] | None = None
-               ) -> list[Ref] | None:
+def box_encode(
+    node: dict, add: Add, dtypes: list[Any], of: Callable[[Ref], Any] | None = None
+) -> list[Ref] | None:
     samples, matches, anchors, refs, means, stds = node["inputs"]
     if of is not None and _clipped(of, matches, refs, 1):
         # matches already clipped into [0, M) (the forward poisons what it clipped itself)
         op = add(node["op"], node["attrs"], node["inputs"])
         return [op, ("node", op[1], 1)]
     length = _length(add, refs, 1)
-    positive = add("Cast", {"dtype": "float64"}, [add("_greater_scalar", {"scalar": "0.5"},
-                                                      [samples])])
+    positive = add(
+        "Cast", {"dtype": "float64"}, [add("_greater_scalar", {"scalar": "0.5"}, [samples])]
+    )
     bad = add("elemwise_mul", {}, [positive, _outside(add, matches, length)])
     # clipped into [0, M - 1] for the kernel, in matches' own dtype
     idx = add("relu", {}, [add("Cast", {"dtype": "float64"}, [matches])])
@@ -164,8 +170,14 @@ def guarded(graph: Any, dtypes: dict[str, list], table: dict[str, Callable[..., 
         return nodes[r[1]] if r[0] == "node" else None
 
     def add(op: str, attrs: dict, inputs: list) -> tuple:
-        nodes.append({"op": op, "name": f"guard{len(nodes)}_{op.strip('_').lower()}",
-                      "attrs": dict(attrs), "inputs": list(inputs)})
+        nodes.append(
+            {
+                "op": op,
+                "name": f"guard{len(nodes)}_{op.strip('_').lower()}",
+                "attrs": dict(attrs),
+                "inputs": list(inputs),
+            }
+        )
         return ("node", len(nodes) - 1, 0)
 
     for k, n in enumerate(graph.nodes):
@@ -173,12 +185,19 @@ def guarded(graph: Any, dtypes: dict[str, list], table: dict[str, Callable[..., 
         rule = table.get(n["op"])
         outs = None
         if rule is not None and n["name"] in dtypes:
-            outs = (rule(node, add, dtypes[n["name"]], of=of) if rule is box_encode
-                    else rule(node, add, dtypes[n["name"]]))
+            outs = (
+                rule(node, add, dtypes[n["name"]], of=of)
+                if rule is box_encode
+                else rule(node, add, dtypes[n["name"]])
+            )
         if outs is None:
             nodes.append(node)
             moved[k] = len(nodes) - 1
         else:
             rewritten[k] = outs
-    return dataclasses.replace(graph, nodes=nodes, heads=[remap(r) for r in graph.heads],
-                               guards=sorted({graph.nodes[k]["op"] for k in rewritten}))
+    return dataclasses.replace(
+        graph,
+        nodes=nodes,
+        heads=[remap(r) for r in graph.heads],
+        guards=sorted({graph.nodes[k]["op"] for k in rewritten}),
+    )

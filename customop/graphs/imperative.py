@@ -27,6 +27,7 @@ the signatures that differ from its own in the size it was checked at another va
 ``CUSTOMOP_RUNTIME_OFF=inline`` (every op keeps its ``Custom`` node in graphs) keeps
 imperative calls on their Python paths too.
 """
+
 from __future__ import annotations
 
 import os
@@ -103,8 +104,7 @@ class _Graph:
             return False
         return outs is not None and all(s and all(d > 0 for d in s) for s in outs)
 
-    def __call__(self, inputs: list[mx.nd.NDArray], recording: bool = True
-                 ) -> list[mx.nd.NDArray]:
+    def __call__(self, inputs: list[mx.nd.NDArray], recording: bool = True) -> list[mx.nd.NDArray]:
         if recording or self.graph.forward_only is None:
             return self.full(inputs)
         alone = self._alone
@@ -119,9 +119,13 @@ def eligible(op: Differentiable) -> str:
     return native.static_reason(op, TRAIN)
 
 
-def call(op: Differentiable, inputs: list[mx.nd.NDArray], params: dict[str, Any],
-         at_once: bool = False, recording: bool = True
-         ) -> list[mx.nd.NDArray] | Pending | None:
+def call(
+    op: Differentiable,
+    inputs: list[mx.nd.NDArray],
+    params: dict[str, Any],
+    at_once: bool = False,
+    recording: bool = True,
+) -> list[mx.nd.NDArray] | Pending | None:
     """``op``'s outputs from its native training graph (recorded when ``recording``; not
     recording, a ``def_grad`` op's graph without its transposed closures); else the usual
     path runs the call (a :class:`Pending` signature: tell :func:`seen` when it returned).
@@ -139,8 +143,14 @@ def call(op: Differentiable, inputs: list[mx.nd.NDArray], params: dict[str, Any]
         never = _never[op] = (off, eligible(op))
     if never[1]:
         return None  # an op no signature inlines builds no signature key
-    key = Pending((op, repr(sorted(params.items())) if params else "",
-                   signature(inputs, range(len(inputs))), mx.autograd.is_training()))
+    key = Pending(
+        (
+            op,
+            repr(sorted(params.items())) if params else "",
+            signature(inputs, range(len(inputs))),
+            mx.autograd.is_training(),
+        )
+    )
     plan = _plans.get(key)  # (one C call under the GIL; _remember changes it under _lock)
     if plan is not None:
         try:
@@ -191,8 +201,9 @@ def _planned(op: Differentiable, params: dict[str, Any], inputs: list[mx.nd.NDAr
         if found is None or found.graph is not verdict.graph:
             found = _Graph(verdict.graph, len(inputs))
             # (plans still holding an evicted one keep it running)
-            _graphs.keep(id(verdict.graph), found,
-                         GRAPH_COST + NODE_COST * len(verdict.graph.nodes))
+            _graphs.keep(
+                id(verdict.graph), found, GRAPH_COST + NODE_COST * len(verdict.graph.nodes)
+            )
         else:
             _graphs.move_to_end(id(verdict.graph))
     if not found.holds(shapes, dtypes):

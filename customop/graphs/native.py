@@ -25,6 +25,7 @@ Answers are cached per operator, parameters, signature and purpose, within the m
 budget of :mod:`customop.graphs.budget` (least recently used out); a training graph serves
 every signature of its shape family without another trace (:func:`_family`).
 """
+
 from __future__ import annotations
 
 import threading
@@ -76,9 +77,14 @@ def static_reason(op: Differentiable, purpose: str) -> str:
     return found.reason if found is not None else ""
 
 
-def native_graph(op: Differentiable, params: dict[str, Any], shapes: Sequence[Sequence[int]],
-                 dtypes: Sequence[Any], purpose: str,
-                 values: Sequence[np.ndarray] | None = None) -> Verdict:
+def native_graph(
+    op: Differentiable,
+    params: dict[str, Any],
+    shapes: Sequence[Sequence[int]],
+    dtypes: Sequence[Any],
+    purpose: str,
+    values: Sequence[np.ndarray] | None = None,
+) -> Verdict:
     """The native graph of ``op`` at this signature for ``purpose``, or why there is none.
 
     The one entry point: every graph, explain and export asks here, for ops with their
@@ -165,8 +171,11 @@ def _decide(op, params, shapes, dtypes, purpose, values) -> Verdict:
         if BFLOAT16 in dtypes:
             raise NotNative.of("bfloat16")
         if purpose == TRAIN and transposed.has_own_gradient(op):
-            first = list(values) if values is not None else closure_values.passing(
-                op, params, placeholders(shapes, dtypes, 1))
+            first = (
+                list(values)
+                if values is not None
+                else closure_values.passing(op, params, placeholders(shapes, dtypes, 1))
+            )
             builder = transposed.TransposedGraph(op, params)
         else:
             first = list(values) if values is not None else placeholders(shapes, dtypes, 1)

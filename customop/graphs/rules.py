@@ -28,6 +28,7 @@ auxiliary states (:data:`STATEFUL`) is here too, and which pass a gradient to wh
 inputs (:data:`NO_GRADIENT`, :data:`PASS_GRADIENT`: :mod:`customop.graphs.splice` and
 :mod:`customop.graphs.tidy` read them).
 """
+
 from __future__ import annotations
 
 import re
@@ -41,9 +42,11 @@ TRAIN, EXPORT = "train", "export"
 PURPOSES = (TRAIN, EXPORT)
 
 # MXNet operators whose outputs are not a function of their inputs.
-RANDOM = re.compile(r"^(_random_|_sample_|random_|sample_|_npi_(random|uniform|normal|gamma|"
-                    r"exponential|weibull|pareto|power|rayleigh|logistic|gumbel|laplace|"
-                    r"multinomial|choice|bernoulli))|^(Dropout|_shuffle|_np_shuffle)$")
+RANDOM = re.compile(
+    r"^(_random_|_sample_|random_|sample_|_npi_(random|uniform|normal|gamma|"
+    r"exponential|weibull|pareto|power|rayleigh|logistic|gumbel|laplace|"
+    r"multinomial|choice|bernoulli))|^(Dropout|_shuffle|_np_shuffle)$"
+)
 # MXNet operators with auxiliary states (moving statistics): in a graph these must be fed
 # by variables, and they update them in place.
 STATEFUL = frozenset({"BatchNorm", "BatchNorm_v1", "SyncBatchNorm", "_contrib_SyncBatchNorm"})
@@ -53,17 +56,49 @@ STATEFUL = frozenset({"BatchNorm", "BatchNorm_v1", "SyncBatchNorm", "_contrib_Sy
 # in MXNet 1.9.1 (no FGradient, zero gradients, or shapes only): a def_grad op's input reached
 # from a variable only through them needs no gradient.
 NO_GRADIENT: dict[str, tuple | None] = {
-    "BlockGrad": None, "argmax": None, "argmin": None, "argsort": None, "shape_array": None,
-    "size_array": None, "zeros_like": None, "ones_like": None, "_contrib_arange_like": None,
-    "broadcast_like": (1,), "reshape_like": (1,),
-    **{op: None for op in ("_greater", "_greater_equal", "_lesser", "_lesser_equal", "_equal",
-                           "_not_equal", "broadcast_greater", "broadcast_greater_equal",
-                           "broadcast_lesser", "broadcast_lesser_equal", "broadcast_equal",
-                           "broadcast_not_equal", "_greater_scalar", "_greater_equal_scalar",
-                           "_lesser_scalar", "_lesser_equal_scalar", "_equal_scalar",
-                           "_not_equal_scalar", "floor", "ceil", "round", "rint", "fix",
-                           "sign")},
-    "one_hot": None, "_contrib_box_encode": None, "_contrib_box_decode": None,
+    "BlockGrad": None,
+    "argmax": None,
+    "argmin": None,
+    "argsort": None,
+    "shape_array": None,
+    "size_array": None,
+    "zeros_like": None,
+    "ones_like": None,
+    "_contrib_arange_like": None,
+    "broadcast_like": (1,),
+    "reshape_like": (1,),
+    **{
+        op: None
+        for op in (
+            "_greater",
+            "_greater_equal",
+            "_lesser",
+            "_lesser_equal",
+            "_equal",
+            "_not_equal",
+            "broadcast_greater",
+            "broadcast_greater_equal",
+            "broadcast_lesser",
+            "broadcast_lesser_equal",
+            "broadcast_equal",
+            "broadcast_not_equal",
+            "_greater_scalar",
+            "_greater_equal_scalar",
+            "_lesser_scalar",
+            "_lesser_equal_scalar",
+            "_equal_scalar",
+            "_not_equal_scalar",
+            "floor",
+            "ceil",
+            "round",
+            "rint",
+            "fix",
+            "sign",
+        )
+    },
+    "one_hot": None,
+    "_contrib_box_encode": None,
+    "_contrib_box_decode": None,
 }
 
 
@@ -71,16 +106,60 @@ NO_GRADIENT: dict[str, tuple | None] = {
 # 1.9.1; with NO_GRADIENT's, each checked by tests/customop/test_tidy.py): a BlockGrad above a
 # subgraph of only these and NO_GRADIENT operators, that reaches no variable, stops nothing;
 # one below which only these and NO_GRADIENT operators lead to no head, too (customop.graphs.tidy).
-PASS_GRADIENT = frozenset({
-    "BlockGrad", "Cast", "Reshape", "expand_dims", "slice_axis", "clip", "abs", "exp", "log",
-    "min", "max", "sum", "where", "_full", "_zeros", "_ones",
-    "elemwise_add", "elemwise_sub", "elemwise_mul", "elemwise_div", "broadcast_add",
-    "broadcast_sub", "broadcast_mul", "broadcast_div", "broadcast_minimum", "broadcast_maximum",
-    "_plus_scalar", "_minus_scalar", "_rminus_scalar", "_mul_scalar", "_div_scalar",
-    "_rdiv_scalar", "_maximum_scalar", "_minimum_scalar", "_power_scalar", "negative", "_copy",
-    "transpose", "Activation", "sigmoid", "relu", "square", "sqrt", "smooth_l1", "pick", "take",
-    "Concat", "batch_dot", "mean", "_contrib_box_iou",
-})
+PASS_GRADIENT = frozenset(
+    {
+        "BlockGrad",
+        "Cast",
+        "Reshape",
+        "expand_dims",
+        "slice_axis",
+        "clip",
+        "abs",
+        "exp",
+        "log",
+        "min",
+        "max",
+        "sum",
+        "where",
+        "_full",
+        "_zeros",
+        "_ones",
+        "elemwise_add",
+        "elemwise_sub",
+        "elemwise_mul",
+        "elemwise_div",
+        "broadcast_add",
+        "broadcast_sub",
+        "broadcast_mul",
+        "broadcast_div",
+        "broadcast_minimum",
+        "broadcast_maximum",
+        "_plus_scalar",
+        "_minus_scalar",
+        "_rminus_scalar",
+        "_mul_scalar",
+        "_div_scalar",
+        "_rdiv_scalar",
+        "_maximum_scalar",
+        "_minimum_scalar",
+        "_power_scalar",
+        "negative",
+        "_copy",
+        "transpose",
+        "Activation",
+        "sigmoid",
+        "relu",
+        "square",
+        "sqrt",
+        "smooth_l1",
+        "pick",
+        "take",
+        "Concat",
+        "batch_dot",
+        "mean",
+        "_contrib_box_iou",
+    }
+)
 
 
 class Refusal(NamedTuple):
@@ -95,17 +174,27 @@ class Refusal(NamedTuple):
 
 
 OP_REFUSALS = (
-    Refusal("numpy-mode", lambda op, purpose: op.mode != "mxnet",
-            "a 'numpy'-mode operator: its forward runs on NumPy arrays, outside MXNet's graph; "
-            "its 'mxnet'-mode twin, written with mx.nd operators, can inline"),
-    Refusal("inline-false", lambda op, purpose: not getattr(op, "inline", True),
-            "declared inline=False (leave it out to inline the op)"),
-    Refusal("aux-states", lambda op, purpose: bool(op.signature.aux),
-            "it has auxiliary states (aux=), which it updates in place; MXNet's own "
-            "operators cannot"),
-    Refusal("trace-off", lambda op, purpose: runtime.disabled("trace"),
-            "CUSTOMOP_RUNTIME_OFF keeps the trace hooks out (take 'trace' out of it to "
-            "inline)"),
+    Refusal(
+        "numpy-mode",
+        lambda op, purpose: op.mode != "mxnet",
+        "a 'numpy'-mode operator: its forward runs on NumPy arrays, outside MXNet's graph; "
+        "its 'mxnet'-mode twin, written with mx.nd operators, can inline",
+    ),
+    Refusal(
+        "inline-false",
+        lambda op, purpose: not getattr(op, "inline", True),
+        "declared inline=False (leave it out to inline the op)",
+    ),
+    Refusal(
+        "aux-states",
+        lambda op, purpose: bool(op.signature.aux),
+        "it has auxiliary states (aux=), which it updates in place; MXNet's own operators cannot",
+    ),
+    Refusal(
+        "trace-off",
+        lambda op, purpose: runtime.disabled("trace"),
+        "CUSTOMOP_RUNTIME_OFF keeps the trace hooks out (take 'trace' out of it to inline)",
+    ),
 )
 # (def_grad and need_top_grad=False ops inline in training too: their closures are traced and
 # transposed by customop.graphs.transposed, whose refusals are the "closure-*" TRACE_REFUSALS.)
@@ -123,9 +212,11 @@ def _inner_refused(rec: Any, purpose: str) -> str:
             return f"{errors.shown(inner.op_type)!r}, which cannot be inlined: {found.reason}"
         if purpose == TRAIN and (inner.grads or not inner.need_top_grad):
             # its forward would be recorded into this graph and differentiated by MXNet
-            return (f"{errors.shown(inner.op_type)!r}, whose gradient is its own (def_grad or "
-                    "need_top_grad=False): inside another op's forward MXNet would "
-                    "differentiate its forward instead")
+            return (
+                f"{errors.shown(inner.op_type)!r}, whose gradient is its own (def_grad or "
+                "need_top_grad=False): inside another op's forward MXNet would "
+                "differentiate its forward instead"
+            )
     return ""
 
 
@@ -139,23 +230,38 @@ def _foreign_custom(rec: Any, purpose: str) -> bool:
 
 RECORDED_REFUSALS = (
     Refusal("inner-customop", _inner_refused, "it calls customop {}"),
-    Refusal("asks-is-tracing", lambda rec, purpose: rec.asked[0] if rec.asked else "",
-            "it asks customop.is_tracing() (at {}), so it may skip a check while traced; "
-            "write value checks with customop.require, which makes the outputs NaN in a "
-            "native graph, and drop the is_tracing() test"),
-    Refusal("reads-values", lambda rec, purpose: rec.reads[0] if rec.reads else "",
-            "it reads values back to Python (asnumpy, asscalar, bool) at {}; a graph would "
-            "keep what it read once (a value check: write it with customop.require)"),
-    Refusal("random", lambda rec, purpose: ", ".join(rec.randoms),
-            "it calls random operators ({}); draw the random values outside the op and "
-            "pass them in as an input"),
+    Refusal(
+        "asks-is-tracing",
+        lambda rec, purpose: rec.asked[0] if rec.asked else "",
+        "it asks customop.is_tracing() (at {}), so it may skip a check while traced; "
+        "write value checks with customop.require, which makes the outputs NaN in a "
+        "native graph, and drop the is_tracing() test",
+    ),
+    Refusal(
+        "reads-values",
+        lambda rec, purpose: rec.reads[0] if rec.reads else "",
+        "it reads values back to Python (asnumpy, asscalar, bool) at {}; a graph would "
+        "keep what it read once (a value check: write it with customop.require)",
+    ),
+    Refusal(
+        "random",
+        lambda rec, purpose: ", ".join(rec.randoms),
+        "it calls random operators ({}); draw the random values outside the op and "
+        "pass them in as an input",
+    ),
     Refusal("stateful", _stateful, "it calls operators that update auxiliary states ({})"),
-    Refusal("unknown-free", lambda rec, purpose: bool(rec.unknown_free),
-            "it uses arrays whose values the trace could not read; build them inside the "
-            "forward from its inputs, or pass them in as inputs"),
-    Refusal("foreign-custom", _foreign_custom,
-            "it calls a custom operator that cannot be inlined itself (a 'numpy'-mode op, "
-            "one with def_grad in training, or one with auxiliary states)"),
+    Refusal(
+        "unknown-free",
+        lambda rec, purpose: bool(rec.unknown_free),
+        "it uses arrays whose values the trace could not read; build them inside the "
+        "forward from its inputs, or pass them in as inputs",
+    ),
+    Refusal(
+        "foreign-custom",
+        _foreign_custom,
+        "it calls a custom operator that cannot be inlined itself (a 'numpy'-mode op, "
+        "one with def_grad in training, or one with auxiliary states)",
+    ),
 )
 
 
@@ -174,38 +280,38 @@ def recorded_refusal(rec: Any, purpose: str) -> tuple[Refusal, str] | None:
 TRACE_REFUSALS = {
     "forward-failed": "its forward failed while being traced on placeholder inputs: {}",
     "value-dependent": "its graph depends on the input values (control flow on values read "
-                       "from its inputs); compute every branch and choose with mx.nd.where",
+    "from its inputs); compute every branch and choose with mx.nd.where",
     "outside-graph": "it computes arrays from its inputs outside the recorded graph (detach(), "
-                     "backward() inside a gradient closure, or new arrays from values it "
-                     "read); the graph would hold them as constants: compute them with MXNet "
-                     "operators on the inputs",
+    "backward() inside a gradient closure, or new arrays from values it "
+    "read); the graph would hold them as constants: compute them with MXNet "
+    "operators on the inputs",
     "other-outputs": "its recorded graph does not give its outputs on other input values",
     "shape-specialized": "its graph holds only at the traced input shapes ({}); a hybridized "
-                         "block may see others: write shapes with reshape's 0/-1 codes or "
-                         "shape operators (zeros_like, broadcast_like), not numbers read "
-                         "from x.shape",
+    "block may see others: write shapes with reshape's 0/-1 codes or "
+    "shape operators (zeros_like, broadcast_like), not numbers read "
+    "from x.shape",
     "unread-array": "it uses an array the trace could not read",
     "bfloat16": "an input is bfloat16: the op computes in float32 there, cast at its Custom "
-                "node (as MXNet's AMP casts a Custom node's inputs), and its graph is traced "
-                "and checked on NumPy values, which have no bfloat16",
+    "node (as MXNet's AMP casts a Custom node's inputs), and its graph is traced "
+    "and checked on NumPy values, which have no bfloat16",
     "constant-unheld": "it builds a constant array of shape {} ({}) that a graph cannot hold "
-                       "without a parameter; pass it in as an input",
+    "without a parameter; pass it in as an input",
     "constant-inexact": "it builds a constant array of shape {} ({}) that the graph cannot "
-                        "write exactly; pass it in as an input",
+    "write exactly; pass it in as an input",
     # an op with its own gradient (customop.graphs.transposed; transposition rules by MXNet
     # operator: customop.graphs.transpose.TRANSPOSE)
     "closure-failed": "its forward or a gradient closure failed while being traced on "
-                      "placeholder inputs: {}",
+    "placeholder inputs: {}",
     "closure-not-ndarray": "its {} returns a {}, not an NDArray",
     "closure-reads": "its {} reads values back to Python (asnumpy, asscalar, bool) at {}; a "
-                     "graph would keep what it read once",
+    "graph would keep what it read once",
     "closure-unknown-shape": "the shape of MXNet operator {!r}'s output in its gradient "
-                             "closure is not known",
+    "closure is not known",
     "closure-not-linear": "its {} is not linear in the head gradient ({}): {}; it runs with "
-                          "the real head gradient in a Custom node",
+    "the real head gradient in a Custom node",
     "closure-constant": "its {} gives input {} a gradient that does not depend on the head "
-                        "gradient g: it is not linear in g (an output layer ignoring g "
-                        "declares need_top_grad=False)",
+    "gradient g: it is not linear in g (an output layer ignoring g "
+    "declares need_top_grad=False)",
     "closure-shape": "its {} returns a gradient of shape {} for an input of shape {}",
     "closure-reads-g": "its transposed gradient still reads the head gradient",
     "closure-differs": "{} on other input values",

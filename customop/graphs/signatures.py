@@ -4,6 +4,7 @@ The per-call key of the graphs that run a call's inputs (a hybridized block's in
 ``CachedOp`` in :mod:`customop.runtime.inline`, an imperative call's native graph in
 :mod:`customop.graphs.imperative`): half what ``.shape`` and ``.dtype`` cost.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -20,13 +21,19 @@ def signature(args, which) -> tuple:
     out = getattr(_buffers, "out", None)
     if out is None:
         ndim, dims, dtype = ctypes.c_int(), ctypes.POINTER(ctypes.c_int)(), ctypes.c_int()
-        out = _buffers.out = (ndim, dims, dtype, ctypes.byref(ndim), ctypes.byref(dims),
-                              ctypes.byref(dtype))
+        out = _buffers.out = (
+            ndim,
+            dims,
+            dtype,
+            ctypes.byref(ndim),
+            ctypes.byref(dims),
+            ctypes.byref(dtype),
+        )
     ndim, dims, dtype, ndim_ref, dims_ref, dtype_ref = out
     key = []
     for i in which:
         handle = args[i].handle
         _get_shape(handle, ndim_ref, dims_ref)
         _get_dtype(handle, dtype_ref)
-        key.append((tuple(dims[:ndim.value]), dtype.value))
+        key.append((tuple(dims[: ndim.value]), dtype.value))
     return tuple(key)

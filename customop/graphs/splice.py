@@ -6,6 +6,7 @@
 signature, and writes the graph in the node's place (a new Symbol; the input
 Symbol is unchanged).  Nodes it cannot inline stay, each with its reason.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -64,8 +65,9 @@ def gradient_sources(graph: dict[str, Any], entries: list) -> set[str]:
         if node["op"] not in rules.NO_GRADIENT:
             stack += [e[0] for e in node["inputs"]]
         elif rules.NO_GRADIENT[node["op"]] is not None:
-            stack += [e[0] for k, e in enumerate(node["inputs"])
-                      if k not in rules.NO_GRADIENT[node["op"]]]
+            stack += [
+                e[0] for k, e in enumerate(node["inputs"]) if k not in rules.NO_GRADIENT[node["op"]]
+            ]
     return found
 
 
@@ -81,21 +83,27 @@ def ours(graph: dict[str, Any]) -> list[tuple[int, Any]]:
 
 def foreign(graph: dict[str, Any]) -> list[str]:
     """The ``Custom`` nodes no decorated operator stands behind (hand-written CustomOps)."""
-    return [f"node {node['name']!r} (op_type {graph_json.attrs(node).get('op_type')!r}): not "
-            "a customop operator (a hand-written mx.operator.CustomOp)"
-            for _, node, op_type in graph_json.custom_nodes(graph)
-            if registry.lookup(op_type) is None]
+    return [
+        f"node {node['name']!r} (op_type {graph_json.attrs(node).get('op_type')!r}): not "
+        "a customop operator (a hand-written mx.operator.CustomOp)"
+        for _, node, op_type in graph_json.custom_nodes(graph)
+        if registry.lookup(op_type) is None
+    ]
 
 
 def candidates(graph: dict[str, Any], purpose: str) -> list[int]:
     """Nodes of ``graph`` that are ``Custom`` nodes of ours that may inline for ``purpose``."""
-    return [i for i, op in ours(graph)
-            if not native.static_reason(op, purpose)]
+    return [i for i, op in ours(graph) if not native.static_reason(op, purpose)]
 
 
-def inline(sym: mx.sym.Symbol, shapes: dict[str, tuple], dtypes: dict[str, Any],
-           purpose: str, graph: dict[str, Any] | None = None,
-           grads: set[str] | None = None) -> Spliced | None:
+def inline(
+    sym: mx.sym.Symbol,
+    shapes: dict[str, tuple],
+    dtypes: dict[str, Any],
+    purpose: str,
+    graph: dict[str, Any] | None = None,
+    grads: set[str] | None = None,
+) -> Spliced | None:
     """``sym`` with native graphs in place of its inlinable ``Custom`` nodes.
 
     ``shapes``/``dtypes``: by input (argument and aux state) name.  None when
@@ -116,8 +124,9 @@ def inline(sym: mx.sym.Symbol, shapes: dict[str, tuple], dtypes: dict[str, Any],
     for i, op in found_ours:
         if i not in wanted:
             refused = rules.op_refusal(op, purpose)
-            result.kept.append(Kept(nodes[i]["name"], errors.shown(op.op_type),
-                                    refused.reason, refused.name))
+            result.kept.append(
+                Kept(nodes[i]["name"], errors.shown(op.op_type), refused.reason, refused.name)
+            )
     if not wanted:
         return result
     signatures = _input_signatures(sym, graph, wanted, shapes, dtypes)
@@ -127,29 +136,32 @@ def inline(sym: mx.sym.Symbol, shapes: dict[str, tuple], dtypes: dict[str, Any],
         op = registry.lookup(graph_json.attrs(node)["op_type"])
         found = signatures.get(i)
         if isinstance(found, _Refused):
-            result.kept.append(Kept(node["name"], errors.shown(op.op_type), found.reason,
-                                    found.rule))
+            result.kept.append(
+                Kept(node["name"], errors.shown(op.op_type), found.reason, found.rule)
+            )
             continue
-        params = _params.decode_attrs({k: v for k, v in graph_json.attrs(node).items()
-                                       if k != "op_type"})
+        params = _params.decode_attrs(
+            {k: v for k, v in graph_json.attrs(node).items() if k != "op_type"}
+        )
         verdict = native.native_graph(op, params, found[0], found[1], purpose)
         if verdict.graph is None:
-            result.kept.append(Kept(node["name"], verdict.op_type, verdict.reason,
-                                    verdict.rule))
+            result.kept.append(Kept(node["name"], verdict.op_type, verdict.reason, verdict.rule))
         else:
             graphs[i] = verdict.graph
             result.verdicts[node["name"]] = verdict
             result.dtype_generic &= verdict.graph.dtype_generic
             if verdict.graph.forward_only is not None and grads is not None:
-                sources = gradient_sources(graph, [node["inputs"][k]
-                                                   for k in verdict.graph.differentiates])
+                sources = gradient_sources(
+                    graph, [node["inputs"][k] for k in verdict.graph.differentiates]
+                )
                 result.switches |= sources
                 if not sources & grads:
                     graphs[i] = verdict.graph.forward_only
     if graphs:
         new, result.constants = _spliced(graph, graphs)
-        result.symbol = graph_json.load(tidy.tidied(
-            new, shapes if purpose == native.TRAIN else None))
+        result.symbol = graph_json.load(
+            tidy.tidied(new, shapes if purpose == native.TRAIN else None)
+        )
         result.inlined = [nodes[i]["name"] for i in graphs]
     return result
 
@@ -181,16 +193,23 @@ def _input_signatures(sym, graph, wanted, shapes, dtypes) -> dict[int, Any]:
     names = set(sym.list_arguments()) | set(sym.list_auxiliary_states())
     try:
         _, out_shapes, _ = internals.infer_shape_partial(
-            **{k: tuple(v) for k, v in shapes.items() if k in names})
+            **{k: tuple(v) for k, v in shapes.items() if k in names}
+        )
         _, out_types, _ = internals.infer_type_partial(
-            **{k: np.dtype(v) for k, v in dtypes.items() if k in names})
+            **{k: np.dtype(v) for k, v in dtypes.items() if k in names}
+        )
     except Exception as exc:  # noqa: BLE001 - binding the graph as it is raises it again
         refused = _Refused.of("signature-uninferable", errors.mxnet_text(exc))
         return {i: refused for i in wanted}
     if len(out_shapes) != rows[-1]:  # pragma: no cover - MXNet lists every node's outputs
         return {i: _Refused.of("rows-unmatched") for i in wanted}
-    known = {(j, k): (tuple(out_shapes[rows[j] + k]) if out_shapes[rows[j] + k] else None,
-                      out_types[rows[j] + k]) for j, k in entries}
+    known = {
+        (j, k): (
+            tuple(out_shapes[rows[j] + k]) if out_shapes[rows[j] + k] else None,
+            out_types[rows[j] + k],
+        )
+        for j, k in entries
+    }
     found: dict[int, Any] = {}
     for i in wanted:
         sig = [known[(e[0], e[1])] for e in nodes[i]["inputs"]]
@@ -201,8 +220,9 @@ def _input_signatures(sym, graph, wanted, shapes, dtypes) -> dict[int, Any]:
     return found
 
 
-def _spliced(graph: dict[str, Any], graphs: dict[int, native.NativeGraph]
-             ) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+def _spliced(
+    graph: dict[str, Any], graphs: dict[int, native.NativeGraph]
+) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     old = graph["nodes"]
     nodes: list[dict[str, Any]] = []
     where: dict[tuple[int, int], list[int]] = {}  # old entry -> new [node, output]
@@ -222,17 +242,28 @@ def _spliced(graph: dict[str, Any], graphs: dict[int, native.NativeGraph]
             moved[i] = len(nodes) - 1
             continue
         inputs = [entry(e) for e in node["inputs"]]
-        heads = _place(nodes, node["name"], inputs, graphs[i], constants,
-                       graph_json.attrs(node).get("__ctx_group__"))
+        heads = _place(
+            nodes,
+            node["name"],
+            inputs,
+            graphs[i],
+            constants,
+            graph_json.attrs(node).get("__ctx_group__"),
+        )
         for k, h in enumerate(heads):
             where[(i, k)] = h
     out = {"nodes": nodes, "heads": [[*entry(h), 0] for h in graph["heads"]]}
     return out, constants
 
 
-def _place(nodes: list[dict[str, Any]], host: str, inputs: list[list[int]],
-           frag: native.NativeGraph, constants: dict[str, np.ndarray],
-           group: str | None) -> list[list[int]]:
+def _place(
+    nodes: list[dict[str, Any]],
+    host: str,
+    inputs: list[list[int]],
+    frag: native.NativeGraph,
+    constants: dict[str, np.ndarray],
+    group: str | None,
+) -> list[list[int]]:
     """Append ``frag``'s nodes in place of node ``host``; return its outputs' entries."""
     placed: list[int] = []
     named: dict[str, int] = {}
@@ -253,8 +284,11 @@ def _place(nodes: list[dict[str, Any]], host: str, inputs: list[list[int]],
         attrs = {k: str(v) for k, v in n["attrs"].items()}
         if group is not None:
             attrs["__ctx_group__"] = group
-        new = {"op": n["op"], "name": f"{host}_{n['name']}",
-               "inputs": [[*ref(r), 0] for r in n["inputs"]]}
+        new = {
+            "op": n["op"],
+            "name": f"{host}_{n['name']}",
+            "inputs": [[*ref(r), 0] for r in n["inputs"]],
+        }
         if attrs:
             new["attrs"] = attrs
         nodes.append(new)

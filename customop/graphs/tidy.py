@@ -21,6 +21,7 @@ a dropped ``BlockGrad`` stopped was zero, a dropped factor was 1.  Which operato
 gradient where is read from :data:`customop.graphs.rules.NO_GRADIENT` and
 :data:`customop.graphs.rules.PASS_GRADIENT`.
 """
+
 from __future__ import annotations
 
 import math
@@ -54,9 +55,13 @@ def idle_block_grads(graph: dict[str, Any]) -> dict[str, Any]:
     heads = {h[0] for h in graph["heads"]}
     # (make_loss, SoftmaxOutput, a Custom output layer: any unknown operator makes a gradient)
     back = _gradient_comes_back(graph)
-    idle = {i: node["inputs"][0] for i, node in enumerate(nodes)
-            if node["op"] == "BlockGrad" and i not in heads
-            and (free[node["inputs"][0][0]] or not back[i])}
+    idle = {
+        i: node["inputs"][0]
+        for i, node in enumerate(nodes)
+        if node["op"] == "BlockGrad"
+        and i not in heads
+        and (free[node["inputs"][0][0]] or not back[i])
+    }
     return _replaced(graph, idle)
 
 
@@ -92,10 +97,12 @@ def constant_checks(graph: dict[str, Any]) -> dict[str, Any]:
 
 
 # broadcast operator -> (scalar operator with the constant on the right, on the left)
-_SCALAR_FORMS = {"broadcast_mul": ("_mul_scalar", "_mul_scalar"),
-                 "broadcast_add": ("_plus_scalar", "_plus_scalar"),
-                 "broadcast_div": ("_div_scalar", "_rdiv_scalar"),
-                 "broadcast_sub": ("_minus_scalar", "_rminus_scalar")}
+_SCALAR_FORMS = {
+    "broadcast_mul": ("_mul_scalar", "_mul_scalar"),
+    "broadcast_add": ("_plus_scalar", "_plus_scalar"),
+    "broadcast_div": ("_div_scalar", "_rdiv_scalar"),
+    "broadcast_sub": ("_minus_scalar", "_rminus_scalar"),
+}
 
 
 def constant_scalars(graph: dict[str, Any]) -> dict[str, Any]:
@@ -117,14 +124,23 @@ def constant_scalars(graph: dict[str, Any]) -> dict[str, Any]:
                 key = tuple(ins[k][:2])
                 if key not in values:  # evaluated once, and only when it is one element
                     shape = _shapes(nodes, [key], {})
-                    values[key] = (None if shape is None or int(np.prod(shape[0])) != 1 else
-                                   _value(nodes, key))
+                    values[key] = (
+                        None if shape is None or int(np.prod(shape[0])) != 1 else _value(nodes, key)
+                    )
                 if values[key] is not None:
                     scalar = repr(float(values[key].reshape(-1)[0]))
                     kept = {a: v for a, v in graph_json.attrs(node).items() if a[:2] == "__"}
-                    changed.append((i, {"op": forms[1 - k], "name": node["name"],
-                                        "attrs": dict(kept, scalar=scalar),
-                                        "inputs": [ins[1 - k]]}))
+                    changed.append(
+                        (
+                            i,
+                            {
+                                "op": forms[1 - k],
+                                "name": node["name"],
+                                "attrs": dict(kept, scalar=scalar),
+                                "inputs": [ins[1 - k]],
+                            },
+                        )
+                    )
                 break
     if not changed:
         return graph
@@ -147,9 +163,9 @@ def argmax_indices(graph: dict[str, Any], shapes: dict[str, tuple]) -> dict[str,
     the other factor.  Up to 2048 (every float dtype counts that far exactly).
     """
     nodes = graph["nodes"]
-    alias: dict[int, list] = {}   # node -> the entry it equals
+    alias: dict[int, list] = {}  # node -> the entry it equals
     integral: set[tuple] = set()  # entries holding integers, never NaN (argmax outputs)
-    ones: set[int] = set()        # nodes whose every element is 1
+    ones: set[int] = set()  # nodes whose every element is 1
 
     def at(e):
         while e[0] in alias:
@@ -170,15 +186,15 @@ def argmax_indices(graph: dict[str, Any], shapes: dict[str, tuple]) -> dict[str,
             alias[i] = list(ins[1])
         elif op in ("broadcast_equal", "_equal") and ins[0] == ins[1] and ins[0] in integral:
             ones.add(i)
-        elif (op in ("broadcast_div", "elemwise_div") and ins[0] == ins[1]
-              and ins[0][0] in ones):
+        elif op in ("broadcast_div", "elemwise_div") and ins[0] == ins[1] and ins[0][0] in ones:
             ones.add(i)
         elif op in ("expand_dims", "Reshape", "Cast") and ins[0][0] in ones:
             ones.add(i)
         elif op in ("broadcast_mul", "elemwise_mul"):
             for k in (0, 1):
-                if ins[1 - k][0] in ones and (op == "elemwise_mul" or _within(
-                        nodes, ins[1 - k], ins[k], shapes)):
+                if ins[1 - k][0] in ones and (
+                    op == "elemwise_mul" or _within(nodes, ins[1 - k], ins[k], shapes)
+                ):
                     alias[i] = list(ins[k])
                     break
     heads = {h[0] for h in graph["heads"]}
@@ -243,8 +259,9 @@ def _free(nodes: list[dict[str, Any]]) -> list[bool]:
             free.append(False)
         elif op in rules.NO_GRADIENT:
             stopped = rules.NO_GRADIENT[op]
-            free.append(stopped is None or all(free[e[0]] for k, e in enumerate(ins)
-                                               if k not in stopped))
+            free.append(
+                stopped is None or all(free[e[0]] for k, e in enumerate(ins) if k not in stopped)
+            )
         else:
             free.append(op in rules.PASS_GRADIENT and all(free[e[0]] for e in ins))
     return free
@@ -255,8 +272,9 @@ def _constant(nodes: list[dict[str, Any]]) -> list[bool]:
     out: list[bool] = []
     for node in nodes:
         op, ins = node["op"], node["inputs"]
-        out.append(op in _CONSTANT_SOURCES if not ins else
-                   op in _KNOWN and all(out[e[0]] for e in ins))
+        out.append(
+            op in _CONSTANT_SOURCES if not ins else op in _KNOWN and all(out[e[0]] for e in ins)
+        )
     return out
 
 
@@ -285,8 +303,15 @@ def _replaced(graph: dict[str, Any], by: dict[int, list]) -> dict[str, Any]:
 
     keep = [i for i in range(len(nodes)) if i not in by]
     where = {old: new for new, old in enumerate(keep)}
-    out = dict(graph, nodes=[dict(nodes[i], inputs=[[where[entry(e)[0]], entry(e)[1], 0]
-                                                     for e in nodes[i]["inputs"]]) for i in keep])
+    out = dict(
+        graph,
+        nodes=[
+            dict(
+                nodes[i], inputs=[[where[entry(e)[0]], entry(e)[1], 0] for e in nodes[i]["inputs"]]
+            )
+            for i in keep
+        ],
+    )
     out["heads"] = [[where[entry(h)[0]], entry(h)[1], 0] for h in graph["heads"]]
     return out
 
@@ -318,8 +343,11 @@ def common_subexpressions(graph: dict[str, Any]) -> dict[str, Any]:
         silent = free[i] or rules.NO_GRADIENT.get(op, ()) is None or not back[i]
         if not silent:
             continue
-        key = (op, tuple(sorted(graph_json.attrs(node).items())),
-               tuple((same.get(e[0], e[0]), e[1]) for e in node["inputs"]))
+        key = (
+            op,
+            tuple(sorted(graph_json.attrs(node).items())),
+            tuple((same.get(e[0], e[0]), e[1]) for e in node["inputs"]),
+        )
         if key in seen and i not in heads:
             same[i] = seen[key]
         else:
@@ -335,6 +363,7 @@ def _exactly(value: float) -> Callable[[dict[str, str]], bool]:
         except ValueError:
             return False
         return scalar == value and math.copysign(1.0, scalar) == math.copysign(1.0, value)
+
     return test
 
 
@@ -356,9 +385,14 @@ def identities(graph: dict[str, Any]) -> dict[str, Any]:
     (``_copy``, ``x * 1``, ``x / 1``, ``x - 0``; a head keeps its node)."""
     nodes = graph["nodes"]
     heads = {h[0] for h in graph["heads"]}
-    gone = {i: node["inputs"][0] for i, node in enumerate(nodes)
-            if i not in heads and node["op"] in IDENTITIES and len(node["inputs"]) == 1
-            and IDENTITIES[node["op"]](graph_json.attrs(node))}
+    gone = {
+        i: node["inputs"][0]
+        for i, node in enumerate(nodes)
+        if i not in heads
+        and node["op"] in IDENTITIES
+        and len(node["inputs"]) == 1
+        and IDENTITIES[node["op"]](graph_json.attrs(node))
+    }
     return graph_json.reachable(_replaced(graph, gone)) if gone else graph
 
 
@@ -380,8 +414,13 @@ def _gradient_comes_back(graph: dict[str, Any]) -> list[bool]:
 def _merged(graph: dict[str, Any], same: dict[int, int]) -> dict[str, Any]:
     """``graph`` with the outputs of each node ``i`` of ``same`` read from node ``same[i]``."""
     nodes = graph["nodes"]
-    out = dict(graph, nodes=[dict(node, inputs=[[same.get(e[0], e[0]), e[1], 0]
-                                                for e in node["inputs"]]) for node in nodes])
+    out = dict(
+        graph,
+        nodes=[
+            dict(node, inputs=[[same.get(e[0], e[0]), e[1], 0] for e in node["inputs"]])
+            for node in nodes
+        ],
+    )
     out["heads"] = [[same.get(h[0], h[0]), h[1], 0] for h in graph["heads"]]
     return out
 

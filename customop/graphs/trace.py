@@ -8,6 +8,7 @@ recording was paused), what it read back to Python, which random operators it
 called.  Whether the graph may stand in for the operator is decided in
 :mod:`customop.graphs.native`.  Traces run on customop's own trace thread (:func:`aside`).
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -150,8 +151,9 @@ class Log:
         guarded = next((n for n in names if n in INDEX_GUARDS), None)
         if guarded is not None and outs and len(ndargs) > 1:
             # the dtypes its index guard needs: each output's, then the index input's
-            self.guarded.append((outs[0], [np.dtype(o.dtype) for o in outs]
-                                 + [np.dtype(ndargs[1].dtype)]))
+            self.guarded.append(
+                (outs[0], [np.dtype(o.dtype) for o in outs] + [np.dtype(ndargs[1].dtype)])
+            )
         if "_copyto" in names and outs:
             self.copies.append(outs[0])
         elif any(RANDOM.search(n) for n in names):
@@ -178,10 +180,14 @@ def _caller() -> str:
     return "?"
 
 
-def record(op: Differentiable, values: list[np.ndarray], params: dict[str, Any],
-           ctx: mx.Context | None = None,
-           closures: list[gradient_closures.Closure] | None = None,
-           seed: int = 5) -> Recording:
+def record(
+    op: Differentiable,
+    values: list[np.ndarray],
+    params: dict[str, Any],
+    ctx: mx.Context | None = None,
+    closures: list[gradient_closures.Closure] | None = None,
+    seed: int = 5,
+) -> Recording:
     """Run ``op``'s forward on ``values`` under ``record()`` and read its graph back.
 
     What the forward computes inside ``mx.autograd.pause()`` is recorded too
@@ -198,8 +204,9 @@ def record(op: Differentiable, values: list[np.ndarray], params: dict[str, Any],
     log = Log()
     log.inputs = {mx.autograd.get_symbol(x).name for x in xs}
     forward_reads = 0
-    with hooks.tracing(log), mx.autograd.record(train_mode=False), \
-            value_checks.collecting() as conditions:
+    with hooks.tracing(log), mx.autograd.record(
+        train_mode=False
+    ), value_checks.collecting() as conditions:
         outs, saved = kernel.run_forward_saving(op, list(xs), dict(params), where="trace")
         # its require() checks become part of the graph: NaN outputs where they fail; a check
         # of an input the outputs do not read is left out (a graph that does not read it
@@ -208,8 +215,7 @@ def record(op: Differentiable, values: list[np.ndarray], params: dict[str, Any],
         # softmax_ce's gradient reads its label, so every check is kept)
         read = set().union(*(_graph_inputs(o) for o in outs)) & log.inputs
         if closures is None:
-            conditions[:] = [c for c in conditions
-                             if set(_graph_inputs(c.ok)) & log.inputs <= read]
+            conditions[:] = [c for c in conditions if set(_graph_inputs(c.ok)) & log.inputs <= read]
         log.poison = value_checks.factor(conditions)
         outs = value_checks.poisoned(outs, conditions, log.poison)
         n_conditions = len(conditions)
@@ -218,8 +224,9 @@ def record(op: Differentiable, values: list[np.ndarray], params: dict[str, Any],
         if closures is not None:
             # the closures see the poisoned outputs, and multiply what they give by
             # log.poison: a failed check makes the gradients NaN too
-            added = gradient_closures.record(op, closures, xs, outs, saved, params, log,
-                                             np.random.RandomState(seed))
+            added = gradient_closures.record(
+                op, closures, xs, outs, saved, params, log, np.random.RandomState(seed)
+            )
             xs, outs = [*xs, *added.heads], [*outs, *added.grads]
     names = [mx.autograd.get_symbol(x).name for x in xs]
     symbols: list[Any] = []
@@ -229,10 +236,16 @@ def record(op: Differentiable, values: list[np.ndarray], params: dict[str, Any],
         except mx.base.MXNetError:
             symbols.append(None)  # not recorded: a constant output
     recorded = [s for s in symbols if s is not None]
-    graph = json.loads(mx.sym.Group(recorded).tojson()) if recorded else {"nodes": [],
-                                                                          "heads": []}
-    nodes = [{"op": n["op"], "name": n["name"], "attrs": dict(n.get("attrs") or {}),
-              "inputs": [[int(e[0]), int(e[1])] for e in n["inputs"]]} for n in graph["nodes"]]
+    graph = json.loads(mx.sym.Group(recorded).tojson()) if recorded else {"nodes": [], "heads": []}
+    nodes = [
+        {
+            "op": n["op"],
+            "name": n["name"],
+            "attrs": dict(n.get("attrs") or {}),
+            "inputs": [[int(e[0]), int(e[1])] for e in n["inputs"]],
+        }
+        for n in graph["nodes"]
+    ]
     by_name = {n["name"]: i for i, n in enumerate(nodes)}
     heads_iter = iter([(int(h[0]), int(h[1])) for h in graph["heads"]])
     free_values = _free_values(log.arrays, {n["name"] for n in nodes if n["op"] == "null"})
@@ -240,8 +253,7 @@ def record(op: Differentiable, values: list[np.ndarray], params: dict[str, Any],
     free: dict[int, np.ndarray] = {}
     for sym, out in zip(symbols, outs):
         if sym is None:
-            nodes.append({"op": "null", "name": f"output{len(heads)}", "attrs": {},
-                          "inputs": []})
+            nodes.append({"op": "null", "name": f"output{len(heads)}", "attrs": {}, "inputs": []})
             free[len(nodes) - 1] = out.asnumpy()
             heads.append((len(nodes) - 1, 0))
         else:
@@ -258,15 +270,27 @@ def record(op: Differentiable, values: list[np.ndarray], params: dict[str, Any],
         if found in by_name:
             nodes[by_name[found]]["attrs"]["__dtype__"] = np.dtype(copy.dtype).name
     inputs = [by_name.get(name) for name in names]
-    return Recording(nodes=nodes, inputs=inputs, free=free, heads=heads,
-                     outputs=[o.asnumpy() for o in outs], reads=log.reads,
-                     randoms=sorted(set(log.randoms)), unknown_free=unknown,
-                     asked=list(log.asked), checks=n_conditions,
-                     guarded={_graph_name(o): d for o, d in log.guarded},
-                     forward_reads=forward_reads, closures=added,
-                     inner=list(dict.fromkeys(log.inner)),
-                     paused={i for i, n in enumerate(nodes) if any(
-                         lo < node_number(n["name"]) < hi for lo, hi in log.regions)})
+    return Recording(
+        nodes=nodes,
+        inputs=inputs,
+        free=free,
+        heads=heads,
+        outputs=[o.asnumpy() for o in outs],
+        reads=log.reads,
+        randoms=sorted(set(log.randoms)),
+        unknown_free=unknown,
+        asked=list(log.asked),
+        checks=n_conditions,
+        guarded={_graph_name(o): d for o, d in log.guarded},
+        forward_reads=forward_reads,
+        closures=added,
+        inner=list(dict.fromkeys(log.inner)),
+        paused={
+            i
+            for i, n in enumerate(nodes)
+            if any(lo < node_number(n["name"]) < hi for lo, hi in log.regions)
+        },
+    )
 
 
 def node_number(name: str) -> int:

@@ -23,6 +23,7 @@ of its output's cotangent, ``linear`` which inputs depend on ``g``; ``t`` (a
 raises :class:`NotLinear` when the node is not linear in ``g`` (two factors that
 both depend on ``g``, an added constant, ``sqrt(g)``).
 """
+
 from __future__ import annotations
 
 from typing import Any, Callable, Protocol  # noqa: UP035 - Callable[...] evaluated at run time (3.8)
@@ -77,8 +78,14 @@ class Transposer:
         self.coefficient, self.is_zero = entries.coefficient, entries.is_zero
 
     def add(self, op: str, inputs: list, **attrs: Any) -> Ref:
-        self.nodes.append({"op": op, "name": f"t{len(self.nodes)}_{op.strip('_').lower()}",
-                           "attrs": {k: str(v) for k, v in attrs.items()}, "inputs": inputs})
+        self.nodes.append(
+            {
+                "op": op,
+                "name": f"t{len(self.nodes)}_{op.strip('_').lower()}",
+                "attrs": {k: str(v) for k, v in attrs.items()},
+                "inputs": inputs,
+            }
+        )
         return ("node", len(self.nodes) - 1, 0)
 
     def to_shape_of(self, ct: Ref, ref: Ref) -> Ref:
@@ -100,8 +107,9 @@ class Transposer:
         if to == frm:
             return ct
         lead = len(frm) - len(to)
-        axes = tuple(range(lead)) + tuple(lead + i for i, d in enumerate(to)
-                                          if d == 1 and frm[lead + i] != 1)
+        axes = tuple(range(lead)) + tuple(
+            lead + i for i, d in enumerate(to) if d == 1 and frm[lead + i] != 1
+        )
         if axes:
             ct = self.add("sum", [ct], axis=axes, keepdims=True)
         return self.to_shape_of(ct, ref) if lead else ct
@@ -113,13 +121,17 @@ def _rule(*names: str, linear_in: Any = (0,)) -> Callable[[Rule], Rule]:
             TRANSPOSE[name] = fn
             LINEAR_IN[name] = linear_in
         return fn
+
     return register
 
 
 def _one_linear(node: dict, linear: list) -> int:
     if sum(linear) != 1:
-        raise NotLinear(node["op"], "multiplies two values that both depend on the head "
-                        "gradient g: the closure is not linear in g")
+        raise NotLinear(
+            node["op"],
+            "multiplies two values that both depend on the head "
+            "gradient g: the closure is not linear in g",
+        )
     return linear.index(True)
 
 
@@ -127,19 +139,28 @@ def _one_linear(node: dict, linear: list) -> int:
 def _mul(t, node, ct, linear):
     i = _one_linear(node, linear)
     other = t.coefficient(node["inputs"][1 - i])
-    op = "elemwise_mul" if t.shape(node["inputs"][0]) == t.shape(node["inputs"][1]) \
+    op = (
+        "elemwise_mul"
+        if t.shape(node["inputs"][0]) == t.shape(node["inputs"][1])
         else "broadcast_mul"
+    )
     return [(i, t.unbroadcast(t.add(op, [ct, other]), node["out"], node["inputs"][i]))]
 
 
 @_rule("elemwise_div", "_div", "_Div", "broadcast_div")
 def _div(t, node, ct, linear):
     if linear[1]:
-        raise NotLinear(node["op"], "divides by a value that depends on the head gradient g: "
-                        "the closure is not linear in g")
+        raise NotLinear(
+            node["op"],
+            "divides by a value that depends on the head gradient g: "
+            "the closure is not linear in g",
+        )
     other = t.coefficient(node["inputs"][1])
-    op = "elemwise_div" if t.shape(node["inputs"][0]) == t.shape(node["inputs"][1]) \
+    op = (
+        "elemwise_div"
+        if t.shape(node["inputs"][0]) == t.shape(node["inputs"][1])
         else "broadcast_div"
+    )
     return [(0, t.unbroadcast(t.add(op, [ct, other]), node["out"], node["inputs"][0]))]
 
 
@@ -149,23 +170,47 @@ def _sum_of_terms(sign: int):
         for i, r in enumerate(node["inputs"]):
             if not linear[i]:
                 if not t.is_zero(r):
-                    raise NotLinear(node["op"], "adds a term that does not depend on the head "
-                                    "gradient g: the closure is affine, not linear, in g")
+                    raise NotLinear(
+                        node["op"],
+                        "adds a term that does not depend on the head "
+                        "gradient g: the closure is affine, not linear, in g",
+                    )
                 continue
             c = t.add("negative", [ct]) if (sign < 0 and i == 1) else ct
             out.append((i, t.unbroadcast(c, node["out"], r)))
         return out
+
     return rule
 
 
-_rule("elemwise_add", "_plus", "_Plus", "_add", "broadcast_add", "broadcast_plus", "add_n",
-      "ElementWiseSum", "_grad_add", linear_in=SUM)(_sum_of_terms(1))
-_rule("elemwise_sub", "_minus", "_Minus", "_sub", "broadcast_sub", "broadcast_minus",
-      linear_in=SUM)(_sum_of_terms(-1))
+_rule(
+    "elemwise_add",
+    "_plus",
+    "_Plus",
+    "_add",
+    "broadcast_add",
+    "broadcast_plus",
+    "add_n",
+    "ElementWiseSum",
+    "_grad_add",
+    linear_in=SUM,
+)(_sum_of_terms(1))
+_rule(
+    "elemwise_sub", "_minus", "_Minus", "_sub", "broadcast_sub", "broadcast_minus", linear_in=SUM
+)(_sum_of_terms(-1))
 
 
-@_rule("_mul_scalar", "_div_scalar", "negative", "_copy", "BlockGrad", "stop_gradient",
-       "identity", "_identity_with_attr_like_rhs", "make_loss")
+@_rule(
+    "_mul_scalar",
+    "_div_scalar",
+    "negative",
+    "_copy",
+    "BlockGrad",
+    "stop_gradient",
+    "identity",
+    "_identity_with_attr_like_rhs",
+    "make_loss",
+)
 def _self_transpose(t, node, ct, linear):
     # Scaling by a number, negation and copies are their own transposes.
     if node["op"] in ("_copy", "BlockGrad", "stop_gradient", "identity", "make_loss"):
@@ -180,8 +225,11 @@ def _self_transpose(t, node, ct, linear):
 @_rule("_rminus_scalar", "_plus_scalar", "_minus_scalar")
 def _shifted(t, node, ct, linear):
     if float(node["attrs"].get("scalar", "0")) != 0:
-        raise NotLinear(node["op"], "adds a number to a value that depends on the head gradient "
-                        "g: the closure is affine, not linear, in g")
+        raise NotLinear(
+            node["op"],
+            "adds a number to a value that depends on the head gradient "
+            "g: the closure is affine, not linear, in g",
+        )
     return [(0, t.add("negative", [ct]) if node["op"] == "_rminus_scalar" else ct)]
 
 
@@ -217,8 +265,11 @@ def _sum(t, node, ct, linear):
     src = node["inputs"][0]
     shape = tuple(t.shape(src))
     axis = node["attrs"].get("axis", "None")
-    axes = tuple(range(len(shape))) if axis in ("None", "()", "") else tuple(
-        a % len(shape) for a in _ints(axis))
+    axes = (
+        tuple(range(len(shape)))
+        if axis in ("None", "()", "")
+        else tuple(a % len(shape) for a in _ints(axis))
+    )
     if node["attrs"].get("exclude", "False") in ("True", "1", "true"):
         axes = tuple(a for a in range(len(shape)) if a not in axes)
     if node["attrs"].get("keepdims", "False") not in ("True", "1", "true"):
@@ -240,8 +291,11 @@ def _where(t, node, ct, linear):
         r = node["inputs"][i]
         if not linear[i]:
             if not t.is_zero(r):
-                raise NotLinear(node["op"], "chooses between the head gradient g and a value "
-                                "that does not depend on it: the closure is affine in g")
+                raise NotLinear(
+                    node["op"],
+                    "chooses between the head gradient g and a value "
+                    "that does not depend on it: the closure is affine in g",
+                )
             continue
         zeros = zeros or t.add("zeros_like", [ct])
         pick = [cond, ct, zeros] if i == 1 else [cond, zeros, ct]
@@ -252,8 +306,9 @@ def _where(t, node, ct, linear):
 @_rule("Cast", "cast", "amp_cast")
 def _cast(t, node, ct, linear):
     if not np.issubdtype(np.dtype(t.dtype(node["out"])), np.floating):
-        raise NotLinear(node["op"], "rounds the head gradient g to integers: the closure is "
-                        "not linear in g")
+        raise NotLinear(
+            node["op"], "rounds the head gradient g to integers: the closure is not linear in g"
+        )
     return [(0, t.add("Cast", [ct], dtype=np.dtype(t.dtype(node["inputs"][0])).name))]
 
 
@@ -272,12 +327,14 @@ def _slice_axis(t, node, ct, linear):
     begin, end = begin % shape[axis] if begin < 0 else begin, end % shape[axis] if end < 0 else end
     parts = []
     if begin > 0:
-        parts.append(t.add("zeros_like", [t.add("slice_axis", [like], axis=axis, begin=0,
-                                                 end=begin)]))
+        parts.append(
+            t.add("zeros_like", [t.add("slice_axis", [like], axis=axis, begin=0, end=begin)])
+        )
     parts.append(ct)
     if end < shape[axis]:
-        parts.append(t.add("zeros_like", [t.add("slice_axis", [like], axis=axis, begin=end,
-                                                 end="None")]))
+        parts.append(
+            t.add("zeros_like", [t.add("slice_axis", [like], axis=axis, begin=end, end="None")])
+        )
     if len(parts) == 1:
         return [(0, ct)]
     return [(0, t.add("Concat", parts, dim=axis, num_args=len(parts)))]
@@ -299,8 +356,11 @@ def _concat(t, node, ct, linear):
         if linear[i]:
             out.append((i, t.add("slice_axis", [ct], axis=axis, begin=begin, end=end)))
         elif not t.is_zero(r):
-            raise NotLinear(node["op"], "joins the head gradient g with a value that does not "
-                            "depend on it: the closure is affine in g")
+            raise NotLinear(
+                node["op"],
+                "joins the head gradient g with a value that does not "
+                "depend on it: the closure is affine in g",
+            )
         begin = end
     return out
 
@@ -317,11 +377,17 @@ def _dot(t, node, ct, linear):
     op, ta, tb = node["op"], _flag(node, "transpose_a"), _flag(node, "transpose_b")
     a, b = (t.coefficient(r) for r in node["inputs"])
     if i == 0:
-        found = (t.add(op, [ct, b], transpose_b=not tb) if not ta
-                 else t.add(op, [b, ct], transpose_a=tb, transpose_b=True))
+        found = (
+            t.add(op, [ct, b], transpose_b=not tb)
+            if not ta
+            else t.add(op, [b, ct], transpose_a=tb, transpose_b=True)
+        )
     else:
-        found = (t.add(op, [a, ct], transpose_a=not ta) if not tb
-                 else t.add(op, [ct, a], transpose_a=True, transpose_b=ta))
+        found = (
+            t.add(op, [a, ct], transpose_a=not ta)
+            if not tb
+            else t.add(op, [ct, a], transpose_a=True, transpose_b=ta)
+        )
     return [(i, found)]
 
 
@@ -338,8 +404,13 @@ def _ints(text: str) -> tuple[int, ...]:
     return tuple(int(p) for p in text.split(",") if p.strip()) if text else ()
 
 
-def transpose(nodes: list[dict], linear: list[bool], seeds: list[tuple[Ref, Ref]],
-              sources: list[Ref], t: Transposer) -> dict[Ref, Ref | None]:
+def transpose(
+    nodes: list[dict],
+    linear: list[bool],
+    seeds: list[tuple[Ref, Ref]],
+    sources: list[Ref],
+    t: Transposer,
+) -> dict[Ref, Ref | None]:
     """Cotangents of ``sources`` (the ``g`` refs) given cotangents ``seeds`` at the outputs.
 
     ``nodes``: the traced graph (refs ``("node", k, j)`` into it, or source refs);
@@ -368,9 +439,12 @@ def transpose(nodes: list[dict], linear: list[bool], seeds: list[tuple[Ref, Ref]
             continue
         rule = TRANSPOSE.get(node["op"])
         if rule is None:
-            raise NotLinear(node["op"], "is applied to a value that depends on the head "
-                            "gradient g, and has no transposition rule (it may not be linear "
-                            "in g)")
+            raise NotLinear(
+                node["op"],
+                "is applied to a value that depends on the head "
+                "gradient g, and has no transposition rule (it may not be linear "
+                "in g)",
+            )
         lin = [_is_linear(r, linear, sources) for r in node["inputs"]]
         for i, c in rule(t, dict(node, out=("node", k, 0)), ct, lin):
             pending.setdefault(node["inputs"][i], []).append(c)
@@ -381,8 +455,9 @@ def _is_linear(ref: Ref, linear: list[bool], sources: list[Ref]) -> bool:
     return ref in sources or (ref[0] == "node" and linear[ref[1]])
 
 
-def nonlinear_use(nodes: list[dict], linear: list[bool], heads: list[Ref],
-                  sources: list[Ref]) -> NotLinear | None:
+def nonlinear_use(
+    nodes: list[dict], linear: list[bool], heads: list[Ref], sources: list[Ref]
+) -> NotLinear | None:
     """The first node on the way from ``g`` to ``heads`` that is not linear in ``g`` by its
     :data:`LINEAR_IN` entry (or has none), as the :class:`NotLinear` to raise; None when
     every one is.  Static: read from the graph, whatever values it was traced on."""
@@ -399,12 +474,18 @@ def nonlinear_use(nodes: list[dict], linear: list[bool], heads: list[Ref],
         lin = [i for i, r in enumerate(node["inputs"]) if _is_linear(r, linear, sources)]
         kind = LINEAR_IN.get(node["op"])
         if kind is None:
-            return NotLinear(node["op"], "is applied to the head gradient g and is not linear "
-                             "in it (or has no linearity rule)")
+            return NotLinear(
+                node["op"],
+                "is applied to the head gradient g and is not linear "
+                "in it (or has no linearity rule)",
+            )
         if kind == PRODUCT and len(lin) > 1:
-            return NotLinear(node["op"], "multiplies two values that both depend on the head "
-                             "gradient g")
+            return NotLinear(
+                node["op"], "multiplies two values that both depend on the head gradient g"
+            )
         if kind not in (SUM, PRODUCT) and any(i not in kind for i in lin):
-            return NotLinear(node["op"], f"takes the head gradient g in operand {lin[0]}, in "
-                             f"which it is not linear")
+            return NotLinear(
+                node["op"],
+                f"takes the head gradient g in operand {lin[0]}, in which it is not linear",
+            )
     return None

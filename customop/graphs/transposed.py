@@ -32,6 +32,7 @@ values and shapes (:mod:`customop.graphs.closure_values`).  What does not trace 
 transpose raises :class:`~customop.graphs.rules.NotNative` with a rule of
 ``TRACE_REFUSALS`` naming the closure and the operator (or the read) that stopped it.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -76,8 +77,9 @@ class TransposedGraph(ForwardGraph):
     def recorded(self, values, seed: int = 5) -> trace.Recording:
         self.in_dtypes = [np.dtype(v.dtype) for v in values]
         try:
-            rec = trace.record(self.op, list(values), self.params, closures=self.closures,
-                               seed=seed)
+            rec = trace.record(
+                self.op, list(values), self.params, closures=self.closures, seed=seed
+            )
         except NotNative:
             raise
         except Exception as exc:  # noqa: BLE001 - any failure is the reason
@@ -87,8 +89,8 @@ class TransposedGraph(ForwardGraph):
         return rec
 
     def check(self, rec: trace.Recording) -> None:
-        closure_reads = rec.reads[rec.forward_reads:]
-        rec.reads = rec.reads[:rec.forward_reads]
+        closure_reads = rec.reads[rec.forward_reads :]
+        rec.reads = rec.reads[: rec.forward_reads]
         try:
             super().check(rec)
         finally:
@@ -98,8 +100,9 @@ class TransposedGraph(ForwardGraph):
 
     def build(self, rec: trace.Recording, shapes) -> NativeGraph:
         graph = _Assembly(self, rec, shapes).graph()
-        graph.note = ("its gradient is its def_grad closures' own graph, transposed" if
-                      self.closures else "")
+        graph.note = (
+            "its gradient is its def_grad closures' own graph, transposed" if self.closures else ""
+        )
         if graph.note and any(nd["name"].endswith(_OWN) for nd in graph.nodes):
             graph.note += " (x * x with 2 * x * g: MXNet's square, whose backward is that graph)"
         return graph
@@ -109,8 +112,10 @@ class TransposedGraph(ForwardGraph):
         # theirs. (Positive ones: where a closure's coefficient is inf, h(0) = inf * 0 is NaN,
         # so the inlined output is NaN where the op's is finite: degenerate inputs, in the docs.)
         third = placeholders([v.shape for v in first], [v.dtype for v in first], 2)
-        others = [v if name in self.op.no_grad or not np.issubdtype(v.dtype, np.floating)
-                  else w for name, v, w in zip(self.op.signature.inputs, first, third)]
+        others = [
+            v if name in self.op.no_grad or not np.issubdtype(v.dtype, np.floating) else w
+            for name, v, w in zip(self.op.signature.inputs, first, third)
+        ]
         return closure_values.mismatch(self.op, self.params, graph, others)
 
     def other_values(self, first, shapes) -> list[np.ndarray]:
@@ -120,8 +125,7 @@ class TransposedGraph(ForwardGraph):
         rec = self.recorded(inputs)
         return self.build(rec, shapes), rec
 
-    def differs_at(self, graph: NativeGraph, inputs, rec: trace.Recording,
-                   alt: NativeGraph) -> str:
+    def differs_at(self, graph: NativeGraph, inputs, rec: trace.Recording, alt: NativeGraph) -> str:
         return closure_values.mismatch(self.op, self.params, graph, inputs)
 
     def guarded(self, graph: NativeGraph, rec: trace.Recording) -> NativeGraph:
@@ -148,20 +152,25 @@ class _Assembly:
         self.picks = rec.closures.picks
         self.n_out = len(rec.heads) - len(self.picks)
         n_g = len(rec.inputs) - self.n
-        self.out_shapes = [tuple(o.shape) for o in rec.outputs[:self.n_out]]
-        self.out_dtypes = [o.dtype for o in rec.outputs[:self.n_out]]
+        self.out_shapes = [tuple(o.shape) for o in rec.outputs[: self.n_out]]
+        self.out_dtypes = [o.dtype for o in rec.outputs[: self.n_out]]
         frag = b.fragment(rec, list(shapes))
         self.nodes = [dict(nd) for nd in frag.nodes]
         self.traced = len(frag.nodes)
         self.sources = [("in", self.n + k) for k in range(n_g)]
         self.linear: list[bool] = []
         for nd in self.nodes:
-            self.linear.append(any(r in self.sources or (r[0] == "node" and self.linear[r[1]])
-                                   for r in nd["inputs"]))
-        self.known = graph_json.entry_signatures(frag, [*shapes, *self.out_shapes],
-                                                 [*b.in_dtypes, *self.out_dtypes])
-        self.fwd_heads = list(frag.heads[:self.n_out])
-        self.closure_heads = list(frag.heads[self.n_out:])
+            self.linear.append(
+                any(
+                    r in self.sources or (r[0] == "node" and self.linear[r[1]])
+                    for r in nd["inputs"]
+                )
+            )
+        self.known = graph_json.entry_signatures(
+            frag, [*shapes, *self.out_shapes], [*b.in_dtypes, *self.out_dtypes]
+        )
+        self.fwd_heads = list(frag.heads[: self.n_out])
+        self.closure_heads = list(frag.heads[self.n_out :])
         self.stopped: dict[tuple, tuple] = {}
         self.seeds: dict[int, tuple] = {}
         self.t = Transposer(self.nodes, self)
@@ -208,8 +217,14 @@ class _Assembly:
     def seed(self, i: int) -> tuple:
         """``x_i - stop_gradient(x_i)``: the value 0, the gradient of ``x_i``."""
         if i not in self.seeds:
-            stop = next((("node", k, 0) for k, nd in enumerate(self.nodes) if nd["op"] ==
-                         "BlockGrad" and nd["inputs"] == [("in", i)]), None)
+            stop = next(
+                (
+                    ("node", k, 0)
+                    for k, nd in enumerate(self.nodes)
+                    if nd["op"] == "BlockGrad" and nd["inputs"] == [("in", i)]
+                ),
+                None,
+            )
             stop = stop or self.t.add("BlockGrad", [("in", i)])
             self.seeds[i] = self.t.add("elemwise_sub", [("in", i), stop])
         return self.seeds[i]
@@ -227,13 +242,13 @@ class _Assembly:
                 elif not self.op.need_top_grad:
                     losses.append((i, h, c))
                 elif not self.is_zero(h):
-                    raise NotNative.of("closure-constant", c.label,
-                                       repr(self.op.signature.inputs[i]))
+                    raise NotNative.of(
+                        "closure-constant", c.label, repr(self.op.signature.inputs[i])
+                    )
             if not lin:
                 continue
             try:
-                wrong = nonlinear_use(self.nodes, self.linear, [h for h, _ in lin],
-                                      self.sources)
+                wrong = nonlinear_use(self.nodes, self.linear, [h for h, _ in lin], self.sources)
                 if wrong is not None:
                     raise wrong
                 found = transpose(self.nodes, self.linear, lin, self.sources, self.t)
@@ -250,8 +265,11 @@ class _Assembly:
         t, out_heads = self.t, []
         for k, h in enumerate(self.fwd_heads):
             if parts.get(k):
-                hk = parts[k][0] if len(parts[k]) == 1 else t.add("add_n", parts[k],
-                                                                   num_args=len(parts[k]))
+                hk = (
+                    parts[k][0]
+                    if len(parts[k]) == 1
+                    else t.add("add_n", parts[k], num_args=len(parts[k]))
+                )
                 h = t.add("elemwise_add", [h, hk])
             out_heads.append(h)
         alone = list(self.fwd_heads)
@@ -259,8 +277,10 @@ class _Assembly:
             # An output layer's automatic gradient is that of the sum of its outputs.
             for k in range(len(out_heads)):
                 stop = t.add("BlockGrad", [self.fwd_heads[k]])
-                out_heads[k] = t.add("elemwise_add", [stop, t.add("zeros_like", [
-                    t.add("make_loss", [self.fwd_heads[k]])])])
+                out_heads[k] = t.add(
+                    "elemwise_add",
+                    [stop, t.add("zeros_like", [t.add("make_loss", [self.fwd_heads[k]])])],
+                )
             alone = list(out_heads)
         return out_heads, alone
 
@@ -270,14 +290,14 @@ class _Assembly:
         for i, c_ref, c in losses:
             if self.shape(c_ref) != self.shapes[i]:
                 raise NotNative.of("closure-shape", c.label, self.shape(c_ref), self.shapes[i])
-            m = t.add("make_loss", [t.add("elemwise_mul", [("in", i), t.add("BlockGrad",
-                                                                                [c_ref])])])
+            m = t.add(
+                "make_loss", [t.add("elemwise_mul", [("in", i), t.add("BlockGrad", [c_ref])])]
+            )
             h = out_heads[0]
             if self.out_shapes[0] == self.shapes[i]:  # (out_heads[0] is shaped like it)
                 out_heads[0] = t.add("elemwise_add", [h, t.add("zeros_like", [m])])
             else:
-                out_heads[0] = t.add("broadcast_add", [h, t.add("zeros_like", [
-                    t.add("sum", [m])])])
+                out_heads[0] = t.add("broadcast_add", [h, t.add("zeros_like", [t.add("sum", [m])])])
 
     def graph(self) -> NativeGraph:
         parts, losses = self.transposed()
@@ -293,9 +313,13 @@ class _Assembly:
         # What a graph runs where none of the closures' inputs can need a gradient: the
         # forward alone (its coefficients would be computed in every forward for nothing);
         # its inputs' BlockGrad nodes pass nothing there: none can need a gradient.
-        through = {k: nd["inputs"][0] for k, nd in enumerate(self.nodes) if nd["op"] ==
-                   "BlockGrad" and nd["inputs"][0][0] == "in" and nd["inputs"][0][1]
-                   in self.b.owned}
+        through = {
+            k: nd["inputs"][0]
+            for k, nd in enumerate(self.nodes)
+            if nd["op"] == "BlockGrad"
+            and nd["inputs"][0][0] == "in"
+            and nd["inputs"][0][1] in self.b.owned
+        }
 
         def past(r):
             return through.get(r[1], r) if r[0] == "node" else r
@@ -323,8 +347,7 @@ def _own_operators(graph: NativeGraph, dtypes) -> NativeGraph:
     nodes, heads = graph.nodes, list(graph.heads)
 
     def node(r, *ops):
-        return (nodes[r[1]] if r[0] == "node" and r[2] == 0 and nodes[r[1]]["op"] in ops
-                else None)
+        return nodes[r[1]] if r[0] == "node" and r[2] == 0 and nodes[r[1]]["op"] in ops else None
 
     def stopped(r):  # the input x when r is BlockGrad(x)
         nd = node(r, "BlockGrad")
@@ -332,28 +355,41 @@ def _own_operators(graph: NativeGraph, dtypes) -> NativeGraph:
 
     def squared(r):  # x when r is stop(x) * stop(x)
         nd = node(r, "broadcast_mul", "elemwise_mul")
-        return (stopped(nd["inputs"][0]) if nd is not None and
-                tuple(nd["inputs"][0]) == tuple(nd["inputs"][1]) else None)
+        return (
+            stopped(nd["inputs"][0])
+            if nd is not None and tuple(nd["inputs"][0]) == tuple(nd["inputs"][1])
+            else None
+        )
 
     def twice_seed(r, x):  # r is (x - stop(x)) * (2 * stop(x)), in either order
         nd = node(r, "elemwise_mul")
-        for d, c in ([] if nd is None else [nd["inputs"], nd["inputs"][::-1]]):
+        for d, c in [] if nd is None else [nd["inputs"], nd["inputs"][::-1]]:
             seed, two = node(d, "elemwise_sub"), node(c, "_mul_scalar")
-            if (seed is not None and two is not None and tuple(seed["inputs"][0]) == x
-                    and stopped(seed["inputs"][1]) == x and stopped(two["inputs"][0]) == x
-                    and float(two["attrs"].get("scalar", "nan")) == 2.0):
+            if (
+                seed is not None
+                and two is not None
+                and tuple(seed["inputs"][0]) == x
+                and stopped(seed["inputs"][1]) == x
+                and stopped(two["inputs"][0]) == x
+                and float(two["attrs"].get("scalar", "nan")) == 2.0
+            ):
                 return True
         return False
 
     added = []
     for k, h in enumerate(heads):
         add = node(h, "elemwise_add")
-        for f, t in ([] if add is None else [add["inputs"], add["inputs"][::-1]]):
+        for f, t in [] if add is None else [add["inputs"], add["inputs"][::-1]]:
             x = squared(f)
-            if (x is not None and np.dtype(dtypes[x[1]]).name in _FLOATS
-                    and twice_seed(t, x)):
-                added.append({"op": "square", "name": f"g{len(nodes) + len(added)}{_OWN}",
-                              "attrs": {}, "inputs": [x]})
+            if x is not None and np.dtype(dtypes[x[1]]).name in _FLOATS and twice_seed(t, x):
+                added.append(
+                    {
+                        "op": "square",
+                        "name": f"g{len(nodes) + len(added)}{_OWN}",
+                        "attrs": {},
+                        "inputs": [x],
+                    }
+                )
                 heads[k] = ("node", len(nodes) + len(added) - 1, 0)
                 break
     if not added:

@@ -1,4 +1,5 @@
 """The input values an operator is traced and its graph checked on, made from a signature."""
+
 from __future__ import annotations
 
 from collections.abc import Iterable
@@ -45,8 +46,10 @@ def other_shapes(shapes) -> Iterable[tuple]:
         sizes.remove(batch)
         sizes.insert(0, batch)
     for size in sizes[:GROWN_SIZES]:
-        yield tuple(tuple(d + 1 if d == size and (d > 1 or axis == 0) else d
-                          for axis, d in enumerate(s)) for s in shapes)
+        yield tuple(
+            tuple(d + 1 if d == size and (d > 1 or axis == 0) else d for axis, d in enumerate(s))
+            for s in shapes
+        )
 
 
 def resized(values: list[np.ndarray], shapes) -> list[np.ndarray]:
@@ -67,8 +70,12 @@ def grown(values, shapes) -> list[np.ndarray]:
 
 def other_dtypes(dtypes) -> tuple:
     """The signature's float32 inputs as float64 and its other floats as float32."""
-    return tuple(np.dtype(np.float64 if d == np.float32 else np.float32)
-                 if np.issubdtype(d, np.floating) else np.dtype(d) for d in dtypes)
+    return tuple(
+        np.dtype(np.float64 if d == np.float32 else np.float32)
+        if np.issubdtype(d, np.floating)
+        else np.dtype(d)
+        for d in dtypes
+    )
 
 
 def shapes_text(shapes) -> str:

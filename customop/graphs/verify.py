@@ -10,6 +10,7 @@ same at other input shapes (a hybridized block may see them) and says whether it
 the same at other dtypes.  Each refusal is an entry of
 :data:`customop.graphs.rules.TRACE_REFUSALS`.
 """
+
 from __future__ import annotations
 
 from typing import Protocol
@@ -37,8 +38,9 @@ class Builder(Protocol):
 
     def at(self, inputs, shapes) -> tuple[NativeGraph, trace.Recording]: ...
 
-    def differs_at(self, graph: NativeGraph, inputs, rec: trace.Recording,
-                   alt: NativeGraph) -> str: ...
+    def differs_at(
+        self, graph: NativeGraph, inputs, rec: trace.Recording, alt: NativeGraph
+    ) -> str: ...
 
     def guarded(self, graph: NativeGraph, rec: trace.Recording) -> NativeGraph: ...
 
@@ -67,7 +69,7 @@ def verified(builder: Builder, shapes, dtypes, first: list) -> NativeGraph:
 
 
 def generality(builder: Builder, graph: NativeGraph, shapes, first) -> str:
-    """"" when the graph is the same at the first other shape the op accepts; else what
+    """ "" when the graph is the same at the first other shape the op accepts; else what
     differs (or that no other shape was accepted).  The sizes grown where it is the same
     go to ``graph.generic`` (the first accepted one decides; the others are tried too, so
     that a graph verified once serves other values of each: customop.graphs.native)."""
@@ -84,13 +86,13 @@ def generality(builder: Builder, graph: NativeGraph, shapes, first) -> str:
         if diff and not generic:
             return f"{diff} at input shapes {shapes_text(other)}"
         if not diff:
-            generic.append(next(d for s, o in zip(shapes, other) for d, e in zip(s, o)
-                                if d != e))
+            generic.append(next(d for s, o in zip(shapes, other) for d, e in zip(s, o) if d != e))
     graph.generic = tuple(generic)
     if generic:
         return ""
-    return ("not checked: the forward refused every other input shape tried ("
-            + "; ".join(tried) + ")")
+    return (
+        "not checked: the forward refused every other input shape tried (" + "; ".join(tried) + ")"
+    )
 
 
 def dtype_generic(builder: Builder, graph: NativeGraph, shapes, dtypes, first: list) -> bool:
@@ -104,4 +106,3 @@ def dtype_generic(builder: Builder, graph: NativeGraph, shapes, dtypes, first: l
     except Exception:  # noqa: BLE001 - then calls are keyed by dtype
         return False
     return not compare.difference(graph, alt)
-

@@ -14,6 +14,7 @@ Entry points: :func:`to_torch`, :func:`to_jax`, :func:`save_port` (they import
 neither, so ``from customop.port import load_port`` works without MXNet.  torch and jax are
 imported when a port for them is first built.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -108,4 +109,5 @@ def save_port(op: Any, path: Any, *inputs: Any, **params: Any) -> None:
                            gamma=1.5)
     """
     from .extract import save_port as _save
+
     _save(op, path, *inputs, **params)

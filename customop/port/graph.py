@@ -12,6 +12,7 @@ whose value passes through and whose gradient ignores the head gradient: the run
 hands its values back as losses, which the caller differentiates with a cotangent of ones
 (MXNet's ``make_loss`` backward, ``grad_scale`` 1).
 """
+
 from __future__ import annotations
 
 import ast
@@ -40,9 +41,11 @@ def framework_module(name: str, caller: str) -> Any:
     except ModuleNotFoundError as exc:
         if (exc.name or "").split(".")[0] not in FRAMEWORKS:
             raise
-        raise ImportError(f"{caller} needs {exc.name}, which is not installed: pip install "
-                          "'customop[port]' (torch, torchvision and jax)",
-                          name=exc.name) from None
+        raise ImportError(
+            f"{caller} needs {exc.name}, which is not installed: pip install "
+            "'customop[port]' (torch, torchvision and jax)",
+            name=exc.name,
+        ) from None
 
 
 class Attrs:
@@ -209,14 +212,22 @@ def simplify(graph: dict[str, Any]) -> dict[str, Any]:
     def renumber(r: tuple) -> list:
         return ["in", r[1]] if r[0] == "in" else ["node", order[r[1]], r[2]]
 
-    return {"nodes": [{"op": kept[k]["op"], "attrs": kept[k]["attrs"],
-                       "inputs": [renumber(r) for r in kept[k]["inputs"]]}
-                      for k in sorted(live)],
-            "heads": [renumber(h) for h in heads]}
+    return {
+        "nodes": [
+            {
+                "op": kept[k]["op"],
+                "attrs": kept[k]["attrs"],
+                "inputs": [renumber(r) for r in kept[k]["inputs"]],
+            }
+            for k in sorted(live)
+        ],
+        "heads": [renumber(h) for h in heads],
+    }
 
 
-def compile_graph(graph: dict[str, Any], rules: dict[str, Rule], op_type: str
-                  ) -> Callable[[Sequence[Any]], tuple[list[Any], list[Any]]]:
+def compile_graph(
+    graph: dict[str, Any], rules: dict[str, Rule], op_type: str
+) -> Callable[[Sequence[Any]], tuple[list[Any], list[Any]]]:
     """``run(inputs) -> (heads, losses)`` for ``graph`` with ``rules`` (MXNet op -> rule).
 
     The graph is :func:`simplify`-ed first.  An operator without a rule is a
@@ -226,13 +237,20 @@ def compile_graph(graph: dict[str, Any], rules: dict[str, Rule], op_type: str
     """
     for k, node in enumerate(graph["nodes"]):  # named against the graph as extracted
         if node["op"] != "make_loss" and node["op"] not in rules:
-            raise port_error(op_type, (
-                f"MXNet operator {node['op']!r} (node {k} of its graph) has no translation "
-                f"in this framework's rule table; the op cannot be ported there"))
+            raise port_error(
+                op_type,
+                (
+                    f"MXNet operator {node['op']!r} (node {k} of its graph) has no translation "
+                    f"in this framework's rule table; the op cannot be ported there"
+                ),
+            )
     graph = simplify(graph)
     nodes = graph["nodes"]
-    n_in = 1 + max([r[1] for nd in nodes for r in nd["inputs"] if r[0] == "in"]
-                   + [h[1] for h in graph["heads"] if h[0] == "in"] + [-1])
+    n_in = 1 + max(
+        [r[1] for nd in nodes for r in nd["inputs"] if r[0] == "in"]
+        + [h[1] for h in graph["heads"] if h[0] == "in"]
+        + [-1]
+    )
     # slot of node k's output 0: n_in + k; outputs j > 0 that are read get slots after those
     extra: dict[tuple[int, int], int] = {}
     for r in [r for nd in nodes for r in nd["inputs"]] + list(graph["heads"]):
@@ -248,8 +266,15 @@ def compile_graph(graph: dict[str, Any], rules: dict[str, Rule], op_type: str
     for k, node in enumerate(nodes):
         rule = None if node["op"] == "make_loss" else rules[node["op"]]
         more = tuple((j, s) for (i, j), s in extra.items() if i == k)
-        steps.append((rule, Attrs(dict(node["attrs"])), tuple(slot(r) for r in node["inputs"]),
-                      n_in + k, more))
+        steps.append(
+            (
+                rule,
+                Attrs(dict(node["attrs"])),
+                tuple(slot(r) for r in node["inputs"]),
+                n_in + k,
+                more,
+            )
+        )
     heads = [slot(h) for h in graph["heads"]]
     return _straight_line(steps, heads, n_in)
 
@@ -260,13 +285,17 @@ def _straight_line(steps: list, heads: list, n_in: int) -> Callable:
     holds only slot numbers this module made; the rules and attributes are bound as its
     globals, never read from a graph as code.  A rule with a ``bind(attrs)`` is bound to
     its node's attributes here and called with the arrays alone."""
-    numbers = [n_in, *heads] + [i for _, _, args, at, more in steps
-                                for i in (*args, at, *(x for pair in more for x in pair))]
+    numbers = [n_in, *heads] + [
+        i
+        for _, _, args, at, more in steps
+        for i in (*args, at, *(x for pair in more for x in pair))
+    ]
     if not all(type(i) is int for i in numbers):  # (portfile checks the file's references)
         raise ValueError("a port graph's references must be integers")
     env: dict[str, Any] = {"_SEQ": (tuple, list)}
-    used = sorted({i for _, _, args, _, _ in steps for i in args if i < n_in}
-                  | {h for h in heads if h < n_in})
+    used = sorted(
+        {i for _, _, args, _, _ in steps for i in args if i < n_in} | {h for h in heads if h < n_in}
+    )
     lines = ["def run(inputs):", "    losses = []"]
     lines += [f"    s{i} = inputs[{i}]" for i in used]
     for k, (rule, attrs, args, at, more) in enumerate(steps):
@@ -280,8 +309,7 @@ def _straight_line(steps: list, heads: list, n_in: int) -> Callable:
         else:
             env[f"r{k}"], env[f"a{k}"] = rule, attrs
             call = ", ".join([f"a{k}"] + [f"s{i}" for i in args])
-        lines += [f"    s{at} = r{k}({call})",
-                  f"    if isinstance(s{at}, _SEQ):"]
+        lines += [f"    s{at} = r{k}({call})", f"    if isinstance(s{at}, _SEQ):"]
         lines += [f"        s{slot} = s{at}[{j}]" for j, slot in more]
         lines += [f"        s{at} = s{at}[0]"]
     lines.append(f"    return [{', '.join(f's{h}' for h in heads)}], losses")
@@ -310,16 +338,27 @@ class Split:
 
 
 # operators that read these arguments for their shape only: no gradient flows there
-_SHAPE_ONLY = {"zeros_like": (0,), "ones_like": (0,), "shape_array": (0,), "size_array": (0,),
-               "reshape_like": (1,), "broadcast_like": (1,)}
+_SHAPE_ONLY = {
+    "zeros_like": (0,),
+    "ones_like": (0,),
+    "shape_array": (0,),
+    "size_array": (0,),
+    "reshape_like": (1,),
+    "broadcast_like": (1,),
+}
 
 
 def _is_seed(nodes: list, nd: dict, grads: Sequence[int]) -> bool:
     ins = nd["inputs"]
-    return (nd["op"] == "elemwise_sub" and len(ins) == 2 and ins[0][0] == "in"
-            and ins[0][1] in grads and ins[1][0] == "node"
-            and nodes[ins[1][1]]["op"] == "BlockGrad"
-            and list(nodes[ins[1][1]]["inputs"]) == [["in", ins[0][1]]])
+    return (
+        nd["op"] == "elemwise_sub"
+        and len(ins) == 2
+        and ins[0][0] == "in"
+        and ins[0][1] in grads
+        and ins[1][0] == "node"
+        and nodes[ins[1][1]]["op"] == "BlockGrad"
+        and list(nodes[ins[1][1]]["inputs"]) == [["in", ins[0][1]]]
+    )
 
 
 def split_linear(graph: dict[str, Any], grads: Sequence[int]) -> Split | None:
@@ -342,8 +381,9 @@ def split_linear(graph: dict[str, Any], grads: Sequence[int]) -> Split | None:
         if _is_seed(nodes, nd, grads):
             seeds[k] = grads.index(nd["inputs"][0][1])
         elif nd["op"] != "BlockGrad" and any(
-                r[0] == "in" and r[1] in grads and j not in _SHAPE_ONLY.get(nd["op"], ())
-                for j, r in enumerate(nd["inputs"])):
+            r[0] == "in" and r[1] in grads and j not in _SHAPE_ONLY.get(nd["op"], ())
+            for j, r in enumerate(nd["inputs"])
+        ):
             return None  # that input's gradient is the forward's own
     tainted = set(seeds)
     for k, nd in enumerate(nodes):
@@ -397,8 +437,13 @@ def split_linear(graph: dict[str, Any], grads: Sequence[int]) -> Split | None:
     for k, nd in enumerate(nodes):
         if k in tainted and k not in seeds and k in needed:
             moved[k] = len(lin_nodes)
-            lin_nodes.append({"op": nd["op"], "attrs": dict(nd.get("attrs") or {}),
-                              "inputs": [ref(r) for r in nd["inputs"]]})
+            lin_nodes.append(
+                {
+                    "op": nd["op"],
+                    "attrs": dict(nd.get("attrs") or {}),
+                    "inputs": [ref(r) for r in nd["inputs"]],
+                }
+            )
     lin_heads, terms = [], []
     for p in parts:
         if p is None:
@@ -414,19 +459,27 @@ def split_linear(graph: dict[str, Any], grads: Sequence[int]) -> Split | None:
         nd = nodes[p[1]] if p[0] == "node" and p[1] not in seeds else None
         ins = nd["inputs"] if nd is not None and nd["op"] == "elemwise_mul" else []
         kinds = [r[0] == "node" and r[1] in seeds for r in ins]
-        if len(ins) != 2 or sum(kinds) != 1 or any(
-                r[0] == "node" and r[1] in tainted and r[1] not in seeds for r in ins):
+        if (
+            len(ins) != 2
+            or sum(kinds) != 1
+            or any(r[0] == "node" and r[1] in tainted and r[1] not in seeds for r in ins)
+        ):
             mul = None
             break
         s, c = (ins[0], ins[1]) if kinds[0] else (ins[1], ins[0])
         mul.append((seeds[s[1]], where[tuple(c)]))
+
     def through(r) -> list:  # the primal is never differentiated: BlockGrad passes
         while r[0] == "node" and nodes[r[1]]["op"] == "BlockGrad":
             r = nodes[r[1]]["inputs"][0]
         return list(r)
 
-    primal = {"nodes": [{"op": nd["op"], "attrs": nd["attrs"],
-                         "inputs": [through(r) for r in nd["inputs"]]} for nd in nodes],
-              "heads": [through(v) for v in values] + [through(c) for c in coefficients]}
+    primal = {
+        "nodes": [
+            {"op": nd["op"], "attrs": nd["attrs"], "inputs": [through(r) for r in nd["inputs"]]}
+            for nd in nodes
+        ],
+        "heads": [through(v) for v in values] + [through(c) for c in coefficients],
+    }
     linear = {"nodes": lin_nodes, "heads": lin_heads}
     return Split(primal, len(values), len(coefficients), linear, terms, mul)

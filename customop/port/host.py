@@ -3,6 +3,7 @@ MXNet on NumPy copies of the framework's arrays, its gradient by MXNet's backwar
 runs the op's ``def_grad`` closures).  Needs MXNet in the process; a saved port cannot
 hold such an op (:func:`customop.save_port` says so).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -29,15 +30,17 @@ class HostRecord:
 _records: dict = {}
 
 
-def record(target: Any, op: Any, arrays: list, names: list, params: dict, n_out: int
-           ) -> HostRecord:
+def record(target: Any, op: Any, arrays: list, names: list, params: dict, n_out: int) -> HostRecord:
     dtypes = [np.dtype(str(getattr(a, "dtype", "float32")).replace("torch.", "")) for a in arrays]
     key = (target, tuple(names), repr(sorted(params.items())), tuple(dtypes))
     found = _records.get(key)
     if found is None:
         no_grad = set(op.no_grad)
-        grads = [i for i, (n, d) in enumerate(zip(names, dtypes))
-                 if n not in no_grad and np.issubdtype(d, np.floating)]
+        grads = [
+            i
+            for i, (n, d) in enumerate(zip(names, dtypes))
+            if n not in no_grad and np.issubdtype(d, np.floating)
+        ]
         found = HostRecord(op.op_type, list(names), grads, n_out, target, dict(params))
         _records[key] = found
     return found
@@ -58,8 +61,10 @@ def backward(rec: HostRecord, arrays: list, grads: list) -> list:
     with mx.autograd.record():
         out = rec.target(*xs, **rec.params)
     outs = list(out) if isinstance(out, (list, tuple)) else [out]
-    heads = [mx.nd.array(g, dtype=o.dtype) if g is not None else mx.nd.zeros_like(o)
-             for g, o in zip(grads, outs)]
+    heads = [
+        mx.nd.array(g, dtype=o.dtype) if g is not None else mx.nd.zeros_like(o)
+        for g, o in zip(grads, outs)
+    ]
     mx.autograd.backward(outs, heads)
     return [xs[i].grad.asnumpy() for i in rec.grads]
 
@@ -69,8 +74,9 @@ def shapes(rec: HostRecord, arrays: list) -> list:
     names = list(rec.inputs)
     sym = rec.target(*[mx.sym.var(n) for n in names], **rec.params)
     _, out_shapes, _ = sym.infer_shape(**{n: tuple(a.shape) for n, a in zip(names, arrays)})
-    _, out_types, _ = sym.infer_type(**{n: np.dtype(str(a.dtype).replace("torch.", ""))
-                                        for n, a in zip(names, arrays)})
+    _, out_types, _ = sym.infer_type(
+        **{n: np.dtype(str(a.dtype).replace("torch.", "")) for n, a in zip(names, arrays)}
+    )
     return list(zip(out_shapes, out_types))
 
 
@@ -81,22 +87,28 @@ def _np(t) -> np.ndarray:
 
 def torch_forward(rec: HostRecord, tensors: list) -> list:
     import torch
+
     dev = tensors[0].device
-    return [torch.from_numpy(np.ascontiguousarray(o)).to(dev)
-            for o in forward(rec, [_np(t) for t in tensors])]
+    return [
+        torch.from_numpy(np.ascontiguousarray(o)).to(dev)
+        for o in forward(rec, [_np(t) for t in tensors])
+    ]
 
 
 def torch_fake(rec: HostRecord, tensors: list) -> list:
     import torch
 
     from .torch_rules import DTYPES
-    return [torch.empty(s, dtype=DTYPES[np.dtype(d).name], device=tensors[0].device)
-            for s, d in shapes(rec, tensors)]
+
+    return [
+        torch.empty(s, dtype=DTYPES[np.dtype(d).name], device=tensors[0].device)
+        for s, d in shapes(rec, tensors)
+    ]
 
 
 def torch_backward(rec: HostRecord, tensors: list, grads: list) -> list:
     import torch
+
     dev = tensors[0].device
-    found = backward(rec, [_np(t) for t in tensors], [None if g is None else _np(g)
-                                                      for g in grads])
+    found = backward(rec, [_np(t) for t in tensors], [None if g is None else _np(g) for g in grads])
     return [torch.from_numpy(np.ascontiguousarray(g)).to(dev) for g in found]

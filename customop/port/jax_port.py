@@ -11,6 +11,7 @@ code, so the port works under ``jit``, ``grad``, ``vjp`` and ``vmap``.  Ops with
 (``'numpy'`` mode) run on the host through ``jax.pure_callback`` inside the same
 ``custom_vjp``.
 """
+
 from __future__ import annotations
 
 import threading
@@ -39,8 +40,7 @@ def _vjp_fn(record: Record) -> Callable:
         with _lock:
             found = record.__dict__.get("_jax_fn")
             if found is None:
-                found = _host_fn(record) if getattr(record, "host", False) else \
-                    _graph_fn(record)
+                found = _host_fn(record) if getattr(record, "host", False) else _graph_fn(record)
                 record.__dict__["_jax_fn"] = found
     return found
 
@@ -90,13 +90,16 @@ def _split_rules(record: Record, split: Any, forward: Callable, shaped: Callable
     """``custom_vjp`` rules from a split training graph: the forward computes the outputs
     and the coefficients (the residuals), the backward only the linear part on them."""
     primal = compile_graph(split.primal, jax_rules.RULES, record.op_type)
-    linear = None if split.mul is not None else compile_graph(split.linear, jax_rules.RULES,
-                                                              record.op_type)
+    linear = (
+        None
+        if split.mul is not None
+        else compile_graph(split.linear, jax_rules.RULES, record.op_type)
+    )
     diff = list(record.grads)
 
     def f_fwd(*xs):
         heads, _ = primal(list(xs))
-        return shaped(heads[:split.n_out]), (tuple(heads[split.n_out:]), xs)
+        return shaped(heads[: split.n_out]), (tuple(heads[split.n_out :]), xs)
 
     def f_bwd(res, cts):
         coefficients, xs = res
@@ -111,13 +114,22 @@ def _split_rules(record: Record, split: Any, forward: Callable, shaped: Callable
                     part = g.astype(c.dtype) * c
                     found[pos] = part if found[pos] is None else found[pos] + part
         else:
+
             def lin(*seeds):
                 heads, _ = linear(list(seeds) + list(coefficients))
                 return [heads[t] for t in split.terms if t is not None]
+
             outs, vjp = jax.vjp(lin, *[jnp.zeros_like(w) for w in wrt])
-            found = list(vjp([g.astype(o.dtype) for g, o in
-                              zip([g for g, t in zip(cts, split.terms) if t is not None],
-                                  outs)]))
+            found = list(
+                vjp(
+                    [
+                        g.astype(o.dtype)
+                        for g, o in zip(
+                            [g for g, t in zip(cts, split.terms) if t is not None], outs
+                        )
+                    ]
+                )
+            )
         out: list[Any] = [None] * len(record.inputs)
         for i, g, w in zip(diff, found, wrt):
             out[i] = jnp.zeros_like(w) if g is None else g
@@ -128,20 +140,26 @@ def _split_rules(record: Record, split: Any, forward: Callable, shaped: Callable
 
 def _host_fn(record: Any) -> Callable:
     from . import host
+
     diff = list(record.grads)
     single = record.n_out == 1
 
     def structs(xs):  # in JAX's default 32-bit mode a float64 output comes back float32
-        return [jax.ShapeDtypeStruct(tuple(s), jax.dtypes.canonicalize_dtype(np.dtype(d)))
-                for s, d in host.shapes(record, xs)]
+        return [
+            jax.ShapeDtypeStruct(tuple(s), jax.dtypes.canonicalize_dtype(np.dtype(d)))
+            for s, d in host.shapes(record, xs)
+        ]
 
     @jax.custom_vjp
     def f(*xs):
         want = structs(xs)
 
         def run_forward(*xs):
-            return tuple(o.astype(w.dtype, copy=False) for o, w in
-                         zip(host.forward(record, [np.asarray(x) for x in xs]), want))
+            return tuple(
+                o.astype(w.dtype, copy=False)
+                for o, w in zip(host.forward(record, [np.asarray(x) for x in xs]), want)
+            )
+
         out = jax.pure_callback(run_forward, want, *xs, vectorized=False)
         return out[0] if single else tuple(out)
 
@@ -152,9 +170,10 @@ def _host_fn(record: Any) -> Callable:
         cts = [cts] if single else list(cts)
 
         def run_backward(*args):
-            arrays, grads = args[:len(xs)], args[len(xs):]
-            found = host.backward(record, [np.asarray(a) for a in arrays],
-                                  [np.asarray(g) for g in grads])
+            arrays, grads = args[: len(xs)], args[len(xs) :]
+            found = host.backward(
+                record, [np.asarray(a) for a in arrays], [np.asarray(g) for g in grads]
+            )
             return tuple(g.astype(w.dtype, copy=False) for g, w in zip(found, want))
 
         want = [jax.ShapeDtypeStruct(xs[i].shape, xs[i].dtype) for i in diff]
@@ -171,13 +190,17 @@ def _host_fn(record: Any) -> Callable:
 def _check(record: Record, arrays) -> None:
     for name, x in zip(record.inputs, arrays):
         if not hasattr(x, "shape") or not hasattr(x, "dtype"):
-            raise port_error(record.op_type, (
-                f"input {name!r} must be a jax array, got {type(x).__name__}"), TypeError)
+            raise port_error(
+                record.op_type,
+                (f"input {name!r} must be a jax array, got {type(x).__name__}"),
+                TypeError,
+            )
     record.check([tuple(x.shape) for x in arrays], [_dtype_name(x) for x in arrays])
 
 
 def from_record(record: Record) -> Callable:
     """A loaded port: a function of the saved inputs (jax arrays), parameters fixed."""
+
     def port(*arrays):
         arrays = [jnp.asarray(x) if isinstance(x, np.ndarray) else x for x in arrays]
         _check(record, arrays)
@@ -192,24 +215,31 @@ def from_record(record: Record) -> Callable:
 def to_jax(op: Any) -> Callable:
     """``op`` as a function of jax arrays; see :func:`customop.to_jax`."""
     from . import extract, host
+
     op = extract.live_op(op)
     if op.signature.aux:
         raise port_error(op.op_type, f"cannot be ported: {extract.why_not_native(op)}")
 
     def port(*arrays, **params):
         target, present, names, params = extract.split_call(op, list(arrays), params)
-        xs = [jnp.asarray(arrays[i]) if isinstance(arrays[i], np.ndarray) else arrays[i]
-              for i in present]
+        xs = [
+            jnp.asarray(arrays[i]) if isinstance(arrays[i], np.ndarray) else arrays[i]
+            for i in present
+        ]
         for nm, x in zip(names, xs):
             if not hasattr(x, "shape") or not hasattr(x, "dtype"):
-                raise port_error(op.op_type, (
-                    f"input {nm!r} must be a jax array, got {type(x).__name__}"), TypeError)
+                raise port_error(
+                    op.op_type,
+                    (f"input {nm!r} must be a jax array, got {type(x).__name__}"),
+                    TypeError,
+                )
         if target.mode != "mxnet":
             n_out = op.outputs.of({**op.signature.defaults, **params})
             record = host.record(target, op, xs, names, params, n_out)
         else:
-            record = extract.record_for(target, [tuple(x.shape) for x in xs],
-                                        [_dtype_name(x) for x in xs], params, names)
+            record = extract.record_for(
+                target, [tuple(x.shape) for x in xs], [_dtype_name(x) for x in xs], params, names
+            )
         return _vjp_fn(record)(*xs)
 
     port.__name__ = op.op_type.replace(".", "_")

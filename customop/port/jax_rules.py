@@ -5,6 +5,7 @@ The twin of :mod:`customop.port.torch_rules` (same entries, same MXNet semantics
 from the arrays, never from their values.  ``tests/port/test_rules.py`` checks every entry
 against MXNet on random inputs.
 """
+
 from __future__ import annotations
 
 import jax
@@ -33,36 +34,42 @@ def _reduce(fn):
             return out.reshape((1,) * x.ndim) if keep else out.reshape((1,))  # MXNet: no 0-d
         out = fn(x, axis=axes, keepdims=keep)
         return out.reshape((1,)) if out.ndim == 0 else out
+
     return rule
 
 
 def _scalar(fn):
     def rule(a: Attrs, x):
         return fn(x, jnp.asarray(a.float("scalar"), x.dtype))
+
     return rule
 
 
 def _cmp_scalar(fn):
     def rule(a: Attrs, x):
         return fn(x, a.float("scalar")).astype(x.dtype)
+
     return rule
 
 
 def _cmp(fn):
     def rule(a: Attrs, x, y):
         return fn(x, y).astype(x.dtype)
+
     return rule
 
 
 def _unary(fn):
     def rule(a: Attrs, x):
         return fn(x)
+
     return rule
 
 
 def _binary(fn):
     def rule(a: Attrs, x, y):
         return fn(x, y)
+
     return rule
 
 
@@ -158,6 +165,7 @@ def _arange(a: Attrs):
     if stop is None:
         start, stop = 0.0, start
     import numpy as np
+
     out = np.arange(start, stop, step, dtype=np.float64)
     rep = a.int("repeat", 1)
     if rep > 1:
@@ -256,6 +264,7 @@ def _arg_reduce(fn):
     def rule(a: Attrs, x):
         out = fn(x, axis=a.int("axis", None), keepdims=a.bool("keepdims"))
         return out.astype(x.dtype)
+
     return rule
 
 
@@ -312,11 +321,13 @@ def _box_encode(a: Attrs, samples, matches, anchors, refs, means, stds):
     t = (t - means) / stds
     pos = (samples > 0.5)[..., None]
     return jnp.where(pos, t, 0).astype(t.dtype), jnp.broadcast_to(pos, t.shape).astype(
-        anchors.dtype)
+        anchors.dtype
+    )
 
 
 def _box_nms(a: Attrs, data):
     from .nms import jax_box_nms
+
     return jax_box_nms(a, data)
 
 
@@ -355,8 +366,8 @@ RULES = {
     "_mul_scalar": _scalar(lambda x, s: x * s),
     "_div_scalar": _scalar(lambda x, s: x / s),
     "_rdiv_scalar": _scalar(lambda x, s: s / x),
-    "_power_scalar": _scalar(lambda x, s: x ** s),
-    "_rpower_scalar": _scalar(lambda x, s: s ** x),
+    "_power_scalar": _scalar(lambda x, s: x**s),
+    "_rpower_scalar": _scalar(lambda x, s: s**x),
     "_maximum_scalar": _scalar(jnp.maximum),
     "_minimum_scalar": _scalar(jnp.minimum),
     "_equal_scalar": _cmp_scalar(jnp.equal),

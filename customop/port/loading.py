@@ -1,4 +1,5 @@
 """``customop.load_port``: a port file read as data, run by torch or jax (no MXNet here)."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -25,8 +26,9 @@ def load_port(path: Any, framework: str) -> Any:
         value = loss(logits, labels)
     """
     if framework not in ("torch", "jax"):
-        raise ValueError(f"customop.load_port: framework must be 'torch' or 'jax', got "
-                         f"{framework!r}")
+        raise ValueError(
+            f"customop.load_port: framework must be 'torch' or 'jax', got {framework!r}"
+        )
     record = portfile.read(path)
     module = framework_module(f"{framework}_port", "customop.load_port")
     return module.from_record(record)

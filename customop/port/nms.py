@@ -4,6 +4,7 @@ order, the kept rows first, every other row -1 (the semantics of ``ops.box_nms.n
 Forward only, like MXNet's operator in ``ops.box_nms``'s graph (its gradient is the
 op's closure, carried by the training graph's other nodes).
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -12,11 +13,18 @@ from .graph import Attrs
 
 
 def _params(a: Attrs) -> dict[str, Any]:
-    return dict(thresh=a.float("overlap_thresh", 0.5), valid=a.float("valid_thresh", 0.0),
-                topk=a.int("topk", -1), lo=a.int("coord_start", 2),
-                score=a.int("score_index", 1), cls=a.int("id_index", -1),
-                bg=a.int("background_id", -1), force=a.bool("force_suppress"),
-                fin=a.str("in_format", "corner"), fout=a.str("out_format", "corner"))
+    return dict(
+        thresh=a.float("overlap_thresh", 0.5),
+        valid=a.float("valid_thresh", 0.0),
+        topk=a.int("topk", -1),
+        lo=a.int("coord_start", 2),
+        score=a.int("score_index", 1),
+        cls=a.int("id_index", -1),
+        bg=a.int("background_id", -1),
+        force=a.bool("force_suppress"),
+        fin=a.str("in_format", "corner"),
+        fout=a.str("out_format", "corner"),
+    )
 
 
 def _convert(xp, c, fin, fout):
@@ -48,10 +56,15 @@ def _torch_keep(valid, over):
     score order, work only at the kept ones (as torchvision's CPU ``nms``); under a fake or
     compiling mode, where there are no values, a loop of tensor operations instead."""
     import torch
+
     n = valid.shape[0]
-    if (type(over) is torch.Tensor and not torch.compiler.is_compiling()
-            and torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE) is None):
+    if (
+        type(over) is torch.Tensor
+        and not torch.compiler.is_compiling()
+        and torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE) is None
+    ):
         import numpy as np
+
         o, suppressed = over.cpu().numpy(), ~valid.cpu().numpy()
         keep = np.zeros(n, bool)
         for i in range(n):
@@ -67,6 +80,7 @@ def _torch_keep(valid, over):
 
 def torch_box_nms(a: Attrs, data):
     import torch
+
     p = _params(a)
     if p["topk"] == 0:
         return data.clone()
@@ -84,8 +98,9 @@ def torch_box_nms(a: Attrs, data):
         if p["topk"] > 0:
             rank = torch.cumsum(valid.to(torch.int64), 0)
             valid = valid & (rank <= p["topk"])
-        corners = _convert(torch, sb[:, p["lo"]:p["lo"] + 4].to(torch.float64), p["fin"],
-                           "corner")
+        corners = _convert(
+            torch, sb[:, p["lo"] : p["lo"] + 4].to(torch.float64), p["fin"], "corner"
+        )
         over = _iou_matrix(torch, corners) > p["thresh"]
         if p["cls"] >= 0 and not p["force"]:
             ids = sb[:, p["cls"]]
@@ -94,10 +109,10 @@ def torch_box_nms(a: Attrs, data):
         kept = sb[keep]
         if p["fin"] != p["fout"]:
             lo = p["lo"]
-            conv = _convert(torch, kept[:, lo:lo + 4], p["fin"], p["fout"])
-            kept = torch.cat([kept[:, :lo], conv, kept[:, lo + 4:]], 1)
+            conv = _convert(torch, kept[:, lo : lo + 4], p["fin"], p["fout"])
+            kept = torch.cat([kept[:, :lo], conv, kept[:, lo + 4 :]], 1)
         out = -torch.ones_like(boxes)
-        out[:kept.shape[0]] = kept
+        out[: kept.shape[0]] = kept
         outs.append(out)
     return torch.stack(outs).reshape(shape)
 
@@ -105,6 +120,7 @@ def torch_box_nms(a: Attrs, data):
 def jax_box_nms(a: Attrs, data):
     import jax
     import jax.numpy as jnp
+
     p = _params(a)
     if p["topk"] == 0:
         return data
@@ -122,7 +138,7 @@ def jax_box_nms(a: Attrs, data):
             valid = valid & (sb[:, p["cls"]] != p["bg"])
         if p["topk"] > 0:
             valid = valid & (jnp.cumsum(valid.astype(jnp.int32)) <= p["topk"])
-        corners = _convert(jnp, sb[:, p["lo"]:p["lo"] + 4], p["fin"], "corner")
+        corners = _convert(jnp, sb[:, p["lo"] : p["lo"] + 4], p["fin"], "corner")
         over = _iou_matrix(jnp, corners) > p["thresh"]
         if p["cls"] >= 0 and not p["force"]:
             ids = sb[:, p["cls"]]
@@ -139,8 +155,8 @@ def jax_box_nms(a: Attrs, data):
         kept = sb[pos]
         if p["fin"] != p["fout"]:
             lo = p["lo"]
-            conv = _convert(jnp, kept[:, lo:lo + 4], p["fin"], p["fout"])
-            kept = jnp.concatenate([kept[:, :lo], conv, kept[:, lo + 4:]], 1)
+            conv = _convert(jnp, kept[:, lo : lo + 4], p["fin"], p["fout"])
+            kept = jnp.concatenate([kept[:, :lo], conv, kept[:, lo + 4 :]], 1)
         count = keep.sum()
         return jnp.where((idx < count)[:, None], kept, -jnp.ones_like(kept))
 

@@ -8,6 +8,7 @@ and training.  :class:`Record` is that content in memory; the live ports
 imports neither MXNet nor the rest of customop: ``load_port`` runs where neither is
 installed, with NumPy 2.
 """
+
 from __future__ import annotations
 
 import json
@@ -42,46 +43,76 @@ class Record:
     absent: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
-        return {"format": FORMAT, "version": VERSION, "op_type": self.op_type,
-                "inputs": self.inputs, "absent": self.absent,
-                "shapes": [list(s) for s in self.shapes], "dtypes": self.dtypes,
-                "generic": list(self.generic), "params": self.params, "n_out": self.n_out,
-                "grads": self.grads, "forward": self.forward, "train": self.train}
+        return {
+            "format": FORMAT,
+            "version": VERSION,
+            "op_type": self.op_type,
+            "inputs": self.inputs,
+            "absent": self.absent,
+            "shapes": [list(s) for s in self.shapes],
+            "dtypes": self.dtypes,
+            "generic": list(self.generic),
+            "params": self.params,
+            "n_out": self.n_out,
+            "grads": self.grads,
+            "forward": self.forward,
+            "train": self.train,
+        }
 
     @classmethod
     def from_json(cls, data: Any, where: str) -> Record:
         bad = _invalid(data)
         if bad:
             raise PortError(f"customop.load_port: {where} is not a customop port file: {bad}")
-        return cls(op_type=data["op_type"], inputs=list(data["inputs"]),
-                   shapes=[tuple(int(d) for d in s) for s in data["shapes"]],
-                   dtypes=list(data["dtypes"]), n_out=int(data["n_out"]),
-                   grads=[int(i) for i in data["grads"]], forward=data["forward"],
-                   train=data["train"], generic=tuple(int(d) for d in data["generic"]),
-                   params=dict(data.get("params") or {}), absent=list(data.get("absent") or []))
+        return cls(
+            op_type=data["op_type"],
+            inputs=list(data["inputs"]),
+            shapes=[tuple(int(d) for d in s) for s in data["shapes"]],
+            dtypes=list(data["dtypes"]),
+            n_out=int(data["n_out"]),
+            grads=[int(i) for i in data["grads"]],
+            forward=data["forward"],
+            train=data["train"],
+            generic=tuple(int(d) for d in data["generic"]),
+            params=dict(data.get("params") or {}),
+            absent=list(data.get("absent") or []),
+        )
 
     def describe(self) -> str:
-        return ", ".join(f"{n} {tuple(s)} {d}" for n, s, d in
-                         zip(self.inputs, self.shapes, self.dtypes))
+        return ", ".join(
+            f"{n} {tuple(s)} {d}" for n, s, d in zip(self.inputs, self.shapes, self.dtypes)
+        )
 
     def check(self, shapes: list[tuple], dtypes: list[str]) -> None:
         """Raises naming the op and the expected shapes unless ``shapes`` are of the family."""
         if len(shapes) != len(self.shapes):
-            raise port_error(self.op_type, (
-                f"takes {len(self.inputs)} input(s) ({', '.join(self.inputs)}), got "
-                f"{len(shapes)}"), TypeError)
+            raise port_error(
+                self.op_type,
+                (
+                    f"takes {len(self.inputs)} input(s) ({', '.join(self.inputs)}), got "
+                    f"{len(shapes)}"
+                ),
+                TypeError,
+            )
         for name, want, got in zip(self.inputs, self.dtypes, dtypes):
             if want != got:
-                raise port_error(self.op_type, (
-                    f"input {name!r} must be {want} (the saved example's dtype), got {got}"),
-                    TypeError)
+                raise port_error(
+                    self.op_type,
+                    (f"input {name!r} must be {want} (the saved example's dtype), got {got}"),
+                    TypeError,
+                )
         if not serves(self.shapes, self.generic, shapes):
             sizes = ", ".join(str(d) for d in self.generic if d >= 2) or "none"
-            raise port_error(self.op_type, (
-                f"input shapes {', '.join(str(tuple(s)) for s in shapes)} are outside the "
-                f"saved shape family: {self.describe()}, where only the sizes {sizes} may "
-                f"take another value (each the same on every axis that had it); save a "
-                f"port from an example of these shapes"), ValueError)
+            raise port_error(
+                self.op_type,
+                (
+                    f"input shapes {', '.join(str(tuple(s)) for s in shapes)} are outside the "
+                    f"saved shape family: {self.describe()}, where only the sizes {sizes} may "
+                    f"take another value (each the same on every axis that had it); save a "
+                    f"port from an example of these shapes"
+                ),
+                ValueError,
+            )
 
 
 def serves(saved: list[tuple], generic: tuple, shapes: list[tuple]) -> bool:
@@ -108,9 +139,17 @@ def _invalid(data: Any) -> str:
         return "no 'format': 'customop-port' field"
     if data.get("version") != VERSION:
         return f"version {data.get('version')!r}, this customop reads version {VERSION}"
-    for key, kind in (("op_type", str), ("inputs", list), ("shapes", list), ("dtypes", list),
-                      ("n_out", int), ("grads", list), ("forward", dict), ("train", dict),
-                      ("generic", list)):
+    for key, kind in (
+        ("op_type", str),
+        ("inputs", list),
+        ("shapes", list),
+        ("dtypes", list),
+        ("n_out", int),
+        ("grads", list),
+        ("forward", dict),
+        ("train", dict),
+        ("generic", list),
+    ):
         if not isinstance(data.get(key), kind):
             return f"field {key!r} missing or not a {kind.__name__}"
     if not all(isinstance(n, str) and _NAME.match(n) for n in data["inputs"]):
@@ -137,8 +176,14 @@ def _ref_ok(r: Any, k: int, n_in: int) -> bool:
         return False
     if r[0] == "in":
         return len(r) == 2 and isinstance(r[1], int) and 0 <= r[1] < n_in
-    return (r[0] == "node" and len(r) == 3 and isinstance(r[1], int) and 0 <= r[1] < k
-            and isinstance(r[2], int) and r[2] >= 0)
+    return (
+        r[0] == "node"
+        and len(r) == 3
+        and isinstance(r[1], int)
+        and 0 <= r[1] < k
+        and isinstance(r[2], int)
+        and r[2] >= 0
+    )
 
 
 def write(record: Record, path: Any) -> None:
@@ -152,6 +197,8 @@ def read(path: Any) -> Record:
         try:
             data = json.load(f)
         except ValueError as exc:
-            raise PortError(f"customop.load_port: {where} is not JSON ({exc}); a port "
-                            f"file is written by customop.save_port") from None
+            raise PortError(
+                f"customop.load_port: {where} is not JSON ({exc}); a port "
+                f"file is written by customop.save_port"
+            ) from None
     return Record.from_json(data, where)

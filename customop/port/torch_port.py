@@ -18,6 +18,7 @@ excludes the autograd keys (gradients taken there came back wrong, torch 2.14): 
 recording lifts that exclusion for the graph's own operators only.  The fake kernel runs the
 forward graph on fake tensors, so ``torch.compile`` traces the op with its shapes.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -39,8 +40,9 @@ def _run(record: Record, which: str) -> Callable:
     runs = record.__dict__.setdefault("_torch_runs", {})  # kept by the record it runs
     found = runs.get(which)
     if found is None:
-        found = runs[which] = compile_graph(getattr(record, which), torch_rules.RULES,
-                                            record.op_type)
+        found = runs[which] = compile_graph(
+            getattr(record, which), torch_rules.RULES, record.op_type
+        )
     return found
 
 
@@ -50,16 +52,19 @@ def _split(record: Record) -> Any:
     autograd)."""
     runs = record.__dict__.setdefault("_torch_runs", {})
     if "split" not in runs:
-        split = None if getattr(record, "host", False) else split_linear(record.train,
-                                                                           record.grads)
+        split = None if getattr(record, "host", False) else split_linear(record.train, record.grads)
         if split is not None:
-            coefficients = {"nodes": split.primal["nodes"],
-                            "heads": split.primal["heads"][split.n_out:]}
+            coefficients = {
+                "nodes": split.primal["nodes"],
+                "heads": split.primal["heads"][split.n_out :],
+            }
             split.runs = (
                 compile_graph(split.primal, torch_rules.RULES, record.op_type),
                 compile_graph(coefficients, torch_rules.RULES, record.op_type),
-                None if split.mul is not None else
-                compile_graph(split.linear, torch_rules.RULES, record.op_type))
+                None
+                if split.mul is not None
+                else compile_graph(split.linear, torch_rules.RULES, record.op_type),
+            )
         runs["split"] = split
     return runs["split"]
 
@@ -84,11 +89,14 @@ _AUTOGRAD_KEY = getattr(torch._C.DispatchKey, "AutogradFunctionality", None)
 def _recordable(record: Record, tensors: Sequence[torch.Tensor], key: bool = True) -> bool:
     if (key and _AUTOGRAD_KEY is None) or getattr(record, "host", False):
         return False
-    if torch.compiler.is_compiling() or torch._C._get_dispatch_mode(
-            torch._C._TorchDispatchModeKey.FAKE) is not None:
+    if (
+        torch.compiler.is_compiling()
+        or torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE) is not None
+    ):
         return False
     return any(tensors[i].requires_grad for i in record.grads) and all(
-        type(t) is torch.Tensor or type(t) is torch.nn.Parameter for t in tensors)
+        type(t) is torch.Tensor or type(t) is torch.nn.Parameter for t in tensors
+    )
 
 
 def _own(h: torch.Tensor, tensors: Sequence[torch.Tensor]) -> torch.Tensor:
@@ -98,8 +106,9 @@ def _own(h: torch.Tensor, tensors: Sequence[torch.Tensor]) -> torch.Tensor:
     return h.contiguous() if not h.is_contiguous() else h
 
 
-def run_forward(record: Record, tensors: Sequence[torch.Tensor], found: Any = None
-                ) -> list[torch.Tensor]:
+def run_forward(
+    record: Record, tensors: Sequence[torch.Tensor], found: Any = None
+) -> list[torch.Tensor]:
     """The outputs; ``found``: what setup_context would look up again (kept with the graph)."""
     torch_rules.DEVICE[0] = tensors[0].device if tensors else None
     split = _split(record)
@@ -111,8 +120,8 @@ def run_forward(record: Record, tensors: Sequence[torch.Tensor], found: Any = No
             return [_own(h, tensors) for h in heads]
         with torch.no_grad():  # the outputs and the coefficients the backward multiplies
             heads, _ = split.runs[0](list(tensors))
-        out = [_own(h, tensors) for h in heads[:split.n_out]]
-        _keep(out, heads[split.n_out:], found)
+        out = [_own(h, tensors) for h in heads[: split.n_out]]
+        _keep(out, heads[split.n_out :], found)
         return out
     if _recordable(record, tensors):
         graph = _graph(record, tensors, recorded=True)
@@ -141,9 +150,12 @@ def coefficients(record: Record, tensors: Sequence[torch.Tensor]) -> list[torch.
     return found
 
 
-def linear_backward(record: Record, tensors: Sequence[torch.Tensor],
-                    coefficients: Sequence[torch.Tensor],
-                    grads: Sequence[torch.Tensor | None]) -> list[torch.Tensor]:
+def linear_backward(
+    record: Record,
+    tensors: Sequence[torch.Tensor],
+    coefficients: Sequence[torch.Tensor],
+    grads: Sequence[torch.Tensor | None],
+) -> list[torch.Tensor]:
     """The inputs' gradients from the split graph's saved coefficients: ``g * c`` where
     each output's term is one product, else torch's autograd of the linear part alone."""
     split = _split(record)
@@ -178,14 +190,15 @@ def _graph(record: Record, tensors: Sequence[torch.Tensor], recorded: bool = Fal
     with torch.enable_grad():
         if recorded:  # inside the kernel: let autograd record the graph's own operators
             with torch._C._ForceDispatchKeyGuard(
-                    torch._C._dispatch_tls_local_include_set(),
-                    torch._C._dispatch_tls_local_exclude_set().remove(_AUTOGRAD_KEY)):
-                leaves = [t.detach().requires_grad_(i in record.grads)
-                          for i, t in enumerate(tensors)]
+                torch._C._dispatch_tls_local_include_set(),
+                torch._C._dispatch_tls_local_exclude_set().remove(_AUTOGRAD_KEY),
+            ):
+                leaves = [
+                    t.detach().requires_grad_(i in record.grads) for i, t in enumerate(tensors)
+                ]
                 heads, losses = run(leaves)
         else:
-            leaves = [t.detach().requires_grad_(i in record.grads)
-                      for i, t in enumerate(tensors)]
+            leaves = [t.detach().requires_grad_(i in record.grads) for i, t in enumerate(tensors)]
             heads, losses = run(leaves)
     return leaves, heads, losses
 
@@ -197,14 +210,18 @@ def recorded_graph(output: Any) -> tuple:
     return kept[1:] if kept is not None and kept[0] is first else (None, None)
 
 
-def run_backward(record: Record, tensors: Sequence[torch.Tensor],
-                 grads: Sequence[torch.Tensor | None], graph: tuple | None = None
-                 ) -> list[torch.Tensor]:
+def run_backward(
+    record: Record,
+    tensors: Sequence[torch.Tensor],
+    grads: Sequence[torch.Tensor | None],
+    graph: tuple | None = None,
+) -> list[torch.Tensor]:
     """The gradients of the inputs ``record.grads`` (in that order) for head gradients
     ``grads``: MXNet's backward of the training graph, by torch's autograd (``graph``: the
     one the forward kernel recorded, else it is run again here)."""
     if getattr(record, "host", False):
         from . import host
+
         return host.torch_backward(record, list(tensors), list(grads))
     torch_rules.DEVICE[0] = tensors[0].device if tensors else None
     leaves, heads, losses = graph if graph is not None else _graph(record, tensors)
@@ -233,8 +250,11 @@ def _lib_name(op_type: str, extra: str = "") -> str:
 def _check_inputs(record: Record, tensors: Sequence[torch.Tensor]) -> None:
     for name, t in zip(record.inputs, tensors):
         if not isinstance(t, torch.Tensor):
-            raise port_error(record.op_type, (
-                f"input {name!r} must be a torch.Tensor, got {type(t).__name__}"), TypeError)
+            raise port_error(
+                record.op_type,
+                (f"input {name!r} must be a torch.Tensor, got {type(t).__name__}"),
+                TypeError,
+            )
     record.check([tuple(t.shape) for t in tensors], [_dtype_name(t) for t in tensors])
 
 
@@ -255,10 +275,9 @@ def _attach_autograd(custom: Any, n_in: int, find: Callable) -> None:
 
     def backward(ctx, *grads):
         saved = ctx.saved_tensors
-        tensors = saved[:ctx.n]
+        tensors = saved[: ctx.n]
         if ctx.split:
-            found = linear_backward(ctx.record, list(tensors), list(saved[ctx.n:]),
-                                    list(grads))
+            found = linear_backward(ctx.record, list(tensors), list(saved[ctx.n :]), list(grads))
         else:
             graph, ctx.graph = ctx.graph, None  # (used once: a second backward runs it again)
             found = run_backward(ctx.record, list(tensors), list(grads), graph)
@@ -304,13 +323,19 @@ def _schema_type(value: Any) -> str | None:
 def to_torch(op: Any, **fixed: Any) -> Any:
     """``op`` as a ``torch.library`` custom op; see :func:`customop.to_torch`."""
     from . import extract, host
+
     op = extract.live_op(op)
     sig = op.signature
     missing = [p for p in sig.required if p not in fixed]
     if missing:
-        raise port_error(op.op_type, (
-            f"parameter(s) {', '.join(map(repr, missing))} have no default: fix them in "
-            f"customop.to_torch(op, {missing[0]}=...)"), TypeError)
+        raise port_error(
+            op.op_type,
+            (
+                f"parameter(s) {', '.join(map(repr, missing))} have no default: fix them in "
+                f"customop.to_torch(op, {missing[0]}=...)"
+            ),
+            TypeError,
+        )
     count = op.outputs.declared
     if callable(count):  # the output count depends on the parameters: fix them all
         fixed = {**sig.defaults, **fixed}
@@ -327,8 +352,7 @@ def to_torch(op: Any, **fixed: Any) -> Any:
         if t is None:
             fixed[k] = v
             continue
-        default = (str(v) if type(v) is bool else repr(list(v)) if isinstance(v, tuple)
-                   else repr(v))
+        default = str(v) if type(v) is bool else repr(list(v)) if isinstance(v, tuple) else repr(v)
         kw.append(f"{t} {k}={default}")
     free = {k: v for k, v in free.items() if k not in fixed}
     schema_args = ", ".join(parts + (["*"] + kw if kw else []))
@@ -345,9 +369,12 @@ def to_torch(op: Any, **fixed: Any) -> Any:
 
     def find(inputs, kwargs):
         try:  # a call like an earlier one: no binding, no record lookup (eager overhead)
-            key = (tuple(None if t is None else (t.shape, t.dtype) for t in inputs),
-                   tuple(sorted((k, tuple(v) if isinstance(v, list) else v)
-                                for k, v in kwargs.items())))
+            key = (
+                tuple(None if t is None else (t.shape, t.dtype) for t in inputs),
+                tuple(
+                    sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in kwargs.items())
+                ),
+            )
             hit = seen.get(key)
         except (AttributeError, TypeError):  # not tensors, or symbolic sizes (unhashable)
             key = hit = None
@@ -370,13 +397,21 @@ def to_torch(op: Any, **fixed: Any) -> Any:
         tensors = [arrays[i] for i in present]
         for nm, t in zip(pnames, tensors):
             if not isinstance(t, torch.Tensor):
-                raise port_error(op.op_type, f"input {nm!r} must be a torch.Tensor, got "
-                                 f"{type(t).__name__}", TypeError)
+                raise port_error(
+                    op.op_type,
+                    f"input {nm!r} must be a torch.Tensor, got {type(t).__name__}",
+                    TypeError,
+                )
         if numpy_mode:
             record = host.record(target, op, tensors, pnames, params, n_out)
         else:
-            record = extract.record_for(target, [tuple(t.shape) for t in tensors],
-                                        [_dtype_name(t) for t in tensors], params, pnames)
+            record = extract.record_for(
+                target,
+                [tuple(t.shape) for t in tensors],
+                [_dtype_name(t) for t in tensors],
+                params,
+                pnames,
+            )
         return record, tensors, present
 
     def impl(*inputs, **kwargs):
@@ -396,8 +431,9 @@ def to_torch(op: Any, **fixed: Any) -> Any:
             out = run_forward(record, tensors)
         return out[0] if n_out == 1 else tuple(out)
 
-    custom = torch.library.custom_op(name, impl, mutates_args=(),
-                                     schema=f"({schema_args}) -> {outs}")
+    custom = torch.library.custom_op(
+        name, impl, mutates_args=(), schema=f"({schema_args}) -> {outs}"
+    )
     custom.register_fake(fake)
     _attach_autograd(custom, len(names), find)
     _made[key] = custom

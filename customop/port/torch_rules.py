@@ -7,6 +7,7 @@ says otherwise, ``take``/``pick`` clip their indices).  ``tests/port/test_rules.
 every entry against MXNet on random inputs.  Adding an operator is one entry here and one
 in :mod:`customop.port.jax_rules`.
 """
+
 from __future__ import annotations
 
 import torch
@@ -18,9 +19,16 @@ from .graph import reduce_axes as _axes
 # call's inputs, set by the port before it runs a graph (customop.port.torch_port).
 DEVICE = [None]
 
-DTYPES = {"float16": torch.float16, "float32": torch.float32, "float64": torch.float64,
-          "int8": torch.int8, "uint8": torch.uint8, "int32": torch.int32,
-          "int64": torch.int64, "bool": torch.bool}
+DTYPES = {
+    "float16": torch.float16,
+    "float32": torch.float32,
+    "float64": torch.float64,
+    "int8": torch.int8,
+    "uint8": torch.uint8,
+    "int32": torch.int32,
+    "int64": torch.int64,
+    "bool": torch.bool,
+}
 
 
 def _dtype(a: Attrs, default: str = "float32") -> torch.dtype:
@@ -36,6 +44,7 @@ def _reduce(fn):
             return out.reshape((1,) * x.dim()) if keep else out.reshape((1,))  # MXNet: no 0-d
         out = fn(x, axes, keep)
         return out.reshape((1,)) if out.dim() == 0 else out
+
     return rule
 
 
@@ -64,8 +73,10 @@ def _prod(x, axes, keep):
 def _bound(bind):
     """A rule with ``bind(attrs) -> fn(*tensors)``: the graph compiler reads the node's
     attributes once (:func:`customop.port.graph.compile_graph`); a call costs no reads."""
+
     def rule(a: Attrs, *xs):
         return bind(a)(*xs)
+
     rule.bind = bind  # type: ignore[attr-defined]
     return rule
 
@@ -74,6 +85,7 @@ def _scalar(fn):
     def bind(a: Attrs):
         s = a.float("scalar")
         return lambda x: fn(x, s)
+
     return _bound(bind)
 
 
@@ -81,6 +93,7 @@ def _cmp_scalar(fn):
     def bind(a: Attrs):
         s = a.float("scalar")
         return lambda x: fn(x, s).to(x.dtype)
+
     return _bound(bind)
 
 
@@ -100,8 +113,13 @@ def _softsign(x):
     return x / (1 + x.abs())
 
 
-_ACTIVATIONS = {"sigmoid": torch.sigmoid, "relu": torch.relu, "tanh": torch.tanh,
-                "softrelu": lambda x: _softrelu(x), "softsign": _softsign}
+_ACTIVATIONS = {
+    "sigmoid": torch.sigmoid,
+    "relu": torch.relu,
+    "tanh": torch.tanh,
+    "softrelu": lambda x: _softrelu(x),
+    "softsign": _softsign,
+}
 
 
 def _bind_activation(a: Attrs):
@@ -273,6 +291,7 @@ def _bind_one_hot(a: Attrs):
     def one_hot(x):
         hot = x.to(torch.int64).unsqueeze(-1) == torch.arange(depth, device=x.device)
         return torch.where(hot, on, off).to(dtype)
+
     return one_hot
 
 
@@ -282,7 +301,7 @@ def _take(a: Attrs, x, idx):
     i = idx.to(torch.int64)
     i = i % n if a.str("mode", "clip") == "wrap" else i.clamp(0, n - 1)
     out = torch.index_select(x, ax, i.reshape(-1))
-    return out.reshape(x.shape[:ax] + idx.shape + x.shape[ax + 1:])
+    return out.reshape(x.shape[:ax] + idx.shape + x.shape[ax + 1 :])
 
 
 def _pick(a: Attrs, x, idx):
@@ -353,6 +372,7 @@ def _arg_reduce(fn):
         ax = a.int("axis", None)
         out = fn(x, dim=ax, keepdim=a.bool("keepdims")) if ax is not None else fn(x)
         return out.to(x.dtype)
+
     return rule
 
 
@@ -397,8 +417,9 @@ def box_iou(lhs, rhs, fmt: str):
     inter = w * h
     union = (r1 - l1) * (b1 - t1) + (r2 - l2) * (b2 - t2) - inter
     ok = union > 0
-    return torch.where(ok, inter / torch.where(ok, union, torch.ones_like(union)),
-                       torch.zeros_like(inter))
+    return torch.where(
+        ok, inter / torch.where(ok, union, torch.ones_like(union)), torch.zeros_like(inter)
+    )
 
 
 def _box_encode(a: Attrs, samples, matches, anchors, refs, means, stds):
@@ -412,8 +433,7 @@ def _box_encode(a: Attrs, samples, matches, anchors, refs, means, stds):
     gh = m[..., 3] - m[..., 1]
     gx = m[..., 0] + gw * 0.5
     gy = m[..., 1] + gh * 0.5
-    t = torch.stack([(gx - ax) / aw, (gy - ay) / ah, torch.log(gw / aw),
-                     torch.log(gh / ah)], -1)
+    t = torch.stack([(gx - ax) / aw, (gy - ay) / ah, torch.log(gw / aw), torch.log(gh / ah)], -1)
     t = (t - means) / stds
     pos = (samples > 0.5).unsqueeze(-1)
     targets = torch.where(pos, t, torch.zeros_like(t))
@@ -423,6 +443,7 @@ def _box_encode(a: Attrs, samples, matches, anchors, refs, means, stds):
 
 def _box_nms(a: Attrs, data):
     from .nms import torch_box_nms
+
     return torch_box_nms(a, data)
 
 
@@ -461,8 +482,8 @@ RULES = {
     "_mul_scalar": _scalar(lambda x, s: x * s),
     "_div_scalar": _scalar(lambda x, s: x / s),
     "_rdiv_scalar": _scalar(lambda x, s: s / x),
-    "_power_scalar": _scalar(lambda x, s: x ** s),
-    "_rpower_scalar": _scalar(lambda x, s: s ** x),
+    "_power_scalar": _scalar(lambda x, s: x**s),
+    "_rpower_scalar": _scalar(lambda x, s: s**x),
     "_maximum_scalar": _scalar(lambda x, s: x.clamp(min=s)),
     "_minimum_scalar": _scalar(lambda x, s: x.clamp(max=s)),
     "_equal_scalar": _cmp_scalar(torch.eq),

@@ -72,6 +72,7 @@ makes it (``tests/customop/test_layout.py`` checks).  MXNet's C callback ABI is 
 ``shapes``, ``names`` and the recorded function path of :mod:`customop.dispatch` write,
 the callbacks' arguments and answers, and the guard every C entry of ours runs under.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -81,11 +82,24 @@ from collections.abc import Callable
 from typing import Any
 
 # off-switch name -> the module of this package that holds the patch (its reason, install())
-PATCHES = {"errors": "errors", "fork": "fork", "aux": "aux", "auxsync": "auxsync",
-           "release": "release", "deps": "deps", "shapes": "shapes", "names": "names",
-           "binds": "binds", "trace": "trace", "randomness": "randomness", "inline": "inline",
-           "gluonshape": "gluonshape", "isAlive": "isalive", "onnxops": "onnxops",
-           "backlog": "backlog"}
+PATCHES = {
+    "errors": "errors",
+    "fork": "fork",
+    "aux": "aux",
+    "auxsync": "auxsync",
+    "release": "release",
+    "deps": "deps",
+    "shapes": "shapes",
+    "names": "names",
+    "binds": "binds",
+    "trace": "trace",
+    "randomness": "randomness",
+    "inline": "inline",
+    "gluonshape": "gluonshape",
+    "isAlive": "isalive",
+    "onnxops": "onnxops",
+    "backlog": "backlog",
+}
 
 # MXNet's own pthread_atfork handlers (src/initialize.cc), which the ``fork`` patch runs;
 # internal, C++-mangled names:

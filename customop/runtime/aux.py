@@ -17,6 +17,7 @@ class and its asynchronous calls.  Wraps ``autograd.backward`` and
 on this thread in this step (since the first backward after the last
 recording) are waited for; a tape without such an op waits for nothing.
 """
+
 from __future__ import annotations
 
 import json
@@ -92,8 +93,10 @@ def aux_variables(sym: Any) -> list[tuple[str, tuple[str, str]]]:
     for _, node, op_type in graph_json.custom_nodes(graph):
         states = _aux_ops.get(op_type, ())
         if states:
-            found += [(nodes[entry[0]]["name"], (op_type, state))
-                      for entry, state in zip(node["inputs"][-len(states):], states)]
+            found += [
+                (nodes[entry[0]]["name"], (op_type, state))
+                for entry, state in zip(node["inputs"][-len(states) :], states)
+            ]
     return found
 
 

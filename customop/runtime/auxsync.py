@@ -23,6 +23,7 @@ classes above, recorded ``mx.nd.Custom`` calls) note the value of each aux
 array the first time a step uses it.  No public hook exists: Gluon's
 Trainer has no step callback, Module has one only in ``fit``.
 """
+
 from __future__ import annotations
 
 import functools
@@ -62,8 +63,7 @@ def install() -> None:
         return _run(update, agree.trainer_begin, agree.trainer_finish, self, args, kwargs)
 
     def module_update_(self, *args, **kwargs):
-        return _run(module_update, agree.module_begin, agree.module_finish, self, args,
-                    kwargs)
+        return _run(module_update, agree.module_begin, agree.module_finish, self, args, kwargs)
 
     functools.update_wrapper(step_, step)
     functools.update_wrapper(allreduce_grads_, allreduce_grads)

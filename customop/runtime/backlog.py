@@ -33,6 +33,7 @@ asynchronous failure is raised there (MXNet then clears every array's failure). 
 is skipped while a failure of one of our callbacks waits for the reader of the arrays it
 poisoned (:func:`customop.errors.pending`), which then gets it where it reads them.
 """
+
 from __future__ import annotations
 
 import threading

@@ -25,6 +25,7 @@ or bind from one thread).  With it, no bind of our Symbol failed, inlined or not
 forked while a thread of the parent binds starts with a free lock.  Switched off,
 binds of our graphs run concurrently again.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -59,8 +60,9 @@ def serialized() -> Any:
 def holds_ours(sym: mx.sym.Symbol) -> bool:
     """Whether ``sym`` holds a ``Custom`` node of one of our ops."""
     graph = graph_json.graph_of(sym)
-    return graph is not None and any(op_type in _ours for _, _, op_type
-                                     in graph_json.custom_nodes(graph))
+    return graph is not None and any(
+        op_type in _ours for _, _, op_type in graph_json.custom_nodes(graph)
+    )
 
 
 def _new_lock() -> None:

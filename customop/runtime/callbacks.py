@@ -13,6 +13,7 @@ of a prop's, ``names`` three); the
 grouped by tag, the ``req`` codes, the shapes) and writing its answers, and the one
 rule for every entry of ours: it must not raise (:func:`guarded`).
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -31,21 +32,41 @@ from .. import errors
 
 # What MXNet's ``req`` codes mean (OpReqType).
 REQ = ("null", "write", "inplace", "add")
-FB_TYPE = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int, ctypes.POINTER(ctypes.c_void_p),
-                           ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_int),
-                           ctypes.c_int, ctypes.c_void_p)  # MXNet's CustomOpFBFunc
+FB_TYPE = ctypes.CFUNCTYPE(
+    ctypes.c_int,
+    ctypes.c_int,
+    ctypes.POINTER(ctypes.c_void_p),
+    ctypes.POINTER(ctypes.c_int),
+    ctypes.POINTER(ctypes.c_int),
+    ctypes.c_int,
+    ctypes.c_void_p,
+)  # MXNet's CustomOpFBFunc
 DELETE_TYPE = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)  # CustomOpDelFunc (and functions')
-DEPS_TYPE = ctypes.CFUNCTYPE(ctypes.c_int, *[ctypes.POINTER(ctypes.c_int)] * 4,
-                             ctypes.POINTER(ctypes.POINTER(ctypes.c_int)),
-                             ctypes.c_void_p)  # MXNet's CustomOpBwdDepFunc
-LIST_TYPE = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_void_p),
-                             ctypes.c_void_p)  # MXNet's CustomOpListFunc (char***)
-INFER_SHAPE_TYPE = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int, ctypes.POINTER(ctypes.c_int),
-                                    ctypes.POINTER(ctypes.POINTER(ctypes.c_int)),
-                                    ctypes.c_void_p)  # MXNet's CustomOpInferShapeFunc
+DEPS_TYPE = ctypes.CFUNCTYPE(
+    ctypes.c_int,
+    *[ctypes.POINTER(ctypes.c_int)] * 4,
+    ctypes.POINTER(ctypes.POINTER(ctypes.c_int)),
+    ctypes.c_void_p,
+)  # MXNet's CustomOpBwdDepFunc
+LIST_TYPE = ctypes.CFUNCTYPE(
+    ctypes.c_int, ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p
+)  # MXNet's CustomOpListFunc (char***)
+INFER_SHAPE_TYPE = ctypes.CFUNCTYPE(
+    ctypes.c_int,
+    ctypes.c_int,
+    ctypes.POINTER(ctypes.c_int),
+    ctypes.POINTER(ctypes.POINTER(ctypes.c_int)),
+    ctypes.c_void_p,
+)  # MXNet's CustomOpInferShapeFunc
 FUNCTION_BACKWARD_TYPE = ctypes.CFUNCTYPE(
-    ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.POINTER(ctypes.c_void_p),
-    ctypes.POINTER(ctypes.c_int), ctypes.c_int, ctypes.c_void_p)  # CustomFunctionBwdFunc
+    ctypes.c_int,
+    ctypes.c_int,
+    ctypes.c_int,
+    ctypes.POINTER(ctypes.c_void_p),
+    ctypes.POINTER(ctypes.c_int),
+    ctypes.c_int,
+    ctypes.c_void_p,
+)  # CustomFunctionBwdFunc
 # MXNet's slots (include/mxnet/c_api.h): CustomOpCallbacks, CustomOpPropCallbacks
 OP_DELETE, OP_BACKWARD = 0, 2
 PROP_LIST_ARGUMENTS, PROP_LIST_OUTPUTS, PROP_LIST_AUX = 1, 2, 3
@@ -69,6 +90,7 @@ def guarded(fn: Callable[..., bool]) -> Callable[..., bool]:
     failure is one of ours, which the prop or operator that raised it reported already
     (:func:`customop.errors.is_ours`).
     """
+
     @functools.wraps(fn)
     def callback(*args: Any) -> bool:
         try:
@@ -77,6 +99,7 @@ def guarded(fn: Callable[..., bool]) -> Callable[..., bool]:
             if not errors.is_ours(sys.exc_info()[1]):
                 traceback.print_exc()
             return False
+
     return callback
 
 
@@ -89,8 +112,9 @@ def poisoned(arrays: list[Any]) -> bool:
         return False
 
 
-def op_arrays(num: int, handles: Any, tags: Any, writes: tuple[int, ...],
-              stype: Callable[[int], int]) -> list[list[NDArray]]:
+def op_arrays(
+    num: int, handles: Any, tags: Any, writes: tuple[int, ...], stype: Callable[[int], int]
+) -> list[list[NDArray]]:
     """The ``num`` arrays of an operator callback (``CustomOpFBFunc``), grouped by their
     tags: in_data, out_data, in_grad, out_grad, aux (see :data:`IN_DATA`...).
 
@@ -99,8 +123,11 @@ def op_arrays(num: int, handles: Any, tags: Any, writes: tuple[int, ...],
     """
     arrays: list[list[NDArray]] = [[] for _ in range(5)]
     for i in range(num):
-        arrays[tags[i]].append(_ndarray_cls(ctypes.cast(handles[i], NDArrayHandle),
-                                            writable=tags[i] in writes, stype=stype(i)))
+        arrays[tags[i]].append(
+            _ndarray_cls(
+                ctypes.cast(handles[i], NDArrayHandle), writable=tags[i] in writes, stype=stype(i)
+            )
+        )
     return arrays
 
 
@@ -109,16 +136,20 @@ def req_names(codes: Any, n: int) -> list[str]:
     return [REQ[codes[i]] for i in range(n)]
 
 
-def function_arrays(num_ograds: int, num_igrads: int, handles: Any,
-                    read_ograds: bool) -> tuple[list[NDArray] | None, list[NDArray]]:
+def function_arrays(
+    num_ograds: int, num_igrads: int, handles: Any, read_ograds: bool
+) -> tuple[list[NDArray] | None, list[NDArray]]:
     """The arrays of a recorded function's backward (``CustomFunctionBwdFunc``): the output
     gradients it reads (None unless ``read_ograds``) and the input gradients it writes."""
-    igrads = [NDArray(ctypes.cast(handles[num_ograds + i], NDArrayHandle), writable=True)
-              for i in range(num_igrads)]
+    igrads = [
+        NDArray(ctypes.cast(handles[num_ograds + i], NDArrayHandle), writable=True)
+        for i in range(num_igrads)
+    ]
     if not read_ograds:
         return None, igrads
-    return [NDArray(ctypes.cast(handles[i], NDArrayHandle), writable=False)
-            for i in range(num_ograds)], igrads
+    return [
+        NDArray(ctypes.cast(handles[i], NDArrayHandle), writable=False) for i in range(num_ograds)
+    ], igrads
 
 
 def given_shapes(n: int, dims: Any, shapes: Any) -> list[list[int]]:
@@ -170,8 +201,11 @@ def entry(name: str, ctype: Any, fn: Callable) -> int:
             found = _entries.get(name)
             if found is None:
                 callback = ctype(fn)
-                found = _entries[name] = (callback,
-                                          ctypes.cast(callback, ctypes.c_void_p).value, fn)
+                found = _entries[name] = (
+                    callback,
+                    ctypes.cast(callback, ctypes.c_void_p).value,
+                    fn,
+                )
     return found[1]
 
 
@@ -196,21 +230,28 @@ def slots(refs: Any, n: int) -> tuple[Any, Any] | None:
     ``obj._ref_holder`` (``[POINTER(MXCallbackList)]``); the arrays are of plain
     addresses (no ctypes cycles).  None for another MXNet, or fewer than ``n`` slots.
     """
-    if not (isinstance(refs, list) and len(refs) == 1
-            and isinstance(refs[0], ctypes.POINTER(MXCallbackList)) and refs[0]):
+    if not (
+        isinstance(refs, list)
+        and len(refs) == 1
+        and isinstance(refs[0], ctypes.POINTER(MXCallbackList))
+        and refs[0]
+    ):
         return None  # pragma: no cover - another MXNet
     table = refs[0][0]
     if table.num_callbacks < n or not table.callbacks or not table.contexts:
         return None  # pragma: no cover - another MXNet
     found = (ctypes.c_void_p * table.num_callbacks).from_address(
-        ctypes.addressof(table.callbacks.contents))
+        ctypes.addressof(table.callbacks.contents)
+    )
     contexts = (ctypes.c_void_p * table.num_callbacks).from_address(
-        ctypes.addressof(table.contexts.contents))
+        ctypes.addressof(table.contexts.contents)
+    )
     return found, contexts
 
 
-def record_function(inputs: list, outputs: list, key: int, backward: Callable,
-                    delete: Callable) -> Any:
+def record_function(
+    inputs: list, outputs: list, key: int, backward: Callable, delete: Callable
+) -> Any:
     """Record one autograd node from ``inputs`` to ``outputs`` (``MXCustomFunctionRecord``).
 
     ``backward(num_ograds, num_igrads, ptrs, reqs, is_train, key)`` and
@@ -223,15 +264,23 @@ def record_function(inputs: list, outputs: list, key: int, backward: Callable,
     table = _function_tables.get((backward, delete))
     if table is None:
         table = _function_tables[(backward, delete)] = ctypes.cast(
-            (ctypes.c_void_p * 2)(entry(f"function-backward {id(backward)}",
-                                        FUNCTION_BACKWARD_TYPE, backward),
-                                  entry(f"function-delete {id(delete)}", DELETE_TYPE, delete)),
-            ctypes.POINTER(ctypes.CFUNCTYPE(ctypes.c_int)))
+            (ctypes.c_void_p * 2)(
+                entry(f"function-backward {id(backward)}", FUNCTION_BACKWARD_TYPE, backward),
+                entry(f"function-delete {id(delete)}", DELETE_TYPE, delete),
+            ),
+            ctypes.POINTER(ctypes.CFUNCTYPE(ctypes.c_int)),
+        )
     contexts = (ctypes.c_void_p * 2)(key, key)
     record = MXCallbackList(2, table, ctypes.cast(contexts, ctypes.POINTER(ctypes.c_void_p)))
-    check_call(_LIB.MXCustomFunctionRecord(
-        ctypes.c_int(len(inputs)), c_handle_array(inputs),
-        ctypes.c_int(len(outputs)), c_handle_array(outputs), ctypes.byref(record)))
+    check_call(
+        _LIB.MXCustomFunctionRecord(
+            ctypes.c_int(len(inputs)),
+            c_handle_array(inputs),
+            ctypes.c_int(len(outputs)),
+            c_handle_array(outputs),
+            ctypes.byref(record),
+        )
+    )
     return record, contexts
 
 

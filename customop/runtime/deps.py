@@ -21,6 +21,7 @@ operator's own dependencies.  Hand-written ops keep MXNet's entries, and
 the set stays what their own declarations made it.  Switched off, our
 nodes share MXNet's set again.
 """
+
 from __future__ import annotations
 
 import functools
@@ -75,9 +76,14 @@ def backward(num, arrays, tags, reqs, is_train, key, watched=callbacks.watched):
     tensors = callbacks.op_arrays(num, arrays, tags, callbacks.BACKWARD_WRITES, stype)
     req = callbacks.req_names(reqs, len(tensors[callbacks.IN_GRAD]))
     with op.ctx:
-        op.backward(req=req, in_data=tensors[callbacks.IN_DATA],
-                    out_data=tensors[callbacks.OUT_DATA], in_grad=tensors[callbacks.IN_GRAD],
-                    out_grad=tensors[callbacks.OUT_GRAD], aux=tensors[callbacks.AUX])
+        op.backward(
+            req=req,
+            in_data=tensors[callbacks.IN_DATA],
+            out_data=tensors[callbacks.OUT_DATA],
+            in_grad=tensors[callbacks.IN_GRAD],
+            out_grad=tensors[callbacks.OUT_GRAD],
+            aux=tensors[callbacks.AUX],
+        )
     return True
 
 
@@ -96,8 +102,7 @@ def adopt_prop(refs: Any, n_out: int, n_in: int, need_top_grad: bool) -> None:
         if kind not in _dep_kinds:
             _dep_kinds.append(kind)
     contexts[callbacks.PROP_DECLARE_DEPS] = _dep_kinds.index(kind) + 1
-    slots[callbacks.PROP_DECLARE_DEPS] = callbacks.entry("declare", callbacks.DEPS_TYPE,
-                                                         _declare)
+    slots[callbacks.PROP_DECLARE_DEPS] = callbacks.entry("declare", callbacks.DEPS_TYPE, _declare)
 
 
 def install() -> None:

@@ -21,6 +21,7 @@ failures to stdout (everyone else's callback failures still print, and keep
 MXNet's error).  Measured: without it every forward error in a graph reads
 as one ``MXNetError`` whose text names no operator.
 """
+
 from __future__ import annotations
 
 import sys

@@ -35,6 +35,7 @@ for what ``posix_spawn`` cannot do (``preexec_fn``, ``pass_fds``, ``user``/``gro
 >= 2.24 or without the symbols the call needs) settles the engine and forks as above
 (measured: docs/design.md, *Errors and threads*, *subprocess beside training*).
 """
+
 from __future__ import annotations
 
 import atexit
@@ -115,13 +116,16 @@ class _Glibc:
         vp, cp, i = ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int
         self.spawn = libc.posix_spawn
         self.spawn.argtypes = [ctypes.POINTER(ctypes.c_int), cp, vp, vp, vp, vp]
-        for name, args in (("posix_spawn_file_actions_init", [vp]),
-                           ("posix_spawn_file_actions_destroy", [vp]),
-                           ("posix_spawn_file_actions_addclose", [vp, i]),
-                           ("posix_spawn_file_actions_adddup2", [vp, i, i]),
-                           ("posix_spawnattr_init", [vp]), ("posix_spawnattr_destroy", [vp]),
-                           ("posix_spawnattr_setflags", [vp, ctypes.c_short]),
-                           ("posix_spawnattr_setsigdefault", [vp, vp])):
+        for name, args in (
+            ("posix_spawn_file_actions_init", [vp]),
+            ("posix_spawn_file_actions_destroy", [vp]),
+            ("posix_spawn_file_actions_addclose", [vp, i]),
+            ("posix_spawn_file_actions_adddup2", [vp, i, i]),
+            ("posix_spawnattr_init", [vp]),
+            ("posix_spawnattr_destroy", [vp]),
+            ("posix_spawnattr_setflags", [vp, ctypes.c_short]),
+            ("posix_spawnattr_setsigdefault", [vp, vp]),
+        ):
             setattr(self, name, getattr(libc, name))
             getattr(self, name).argtypes = args
         self.chdir = getattr(libc, "posix_spawn_file_actions_addchdir_np", None)  # 2.29
@@ -141,8 +145,9 @@ class _Glibc:
         forked child execs with the parent's (sigaction refuses to read them: /proc does)."""
         try:
             with open("/proc/self/status", "rb") as status:
-                ignored = next(int(line.split()[1], 16) for line in status
-                               if line.startswith(b"SigIgn:"))
+                ignored = next(
+                    int(line.split()[1], 16) for line in status if line.startswith(b"SigIgn:")
+                )
         except (OSError, StopIteration, ValueError):  # pragma: no cover - no /proc
             ignored = 0
         return [sig for sig in self.internal_signals if not ignored >> (sig - 1) & 1]
@@ -168,12 +173,18 @@ def _glibc():
 def _can_spawn(call: dict) -> bool:
     """Whether posix_spawn can do all that this ``Popen._execute_child`` call asks."""
     lib = _glibc()
-    if (lib is None or call["preexec_fn"] is not None or call["pass_fds"]
-            or call.get("gid") is not None or call.get("gids") is not None
-            or call.get("uid") is not None or call.get("umask", -1) >= 0  # Python 3.9
-            or (call["close_fds"] and lib.closefrom is None)
-            or (call["cwd"] is not None and lib.chdir is None)
-            or (call["start_new_session"] and not lib.setsid)):
+    if (
+        lib is None
+        or call["preexec_fn"] is not None
+        or call["pass_fds"]
+        or call.get("gid") is not None
+        or call.get("gids") is not None
+        or call.get("uid") is not None
+        or call.get("umask", -1) >= 0  # Python 3.9
+        or (call["close_fds"] and lib.closefrom is None)
+        or (call["cwd"] is not None and lib.chdir is None)
+        or (call["start_new_session"] and not lib.setsid)
+    ):
         return False
     written = {}  # the dup2 actions run in this order: no source may be a target written before
     for fd, target in ((call["p2cread"], 0), (call["c2pwrite"], 1), (call["errwrite"], 2)):
@@ -195,9 +206,24 @@ def _char_pp(items: list):
     return (ctypes.c_char_p * (len(items) + 1))(*items, None)
 
 
-def _spawn_child(self, args, executable, close_fds, cwd, env, shell, p2cread, p2cwrite,
-                 c2pread, c2pwrite, errread, errwrite, restore_signals, start_new_session,
-                 **_unused) -> None:
+def _spawn_child(
+    self,
+    args,
+    executable,
+    close_fds,
+    cwd,
+    env,
+    shell,
+    p2cread,
+    p2cwrite,
+    c2pread,
+    c2pwrite,
+    errread,
+    errwrite,
+    restore_signals,
+    start_new_session,
+    **_unused,
+) -> None:
     """``Popen._execute_child`` (CPython 3.8/3.9, POSIX) through posix_spawn, for a call
     :func:`_can_spawn` accepts: the same arguments, PATH search, pid, pipes and errors."""
     if isinstance(args, (str, bytes)):  # Popen's own preamble, as in CPython 3.8 and 3.9
@@ -256,8 +282,11 @@ def _spawn_child(self, args, executable, close_fds, cwd, env, shell, p2cread, p2
             lib.chdir(actions, cwd_bytes)
         defaults = lib.internal_signals_to_reset()
         if restore_signals:  # Python's _Py_RestoreSignals
-            defaults += [getattr(signal, name) for name in ("SIGPIPE", "SIGXFZ", "SIGXFSZ")
-                         if hasattr(signal, name)]
+            defaults += [
+                getattr(signal, name)
+                for name in ("SIGPIPE", "SIGXFZ", "SIGXFSZ")
+                if hasattr(signal, name)
+            ]
         bits = 8 * ctypes.sizeof(ctypes.c_ulong)
         for signum in defaults:  # sigset_t's layout: sigaddset refuses glibc's own signals
             sigdef[(signum - 1) // bits] |= 1 << ((signum - 1) % bits)
@@ -279,8 +308,14 @@ def _spawn_child(self, args, executable, close_fds, cwd, env, shell, p2cread, p2
                     continue
                 except OSError:
                     pass
-            error = lib.spawn(ctypes.byref(pid), candidate, actions, attr, argv,
-                              envp if envp is not None else lib.environ.value)
+            error = lib.spawn(
+                ctypes.byref(pid),
+                candidate,
+                actions,
+                attr,
+                argv,
+                envp if envp is not None else lib.environ.value,
+            )
             if error == 0:
                 break
             if error not in (errno.ENOENT, errno.ENOTDIR) and not first:
@@ -312,8 +347,11 @@ def _chdir_fails(path: bytes) -> int:
 
 
 def install() -> None:
-    os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent,
-                        after_in_child=_after_fork_in_child)
+    os.register_at_fork(
+        before=_before_fork,
+        after_in_parent=_after_fork_in_parent,
+        after_in_child=_after_fork_in_child,
+    )
     atexit.register(settle)
     if sys.version_info < (3, 10):  # noqa: UP036 - Python 3.8 and 3.9 are supported
         execute_child = subprocess.Popen._execute_child
@@ -326,4 +364,5 @@ def install() -> None:
             with _forking:
                 settle()
                 return execute_child(self, *args, **kwargs)
+
         subprocess.Popen._execute_child = _execute_child

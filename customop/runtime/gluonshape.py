@@ -15,6 +15,7 @@ fails with one listed it raises ``ValueError`` naming the op, the input and the
 fix (give the Parameter a full shape, or ``infer_input_shape=``) in place of
 Gluon's.  Switched off, Gluon's messages stay.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -69,4 +70,5 @@ def install() -> None:
         if result[0] is None and found:
             raise ValueError(found[0])
         return result
+
     mx.sym.Symbol.infer_shape = infer_shape

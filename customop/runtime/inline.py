@@ -21,6 +21,7 @@ about what the same operators written natively cost, a ``Custom`` node several t
 that (measured, ``benchmarks/native_graphs.py``: docs/design.md, *What customop changes
 in MXNet*).  Switched off, every op keeps its ``Custom`` node.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -161,8 +162,11 @@ class CachedPlan:
         if by_grads is None:
             binding.checked(self.sym, shapes, dtypes)
             everything = range(len(self.names))
-            grads = {self.names[i] for i, m in
-                     zip(everything, needs_grad(args, everything, self.params)) if m}
+            grads = {
+                self.names[i]
+                for i, m in zip(everything, needs_grad(args, everything, self.params))
+                if m
+            }
         else:
             grads = {self.names[i] for i, m in zip(by_grads.inputs, mask) if m}
         found = binding.spliced(self.sym, shapes, dtypes, grads)
@@ -225,17 +229,45 @@ def install() -> None:
     simple_bind, bind = mx.sym.Symbol.simple_bind, mx.sym.Symbol.bind
     cached_init = mx.nd.CachedOp.__init__
 
-    def simple_bind_(self, ctx, grad_req="write", type_dict=None, stype_dict=None,
-                     group2ctx=None, shared_arg_names=None, shared_exec=None,
-                     shared_buffer=None, **kwargs):
-        return binding.simple_bind(simple_bind, self, ctx, grad_req, type_dict,
-                                           stype_dict, group2ctx, shared_arg_names,
-                                           shared_exec, shared_buffer, **kwargs)
+    def simple_bind_(
+        self,
+        ctx,
+        grad_req="write",
+        type_dict=None,
+        stype_dict=None,
+        group2ctx=None,
+        shared_arg_names=None,
+        shared_exec=None,
+        shared_buffer=None,
+        **kwargs,
+    ):
+        return binding.simple_bind(
+            simple_bind,
+            self,
+            ctx,
+            grad_req,
+            type_dict,
+            stype_dict,
+            group2ctx,
+            shared_arg_names,
+            shared_exec,
+            shared_buffer,
+            **kwargs,
+        )
 
-    def bind_(self, ctx, args, args_grad=None, grad_req="write", aux_states=None,
-              group2ctx=None, shared_exec=None):
-        return binding.bind(bind, self, ctx, args, args_grad, grad_req, aux_states,
-                                    group2ctx, shared_exec)
+    def bind_(
+        self,
+        ctx,
+        args,
+        args_grad=None,
+        grad_req="write",
+        aux_states=None,
+        group2ctx=None,
+        shared_exec=None,
+    ):
+        return binding.bind(
+            bind, self, ctx, args, args_grad, grad_req, aux_states, group2ctx, shared_exec
+        )
 
     def cached_init_(self, sym, flags=()):
         cached_init(self, sym, flags)

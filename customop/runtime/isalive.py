@@ -6,6 +6,7 @@ customop.distributed.launch --launcher ssh|mpi|...``.
 ``threading.Thread.isAlive = is_alive`` for MXNet's ``tools/launch.py``,
 which calls the method removed in Python 3.9.
 """
+
 from __future__ import annotations
 
 import threading

@@ -19,6 +19,7 @@ the callback table MXNet made for it are pointed at entries that build each list
 and keep it with the prop, for as long as MXNet holds the prop.  Switched off,
 concurrent users of one Symbol share MXNet's slots again.
 """
+
 from __future__ import annotations
 
 import weakref
@@ -44,12 +45,15 @@ def _entry(method: str) -> Any:
             found = kept.setdefault(method, callbacks.string_array(getattr(prop, method)()))
         callbacks.answer_strings(found, out)
         return True
+
     return list_entry
 
 
-_METHODS = ((callbacks.PROP_LIST_ARGUMENTS, "list_arguments"),
-            (callbacks.PROP_LIST_OUTPUTS, "list_outputs"),
-            (callbacks.PROP_LIST_AUX, "list_auxiliary_states"))
+_METHODS = (
+    (callbacks.PROP_LIST_ARGUMENTS, "list_arguments"),
+    (callbacks.PROP_LIST_OUTPUTS, "list_outputs"),
+    (callbacks.PROP_LIST_AUX, "list_auxiliary_states"),
+)
 _ENTRIES = {method: _entry(method) for _, method in _METHODS}
 
 

@@ -18,6 +18,7 @@ never replaced.  The added entries serve any graph converted afterwards in the
 process (the converter has one registry), and only for operators it could not
 convert before.
 """
+
 from __future__ import annotations
 
 ADDED: list = []  # the MXNet operators this patch gave a translation

@@ -16,6 +16,7 @@ every other thread from the global generators, as before.  The originals are bac
 last such run ends.  A name bound before (``from numpy.random import normal``) still reaches
 the global generator.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -36,8 +37,12 @@ _saved: dict[tuple[Any, str], Any] = {}  # (module, name) -> the original functi
 
 def _globals(module: Any, generator: Any) -> list[str]:
     """The names of ``module`` whose functions are methods of its global ``generator``."""
-    return [name for name in dir(module) if not name.startswith("_")
-            and getattr(getattr(module, name), "__self__", None) is generator]
+    return [
+        name
+        for name in dir(module)
+        if not name.startswith("_")
+        and getattr(getattr(module, name), "__self__", None) is generator
+    ]
 
 
 def _wrapper(original: Any, name: str, which: int) -> Any:
@@ -52,8 +57,9 @@ def _wrapper(original: Any, name: str, which: int) -> Any:
 
 
 def _swap_in() -> None:
-    for which, (module, generator) in enumerate(((np.random, np.random.mtrand._rand),
-                                                 (random, random._inst))):
+    for which, (module, generator) in enumerate(
+        ((np.random, np.random.mtrand._rand), (random, random._inst))
+    ):
         for name in _globals(module, generator):
             original = _saved[module, name] = getattr(module, name)
             setattr(module, name, _wrapper(original, name, which))

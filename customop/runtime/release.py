@@ -16,6 +16,7 @@ instance holds and then calls MXNet's own deleter; nothing else of MXNet
 changes (the same deleter serves ``deps`` below, which needs to know when an
 operator is gone).  Switched off, those values wait for the cycle collector.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -24,8 +25,12 @@ from .. import runtime
 from . import callbacks, deps
 
 
-def _delete(key, watched=callbacks.watched, delete_type=callbacks.DELETE_TYPE,
-            is_installed=runtime.is_installed):
+def _delete(
+    key,
+    watched=callbacks.watched,
+    delete_type=callbacks.DELETE_TYPE,
+    is_installed=runtime.is_installed,
+):
     # MXNet deletes one of our operators. The tables are bound as defaults: MXNet may delete
     # operators while the interpreter shuts down, after this module's globals are gone.
     entry = watched.pop(key, None)
@@ -60,8 +65,7 @@ def adopt_operator(op: Any, refs: Any) -> None:
     slots[callbacks.OP_DELETE] = callbacks.entry("delete", callbacks.DELETE_TYPE, _delete)
     if own_backward:
         contexts[callbacks.OP_BACKWARD] = key
-        slots[callbacks.OP_BACKWARD] = callbacks.entry("backward", callbacks.FB_TYPE,
-                                                       deps.backward)
+        slots[callbacks.OP_BACKWARD] = callbacks.entry("backward", callbacks.FB_TYPE, deps.backward)
 
 
 def install() -> None:

@@ -14,6 +14,7 @@ MXNet's entry (:func:`infer_shape`) whose buffers live until the same thread's n
 shape inference (C++ copies them right after the callback returns, on that thread).
 Switched off, concurrent binds of our ops share MXNet's slot again.
 """
+
 from __future__ import annotations
 
 import threading
@@ -38,13 +39,17 @@ def infer_shape(num_tensor, tensor_dims, tensor_shapes, key, props=_props):
     n_out = len(prop.list_outputs())
     n_aux = len(prop.list_auxiliary_states())
     if num_tensor != n_in + n_out + n_aux:  # pragma: no cover - MXNet's own assertion
-        raise AssertionError(f"infer_shape: {num_tensor} tensors for {n_in} inputs, "
-                             f"{n_out} outputs and {n_aux} aux states")
+        raise AssertionError(
+            f"infer_shape: {num_tensor} tensors for {n_in} inputs, "
+            f"{n_out} outputs and {n_aux} aux states"
+        )
     ishape, oshape, ashape = prop.infer_shape(
-        callbacks.given_shapes(n_in, tensor_dims, tensor_shapes))
+        callbacks.given_shapes(n_in, tensor_dims, tensor_shapes)
+    )
     # C++ copies them right after this returns, on this thread
-    _held.buffers = callbacks.answer_shapes(num_tensor, [*ishape, *oshape, *ashape],
-                                            tensor_dims, tensor_shapes)
+    _held.buffers = callbacks.answer_shapes(
+        num_tensor, [*ishape, *oshape, *ashape], tensor_dims, tensor_shapes
+    )
     return True
 
 
@@ -61,8 +66,9 @@ def adopt_prop(refs: Any, prop: Any) -> None:
     key = next(callbacks.keys)
     _props[key] = weakref.ref(prop, lambda _, key=key: _props.pop(key, None))
     contexts[callbacks.PROP_INFER_SHAPE] = key
-    slots[callbacks.PROP_INFER_SHAPE] = callbacks.entry("infer_shape",
-                                                        callbacks.INFER_SHAPE_TYPE, infer_shape)
+    slots[callbacks.PROP_INFER_SHAPE] = callbacks.entry(
+        "infer_shape", callbacks.INFER_SHAPE_TYPE, infer_shape
+    )
 
 
 def install() -> None:

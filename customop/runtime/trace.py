@@ -17,6 +17,7 @@ to the tracing thread's log and pass every other thread through; the originals
 are back when the trace ends.  Switched off, nothing is traced: every op keeps
 its ``Custom`` node.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -81,9 +82,12 @@ def tracing(log: Any) -> Iterator[None]:
         outermost = not _trace_logs
         if outermost:
             scope = mx.autograd._RecordingStateScope
-            _trace_saved.update(invoke=register._imperative_invoke,
-                                asnumpy=mx.nd.NDArray.asnumpy, enter=scope.__enter__,
-                                exit=scope.__exit__)
+            _trace_saved.update(
+                invoke=register._imperative_invoke,
+                asnumpy=mx.nd.NDArray.asnumpy,
+                enter=scope.__enter__,
+                exit=scope.__exit__,
+            )
             register._imperative_invoke = _traced_invoke
             mx.nd.NDArray.asnumpy = _traced_asnumpy
             scope.__enter__, scope.__exit__ = _traced_scope_enter, _traced_scope_exit

@@ -10,6 +10,7 @@ The forward returns the probabilities ``p``; the backward ignores the head gradi
 (``need_top_grad=False``): it is the gradient of the weighted cross-entropy, which the
 layer never computes.  ``label`` gets no gradient.
 """
+
 import mxnet as mx
 
 from customop import customop
@@ -51,6 +52,8 @@ class WeightedSigmoidProp(mx.operator.CustomOpProp):
 
     def create_operator(self, ctx, shapes, dtypes):
         return WeightedSigmoid(self.pos_weight)
+
+
 # original-end
 
 
@@ -64,6 +67,7 @@ def weighted_sigmoid(data, label, *, pos_weight=1.0):
 def _weighted_sigmoid_grad(ans, data, label, *, pos_weight=1.0):
     def grad(g):  # g is None: an output layer ignores the head gradient
         return (pos_weight * label + (1 - label)) * (ans - label) / ans.shape[0]
+
     return grad
 
 

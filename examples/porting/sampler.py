@@ -9,6 +9,7 @@ truth box ``>= fg_overlap``, drawn with NumPy's global RNG), the rest background
 ``bbox_target`` and ``bbox_weight`` ``(batch_rois, 4 num_classes)``, the box regression
 targets in the label's four columns (weights 1 there, 0 elsewhere).
 """
+
 import mxnet as mx
 import numpy as np
 
@@ -25,6 +26,7 @@ def _iou(boxes, gt):
 
     def area(b):
         return (b[:, 2] - b[:, 0] + 1) * (b[:, 3] - b[:, 1] + 1)
+
     return inter / (area(boxes)[:, None] + area(gt)[None, :] - inter)
 
 
@@ -32,9 +34,15 @@ def _encode(boxes, gt):
     """The regression target that moves each box onto its ground-truth box."""
     w, h = boxes[:, 2] - boxes[:, 0] + 1, boxes[:, 3] - boxes[:, 1] + 1
     gw, gh = gt[:, 2] - gt[:, 0] + 1, gt[:, 3] - gt[:, 1] + 1
-    return np.stack([(gt[:, 0] + 0.5 * gw - boxes[:, 0] - 0.5 * w) / w,
-                     (gt[:, 1] + 0.5 * gh - boxes[:, 1] - 0.5 * h) / h,
-                     np.log(gw / w), np.log(gh / h)], axis=1)
+    return np.stack(
+        [
+            (gt[:, 0] + 0.5 * gw - boxes[:, 0] - 0.5 * w) / w,
+            (gt[:, 1] + 0.5 * gh - boxes[:, 1] - 0.5 * h) / h,
+            np.log(gw / w),
+            np.log(gh / h),
+        ],
+        axis=1,
+    )
 
 
 def sample_rois(rois, gt_boxes, num_classes, batch_rois, fg_fraction, fg_overlap):
@@ -56,8 +64,8 @@ def sample_rois(rois, gt_boxes, num_classes, batch_rois, fg_fraction, fg_overlap
     weights = np.zeros_like(targets)
     encoded = _encode(all_rois[keep[:fg_count]], gt_boxes[best[keep[:fg_count]], :4])
     for i, cls in enumerate(label[:fg_count].astype(np.int64)):
-        targets[i, 4 * cls:4 * cls + 4] = encoded[i]
-        weights[i, 4 * cls:4 * cls + 4] = 1
+        targets[i, 4 * cls : 4 * cls + 4] = encoded[i]
+        weights[i, 4 * cls : 4 * cls + 4] = 1
     return all_rois[keep].astype(np.float32), label.astype(np.float32), targets, weights
 
 
@@ -69,8 +77,14 @@ class ProposalTarget(mx.operator.CustomOp):
         self.fg_fraction, self.fg_overlap = fg_fraction, fg_overlap
 
     def forward(self, is_train, req, in_data, out_data, aux):
-        outputs = sample_rois(in_data[0].asnumpy(), in_data[1].asnumpy(), self.num_classes,
-                              self.batch_rois, self.fg_fraction, self.fg_overlap)
+        outputs = sample_rois(
+            in_data[0].asnumpy(),
+            in_data[1].asnumpy(),
+            self.num_classes,
+            self.batch_rois,
+            self.fg_fraction,
+            self.fg_overlap,
+        )
         for i, value in enumerate(outputs):
             self.assign(out_data[i], req[i], mx.nd.array(value))
 
@@ -100,21 +114,32 @@ class ProposalTargetProp(mx.operator.CustomOpProp):
         return []
 
     def create_operator(self, ctx, shapes, dtypes):
-        return ProposalTarget(self.num_classes, self.batch_rois, self.fg_fraction,
-                              self.fg_overlap)
+        return ProposalTarget(self.num_classes, self.batch_rois, self.fg_fraction, self.fg_overlap)
+
+
 # original-end
 
 
 # port-begin
 def _shapes(rois, gt_boxes, *, num_classes, batch_rois=8, **_):
-    return [(batch_rois, 4), (batch_rois,), (batch_rois, 4 * num_classes),
-            (batch_rois, 4 * num_classes)]
+    return [
+        (batch_rois, 4),
+        (batch_rois,),
+        (batch_rois, 4 * num_classes),
+        (batch_rois, 4 * num_classes),
+    ]
 
 
-@customop("numpy", outputs=("rois_output", "label", "bbox_target", "bbox_weight"),
-          infer_shape=_shapes, need_top_grad=False, auto_grad=False)
-def proposal_target(rois, gt_boxes, *, num_classes, batch_rois=8, fg_fraction=0.25,
-                    fg_overlap=0.5):
+@customop(
+    "numpy",
+    outputs=("rois_output", "label", "bbox_target", "bbox_weight"),
+    infer_shape=_shapes,
+    need_top_grad=False,
+    auto_grad=False,
+)
+def proposal_target(rois, gt_boxes, *, num_classes, batch_rois=8, fg_fraction=0.25, fg_overlap=0.5):
     """Sampled proposals, their labels, regression targets and weights (no gradient)."""
     return sample_rois(rois, gt_boxes, num_classes, batch_rois, fg_fraction, fg_overlap)
+
+
 # port-end

@@ -23,6 +23,7 @@ scaled head gradient, and the schedule advances once per backward:
     \frac{\partial L}{\partial w_j} = \frac{h_j - \hat w_j (h_j \cdot \hat w_j)}
         {\lVert w_j \rVert},\ h = s\,G^\top \hat X.
 """
+
 import mxnet as mx
 
 from customop import customop, residuals
@@ -61,19 +62,18 @@ class MarginCosine(mx.operator.CustomOp):
         xh, xnorm, wh, wnorm = self.saved
         g = self.scale * out_grad[0]
         dxh, dwh = mx.nd.dot(g, wh), mx.nd.dot(g, xh, transpose_a=True)
-        self.assign(in_grad[0], req[0], (dxh - xh * (dxh * xh).sum(axis=1, keepdims=True))
-                    / xnorm)
+        self.assign(in_grad[0], req[0], (dxh - xh * (dxh * xh).sum(axis=1, keepdims=True)) / xnorm)
         self.assign(in_grad[1], req[1], mx.nd.zeros_like(in_data[1]))
-        self.assign(in_grad[2], req[2], (dwh - wh * (dwh * wh).sum(axis=1, keepdims=True))
-                    / wnorm)
+        self.assign(in_grad[2], req[2], (dwh - wh * (dwh * wh).sum(axis=1, keepdims=True)) / wnorm)
         aux[0][:] = aux[0] + 1
         aux[0].wait_to_read()  # MXNet does not order this write with later reads otherwise
 
 
 @mx.operator.register("porting_margin_cosine")
 class MarginCosineProp(mx.operator.CustomOpProp):
-    def __init__(self, num_hidden, margin=0.35, scale=16.0, base=100.0, gamma=0.5, power=1.0,
-                 beta_min=0.0):
+    def __init__(
+        self, num_hidden, margin=0.35, scale=16.0, base=100.0, gamma=0.5, power=1.0, beta_min=0.0
+    ):
         super().__init__(need_top_grad=True)
         self.num_hidden = int(num_hidden)
         self.args = [float(v) for v in (margin, scale, base, gamma, power, beta_min)]
@@ -103,6 +103,8 @@ class MarginCosineProp(mx.operator.CustomOpProp):
     def create_operator(self, ctx, shapes, dtypes):
         margin, scale, *schedule = self.args
         return MarginCosine(self.num_hidden, margin, scale, *schedule)
+
+
 # original-end
 
 
@@ -111,10 +113,26 @@ def _weight_shape(data, label, weight, *, num_hidden, **_):
     return (num_hidden, data[1])  # like FullyConnected's
 
 
-@customop("mxnet", infer_input_shape={"weight": _weight_shape}, no_grad=("label",),
-          aux={"iteration": (lambda *shapes, **_: (1,), "first")})
-def margin_cosine(data, label, weight, iteration, *, num_hidden, margin=0.35, scale=16.0,
-                  base=100.0, gamma=0.5, power=1.0, beta_min=0.0):
+@customop(
+    "mxnet",
+    infer_input_shape={"weight": _weight_shape},
+    no_grad=("label",),
+    aux={"iteration": (lambda *shapes, **_: (1,), "first")},
+)
+def margin_cosine(
+    data,
+    label,
+    weight,
+    iteration,
+    *,
+    num_hidden,
+    margin=0.35,
+    scale=16.0,
+    base=100.0,
+    gamma=0.5,
+    power=1.0,
+    beta_min=0.0,
+):
     """Scaled cosine logits with a growing margin on each row's label (training only)."""
     xh, xnorm = _unit_rows(data)
     wh, wnorm = _unit_rows(weight)
@@ -125,14 +143,18 @@ def margin_cosine(data, label, weight, iteration, *, num_hidden, margin=0.35, sc
     return residuals(scale * cos, xh=xh, xnorm=xnorm, wh=wh, wnorm=wnorm)
 
 
-def _margin_cosine_grad(ans, data, label, weight, iteration, *, xh, xnorm, wh, wnorm,
-                        scale=16.0, **_):
+def _margin_cosine_grad(
+    ans, data, label, weight, iteration, *, xh, xnorm, wh, wnorm, scale=16.0, **_
+):
     def grad(g):  # once per backward: both gradients, and the schedule's step
         g = scale * g
         dxh, dwh = mx.nd.dot(g, wh), mx.nd.dot(g, xh, transpose_a=True)
         iteration[:] = iteration + 1
-        return ((dxh - xh * (dxh * xh).sum(axis=1, keepdims=True)) / xnorm,
-                (dwh - wh * (dwh * wh).sum(axis=1, keepdims=True)) / wnorm)
+        return (
+            (dxh - xh * (dxh * xh).sum(axis=1, keepdims=True)) / xnorm,
+            (dwh - wh * (dwh * wh).sum(axis=1, keepdims=True)) / wnorm,
+        )
+
     return grad
 
 

@@ -12,6 +12,7 @@ Prints one JSON line: the dtypes our op received and returned, whether every gra
 weight is finite, and the relative errors of the dense layer's weight gradient at step 1
 and of its weights after ``STEPS`` steps.  Run by tests/customop/test_amp.py.
 """
+
 import json
 import os
 import sys
@@ -83,8 +84,9 @@ def focal_native(F, pred, label, alpha=0.25, gamma=2.0):
     p = F.sigmoid(pred)
     log_p = -F.Activation(-pred, act_type="softrelu")
     log_1p = -F.Activation(pred, act_type="softrelu")
-    loss = (-alpha * target * (1 - p) ** gamma * log_p
-            - (1 - alpha) * (1 - target) * p ** gamma * log_1p)
+    loss = (
+        -alpha * target * (1 - p) ** gamma * log_p - (1 - alpha) * (1 - target) * p**gamma * log_1p
+    )
     valid = F.expand_dims(label != -1, axis=-1)
     return F.broadcast_div(F.broadcast_mul(loss, valid), F.maximum(F.sum(label > 0), 1))
 
@@ -97,10 +99,14 @@ OPS = {
     "numpy": (lambda F, h, *_: cube_np(h), lambda F, h, *_: h * h * h),
     "numpy_auto": (lambda F, h, *_: cube_np_auto(h), lambda F, h, *_: h * h * h),
     "losses": (
-        lambda F, h, label, sigma: F.sum(ops.focal_loss(F.reshape(h, (0, -1, 3)), label))
-        + F.sum(ops.smooth_l1(h, sigma)),
-        lambda F, h, label, sigma: F.sum(focal_native(F, F.reshape(h, (0, -1, 3)), label))
-        + F.sum(F.smooth_l1(h, scalar=2.0))),
+        lambda F, h, label, sigma: (
+            F.sum(ops.focal_loss(F.reshape(h, (0, -1, 3)), label)) + F.sum(ops.smooth_l1(h, sigma))
+        ),
+        lambda F, h, label, sigma: (
+            F.sum(focal_native(F, F.reshape(h, (0, -1, 3)), label))
+            + F.sum(F.smooth_l1(h, scalar=2.0))
+        ),
+    ),
 }
 
 
@@ -153,11 +159,15 @@ g_ref, w_ref = train(native, "default")
 finite = [bool(np.isfinite(g).all()) for g in g_ours]
 ref_finite = [bool(np.isfinite(g).all()) for g in g_ref]
 both = [i for i in range(STEPS) if finite[i] and ref_finite[i]]
-print(json.dumps({
-    "seen": sorted(set(seen)),
-    "finite": finite,  # by step: AMP's first float16 steps may overflow, MXNet's alike
-    "ref_finite": ref_finite,
-    "weights_finite": bool(np.isfinite(w_ours).all()),
-    "grad": rel(g_ours[both[0]], g_ref[both[0]]) if both else None,
-    "weight": rel(w_ours, w_ref),
-}))
+print(
+    json.dumps(
+        {
+            "seen": sorted(set(seen)),
+            "finite": finite,  # by step: AMP's first float16 steps may overflow, MXNet's alike
+            "ref_finite": ref_finite,
+            "weights_finite": bool(np.isfinite(w_ours).all()),
+            "grad": rel(g_ours[both[0]], g_ref[both[0]]) if both else None,
+            "weight": rel(w_ours, w_ref),
+        }
+    )
+)

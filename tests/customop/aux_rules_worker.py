@@ -5,6 +5,7 @@ Gluon's Trainer, a loop of its own with AuxSync, and Module; writes every copy o
 
 Run by tests/customop/test_aux_rules.py under ``python -m customop.distributed.launch``.
 """
+
 import argparse
 import os
 import sys
@@ -24,8 +25,10 @@ def shards(workers):
     """``[step][copy]`` rows: one shard per device of every worker (integers: exact sums)."""
     rng = np.random.RandomState(7)
     copies = workers * DEVICES
-    return [[rng.randint(-4, 5, size=(ROWS, DIM)).astype(np.float32) for _ in range(copies)]
-            for _ in range(STEPS)]
+    return [
+        [rng.randint(-4, 5, size=(ROWS, DIM)).astype(np.float32) for _ in range(copies)]
+        for _ in range(STEPS)
+    ]
 
 
 def gluon(kv, rank, data, ctxs, hybridize=True):
@@ -33,10 +36,11 @@ def gluon(kv, rank, data, ctxs, hybridize=True):
     net.initialize(mx.init.Xavier(), ctx=ctxs)
     if hybridize:
         net.hybridize()
-    trainer = mx.gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.01},
-                               kvstore=kv, update_on_kvstore=False)
+    trainer = mx.gluon.Trainer(
+        net.collect_params(), "sgd", {"learning_rate": 0.01}, kvstore=kv, update_on_kvstore=False
+    )
     for step in data:
-        mine = step[rank * DEVICES:(rank + 1) * DEVICES]
+        mine = step[rank * DEVICES : (rank + 1) * DEVICES]
         xs = [mx.nd.array(x, ctx=c) for x, c in zip(mine, ctxs)]
         for x in xs:
             x.attach_grad()  # merged's backward (which moves its states) runs for it
@@ -55,7 +59,7 @@ def by_hand(kv, rank, data, ctxs, hybridize=True):
         net.hybridize()
     sync = AuxSync([getattr(net, name) for name in RULE_STATES], kv)
     for step in data:
-        mine = step[rank * DEVICES:(rank + 1) * DEVICES]
+        mine = step[rank * DEVICES : (rank + 1) * DEVICES]
         xs = [mx.nd.array(x, ctx=c) for x, c in zip(mine, ctxs)]
         for x in xs:
             x.attach_grad()
@@ -67,16 +71,16 @@ def by_hand(kv, rank, data, ctxs, hybridize=True):
 
 
 def module(kv, rank, data, ctxs, hybridize=None):
-    out = mx.sym.FullyConnected(merged(mx.sym.var("data"), name="m"), num_hidden=DIM,
-                                name="fc")
-    mod = mx.mod.Module(mx.sym.MakeLoss(mx.sym.sum(out)), data_names=["data"],
-                        label_names=None, context=ctxs)
+    out = mx.sym.FullyConnected(merged(mx.sym.var("data"), name="m"), num_hidden=DIM, name="fc")
+    mod = mx.mod.Module(
+        mx.sym.MakeLoss(mx.sym.sum(out)), data_names=["data"], label_names=None, context=ctxs
+    )
     mod.bind(data_shapes=[("data", (ROWS * DEVICES, DIM))], inputs_need_grad=True)
     mod.init_params(mx.init.Xavier())
     mod.init_optimizer(kvstore=kv, optimizer_params={"learning_rate": 0.01})
     for step in data:
         # Module cuts the batch into one slice per device, in order
-        batch = np.concatenate(step[rank * DEVICES:(rank + 1) * DEVICES])
+        batch = np.concatenate(step[rank * DEVICES : (rank + 1) * DEVICES])
         mod.forward_backward(mx.io.DataBatch([mx.nd.array(batch)]))
         mod.update()
     group = mod._exec_group

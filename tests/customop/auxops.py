@@ -1,4 +1,5 @@
 """Operators with auxiliary states, shared by the aux tests (importable by subprocesses)."""
+
 import mxnet as mx
 import numpy as np
 
@@ -15,6 +16,7 @@ def _counted_grad(ans, x, count):
     def grad(g):
         count[...] += 1
         return g * 2
+
     return grad
 
 
@@ -30,6 +32,7 @@ def _counted_nd_grad(ans, x, count):
     def grad(g):
         count[:] = count + 1
         return g * 2
+
     return grad
 
 
@@ -57,6 +60,7 @@ def _class_sums_grad(ans, x, label, sums, num_class=3):
     def grad(g):
         np.add.at(sums, label.astype(np.int64), x)
         return 2 * x * g[:, None]
+
     return grad
 
 
@@ -71,8 +75,7 @@ class CountedBlock(mx.gluon.HybridBlock):
         self.op = op
         with self.name_scope():
             self.dense = mx.gluon.nn.Dense(3)
-            self.count = self.params.get("count", shape=(1,), init=mx.init.Zero(),
-                                         grad_req="null")
+            self.count = self.params.get("count", shape=(1,), init=mx.init.Zero(), grad_req="null")
 
     def hybrid_forward(self, F, x, count):
         return self.op(self.dense(x), count)
@@ -82,9 +85,16 @@ def _column_shape(x, **_):
     return (x[1],)
 
 
-@customop("numpy", aux={"total": _column_shape, "average": (_column_shape, "mean"),
-                        "leader": (_column_shape, "first"), "own": (_column_shape, "local"),
-                        "steps": (lambda x: (1,), "first")})
+@customop(
+    "numpy",
+    aux={
+        "total": _column_shape,
+        "average": (_column_shape, "mean"),
+        "leader": (_column_shape, "first"),
+        "own": (_column_shape, "local"),
+        "steps": (lambda x: (1,), "first"),
+    },
+)
 def merged(x, total, average, leader, own, steps):
     """Identity; every backward adds x's column sums to the first four states (merged by
     'sum', 'mean', 'first' and 'local') and 1 to ``steps`` (a schedule's counter, 'first')."""
@@ -97,6 +107,7 @@ def _merged_grad(ans, x, total, average, leader, own, steps):
             state += x.sum(axis=0)
         steps[...] += 1
         return g
+
     return grad
 
 
@@ -114,8 +125,11 @@ class MergedBlock(mx.gluon.HybridBlock):
             self.dense = mx.gluon.nn.Dense(dim, in_units=dim)
             for name in RULE_STATES:
                 shape = (1,) if name == "steps" else (dim,)
-                setattr(self, name, self.params.get(name, shape=shape, init=mx.init.Zero(),
-                                                    grad_req="null"))
+                setattr(
+                    self,
+                    name,
+                    self.params.get(name, shape=shape, init=mx.init.Zero(), grad_req="null"),
+                )
 
     def hybrid_forward(self, F, x, total, average, leader, own, steps):
         return self.dense(merged(x, total, average, leader, own, steps))
@@ -126,6 +140,10 @@ def merged_reference(shards):
     each copy), from the rules' definitions: one dict per copy."""
     sums = np.array([[s.astype(np.float64).sum(axis=0) for s in step] for step in shards])
     steps, copies = sums.shape[:2]
-    common = {"total": sums.sum(axis=(0, 1)), "average": sums.mean(axis=1).sum(axis=0),
-              "leader": sums[:, 0].sum(axis=0), "steps": np.array([float(steps)])}
+    common = {
+        "total": sums.sum(axis=(0, 1)),
+        "average": sums.mean(axis=1).sum(axis=0),
+        "leader": sums[:, 0].sum(axis=0),
+        "steps": np.array([float(steps)]),
+    }
     return [{**common, "own": sums[:, c].sum(axis=0)} for c in range(copies)]

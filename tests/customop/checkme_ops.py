@@ -1,4 +1,5 @@
 """Small operators for the ``python -m customop.check`` command-line tests."""
+
 import numpy
 
 from customop import customop
@@ -25,6 +26,7 @@ def _pick_nll_grad(ans, x, y, scale=1.0):
         p = numpy.exp(x) / numpy.sum(numpy.exp(x), axis=1, keepdims=True)
         p[numpy.arange(x.shape[0]), y] -= 1
         return scale * g[:, None] * p
+
     return grad
 
 
@@ -47,6 +49,19 @@ def sqrt_area(boxes):
         return numpy.sqrt(w * h)
 
 
-sqrt_area.def_grad(lambda ans, boxes: lambda g: (g / (2 * ans))[:, None] * numpy.stack([
-    -(boxes[:, 3] - boxes[:, 1]), -(boxes[:, 2] - boxes[:, 0]),
-    boxes[:, 3] - boxes[:, 1], boxes[:, 2] - boxes[:, 0]], axis=1))
+sqrt_area.def_grad(
+    lambda ans, boxes: (
+        lambda g: (
+            (g / (2 * ans))[:, None]
+            * numpy.stack(
+                [
+                    -(boxes[:, 3] - boxes[:, 1]),
+                    -(boxes[:, 2] - boxes[:, 0]),
+                    boxes[:, 3] - boxes[:, 1],
+                    boxes[:, 2] - boxes[:, 0],
+                ],
+                axis=1,
+            )
+        )
+    )
+)

@@ -4,6 +4,7 @@ Each is the kind of op a user writes: an output layer, an op with an aux state, 
 two-output op, a ``'numpy'`` op with an automatic gradient, a generator without inputs.
 ``reference`` computes what a graph of them gives, from the formulas, in float64 NumPy.
 """
+
 import autograd.numpy as anp
 import mxnet as mx
 import numpy as np
@@ -68,24 +69,25 @@ def graph(F, x, target, label, feat, flabel, centers=None, count=None, reverse=F
 
     def generator():
         ramp_row = F.Custom(op_type=ramp.op_type, n=3)  # a node without inputs
-        return F.make_loss(F.sum(F.broadcast_mul(counted_double(x, *aux_count),
-                                                 F.reshape(ramp_row, (1, 3)))))
+        return F.make_loss(
+            F.sum(F.broadcast_mul(counted_double(x, *aux_count), F.reshape(ramp_row, (1, 3))))
+        )
 
     def smooth_l1():
         sigma = F.ones_like(F.slice_axis(x, axis=1, begin=0, end=1))
         return F.make_loss(F.sum(ops.smooth_l1(x - target, sigma)))  # weight left out
 
     builders = [
-        lambda: l2_output(x, target),                                # user output layer
-        lambda: ops.softmax_ce(x, label),                            # ours, need_top_grad=False
+        lambda: l2_output(x, target),  # user output layer
+        lambda: ops.softmax_ce(x, label),  # ours, need_top_grad=False
         two_outputs,
         smooth_l1,
-        lambda: F.make_loss(F.sum(cube_np(x))),                      # 'numpy' mode
+        lambda: F.make_loss(F.sum(cube_np(x))),  # 'numpy' mode
         lambda: F.make_loss(F.sum(ops.center_loss(feat, flabel, *aux_centers, num_class=3))),
         lambda: F.make_loss(F.sum(ops.focal_loss.numpy(x, label))),  # a twin
-        generator,                                                   # aux state + generator
+        generator,  # aux state + generator
     ]
-    order = list(range(len(builders)))[::-1 if reverse else 1]
+    order = list(range(len(builders)))[:: -1 if reverse else 1]
     made = {i: builders[i]() for i in order}
     return [made[i] for i in range(len(builders))]
 
@@ -98,20 +100,20 @@ def reference(x, target, label, feat, flabel):
     onehot = np.eye(c)[label]
     p = np.exp(x - x.max(1, keepdims=True))
     p /= p.sum(1, keepdims=True)
-    gx = (x - target)                                  # l2_output (head gradient ignored)
-    gx = gx + (p - onehot)                             # softmax_ce
-    gx = gx + (3 * (x + 1) + 3 * x)                    # d/dx sum(3x * (x + 1))
-    d = x - target                                     # smooth_l1, sigma = 1
+    gx = x - target  # l2_output (head gradient ignored)
+    gx = gx + (p - onehot)  # softmax_ce
+    gx = gx + (3 * (x + 1) + 3 * x)  # d/dx sum(3x * (x + 1))
+    d = x - target  # smooth_l1, sigma = 1
     gx = gx + np.where(np.abs(d) < 1, d, np.sign(d))
-    gx = gx + 3 * x ** 2                               # cube
-    s = 1 / (1 + np.exp(-x))                           # sigmoid focal loss, alpha .25, gamma 2
+    gx = gx + 3 * x**2  # cube
+    s = 1 / (1 + np.exp(-x))  # sigmoid focal loss, alpha .25, gamma 2
     pos = np.zeros_like(x)  # label l > 0 is a positive of channel l - 1; 0 is background
     rows = np.nonzero(label > 0)[0]
     pos[rows, label[rows] - 1] = 1
     gpos = -0.25 * (1 - s) ** 2 * (1 - s - 2 * s * np.log(s))
-    gneg = -0.75 * s ** 2 * (2 * (1 - s) * np.log(1 - s) - s)
+    gneg = -0.75 * s**2 * (2 * (1 - s) * np.log(1 - s) - s)
     npos = max((label > 0).sum(), 1)
     gx = gx + np.where(pos > 0, gpos, gneg) / npos
-    gx = gx + 2 * np.arange(1, 4) * 0.5                # counted_double * ramp
-    gfeat = feat.copy()                                # center loss, zero centers: x - c
+    gx = gx + 2 * np.arange(1, 4) * 0.5  # counted_double * ramp
+    gfeat = feat.copy()  # center loss, zero centers: x - c
     return gx, gfeat

@@ -6,6 +6,7 @@ AuxSync call (its next training pass raises AuxStateError).
 
 Run by tests/test_horovod.py under tests/horovodrun.py.
 """
+
 import argparse
 import os
 import sys
@@ -28,8 +29,9 @@ def gluon(data, rank, hybridize, by_hand=False, forget=False):
         net.hybridize()
     hvd.broadcast_parameters(net.collect_params(), root_rank=0)
     if by_hand:  # gradients allreduced by hand, as some scripts do; states by AuxSync
-        trainer = mx.gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.01},
-                                   kvstore=None)
+        trainer = mx.gluon.Trainer(
+            net.collect_params(), "sgd", {"learning_rate": 0.01}, kvstore=None
+        )
         sync = None if forget else AuxSync([getattr(net, n) for n in RULE_STATES], hvd)
     else:
         trainer = hvd.DistributedTrainer(net.collect_params(), "sgd", {"learning_rate": 0.01})
@@ -51,10 +53,10 @@ def gluon(data, rank, hybridize, by_hand=False, forget=False):
 
 
 def module(data, rank):
-    out = mx.sym.FullyConnected(merged(mx.sym.var("data"), name="m"), num_hidden=DIM,
-                                name="fc")
-    mod = mx.mod.Module(mx.sym.MakeLoss(mx.sym.sum(out)), data_names=["data"],
-                        label_names=None, context=[mx.cpu()])
+    out = mx.sym.FullyConnected(merged(mx.sym.var("data"), name="m"), num_hidden=DIM, name="fc")
+    mod = mx.mod.Module(
+        mx.sym.MakeLoss(mx.sym.sum(out)), data_names=["data"], label_names=None, context=[mx.cpu()]
+    )
     mod.bind(data_shapes=[("data", (ROWS, DIM))], inputs_need_grad=True)
     mod.init_params(mx.init.Xavier())
     sgd = mx.optimizer.SGD(learning_rate=0.01, rescale_grad=1.0 / ROWS)
@@ -63,8 +65,7 @@ def module(data, rank):
         mod.forward_backward(mx.io.DataBatch([mx.nd.array(step[rank])]))
         mod.update()
     group = mod._exec_group
-    return {name: group.aux_arrays[group.aux_names.index(f"m_{name}")][0]
-            for name in RULE_STATES}
+    return {name: group.aux_arrays[group.aux_names.index(f"m_{name}")][0] for name in RULE_STATES}
 
 
 def main(argv=None):
@@ -80,10 +81,12 @@ def main(argv=None):
         gluon(data, rank, hybridize=False, by_hand=True, forget=True)
         return
     saved = {}
-    runs = {"gluon": lambda: gluon(data, rank, False),
-            "gluon-hybridized": lambda: gluon(data, rank, True),
-            "by_hand": lambda: gluon(data, rank, True, by_hand=True),
-            "module": lambda: module(data, rank)}
+    runs = {
+        "gluon": lambda: gluon(data, rank, False),
+        "gluon-hybridized": lambda: gluon(data, rank, True),
+        "by_hand": lambda: gluon(data, rank, True, by_hand=True),
+        "module": lambda: module(data, rank),
+    }
     for run, train in runs.items():
         for name, value in train().items():
             saved[f"{run}/{name}"] = value.asnumpy()

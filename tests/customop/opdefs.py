@@ -2,6 +2,7 @@
 
 Each reference gradient here is written from the formula, independently of the op.
 """
+
 import autograd.numpy as anp
 import mxnet as mx
 import numpy
@@ -24,6 +25,7 @@ def softmax_ce_grad(ans, x, y):
         probs /= numpy.sum(probs, axis=1, keepdims=True)
         probs[numpy.arange(n), y] -= 1
         return g * probs / n
+
     return grad
 
 
@@ -40,6 +42,7 @@ def softmax_ce_nd_grad(ans, x, y):
     def grad(g):
         probs = mx.nd.softmax(x, axis=1) - mx.nd.one_hot(y, x.shape[1], dtype=x.dtype)
         return g * probs / x.shape[0]
+
     return grad
 
 
@@ -93,6 +96,7 @@ def _l2_loss_grad(ans, pred, target):
     def grad(g):
         assert g is None
         return pred - target
+
     return grad
 
 
@@ -108,8 +112,9 @@ class TwoOpNet(mx.gluon.HybridBlock):
             self.dense = mx.gluon.nn.Dense(3)
 
     def hybrid_forward(self, F, x, b):
-        u, v = affine_pair(self.dense(x), b, alpha=0.5, mode="valid", axes=(1, 2), flag=True,
-                           extra=None)
+        u, v = affine_pair(
+            self.dense(x), b, alpha=0.5, mode="valid", axes=(1, 2), flag=True, extra=None
+        )
         return square_nd(u) + v
 
 
@@ -127,6 +132,7 @@ def _split_rows_grad(ans, x, parts=1, scale=1.0):
     def grad(g):
         assert isinstance(g, tuple) == (parts > 1) and (parts == 1 or len(g) == parts)
         return scale * (numpy.concatenate(g, axis=0) if parts > 1 else g)
+
     return grad
 
 

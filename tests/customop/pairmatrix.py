@@ -24,6 +24,7 @@ gradient scattered back to the selected positions); ``box_encode`` is in through
 ``targets`` output (differentiable w.r.t. anchors, refs, means and stds; ``masks`` has
 zero gradient).
 """
+
 from __future__ import annotations
 
 import json
@@ -66,65 +67,147 @@ def _cases():
     refs = np.array([[[0.5, 0, 4, 5], [2, 2, 7, 5]]], np.float32)
     cases = {
         "focal_loss": Case(
-            {"pred": _f(rng, 4, 3), "label": label4}, ("pred",), {},
-            lambda F, i, a, n: [ops.focal_loss(i["pred"], i["label"], **_named(F, n))], False),
-        "smooth_l1": Case(   # optional weight left out: the '~without_weight' op
-            {"data": _f(rng, 4, 3), "sigma": np.array([1.5], np.float32)}, ("data",), {},
-            lambda F, i, a, n: [ops.smooth_l1(i["data"], i["sigma"], **_named(F, n))], False),
+            {"pred": _f(rng, 4, 3), "label": label4},
+            ("pred",),
+            {},
+            lambda F, i, a, n: [ops.focal_loss(i["pred"], i["label"], **_named(F, n))],
+            False,
+        ),
+        "smooth_l1": Case(  # optional weight left out: the '~without_weight' op
+            {"data": _f(rng, 4, 3), "sigma": np.array([1.5], np.float32)},
+            ("data",),
+            {},
+            lambda F, i, a, n: [ops.smooth_l1(i["data"], i["sigma"], **_named(F, n))],
+            False,
+        ),
         "wing_loss": Case(
-            {"pred": _f(rng, 4, 3, scale=3), "target": _f(rng, 4, 3),
-             "weight": np.abs(_f(rng, 1, 3)) + 0.5}, ("pred", "target", "weight"), {},
-            lambda F, i, a, n: [ops.wing_loss(i["pred"], i["target"], i["weight"], w=2.0,
-                                              epsilon=1.0, **_named(F, n))], False),
+            {
+                "pred": _f(rng, 4, 3, scale=3),
+                "target": _f(rng, 4, 3),
+                "weight": np.abs(_f(rng, 1, 3)) + 0.5,
+            },
+            ("pred", "target", "weight"),
+            {},
+            lambda F, i, a, n: [
+                ops.wing_loss(
+                    i["pred"], i["target"], i["weight"], w=2.0, epsilon=1.0, **_named(F, n)
+                )
+            ],
+            False,
+        ),
         "center_loss": Case(
-            {"data": _f(rng, 4, 2), "label": np.array([0, 2, 1, 0], np.float32)}, ("data",),
+            {"data": _f(rng, 4, 2), "label": np.array([0, 2, 1, 0], np.float32)},
+            ("data",),
             {"centers": (3, 2)},
-            lambda F, i, a, n: [ops.center_loss(i["data"], i["label"], *_with_aux(a, "centers"),
-                                                num_class=3, **_named(F, n))], False),
+            lambda F, i, a, n: [
+                ops.center_loss(
+                    i["data"], i["label"], *_with_aux(a, "centers"), num_class=3, **_named(F, n)
+                )
+            ],
+            False,
+        ),
         "softmax_ce": Case(
-            {"data": _f(rng, 4, 3), "label": np.array([0, 2, 1, 1], np.float32)}, ("data",), {},
-            lambda F, i, a, n: [ops.softmax_ce(i["data"], i["label"], **_named(F, n))], True),
+            {"data": _f(rng, 4, 3), "label": np.array([0, 2, 1, 1], np.float32)},
+            ("data",),
+            {},
+            lambda F, i, a, n: [ops.softmax_ce(i["data"], i["label"], **_named(F, n))],
+            True,
+        ),
         "tile": Case(
-            {"data": _f(rng, 2, 3)}, ("data",), {},
-            lambda F, i, a, n: [ops.tile(i["data"], reps=(2, 1), **_named(F, n))], False),
+            {"data": _f(rng, 2, 3)},
+            ("data",),
+            {},
+            lambda F, i, a, n: [ops.tile(i["data"], reps=(2, 1), **_named(F, n))],
+            False,
+        ),
         "topk": Case(
-            {"data": _f(rng, 2, 5)}, ("data",), {},
+            {"data": _f(rng, 2, 5)},
+            ("data",),
+            {},
             lambda F, i, a, n: [ops.topk(i["data"], k=3, ret_typ="value", **_named(F, n))],
-            False),
+            False,
+        ),
         "arr_pick": Case(
-            {"arr": _f(rng, 2, 3, 5),
-             "indicate": np.array([[[0, 1, 1, 0, 1]], [[1, 0, 0, 1, 0]]], np.float32)},
-            ("arr",), {},
+            {
+                "arr": _f(rng, 2, 3, 5),
+                "indicate": np.array([[[0, 1, 1, 0, 1]], [[1, 0, 0, 1, 0]]], np.float32),
+            },
+            ("arr",),
+            {},
             lambda F, i, a, n: [ops.arr_pick(i["arr"], i["indicate"], num=2, **_named(F, n))],
-            False),
+            False,
+        ),
         "box_encode": Case(
-            {"anchors": anchors, "samples": np.array([[1, -1, 1]], np.float32),
-             "matches": np.array([[0, 1, 1]], np.float32), "refs": refs,
-             "means": np.array([0.1, 0, -0.1, 0], np.float32),
-             "stds": np.array([0.1, 0.1, 0.2, 0.2], np.float32)},
-            ("anchors", "refs", "means", "stds"), {},
-            lambda F, i, a, n: [ops.box_encode(i["samples"], i["matches"], i["anchors"],
-                                               i["refs"], i["means"], i["stds"],
-                                               **_named(F, n))[0]], False),
+            {
+                "anchors": anchors,
+                "samples": np.array([[1, -1, 1]], np.float32),
+                "matches": np.array([[0, 1, 1]], np.float32),
+                "refs": refs,
+                "means": np.array([0.1, 0, -0.1, 0], np.float32),
+                "stds": np.array([0.1, 0.1, 0.2, 0.2], np.float32),
+            },
+            ("anchors", "refs", "means", "stds"),
+            {},
+            lambda F, i, a, n: [
+                ops.box_encode(
+                    i["samples"],
+                    i["matches"],
+                    i["anchors"],
+                    i["refs"],
+                    i["means"],
+                    i["stds"],
+                    **_named(F, n),
+                )[0]
+            ],
+            False,
+        ),
         "box_decode": Case(
-            {"data": _f(rng, 2, 3, 4, scale=0.3), "anchors": anchors}, ("data", "anchors"), {},
-            lambda F, i, a, n: [ops.box_decode(i["data"], i["anchors"], std0=0.1, std1=0.1,
-                                               std2=0.2, std3=0.2, format="corner",
-                                               **_named(F, n))], False),
+            {"data": _f(rng, 2, 3, 4, scale=0.3), "anchors": anchors},
+            ("data", "anchors"),
+            {},
+            lambda F, i, a, n: [
+                ops.box_decode(
+                    i["data"],
+                    i["anchors"],
+                    std0=0.1,
+                    std1=0.1,
+                    std2=0.2,
+                    std3=0.2,
+                    format="corner",
+                    **_named(F, n),
+                )
+            ],
+            False,
+        ),
         # user-style ops (tests/customop/composeops.py)
         "output_layer": Case(
-            {"x": _f(rng, 4, 3), "target": _f(rng, 4, 3)}, ("x",), {},
-            lambda F, i, a, n: [C.l2_output(i["x"], i["target"], **_named(F, n))], True),
+            {"x": _f(rng, 4, 3), "target": _f(rng, 4, 3)},
+            ("x",),
+            {},
+            lambda F, i, a, n: [C.l2_output(i["x"], i["target"], **_named(F, n))],
+            True,
+        ),
         "aux_op": Case(
-            {"x": _f(rng, 3, 2)}, ("x",), {"count": (1,)},
-            lambda F, i, a, n: [C.counted_double(i["x"], *_with_aux(a, "count"),
-                                                 **_named(F, n))], False),
+            {"x": _f(rng, 3, 2)},
+            ("x",),
+            {"count": (1,)},
+            lambda F, i, a, n: [C.counted_double(i["x"], *_with_aux(a, "count"), **_named(F, n))],
+            False,
+        ),
         "two_outputs": Case(
-            {"x": _f(rng, 2, 3)}, ("x",), {},
-            lambda F, i, a, n: list(C.split_two(i["x"], **_named(F, n))), False),
+            {"x": _f(rng, 2, 3)},
+            ("x",),
+            {},
+            lambda F, i, a, n: list(C.split_two(i["x"], **_named(F, n))),
+            False,
+        ),
         "numpy_op": Case(
-            {"x": _f(rng, 3, 2)}, ("x",), {},
-            lambda F, i, a, n: [C.cube_np(i["x"], **_named(F, n))], False),
+            {"x": _f(rng, 3, 2)},
+            ("x",),
+            {},
+            lambda F, i, a, n: [C.cube_np(i["x"], **_named(F, n))],
+            False,
+        ),
     }
     return cases
 
@@ -144,11 +227,18 @@ class Pair:
         self.grads = [p + k for p, case in self.parts for k in case.grads]
         self.aux = {p + k: s for p, case in self.parts for k, s in case.aux.items()}
         # output shapes (for the head weights): one plain forward
-        shapes = [[o.shape for o in case.apply(mx.nd, {k: mx.nd.array(v) for k, v in
-                                                       case.inputs.items()},
-                                               {k: mx.nd.zeros(s) for k, s in case.aux.items()},
-                                               None)]
-                  for _, case in self.parts]
+        shapes = [
+            [
+                o.shape
+                for o in case.apply(
+                    mx.nd,
+                    {k: mx.nd.array(v) for k, v in case.inputs.items()},
+                    {k: mx.nd.zeros(s) for k, s in case.aux.items()},
+                    None,
+                )
+            ]
+            for _, case in self.parts
+        ]
         for (p, case), outs in zip(self.parts, shapes):
             if not case.output_layer:
                 for k, shape in enumerate(outs):
@@ -174,9 +264,11 @@ class Pair:
 
 
 def _summary(heads, grads, aux):
-    return {"heads": [h.asnumpy().tolist() for h in heads],
-            "grads": {k: g.asnumpy().tolist() for k, g in grads.items()},
-            "aux": {k: a.asnumpy().tolist() for k, a in aux.items()}}
+    return {
+        "heads": [h.asnumpy().tolist() for h in heads],
+        "grads": {k: g.asnumpy().tolist() for k, g in grads.items()},
+        "aux": {k: a.asnumpy().tolist() for k, a in aux.items()},
+    }
 
 
 def recorded(pair, path="native"):
@@ -196,8 +288,7 @@ def recorded(pair, path="native"):
 def bound(pair):
     sym = mx.sym.Group(pair.heads(mx.sym, {k: mx.sym.var(k) for k in pair.names}, None))
     reqs = {k: "write" if k in pair.grads else "null" for k in pair.names}
-    exe = sym.simple_bind(mx.cpu(), grad_req=reqs,
-                          **{k: v.shape for k, v in pair.values.items()})
+    exe = sym.simple_bind(mx.cpu(), grad_req=reqs, **{k: v.shape for k, v in pair.values.items()})
     for k, v in pair.values.items():
         exe.arg_dict[k][:] = v
     exe.forward(is_train=True)
@@ -215,8 +306,9 @@ class PairBlock(mx.gluon.HybridBlock):
         with self.name_scope():
             for k, shape in pair.aux.items():
                 # an attribute: Gluon passes it to hybrid_forward by that name
-                setattr(self, k, self.params.get(k, shape=shape, init=mx.init.Zero(),
-                                                 grad_req="null"))
+                setattr(
+                    self, k, self.params.get(k, shape=shape, init=mx.init.Zero(), grad_req="null")
+                )
 
     def hybrid_forward(self, F, *args, **aux):
         ins = dict(zip(self.pair.names, args))
@@ -237,8 +329,7 @@ def _run_block(net, pair):
 
 def _aux_of(net, pair):
     params = net.collect_params()
-    return {k: next(p.data() for name, p in params.items() if name.endswith(k))
-            for k in pair.aux}
+    return {k: next(p.data() for name, p in params.items() if name.endswith(k)) for k in pair.aux}
 
 
 def hybridized(pair):
@@ -258,9 +349,11 @@ def exported(pair):
     with tempfile.TemporaryDirectory() as tmp:
         prefix = os.path.join(tmp, "pair")
         net.export(prefix)
-        loaded = customop.imports(prefix + "-symbol.json",
-                                  [f"data{i}" for i in range(len(pair.names))],
-                                  prefix + "-0000.params")
+        loaded = customop.imports(
+            prefix + "-symbol.json",
+            [f"data{i}" for i in range(len(pair.names))],
+            prefix + "-0000.params",
+        )
     loaded.hybridize()
     heads, grads = _run_block(loaded, pair)
     return _summary(heads, grads, _aux_of(loaded, pair))

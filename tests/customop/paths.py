@@ -1,4 +1,5 @@
 """Run one operator call through each way MXNet can drive it, for side-by-side tests."""
+
 import mxnet as mx
 import numpy as np
 
@@ -42,17 +43,25 @@ def _run_symbol(op, inputs, params, heads, grad_req, repeat):
     out = op(*syms, **params)
     out = mx.sym.Group(list(out)) if isinstance(out, tuple) else out
     arrays = [np.asarray(a) for a in inputs]
-    reqs = {n: (grad_req if np.issubdtype(a.dtype, np.floating) else "null")
-            for n, a in zip(names, arrays)}
-    ex = out.simple_bind(mx.cpu(), grad_req=reqs,
-                         type_dict={n: a.dtype for n, a in zip(names, arrays)},
-                         **{n: a.shape for n, a in zip(names, arrays)})
+    reqs = {
+        n: (grad_req if np.issubdtype(a.dtype, np.floating) else "null")
+        for n, a in zip(names, arrays)
+    }
+    ex = out.simple_bind(
+        mx.cpu(),
+        grad_req=reqs,
+        type_dict={n: a.dtype for n, a in zip(names, arrays)},
+        **{n: a.shape for n, a in zip(names, arrays)},
+    )
     for n, a in zip(names, arrays):
         ex.arg_dict[n][:] = a
     for _ in range(repeat):
         ex.forward(is_train=True)
-        hs = [mx.nd.ones(o.shape, dtype=o.dtype) for o in ex.outputs] if heads is None else [
-            _nd(h).reshape(o.shape) for h, o in zip(heads, ex.outputs)]
+        hs = (
+            [mx.nd.ones(o.shape, dtype=o.dtype) for o in ex.outputs]
+            if heads is None
+            else [_nd(h).reshape(o.shape) for h, o in zip(heads, ex.outputs)]
+        )
         ex.backward(out_grads=hs)
     grads = [ex.grad_dict[n].asnumpy() if reqs[n] != "null" else None for n in names]
     return [o.asnumpy() for o in ex.outputs], grads

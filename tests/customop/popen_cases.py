@@ -4,6 +4,7 @@ JSON line, ``{case: [path taken, same result?, fork's result, spawn's result]}``
 
 Run by tests/customop/test_subprocess.py in a child process (it starts processes).
 """
+
 import inspect
 import json
 import os
@@ -59,26 +60,37 @@ def to_file():
 
 
 CASES = {
-    "pipes": lambda: run([PY, "-c", "import sys; print(sys.stdin.read().upper()); "
-                          "print('err', file=sys.stderr)"], input=b"abc"),
-    "stderr=STDOUT": lambda: run([PY, "-c", "import sys; print('o'); print('e', file=sys.stderr)"],
-                                 capture_output=False, stdout=subprocess.PIPE,
-                                 stderr=subprocess.STDOUT),
+    "pipes": lambda: run(
+        [PY, "-c", "import sys; print(sys.stdin.read().upper()); print('err', file=sys.stderr)"],
+        input=b"abc",
+    ),
+    "stderr=STDOUT": lambda: run(
+        [PY, "-c", "import sys; print('o'); print('e', file=sys.stderr)"],
+        capture_output=False,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    ),
     "stdin=DEVNULL": lambda: run(["cat"], stdin=subprocess.DEVNULL),
     "stdout to a file": to_file,
     "cwd": lambda: run([PY, "-c", "import os; print(os.getcwd())"], cwd=TMP),
     "cwd as a Path": lambda: run(["pwd"], cwd=pathlib.Path(TMP)),
     "env": lambda: run(["env"], env={"A": "1", "B": "x y"}),
-    "PATH of env, relative to cwd": lambda: run(["script.sh"], cwd=TMP,
-                                                env={"PATH": "/no/such:.", "A": "a"}),
+    "PATH of env, relative to cwd": lambda: run(
+        ["script.sh"], cwd=TMP, env={"PATH": "/no/such:.", "A": "a"}
+    ),
     "PATH of the process": lambda: run(["echo", "on PATH"]),
     "close_fds=True": lambda: run([PY, "-c", HAS_FD]),
     "close_fds=False": lambda: run([PY, "-c", HAS_FD], close_fds=False),
     "restore_signals=True": lambda: run(SIGNALS),
     "restore_signals=False": lambda: run(SIGNALS, restore_signals=False),
-    "start_new_session": lambda: run([PY, "-c", "import os; print(os.getsid(0) == os.getpid(), "
-                                      f"os.getsid(0) == {os.getsid(0)})"],
-                                     start_new_session=True),
+    "start_new_session": lambda: run(
+        [
+            PY,
+            "-c",
+            f"import os; print(os.getsid(0) == os.getpid(), os.getsid(0) == {os.getsid(0)})",
+        ],
+        start_new_session=True,
+    ),
     "same session": lambda: run([PY, "-c", f"import os; print(os.getsid(0) == {os.getsid(0)})"]),
     "shell=True": lambda: run("echo $((1+2)) | tr 3 x", shell=True),
     "shell with executable": lambda: run("echo $0", shell=True, executable="/bin/bash"),
@@ -99,8 +111,9 @@ CASES = {
     "path-like args with shell": lambda: run(pathlib.Path("/bin/echo"), shell=True),
     "pass_fds (forks)": lambda: run([PY, "-c", HAS_FD], pass_fds=[KEPT]),
     "preexec_fn (forks)": lambda: run(["echo", "p"], preexec_fn=lambda: None),
-    "stdout=0 (forks)": lambda: run(["true"], capture_output=False, stdin=subprocess.PIPE,
-                                    stdout=0),
+    "stdout=0 (forks)": lambda: run(
+        ["true"], capture_output=False, stdin=subprocess.PIPE, stdout=0
+    ),
 }
 
 

@@ -9,6 +9,7 @@ own operators only. On Python 3.8 and 3.9 ``subprocess`` forks, and MXNet's fork
 stop its engine under the training threads (measured: docs/design.md, *Errors and
 threads*, *subprocess beside training*). Run it under a timeout: a hang is the failure.
 """
+
 import argparse
 import subprocess
 import sys
@@ -21,17 +22,22 @@ def make_ops(which):
     if which == "none":
         return []
     from customop import customop
+
     ops = []
     if which in ("mxnet", "both"):
+
         @customop("mxnet", name="soak.sq_nd")
         def sq_nd(x):
             return x * x
+
         sq_nd.def_grad(lambda ans, x: lambda g: 2 * x * g)
         ops.append(sq_nd)
     if which in ("numpy", "both"):
+
         @customop("numpy", name="soak.sq_np")
         def sq_np(x):
             return x * x
+
         sq_np.def_grad(lambda ans, x: lambda g: 2 * x * g)
         ops.append(sq_np)
     return ops

@@ -2,6 +2,7 @@
 
 The sums themselves are checked against float64 references in test_auxsync.py (standard
 loops, with and without AuxSync) and tests/test_dist_train.py (dist_sync workers)."""
+
 import warnings
 
 import mxnet as mx
@@ -28,13 +29,20 @@ def test_the_mxnet_internals_we_read_are_there():
     p.initialize(ctx=TWO)
     trainer = mx.gluon.Trainer([p], "sgd", {"learning_rate": 0.1}, kvstore="device")
     x = mx.sym.var("x")
-    mod = mx.mod.Module(mx.sym.MakeLoss(mx.sym.sum(mx.sym.FullyConnected(x, num_hidden=2))),
-                        data_names=["x"], label_names=None, context=TWO)
+    mod = mx.mod.Module(
+        mx.sym.MakeLoss(mx.sym.sum(mx.sym.FullyConnected(x, num_hidden=2))),
+        data_names=["x"],
+        label_names=None,
+        context=TWO,
+    )
     mod.bind(data_shapes=[("x", (4, 3))])
     mod.init_params()
     mod.init_optimizer(kvstore="device")
-    owners = {"gluon.Trainer": trainer, "mod.Module": mod,
-              "DataParallelExecutorGroup": mod._exec_group}
+    owners = {
+        "gluon.Trainer": trainer,
+        "mod.Module": mod,
+        "DataParallelExecutorGroup": mod._exec_group,
+    }
     assert sorted(owners) == sorted(agree.MXNET_INTERNALS)
     for owner, names in agree.MXNET_INTERNALS.items():
         for name in names:
@@ -56,8 +64,9 @@ def test_the_mxnet_internals_we_read_are_there():
 
 @pytest.mark.parametrize("update_on_kvstore", [None, False, True])
 @pytest.mark.parametrize("variable", [None, "0", "1"])
-def test_where_the_trainer_will_update_is_read_as_mxnet_decides_it(update_on_kvstore, variable,
-                                                                   monkeypatch):
+def test_where_the_trainer_will_update_is_read_as_mxnet_decides_it(
+    update_on_kvstore, variable, monkeypatch
+):
     # agree._updates_on_workers answers before the Trainer's kvstore exists (the hook finishes
     # the first-step broadcast early only where no optimizer goes to the servers).
     if variable is None:
@@ -83,14 +92,16 @@ def test_the_first_step_broadcast_run_early_is_mxnets_own():
         assert copy.asnumpy().tolist() == [1, 1]  # device 0's value everywhere
 
 
-def _two_device_loop(trainer_params, steps, ctxs=TWO, call=None, kvstore="device",
-                     **trainer_args):
+def _two_device_loop(trainer_params, steps, ctxs=TWO, call=None, kvstore="device", **trainer_args):
     mx.random.seed(0)
     net = CenterNet(prefix="cn_")
     net.initialize(mx.init.Xavier(), ctx=ctxs)
     params = trainer_params(net)
-    trainer = mx.gluon.Trainer(params, "sgd", {"learning_rate": 0.05}, kvstore=kvstore,
-                               **trainer_args) if params is not None else None
+    trainer = (
+        mx.gluon.Trainer(params, "sgd", {"learning_rate": 0.05}, kvstore=kvstore, **trainer_args)
+        if params is not None
+        else None
+    )
     x, y = _data()
     want = np.zeros((NUM_CLASS, DIM))
     for step in range(steps):
@@ -114,8 +125,9 @@ def test_allreduce_grads_then_update_keeps_one_set_of_centers():
         trainer.allreduce_grads()  # the first one broadcasts device 0's copy: read before
         trainer.update(BATCH)
 
-    net, want = _two_device_loop(lambda net: net.collect_params(), 3, call=call,
-                                 update_on_kvstore=False)
+    net, want = _two_device_loop(
+        lambda net: net.collect_params(), 3, call=call, update_on_kvstore=False
+    )
     copies = [c.asnumpy() for c in net.center.centers.list_data()]
     np.testing.assert_array_equal(copies[1], copies[0])
     np.testing.assert_allclose(copies[0], want, rtol=1e-5, atol=1e-5)
@@ -142,8 +154,10 @@ def test_a_write_between_steps_is_not_a_delta():
 
 def _split(x, y, step):
     rows = slice(step * BATCH, (step + 1) * BATCH)
-    return (mx.gluon.utils.split_and_load(mx.nd.array(x[rows]), TWO),
-            mx.gluon.utils.split_and_load(mx.nd.array(y[rows]), TWO))
+    return (
+        mx.gluon.utils.split_and_load(mx.nd.array(x[rows]), TWO),
+        mx.gluon.utils.split_and_load(mx.nd.array(y[rows]), TWO),
+    )
 
 
 def _shards(net, x, y, step):
@@ -162,8 +176,7 @@ def _caught(fn):
 
 def test_centers_outside_the_trainers_parameters_are_named_at_the_next_step():
     # The Trainer holds only the embedding: nothing keeps the two copies of the centers equal.
-    (net, _), got = _caught(lambda: _two_device_loop(
-        lambda net: net.embed.collect_params(), 3))
+    (net, _), got = _caught(lambda: _two_device_loop(lambda net: net.embed.collect_params(), 3))
     assert len(got) == 1
     text = str(got[0].message)
     assert "customop 'ops.center_loss' (aux state 'centers')" in text
@@ -179,8 +192,9 @@ def test_a_custom_loop_without_any_trainer_is_named():
             for w, g in zip(p.list_data(), p.list_grad()):
                 w[:] -= 0.05 * g
 
-    (_, _), got = _caught(lambda: _two_device_loop(lambda net: None,
-                                                   agree.UNSYNCED_PASSES + 2, call=sgd))
+    (_, _), got = _caught(
+        lambda: _two_device_loop(lambda net: None, agree.UNSYNCED_PASSES + 2, call=sgd)
+    )
     assert len(got) == 1
     assert "(aux state 'centers')" in str(got[0].message)
     assert "no gluon.Trainer.step/update, Module.update or AuxSync" in str(got[0].message)
@@ -197,8 +211,9 @@ class _TwoWorkerStore(mx.kv.base.TestStore):
 
 def test_a_kvstore_that_is_not_mxnets_is_named():
     # The devices of this process still agree; the other workers' deltas cannot be summed.
-    (net, want), got = _caught(lambda: _two_device_loop(lambda net: net.collect_params(), 3,
-                                                        kvstore=_TwoWorkerStore()))
+    (net, want), got = _caught(
+        lambda: _two_device_loop(lambda net: net.collect_params(), 3, kvstore=_TwoWorkerStore())
+    )
     assert len(got) == 1
     text = str(got[0].message)
     assert "customop 'ops.center_loss' (aux state 'centers')" in text
@@ -217,8 +232,7 @@ def test_standard_loops_and_one_device_do_not_warn():
         pass
 
     # one device: there is nothing to keep equal
-    _, got = _caught(lambda: _two_device_loop(lambda net: None, 12, ctxs=[mx.cpu(0)],
-                                              call=sgd))
+    _, got = _caught(lambda: _two_device_loop(lambda net: None, 12, ctxs=[mx.cpu(0)], call=sgd))
     assert got == []
 
 

@@ -11,6 +11,7 @@ Without AMP, in this process: a ``bfloat16`` input (NumPy has none) computes in 
 and returns ``bfloat16``; ``float16`` runs as before; a closure's gradient in another dtype
 than its input is cast to the input's.
 """
+
 from __future__ import annotations
 
 import json
@@ -32,15 +33,15 @@ BF16 = np.dtype([("bfloat16", np.uint16)])
 
 # (op, path, hybridized, inlining, AMP's target dtype)
 CASES = [
-    ("dg", "default", 0, "on", "bfloat16"),       # crashed: 'not in a computational graph'
-    ("dg", "function", 0, "on", "bfloat16"),      # gradient not finite
+    ("dg", "default", 0, "on", "bfloat16"),  # crashed: 'not in a computational graph'
+    ("dg", "function", 0, "on", "bfloat16"),  # gradient not finite
     ("dg", "custom", 0, "on", "bfloat16"),
-    ("auto", "default", 0, "on", "bfloat16"),     # TypeError in graphs/compare.py
+    ("auto", "default", 0, "on", "bfloat16"),  # TypeError in graphs/compare.py
     ("auto", "native", 0, "on", "bfloat16"),
     ("res", "graph", 0, "on", "bfloat16"),
-    ("numpy", "default", 0, "on", "bfloat16"),    # NumPy has no bfloat16
+    ("numpy", "default", 0, "on", "bfloat16"),  # NumPy has no bfloat16
     ("numpy_auto", "function", 0, "on", "bfloat16"),
-    ("losses", "default", 0, "on", "bfloat16"),   # ops.focal_loss + ops.smooth_l1
+    ("losses", "default", 0, "on", "bfloat16"),  # ops.focal_loss + ops.smooth_l1
     ("dg", "default", 1, "on", "bfloat16"),
     ("dg", "default", 1, "off", "bfloat16"),
     ("numpy", "default", 1, "on", "bfloat16"),
@@ -52,15 +53,22 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("kind,path,hybridized,inlining,target", CASES,
-                         ids=["-".join(map(str, c)) for c in CASES])
+@pytest.mark.parametrize(
+    "kind,path,hybridized,inlining,target", CASES, ids=["-".join(map(str, c)) for c in CASES]
+)
 def test_trains_under_amp_as_mxnets_own_operators(kind, path, hybridized, inlining, target):
     env = dict(os.environ)
     env.pop("CUSTOMOP_RUNTIME_OFF", None)
     if inlining == "off":
         env["CUSTOMOP_RUNTIME_OFF"] = "inline"
-    done = fresh.run([sys.executable, str(CASE), kind, path, str(hybridized), target],
-                     cwd=str(ROOT), env=env, capture_output=True, text=True, timeout=120)
+    done = fresh.run(
+        [sys.executable, str(CASE), kind, path, str(hybridized), target],
+        cwd=str(ROOT),
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     got = json.loads(done.stdout.strip().splitlines()[-1])
     # never silent: a step MXNet's operators keep finite is finite with ours too
@@ -68,8 +76,9 @@ def test_trains_under_amp_as_mxnets_own_operators(kind, path, hybridized, inlini
     assert got["weights_finite"] and got["grad"] is not None, got
     assert got["grad"] <= 0.05 and got["weight"] <= 0.05, got
     # the forward, where it ran in Python, computed in float32 (AMP's rule for Custom)
-    assert all(d not in ("float16", "[('bfloat16', '<u2')]") for pair in got["seen"]
-               for d in pair), got
+    assert all(
+        d not in ("float16", "[('bfloat16', '<u2')]") for pair in got["seen"] for d in pair
+    ), got
 
 
 def _bf16(values) -> mx.nd.NDArray:
@@ -109,8 +118,8 @@ def test_bfloat16_without_amp_computes_in_float32_and_returns_bfloat16(op, path)
             y.backward(_bf16(np.ones_like(values)))
     assert y.dtype == BF16 and x.grad.dtype == BF16
     # float64 formulas, rounded to bfloat16 (8 bits of mantissa)
-    np.testing.assert_allclose(_f32(y), values ** 3, rtol=2 ** -8)
-    np.testing.assert_allclose(_f32(x.grad), 3 * values ** 2, rtol=2 ** -8)
+    np.testing.assert_allclose(_f32(y), values**3, rtol=2**-8)
+    np.testing.assert_allclose(_f32(x.grad), 3 * values**2, rtol=2**-8)
 
 
 @pytest.mark.parametrize("path", [None, "function", "custom"])
@@ -123,7 +132,7 @@ def test_float16_without_amp_runs_as_given(path):
             y = _cube_nd(x)
         y.backward()
     assert y.dtype == np.float16 and x.grad.dtype == np.float16
-    np.testing.assert_allclose(x.grad.asnumpy(), 3 * values ** 2, rtol=1e-3)
+    np.testing.assert_allclose(x.grad.asnumpy(), 3 * values**2, rtol=1e-3)
 
 
 @customop("numpy")
@@ -180,8 +189,9 @@ class _Cube(mx.gluon.HybridBlock):
 
 @pytest.mark.parametrize("op", [_cube_np, _cube_nd], ids=["numpy", "mxnet"])
 @pytest.mark.parametrize("inlining", ["on", "off"])
-def test_bfloat16_without_amp_in_a_hybridized_block_computes_as_imperatively(op, inlining,
-                                                                             monkeypatch):
+def test_bfloat16_without_amp_in_a_hybridized_block_computes_as_imperatively(
+    op, inlining, monkeypatch
+):
     # The Custom node does what an imperative call does: float32 inside, bfloat16 out
     # (a bfloat16 signature has no native graph: the rule 'bfloat16')
     if inlining == "off":
@@ -196,8 +206,8 @@ def test_bfloat16_without_amp_in_a_hybridized_block_computes_as_imperatively(op,
             y = block(x)
         y.backward(_bf16(np.ones_like(values)))
     assert y.dtype == BF16 and x.grad.dtype == BF16
-    np.testing.assert_allclose(_f32(y), values ** 3, rtol=2 ** -8)
-    np.testing.assert_allclose(_f32(x.grad), 3 * values ** 2, rtol=2 ** -8)
+    np.testing.assert_allclose(_f32(y), values**3, rtol=2**-8)
+    np.testing.assert_allclose(_f32(x.grad), 3 * values**2, rtol=2**-8)
 
 
 def test_explain_names_the_bfloat16_rule():

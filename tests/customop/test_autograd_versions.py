@@ -1,6 +1,7 @@
 """What HIPS autograd traces in a 'numpy'-mode forward, per autograd version (docs/guide.md,
 "Gradients"): 1.9.1 (Python >= 3.10) also traces plain NumPy; 1.7.0 / 1.8.0 (3.8 / 3.9) only
 ``autograd.numpy``, and a plain ``numpy.sum`` is an error that says what to write instead."""
+
 from importlib.metadata import version
 
 import autograd.numpy as anp

@@ -1,4 +1,5 @@
 """Auxiliary states: declared with aux=, updated in place, exact on every call style."""
+
 import sys
 from pathlib import Path
 
@@ -57,8 +58,7 @@ def test_unnamed_symbol_nodes_get_distinct_aux_names():
 def _module(op, tmp_path=None):
     data = mx.sym.var("data")
     out = op(mx.sym.FullyConnected(data, num_hidden=3, name="fc"), name="cnt")
-    mod = mx.mod.Module(mx.sym.MakeLoss(mx.sym.sum(out)), data_names=["data"],
-                        label_names=None)
+    mod = mx.mod.Module(mx.sym.MakeLoss(mx.sym.sum(out)), data_names=["data"], label_names=None)
     mod.bind(data_shapes=[("data", (2, 4))])
     mod.init_params(mx.init.Xavier())  # must accept cnt_count (zeros initializer)
     mod.init_optimizer(optimizer_params={"learning_rate": 0.01})
@@ -113,9 +113,11 @@ def test_export_keeps_the_state_and_reloads(tmp_path):
         f"{str(tmp_path / 'net-0000.params')!r}, modules=['tests.customop.auxops'])\n"
         "aux = [p for n, p in net.collect_params().items() if n.endswith('count')]\n"
         "print(aux[0].data().asscalar())\n"
-        "print(net(mx.nd.ones((2, 4))).asnumpy().tolist())\n")
-    out = fresh.run([sys.executable, "-c", code], capture_output=True, text=True,
-                    timeout=120, cwd=ROOT)
+        "print(net(mx.nd.ones((2, 4))).asnumpy().tolist())\n"
+    )
+    out = fresh.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT
+    )
     assert out.returncode == 0, out.stderr
     count, got = out.stdout.strip().splitlines()
     assert float(count) == 3
@@ -154,8 +156,7 @@ def test_several_samples_of_one_class_all_reach_the_state(how):
     np.add.at(want, label.astype(int), x)  # the reference: every sample counted
     if how == "symbol":
         s = auxops.class_sums(mx.sym.var("x"), mx.sym.var("label"), name="cs")
-        ex = s.simple_bind(mx.cpu(), grad_req={"x": "write", "label": "null"}, x=(4, 3),
-                           label=(4,))
+        ex = s.simple_bind(mx.cpu(), grad_req={"x": "write", "label": "null"}, x=(4, 3), label=(4,))
         ex.arg_dict["x"][:] = x
         ex.arg_dict["label"][:] = label
         ex.forward(is_train=True)
@@ -185,15 +186,20 @@ def test_bad_aux_use_names_the_op_and_the_state():
     x = mx.nd.ones((4,))
     with pytest.raises(TypeError, match=r"customop '.*counted'.*auxiliary state.*count.*missing"):
         auxops.counted(x)
-    with pytest.raises(ValueError, match=r"customop '.*counted'.*auxiliary state 'count' has "
-                       r"shape \(2,\), but for these inputs it must be \(1,\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"customop '.*counted'.*auxiliary state 'count' has "
+        r"shape \(2,\), but for these inputs it must be \(1,\)",
+    ):
         auxops.counted(x, mx.nd.zeros((2,)))
     with pytest.raises(TypeError, match=r"aux=\{'c': \.\.\.\} must map"):
         customop("numpy", aux={"c": (1,)})(lambda x, c: x)
     with pytest.raises(TypeError, match=r"auxiliary states 'a' must be the last"):
+
         @customop("numpy", aux={"a": lambda x, b: (1,)})
         def misplaced(x, a, b):
             return x
+
     count = mx.nd.zeros((1,))
     y = auxops.counted(x, count)  # still usable
     np.testing.assert_array_equal(y.asnumpy(), 2)
@@ -202,14 +208,24 @@ def test_bad_aux_use_names_the_op_and_the_state():
 def test_a_handwritten_op_may_still_run_autograd_inside_its_backward():
     """Once aux settling is on, a backward() issued on MXNet's worker thread must not wait."""
     code = NESTED
-    out = fresh.run([sys.executable, "-c", code], capture_output=True, text=True,
-                    timeout=60, cwd=ROOT)
+    out = fresh.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT
+    )
     assert out.returncode == 0, out.stderr
-    assert out.stdout.split() == ["[2.", "4.]", "<NDArray", "2", "@cpu(0)>", "[1.]",
-                                  "<NDArray", "1", "@cpu(0)>"]
+    assert out.stdout.split() == [
+        "[2.",
+        "4.]",
+        "<NDArray",
+        "2",
+        "@cpu(0)>",
+        "[1.]",
+        "<NDArray",
+        "1",
+        "@cpu(0)>",
+    ]
 
 
-NESTED = '''
+NESTED = """
 import mxnet as mx
 from tests.customop import auxops
 c = mx.nd.zeros((1,)); x = mx.nd.ones((2,)); x.attach_grad()
@@ -240,12 +256,13 @@ with mx.autograd.record():
     z = mx.nd.Custom(x2, op_type='inner_nested')
 z.backward()
 print(x2.grad, c)
-'''
+"""
 
 
 @pytest.mark.parametrize("given", [False, True])
 def test_check_grad_takes_an_op_with_aux_states(given):
     from customop import check_grad
+
     x = np.random.normal(size=(4, 3))
     label = np.array([0, 1, 1, 2], dtype=np.int32)
     extra = [np.random.normal(size=(3, 3))] if given else []
@@ -264,7 +281,9 @@ def test_check_grad_fails_for_a_gradient_that_reads_a_moving_state():
         def g_(g):
             c[...] += 1.0  # updated first, then (wrongly) used for the gradient
             return 2 * (x - c) * g
+
         return g_
+
     pulled.def_grad(grad)
     with pytest.raises(AssertionError, match="FAIL"):
         check_grad(pulled, np.random.normal(size=(3,)))

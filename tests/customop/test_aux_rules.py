@@ -1,6 +1,7 @@
 """Merge rules of aux states (aux={'name': (shape_fn, 'sum'|'mean'|'first'|'local')}): every
 rule on two contexts (Gluon plain and hybridized, Module, AuxSync) and on two dist_sync workers,
 against float64 references written from the rules' definitions (auxops.merged_reference)."""
+
 import os
 import subprocess
 import sys
@@ -28,25 +29,35 @@ def _assert_states(copies_by_state, shards, first_copy=0):
     want = merged_reference(shards)
     for name in RULE_STATES:
         for d, copy in enumerate(copies_by_state[name]):
-            np.testing.assert_array_equal(copy.asnumpy(), want[first_copy + d][name],
-                                          err_msg=f"{name} on copy {first_copy + d}")
+            np.testing.assert_array_equal(
+                copy.asnumpy(),
+                want[first_copy + d][name],
+                err_msg=f"{name} on copy {first_copy + d}",
+            )
 
 
 def test_declaring_rules_and_repr():
-    assert repr(merged).endswith("aux=[total:sum, average:mean, leader:first, own:local, "
-                                 "steps:first]>")
-    assert merged.aux_rules == {"total": "sum", "average": "mean", "leader": "first",
-                                "own": "local", "steps": "first"}
+    assert repr(merged).endswith(
+        "aux=[total:sum, average:mean, leader:first, own:local, steps:first]>"
+    )
+    assert merged.aux_rules == {
+        "total": "sum",
+        "average": "mean",
+        "leader": "first",
+        "own": "local",
+        "steps": "first",
+    }
     assert agree.rule_of(merged.op_type, "own") == "local"
     assert agree.rule_of(merged.op_type, "total") == "sum"
-    with pytest.raises(ValueError, match=r"customop 'tests.bad_rule': aux=\{'s': \(\.\.\., "
-                       r"'max'\)\}: the merge rule .* must be one of 'sum', 'mean', 'first', "
-                       r"'local'"):
-        customop("numpy", name="tests.bad_rule", aux={"s": (lambda x: (1,), "max")})(
-            lambda x, s: x)
+    with pytest.raises(
+        ValueError,
+        match=r"customop 'tests.bad_rule': aux=\{'s': \(\.\.\., "
+        r"'max'\)\}: the merge rule .* must be one of 'sum', 'mean', 'first', "
+        r"'local'",
+    ):
+        customop("numpy", name="tests.bad_rule", aux={"s": (lambda x: (1,), "max")})(lambda x, s: x)
     with pytest.raises(TypeError, match=r"customop 'tests.bad_spec': aux=\{'s': \.\.\.\} must map"):
-        customop("numpy", name="tests.bad_spec", aux={"s": ("sum", lambda x: (1,))})(
-            lambda x, s: x)
+        customop("numpy", name="tests.bad_spec", aux={"s": ("sum", lambda x: (1,))})(lambda x, s: x)
 
     @customop("numpy", name="tests.twin_rules", aux={"s": (lambda x: (1,), "mean")})
     def with_state(x, s):
@@ -60,9 +71,11 @@ def test_declaring_rules_and_repr():
     assert agree.rule_of("tests.twin_rules.mxnet", "s") == "mean"
 
 
-@pytest.mark.parametrize("api, hybridize", [("gluon", False), ("gluon", True),
-                                            ("module", None)],
-                         ids=["gluon", "gluon-hybridized", "module"])
+@pytest.mark.parametrize(
+    "api, hybridize",
+    [("gluon", False), ("gluon", True), ("module", None)],
+    ids=["gluon", "gluon-hybridized", "module"],
+)
 def test_every_rule_on_two_contexts(api, hybridize):
     shards = worker.shards(1)
     run = worker.gluon if api == "gluon" else worker.module
@@ -122,12 +135,34 @@ def test_local_states_are_never_warned_about(op, warned):
 
 def _launch(out, api):
     mark = uuid.uuid4().hex
-    proc = subprocess.run([sys.executable, "-m", "customop.distributed.launch", "-n", "2", "-s",
-                           "1", "--launcher", "local", "--timeout", "90", sys.executable,
-                           str(Path(worker.__file__)), "--kvstore", "dist_sync", "--api", api,
-                           "--out", str(out)], cwd=ROOT, capture_output=True, text=True,
-                          timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT),
-                                            "TEST_MARK": mark})
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "customop.distributed.launch",
+            "-n",
+            "2",
+            "-s",
+            "1",
+            "--launcher",
+            "local",
+            "--timeout",
+            "90",
+            sys.executable,
+            str(Path(worker.__file__)),
+            "--kvstore",
+            "dist_sync",
+            "--api",
+            api,
+            "--out",
+            str(out),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "TEST_MARK": mark},
+    )
     time.sleep(0.2)
     assert _job_processes(mark) == [], "processes of the job outlived the launcher"
     return proc
@@ -144,7 +179,9 @@ def test_every_rule_on_two_dist_sync_workers(api, tmp_path):
     for rank in range(2):
         with np.load(tmp_path / f"rank{rank}.npz") as f:
             saved = dict(f)
-        for run in (["gluon", "by_hand"] if api == "gluon" else ["module"]):
-            copies = {n: [mx.nd.array(saved[f"{run}/{n}@{rank * 2 + d}"]) for d in range(2)]
-                      for n in RULE_STATES}
+        for run in ["gluon", "by_hand"] if api == "gluon" else ["module"]:
+            copies = {
+                n: [mx.nd.array(saved[f"{run}/{n}@{rank * 2 + d}"]) for d in range(2)]
+                for n in RULE_STATES
+            }
             _assert_states(copies, shards, first_copy=rank * 2)

@@ -1,5 +1,6 @@
 """One set of auxiliary states on every device, equal to one device on the whole batch: by
 Trainer/Module alone (the auxsync patch) and by AuxSync."""
+
 import os
 import sys
 import textwrap
@@ -50,8 +51,9 @@ class Net(mx.gluon.HybridBlock):
         super().__init__(**kwargs)
         with self.name_scope():
             self.dense = mx.gluon.nn.Dense(2, in_units=DIM)
-            self.totals = self.params.get("totals", shape=(NUM_CLASS, DIM), init=mx.init.Zero(),
-                                          grad_req="null")
+            self.totals = self.params.get(
+                "totals", shape=(NUM_CLASS, DIM), init=mx.init.Zero(), grad_req="null"
+            )
 
     def hybrid_forward(self, F, x, label, totals):
         return self.dense(class_totals(x, label, totals, num_class=NUM_CLASS))
@@ -63,8 +65,9 @@ def _gluon(ctxs, kvstore, hybridize, sync=True):
     net.initialize(mx.init.Xavier(), ctx=ctxs)
     if hybridize:
         net.hybridize()
-    trainer = mx.gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.05},
-                               kvstore=kvstore)
+    trainer = mx.gluon.Trainer(
+        net.collect_params(), "sgd", {"learning_rate": 0.05}, kvstore=kvstore
+    )
     syncer = AuxSync([net.totals], trainer) if sync else None
     x, y = _data()
     for step in range(STEPS):
@@ -88,8 +91,12 @@ def _gluon(ctxs, kvstore, hybridize, sync=True):
 def test_gluon_two_devices_hold_the_one_device_value(kvstore, hybridize):
     two = _gluon(TWO, kvstore, hybridize)
     one = _gluon([mx.cpu(0)], kvstore, hybridize)
-    np.testing.assert_allclose(two.dense.weight.data(TWO[1]).asnumpy(),
-                               one.dense.weight.data().asnumpy(), rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(
+        two.dense.weight.data(TWO[1]).asnumpy(),
+        one.dense.weight.data().asnumpy(),
+        rtol=1e-6,
+        atol=1e-7,
+    )
 
 
 @pytest.mark.parametrize("kvstore", ["device", "local"])
@@ -98,17 +105,26 @@ def test_gluon_trainer_alone_keeps_the_one_device_value(kvstore, hybridize):
     # no AuxSync: Trainer.step keeps the copies equal (the assertions inside _gluon)
     two = _gluon(TWO, kvstore, hybridize, sync=False)
     one = _gluon([mx.cpu(0)], kvstore, hybridize, sync=False)
-    np.testing.assert_allclose(two.dense.weight.data(TWO[1]).asnumpy(),
-                               one.dense.weight.data().asnumpy(), rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(
+        two.dense.weight.data(TWO[1]).asnumpy(),
+        one.dense.weight.data().asnumpy(),
+        rtol=1e-6,
+        atol=1e-7,
+    )
 
 
 def _module(ctxs, kvstore, fit, by_hand=True):
     mx.random.seed(0)
     data, label = mx.sym.var("data"), mx.sym.var("label")
-    out = mx.sym.FullyConnected(class_totals(data, label, num_class=NUM_CLASS, name="ct"),
-                                num_hidden=2, name="fc")
-    mod = mx.mod.Module(mx.sym.MakeLoss(mx.sym.sum(out * out)), data_names=["data"],
-                        label_names=["label"], context=ctxs)
+    out = mx.sym.FullyConnected(
+        class_totals(data, label, num_class=NUM_CLASS, name="ct"), num_hidden=2, name="fc"
+    )
+    mod = mx.mod.Module(
+        mx.sym.MakeLoss(mx.sym.sum(out * out)),
+        data_names=["data"],
+        label_names=["label"],
+        context=ctxs,
+    )
     mod.bind(data_shapes=[("data", (BATCH, DIM))], label_shapes=[("label", (BATCH,))])
     mod.init_params(mx.init.Xavier())
     mod.init_optimizer(kvstore=kvstore, optimizer_params={"learning_rate": 0.05})
@@ -116,8 +132,13 @@ def _module(ctxs, kvstore, fit, by_hand=True):
     assert not by_hand or sync.names == ["ct_totals"]
     x, y = _data()
     if fit:
-        mod.fit(mx.io.NDArrayIter(x, y, batch_size=BATCH), num_epoch=2, kvstore=kvstore,
-                eval_metric="loss", batch_end_callback=sync)
+        mod.fit(
+            mx.io.NDArrayIter(x, y, batch_size=BATCH),
+            num_epoch=2,
+            kvstore=kvstore,
+            eval_metric="loss",
+            batch_end_callback=sync,
+        )
         want = 2 * _reference(x, y, len(x))
     else:
         for step in range(STEPS):
@@ -184,8 +205,9 @@ def _center_steps(kvstore, hybridize, sync=True):
     net.initialize(mx.init.Xavier(), ctx=TWO)
     if hybridize:
         net.hybridize()
-    trainer = mx.gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.05},
-                               kvstore=kvstore)
+    trainer = mx.gluon.Trainer(
+        net.collect_params(), "sgd", {"learning_rate": 0.05}, kvstore=kvstore
+    )
     syncer = AuxSync([net.center.centers], trainer) if sync else None
     x, y = _data()
     want = np.zeros((NUM_CLASS, DIM))  # float64 reference of the per-shard updates, summed
@@ -204,8 +226,9 @@ def _center_steps(kvstore, hybridize, sync=True):
         feats = [feat.asnumpy().astype(np.float64) for feat, _ in outs]
         labels = [b.asnumpy().astype(np.int64) for b in ys]
         for (_, loss), f, lab, c in zip(outs, feats, labels, before):  # each device's centers
-            np.testing.assert_allclose(loss.asnumpy(), 0.5 * SCALE * ((f - c[lab]) ** 2)
-                                       .sum(axis=1), rtol=1e-5, atol=1e-5)
+            np.testing.assert_allclose(
+                loss.asnumpy(), 0.5 * SCALE * ((f - c[lab]) ** 2).sum(axis=1), rtol=1e-5, atol=1e-5
+            )
         want = _center_reference(want, feats, labels)
         whole = _center_reference(whole, [np.concatenate(feats)], [np.concatenate(labels)])
         yield net, [c.asnumpy() for c in net.center.centers.list_data()], want, whole
@@ -229,7 +252,11 @@ def test_ops_center_loss_on_two_devices_holds_one_set_of_centers(kvstore, hybrid
 
 def test_ops_center_loss_with_the_auxsync_patch_off_the_centers_go_wrong():
     # MXNet's own behaviour, what the auxsync patch and AuxSync fix: in a fresh process
-    out = fresh.run([sys.executable, "-c", textwrap.dedent("""
+    out = fresh.run(
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent("""
         import numpy as np
         from tests.customop.test_auxsync import _center_steps
         steps = _center_steps("device", False, sync=False)
@@ -241,16 +268,24 @@ def test_ops_center_loss_with_the_auxsync_patch_off_the_centers_go_wrong():
         assert np.abs(copies[1] - copies[0]).max() > 1e-2
         from customop import runtime
         print(runtime.installed())
-    """)], cwd=ROOT, capture_output=True, text=True, timeout=120,
-        env={**os.environ, "CUSTOMOP_RUNTIME_OFF": "auxsync"})
+    """),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "CUSTOMOP_RUNTIME_OFF": "auxsync"},
+    )
     assert out.returncode == 0, out.stderr[-3000:]
-    assert out.stdout.strip().splitlines()[-1] == ("['aux', 'backlog', 'binds', 'deps', 'errors', "
-                                                   "'fork', 'names', 'release', 'shapes']")
+    assert out.stdout.strip().splitlines()[-1] == (
+        "['aux', 'backlog', 'binds', 'deps', 'errors', 'fork', 'names', 'release', 'shapes']"
+    )
 
 
 def test_ops_center_loss_two_devices_bare_ndarrays_move_by_the_summed_shard_updates():
-    centers = mx.gluon.Parameter("centers", shape=(NUM_CLASS, DIM), init=mx.init.Zero(),
-                                 grad_req="null")
+    centers = mx.gluon.Parameter(
+        "centers", shape=(NUM_CLASS, DIM), init=mx.init.Zero(), grad_req="null"
+    )
     centers.initialize(ctx=TWO)
     sync = AuxSync([centers])  # no kvstore: the devices of this process
     rng = np.random.RandomState(1)
@@ -263,12 +298,19 @@ def test_ops_center_loss_two_devices_bare_ndarrays_move_by_the_summed_shard_upda
             xs = mx.nd.array(x[rows], ctx=copy.context)
             xs.attach_grad()
             with mx.autograd.record():
-                loss = ops.center_loss(xs, mx.nd.array(y[rows], ctx=copy.context), copy,
-                                       num_class=NUM_CLASS, alpha=ALPHA, scale=SCALE)
+                loss = ops.center_loss(
+                    xs,
+                    mx.nd.array(y[rows], ctx=copy.context),
+                    copy,
+                    num_class=NUM_CLASS,
+                    alpha=ALPHA,
+                    scale=SCALE,
+                )
             loss.backward()
             diff = x[rows] - want[y[rows]]
-            np.testing.assert_allclose(loss.asnumpy(), 0.5 * SCALE * (diff ** 2).sum(axis=1),
-                                       rtol=1e-5, atol=1e-6)
+            np.testing.assert_allclose(
+                loss.asnumpy(), 0.5 * SCALE * (diff**2).sum(axis=1), rtol=1e-5, atol=1e-6
+            )
             np.testing.assert_allclose(xs.grad.asnumpy(), SCALE * diff, rtol=1e-5, atol=1e-6)
         sync()
         want = _center_reference(want, [x[r] for r in shards], [y[r] for r in shards])

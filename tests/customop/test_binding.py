@@ -1,5 +1,6 @@
 """Rebinding a graph with our ops: a signature seen before splices nothing, a new one of the
 same shape family traces nothing, two graphs never share a splice (issue 42 item 3)."""
+
 import gc
 import threading
 import weakref
@@ -100,8 +101,9 @@ def test_an_empty_axis_is_never_served_by_a_family():
 def test_two_graphs_never_share_a_splice(counted):
     a = _sym(_rebound).simple_bind(mx.cpu(), x=(4, 3), w=(1, 3))
     b = _sym(_other).simple_bind(mx.cpu(), x=(4, 3), w=(1, 3))
-    assert binding.graph_json.anonymous(a.customop_inlined) != \
-        binding.graph_json.anonymous(b.customop_inlined)
+    assert binding.graph_json.anonymous(a.customop_inlined) != binding.graph_json.anonymous(
+        b.customop_inlined
+    )
     x, w = np.ones((4, 3)), np.full((1, 3), 0.5)
     assert np.allclose(_run(b, x, w)[0], x + w + 1)
 
@@ -111,12 +113,12 @@ def test_the_splice_cache_is_bounded_by_the_budget_and_frees_what_it_let_go(coun
     x, w = np.random.RandomState(4).randn(2, 3), np.full((1, 3), 0.5)
     want = _expected(x, w)
     exe = sym.simple_bind(mx.cpu(), x=(2, 3), w=(1, 3))
-    (key, first), = binding._splices.items()
+    ((key, first),) = binding._splices.items()
     gone = weakref.ref(first)
     cost = binding._splices.costs[key]
     del exe, first
     try:  # room for what is kept now and about two more splices
-        budget.cache_budget((budget.total() + 2.5 * cost) / 2 ** 20)
+        budget.cache_budget((budget.total() + 2.5 * cost) / 2**20)
         for rows in range(3, 9):
             sym.simple_bind(mx.cpu(), x=(rows, 3), w=(1, 3))
         assert 1 <= len(binding._splices) <= 3
@@ -181,6 +183,7 @@ def test_a_new_box_count_reuses_the_verified_graph(counted):
     # at another value since up to six sizes are (three left it out: a rebind at every new
     # box count traced again, 29x the bind with inlining off; benchmarks/bind_cost.py)
     from customop import ops
+
     sym = ops.box_iou(mx.sym.var("anchors"), mx.sym.var("gt")) * 1
     rng = np.random.RandomState(4)
     anchors = np.sort(rng.rand(2, 5, 4), axis=-1)

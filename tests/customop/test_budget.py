@@ -1,4 +1,5 @@
 """graphs/budget.py: the per-signature tables are bounded by memory."""
+
 import gc
 import weakref
 
@@ -18,7 +19,7 @@ def tiny_budget(monkeypatch):
     # 200 KiB (three traced verdicts) more than what the tables left hold (operators' shape
     # inference, kept by earlier tests)
     held = budget.total()
-    monkeypatch.setenv(budget.ENV, str((held + 200 * 1024) / 2 ** 20))
+    monkeypatch.setenv(budget.ENV, str((held + 200 * 1024) / 2**20))
     yield held
     for module in (imperative, native, binding):
         module.clear_cache()
@@ -54,8 +55,7 @@ def shaped_square(x):
 shaped_square.def_grad(lambda ans, x: lambda g: 2 * x * g)
 
 
-def test_many_signatures_keep_what_the_budget_holds_and_evicted_ones_come_back_right(
-        tiny_budget):
+def test_many_signatures_keep_what_the_budget_holds_and_evicted_ones_come_back_right(tiny_budget):
     def check(n):
         x = mx.nd.array(np.arange(n, dtype=np.float64) / 7)
         x.attach_grad()
@@ -84,8 +84,7 @@ def scaled(x, *, k=1.0):
 scaled.def_grad(lambda ans, x, *, k=1.0: lambda g: g * (2 * k))  # a surrogate: 2k, not k
 
 
-def test_families_and_their_cached_ops_are_under_the_budget_and_freed_when_let_go(
-        tiny_budget):
+def test_families_and_their_cached_ops_are_under_the_budget_and_freed_when_let_go(tiny_budget):
     def check(k):
         x = mx.nd.array(np.arange(6, dtype=np.float64) / 7)
         x.attach_grad()
@@ -98,8 +97,8 @@ def test_families_and_their_cached_ops_are_under_the_budget_and_freed_when_let_g
 
     check(1)
     check(1)  # its second call builds its graph: a family, and a graph with its CachedOps
-    family, = native._families.values()
-    graph, = imperative._graphs.values()
+    (family,) = native._families.values()
+    (graph,) = imperative._graphs.values()
     families, graphs = weakref.ref(family[0]), weakref.ref(graph)
     del family, graph
     for k in range(2, 14):  # a parameter value each: a family each
@@ -123,7 +122,7 @@ def test_cache_budget_sets_the_budget_at_run_time_and_lets_entries_go_at_once(ti
         assert customop_package.cache_budget(1) == 1.0
         table.keep(3, "3", 64 * 1024)
         assert list(table) == [2, 3]
-        assert budget.limit() == 2 ** 20
+        assert budget.limit() == 2**20
     finally:
         table.clear()
         customop_package.cache_budget(reset=True)
@@ -139,11 +138,12 @@ def sliced(x):
 
 
 def test_shape_inference_keeps_what_the_budget_holds_and_evicted_shapes_come_back_right(
-        tiny_budget):
+    tiny_budget,
+):
     tables = sliced.inference.by_signature, sliced.inference.by_shapes
     sym = sliced(mx.sym.var("x"))
     try:  # room for 8 entries more than held now
-        budget.cache_budget((budget.total() + 8 * inference.INFERRED) / 2 ** 20)
+        budget.cache_budget((budget.total() + 8 * inference.INFERRED) / 2**20)
         for n in range(2, 60):
             assert sym.infer_shape(x=(n, 3))[1] == [(n - 1, 3)]
         assert 1 <= sum(len(t) for t in tables) <= 8 + 2  # (each table keeps its newest)

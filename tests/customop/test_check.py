@@ -2,6 +2,7 @@
 
 Every gradient below is written from its formula; check_grad is what is under test.
 """
+
 import argparse
 import re
 import sys
@@ -68,6 +69,7 @@ def _row_nll_grad(ans, x, y):
         p = np.exp(x) / np.sum(np.exp(x), axis=1, keepdims=True)
         p[np.arange(len(y)), y] -= 1
         return g[:, None] * p
+
     return grad
 
 
@@ -101,7 +103,8 @@ def test_a_correct_op_passes_with_every_comparison():
     report = check_grad(scaled_mul, normal(3, 4), normal(3, 4), alpha=0.25)
     assert isinstance(report, GradReport) and report.passed
     assert [(r.input, r.comparison) for r in report.rows] == [
-        (name, c) for name in ("a", "b") for c in COMPARISONS]
+        (name, c) for name in ("a", "b") for c in COMPARISONS
+    ]
     assert all(r.status == "ok" and r.max_abs_err < 1e-5 for r in report.rows)
     assert report.heads == "3 random draws, seed 0"
     assert str(report).splitlines()[1].split()[:4] == ["input", "shape", "dtype", "comparison"]
@@ -115,7 +118,9 @@ def test_a_wrong_gradient_fails_with_the_table():
     failing = [line for line in msg.splitlines() if line.endswith("FAIL")]
     assert [line.split()[0] for line in failing] == ["x", "x"]
     assert [c for c in COMPARISONS if any(c in line for line in failing)] == [
-        "imperative vs numeric", "symbolic vs numeric"]
+        "imperative vs numeric",
+        "symbolic vs numeric",
+    ]
     assert all("(2, 3)  float32" in line for line in failing)
 
 
@@ -132,6 +137,7 @@ def test_no_grad_inputs_are_skipped_unless_asked_for():
     @customop("numpy", name="tests.check_no_grad", no_grad=("w",))
     def weighted(x, w):
         return x * w
+
     weighted.def_grad(lambda ans, x, w: lambda g: g * w)
     x, w = normal(2, 3), normal(2, 3)
     report = check_grad(weighted, x, w)
@@ -157,14 +163,17 @@ def test_default_tolerances_follow_the_input_dtype(dtype):
     row = report.row("x", "symbolic vs numeric")
     assert row.dtype == np.dtype(dtype).name
     assert row.tolerance == TOLERANCES[np.dtype(dtype)]
-    assert check_grad(row_nll, normal(3, 4, dtype=dtype), np.array([0, 3, 1]), rtol=0.5,
-                      atol=0.25).row("x").tolerance.rtol == 0.5
+    assert (
+        check_grad(row_nll, normal(3, 4, dtype=dtype), np.array([0, 3, 1]), rtol=0.5, atol=0.25)
+        .row("x")
+        .tolerance.rtol
+        == 0.5
+    )
 
 
 def test_an_mxnet_mode_op_passes():
     report = check_grad(softplus_nd, normal(3, 4), beta=2.0)
-    assert report.passed and [r.comparison for r in report.rows] == [*COMPARISONS,
-                                                                     GRAPH_COMPARISON]
+    assert report.passed and [r.comparison for r in report.rows] == [*COMPARISONS, GRAPH_COMPARISON]
 
 
 def test_scalar_inputs_and_integer_outputs():
@@ -184,8 +193,13 @@ def test_an_output_layer_passes_where_check_numeric_gradient_cannot():
     sym = half_sq_err(mx.sym.var("pred"), mx.sym.var("target"))
     with pytest.raises(AssertionError):
         mx.test_utils.check_numeric_gradient(
-            sym, {"pred": pred, "target": target}, grad_nodes=["pred"], numeric_eps=1e-3,
-            rtol=1e-1, atol=1e-1)
+            sym,
+            {"pred": pred, "target": target},
+            grad_nodes=["pred"],
+            numeric_eps=1e-3,
+            rtol=1e-1,
+            atol=1e-1,
+        )
 
 
 def test_output_layer_false_uses_random_heads_and_fails_for_a_loss_layer():
@@ -243,13 +257,29 @@ def test_a_customop_symbol_is_checked_like_a_native_one():
 
 # ---- 5. the command line -----------------------------------------------------------------
 def run_cli(*args):
-    return fresh.run([sys.executable, "-m", "customop.check", *args], cwd=ROOT,
-                     capture_output=True, text=True, timeout=60)
+    return fresh.run(
+        [sys.executable, "-m", "customop.check", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def test_cli_passes_and_reports_skipped_integer_inputs():
-    proc = run_cli("tests.customop.checkme_ops:pick_nll", "--shape", "x=4,5", "--shape", "y=4",
-                   "--dtype", "y=int32", "--int-high", "y=5", "--param", "scale=0.5")
+    proc = run_cli(
+        "tests.customop.checkme_ops:pick_nll",
+        "--shape",
+        "x=4,5",
+        "--shape",
+        "y=4",
+        "--dtype",
+        "y=int32",
+        "--int-high",
+        "y=5",
+        "--param",
+        "scale=0.5",
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "pick_nll': passed" in proc.stdout
     assert INTEGER_SKIP in proc.stdout
@@ -262,18 +292,46 @@ def test_cli_exits_1_and_prints_the_table_on_failure():
 
 
 def test_cli_in_process_params_and_symbol_functions(capsys):
-    assert main(["tests.customop.checkme_ops:leaky", "--shape", "x=2,3",
-                 "--param", "alpha=0.25", "--param", "kind=leaky"]) == 0
+    assert (
+        main(
+            [
+                "tests.customop.checkme_ops:leaky",
+                "--shape",
+                "x=2,3",
+                "--param",
+                "alpha=0.25",
+                "--param",
+                "kind=leaky",
+            ]
+        )
+        == 0
+    )
     assert "leaky': passed" in capsys.readouterr().out
-    assert main(["mxnet.symbol:smooth_l1", "--shape", "data=5", "--param", "scalar=1.0",
-                 "--seed", "3", "--num-heads", "1"]) == 0
+    assert (
+        main(
+            [
+                "mxnet.symbol:smooth_l1",
+                "--shape",
+                "data=5",
+                "--param",
+                "scalar=1.0",
+                "--seed",
+                "3",
+                "--num-heads",
+                "1",
+            ]
+        )
+        == 0
+    )
     assert "1 random draw, seed 3" in capsys.readouterr().out
 
 
 def test_cli_usage_errors_exit_2(capsys):
-    for argv in (["tests.customop.checkme_ops:leaky", "--shape", "x"],
-                 ["tests.customop.checkme_ops:leaky", "--shape", "y=3"],
-                 ["tests.customop.checkme_ops"]):
+    for argv in (
+        ["tests.customop.checkme_ops:leaky", "--shape", "x"],
+        ["tests.customop.checkme_ops:leaky", "--shape", "y=3"],
+        ["tests.customop.checkme_ops"],
+    ):
         with pytest.raises(SystemExit) as info:
             main(argv)
         assert info.value.code == 2
@@ -299,8 +357,7 @@ def test_automatic_gradients_pass_the_checker_from_the_package_root():
     assert package.check_grad is check_grad
     assert package.check_grad(log_cosh, normal(3, 4), normal(3, 4)).passed
     report = package.check_grad(scaled_softsign, away_from(normal(3, 4), [0.0]), k=0.5)
-    assert report.passed and [r.comparison for r in report.rows] == [*COMPARISONS,
-                                                                     GRAPH_COMPARISON]
+    assert report.passed and [r.comparison for r in report.rows] == [*COMPARISONS, GRAPH_COMPARISON]
 
 
 def test_cli_unknown_param_exits_2_with_one_line():
@@ -333,9 +390,26 @@ def test_cli_leaves_out_optional_inputs_without_a_shape(capsys):
     assert main(["customop.ops:smooth_l1", "--shape", "data=4", "--shape", "sigma=1"]) == 0
     out = capsys.readouterr().out
     assert "passed" in out and "weight" not in out.split("\n", 1)[1]
-    assert main(["customop.ops:focal_loss", "--shape", "pred=2,3,2", "--shape", "label=2,3",
-                 "--dtype", "label=int32", "--int-high", "label=3", "--wrt", "pred",
-                 "--param", "gamma=1"]) == 0
+    assert (
+        main(
+            [
+                "customop.ops:focal_loss",
+                "--shape",
+                "pred=2,3,2",
+                "--shape",
+                "label=2,3",
+                "--dtype",
+                "label=int32",
+                "--int-high",
+                "label=3",
+                "--wrt",
+                "pred",
+                "--param",
+                "gamma=1",
+            ]
+        )
+        == 0
+    )
     assert "passed" in capsys.readouterr().out
     with pytest.raises(SystemExit) as info:  # a required input still needs its --shape
         main(["customop.ops:smooth_l1", "--shape", "data=4"])
@@ -355,8 +429,9 @@ def test_cli_malformed_param_exits_2_with_one_line_naming_the_parameter(capsys):
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and "--param" in err, err
     # a bare word is a string where the default is one
-    assert main(["tests.customop.checkme_ops:leaky", "--shape", "x=3", "--param",
-                 "kind=leaky"]) == 0
+    assert (
+        main(["tests.customop.checkme_ops:leaky", "--shape", "x=3", "--param", "kind=leaky"]) == 0
+    )
 
 
 def test_cli_ranges_draw_inputs_in_their_domain(capsys):

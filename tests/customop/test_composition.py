@@ -8,6 +8,7 @@ out, a ``'numpy'`` op, ops with aux states, a twin and a generator without input
 its nodes in both orders; creates more custom Symbols (ours and hand-written) between
 binding and backward; and checks the gradients against formulas (composeops.reference).
 """
+
 import sys
 import textwrap
 from pathlib import Path
@@ -28,10 +29,13 @@ SHAPES = {"x": (4, 3), "target": (4, 3), "label": (4,), "feat": (4, 2), "flabel"
 
 def _inputs():
     rng = np.random.RandomState(3)
-    return {"x": rng.randn(4, 3).astype(np.float32), "target": rng.randn(4, 3).astype(np.float32),
-            "label": np.array([0, 1, 2, 1], np.float32),
-            "feat": rng.randn(4, 2).astype(np.float32),
-            "flabel": np.array([0, 2, 1, 0], np.float32)}
+    return {
+        "x": rng.randn(4, 3).astype(np.float32),
+        "target": rng.randn(4, 3).astype(np.float32),
+        "label": np.array([0, 1, 2, 1], np.float32),
+        "feat": rng.randn(4, 2).astype(np.float32),
+        "flabel": np.array([0, 2, 1, 0], np.float32),
+    }
 
 
 def _check(gx, gfeat, values):
@@ -111,14 +115,25 @@ class Heads(mx.gluon.HybridBlock):
         super().__init__(**kwargs)
         self.reverse = reverse
         with self.name_scope():
-            self.centers = self.params.get("centers", shape=(3, 2), init=mx.init.Zero(),
-                                           grad_req="null")
-            self.count = self.params.get("count", shape=(1,), init=mx.init.Zero(),
-                                         grad_req="null")
+            self.centers = self.params.get(
+                "centers", shape=(3, 2), init=mx.init.Zero(), grad_req="null"
+            )
+            self.count = self.params.get("count", shape=(1,), init=mx.init.Zero(), grad_req="null")
 
     def hybrid_forward(self, F, x, target, label, feat, flabel, centers, count):
-        return tuple(C.graph(F, x, target, label, feat, flabel, centers=centers, count=count,
-                             reverse=self.reverse))
+        return tuple(
+            C.graph(
+                F,
+                x,
+                target,
+                label,
+                feat,
+                flabel,
+                centers=centers,
+                count=count,
+                reverse=self.reverse,
+            )
+        )
 
 
 def _run_block(net, values):
@@ -140,9 +155,11 @@ def test_a_hybridized_block_exported_and_imported_and_trained_further(reverse, t
     net.hybridize()
     _check(*_run_block(net, values), values)
     net.export(str(tmp_path / "heads"))
-    loaded = customop.imports(str(tmp_path / "heads-symbol.json"),
-                              [f"data{i}" for i in range(5)],
-                              str(tmp_path / "heads-0000.params"))
+    loaded = customop.imports(
+        str(tmp_path / "heads-symbol.json"),
+        [f"data{i}" for i in range(5)],
+        str(tmp_path / "heads-0000.params"),
+    )
     loaded.hybridize()
     for p in loaded.collect_params().values():  # the aux states start from zero again
         if p.name.endswith(("centers", "count")):
@@ -166,7 +183,7 @@ def test_recorded_imperative_calls_through_mx_nd_custom(reverse):
 
 
 # ---- item 2: a hand-written op beside ours keeps the backward it has without us ----------------
-HANDWRITTEN = '''
+HANDWRITTEN = """
 import json, sys
 import mxnet as mx, numpy as np
 
@@ -207,16 +224,22 @@ try:
     print(json.dumps(exe.grad_dict["x"].asnumpy().tolist()))
 except Exception as exc:
     print("failed:", type(exc).__name__)
-'''
+"""
 
 
 @pytest.fixture(scope="module")
 def handwritten(request):
     """The hand-written loss alone (one run: without ours, "before"/"after" change nothing in
     it), then beside ours for each selected order; two processes at a time."""
+
     def run(*args):
-        out = fresh.run([sys.executable, "-c", HANDWRITTEN, *args], capture_output=True,
-                        text=True, timeout=120, cwd=ROOT)
+        out = fresh.run(
+            [sys.executable, "-c", HANDWRITTEN, *args],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=ROOT,
+        )
         assert out.returncode == 0, out.stderr[-3000:]
         return out.stdout.strip().splitlines()[-1]
 
@@ -243,7 +266,7 @@ def test_a_handwritten_op_beside_ours_keeps_its_own_backward(when, handwritten):
 
 
 def test_handwritten_ops_among_themselves_stay_mxnets_and_the_error_names_the_op():
-    code = HANDWRITTEN.split("USE_OURS =")[0] + textwrap.dedent('''
+    code = HANDWRITTEN.split("USE_OURS =")[0] + textwrap.dedent("""
         import customop
         from tests.customop import composeops as C
         with mx.autograd.record():  # our op used: customop's error hooks are installed
@@ -267,9 +290,10 @@ def test_handwritten_ops_among_themselves_stay_mxnets_and_the_error_names_the_op
         mx.sym.Custom(mx.sym.var("any"), op_type="tests_halfsquare")
         exe.backward()
         print("workaround:", exe.grad_dict["x"].asnumpy().tolist())
-    ''')
-    out = fresh.run([sys.executable, "-c", code], capture_output=True, text=True,
-                    timeout=120, cwd=ROOT)
+    """)
+    out = fresh.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     failed, workaround = out.stdout.strip().splitlines()[-2:]
     assert workaround == "workaround: [[5.0, 6.0, 7.0], [8.0, 9.0, 10.0]]"  # x + 5

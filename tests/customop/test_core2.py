@@ -1,4 +1,5 @@
 """Operators without inputs, twins, optional inputs, native recording, reloading, npx."""
+
 import sys
 from pathlib import Path
 
@@ -43,8 +44,11 @@ def test_an_op_without_inputs_through_custom_and_symbols(op):
 
 
 def test_an_op_without_inputs_refuses_symbol_keywords():
-    with pytest.raises(TypeError, match=r"customop '.*grid'.*name= names a Symbol node.*"
-                       r"mx\.sym\.Custom\(op_type="):
+    with pytest.raises(
+        TypeError,
+        match=r"customop '.*grid'.*name= names a Symbol node.*"
+        r"mx\.sym\.Custom\(op_type=",
+    ):
         twinops.grid(length=2, name="g")
     np.testing.assert_array_equal(twinops.grid(length=1, depth=2).asnumpy(), [[0, 1]])
 
@@ -63,8 +67,10 @@ def test_twins_reach_each_other_and_share_one_docstring():
 def test_twins_compute_the_same_values_and_gradients(how):
     x = np.random.normal(size=(3, 4)).astype(np.float32)
     heads = [np.random.normal(size=(3, 4)).astype(np.float32)]
-    results = [paths.run(op, [x], {"scale": 1.5}, how, heads)
-               for op in (twinops.scaled_square, twinops.scaled_square.numpy)]
+    results = [
+        paths.run(op, [x], {"scale": 1.5}, how, heads)
+        for op in (twinops.scaled_square, twinops.scaled_square.numpy)
+    ]
     for (outs_a, grads_a), (outs_b, grads_b) in [results]:
         np.testing.assert_allclose(outs_a[0], 1.5 * x * x, rtol=1e-6)
         np.testing.assert_allclose(outs_b[0], outs_a[0], rtol=1e-6)
@@ -77,6 +83,7 @@ def test_bad_twins_are_refused():
     with pytest.raises(ValueError, match="already has a 'numpy' implementation"):
         op.twin("numpy")
     with pytest.raises(TypeError, match="twin '.*' must take the same arrays and parameters"):
+
         @customop.customop("numpy")
         def base(x, k=1.0):
             return x * k
@@ -84,6 +91,7 @@ def test_bad_twins_are_refused():
         @base.twin("mxnet")
         def other(x, k=2.0):
             return x * k
+
     with pytest.raises(AttributeError, match="has no 'numpy'-mode twin"):
         _ = customop.customop("mxnet")(lambda x: x).numpy
 
@@ -95,8 +103,9 @@ def test_optional_inputs_may_be_left_out_on_every_path(how):
     x = np.random.normal(size=(4,)).astype(np.float32)
     w = np.random.uniform(size=(4,)).astype(np.float32)
     heads = [np.ones(4, np.float32)]
-    (out,), (gx,) = paths.run(op.variant(["x"]) if how == "symbol" else op, [x],
-                              {"scale": 2.0}, how, heads)
+    (out,), (gx,) = paths.run(
+        op.variant(["x"]) if how == "symbol" else op, [x], {"scale": 2.0}, how, heads
+    )
     np.testing.assert_allclose(out, 2 * x * x, rtol=1e-6)
     np.testing.assert_allclose(gx, 4 * x, rtol=1e-6)
     (out,), (gx, gw) = paths.run(op, [x, w], {"scale": 2.0}, how, heads)
@@ -135,6 +144,7 @@ def test_mxnet_ops_without_def_grad_record_natively():
         def __call__(self, *a):
             seen.append(a)
             return original(*a)
+
     mx.base._LIB.MXCustomFunctionRecord = Spy()
     try:
         with mx.autograd.record():
@@ -150,11 +160,13 @@ def test_mxnet_ops_without_def_grad_record_natively():
 def test_native_function_and_custom_paths_agree(grad_req):
     x = np.random.normal(size=(5, 2)).astype(np.float32)
     heads = [np.random.normal(size=(5, 2)).astype(np.float32)]
-    ref = paths.run(twinops.scaled_square, [x], {"scale": 0.5}, "native", heads,
-                    grad_req=grad_req, repeat=2)
+    ref = paths.run(
+        twinops.scaled_square, [x], {"scale": 0.5}, "native", heads, grad_req=grad_req, repeat=2
+    )
     for how in ("function", "custom", "symbol"):
-        outs, grads = paths.run(twinops.scaled_square, [x], {"scale": 0.5}, how, heads,
-                                grad_req=grad_req, repeat=2)
+        outs, grads = paths.run(
+            twinops.scaled_square, [x], {"scale": 0.5}, how, heads, grad_req=grad_req, repeat=2
+        )
         np.testing.assert_allclose(outs[0], ref[0][0], rtol=1e-6)
         np.testing.assert_allclose(grads[0], ref[1][0], rtol=1e-6)
 
@@ -164,6 +176,7 @@ def _export(tmp_path):
     class Net(mx.gluon.HybridBlock):
         def hybrid_forward(self, F, x):
             return twinops.scaled_square.numpy(twinops.weighted_square(x), scale=3.0)
+
     net = Net()
     net.hybridize()
     x = mx.nd.array([[1.0, 2.0]])
@@ -173,8 +186,9 @@ def _export(tmp_path):
 
 
 def _run(code):
-    return fresh.run([sys.executable, "-c", code], capture_output=True, text=True,
-                     timeout=120, cwd=ROOT)
+    return fresh.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT
+    )
 
 
 def test_imports_and_load_checkpoint_import_the_modules_the_caller_names(tmp_path):
@@ -186,7 +200,8 @@ def test_imports_and_load_checkpoint_import_the_modules_the_caller_names(tmp_pat
         "print(net(mx.nd.array([[1.0, 2.0]])).asnumpy().tolist())\n"
         "assert 'tests.customop.twinops' in sys.modules\n"
         f"sym, args, aux = customop.load_checkpoint({str(tmp_path / 'm')!r}, 0)\n"
-        "print(sym.list_arguments())\n")
+        "print(sym.list_arguments())\n"
+    )
     out = _run(code)
     assert out.returncode == 0, out.stderr
     lines = out.stdout.strip().splitlines()
@@ -198,11 +213,13 @@ def test_a_missing_operator_is_named_before_mxnet_fails(tmp_path):
     _export(tmp_path)
     text = (tmp_path / "m-symbol.json").read_text()
     (tmp_path / "m-symbol.json").write_text(
-        text.replace("tests.customop.twinops.scaled_square.numpy", "gone_module.sq"))
+        text.replace("tests.customop.twinops.scaled_square.numpy", "gone_module.sq")
+    )
     code = (
         "import mxnet as mx, customop\n"
         f"customop.imports({str(tmp_path / 'm-symbol.json')!r}, ['data'],\n"
-        "                 modules=['tests.customop.twinops'])\n")  # weighted_square's
+        "                 modules=['tests.customop.twinops'])\n"
+    )  # weighted_square's
     out = _run(code)
     assert out.returncode != 0
     assert "'gone_module.sq': no imported or found module among 'gone_module'" in out.stderr

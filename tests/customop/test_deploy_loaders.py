@@ -6,6 +6,7 @@ and 5) runs in SymbolBlock, Module and MXNet's C predict API in test_export.py's
 subprocess (tests/deploy/run_plain_mxnet.py) and in ONNX Runtime in the deploy nox
 session.  Here: what makes that work, each part on its own, so that a failure names it.
 """
+
 import importlib.util
 import json
 import os
@@ -48,7 +49,8 @@ def test_constants_carry_their_shapes_so_shape_inference_needs_the_data_only(tmp
         value = saved[f"arg:{node['name']}"]
         assert node["attrs"]["__shape__"] == str(value.shape)
         assert node["attrs"]["__dtype__"] == str(
-            {np.float32: 0, np.float64: 1, np.int32: 4, np.int64: 6}[value.dtype])
+            {np.float32: 0, np.float64: 1, np.int32: 4, np.int64: 6}[value.dtype]
+        )
         assert "topk_constant" in node["name"] or "topk_constant" in node["name"][:-5]
     sym = mx.sym.load(done.symbol_file)
     _, out_shapes, _ = sym.infer_shape(data=(3, 8))
@@ -65,7 +67,8 @@ def test_inputs_are_the_blocks_in_its_order_and_outputs_are_named(tmp_path):
     sym = mx.sym.load(done.symbol_file)
     assert sym.list_outputs() == done.outputs
     assert set(sym.list_inputs()) - set(done.inputs) == set(sym.list_arguments()) - set(
-        done.inputs)  # the rest are parameters, saved in the params file
+        done.inputs
+    )  # the rest are parameters, saved in the params file
     saved = {k.split(":", 1)[1] for k in mx.nd.load(done.params_file)}
     assert set(sym.list_arguments()) - set(done.inputs) == saved
     loaded = mx.gluon.SymbolBlock.imports(done.symbol_file, list(done.inputs), done.params_file)
@@ -100,8 +103,13 @@ def test_a_fresh_process_first_export_converts_to_onnx(tmp_path):
     # node_1 had its outputs named node_10, node_11 by the converter, beside node_10 itself
     # ("Graph must be in single static assignment (SSA) form"); later in a process it passed.
     pytest.importorskip("onnx")
-    run = fresh.run([sys.executable, "-c", FIRST_EXPORT, str(tmp_path / "p")],
-                    cwd=str(ROOT), capture_output=True, text=True, timeout=300)
+    run = fresh.run(
+        [sys.executable, "-c", FIRST_EXPORT, str(tmp_path / "p")],
+        cwd=str(ROOT),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     assert run.stdout.strip().splitlines()[-1] == "['offsets', 'scores', 'anchors']"
 
@@ -110,8 +118,11 @@ def test_to_onnx_without_onnx_says_which_extra_to_install(tmp_path, monkeypatch)
     name, block, inputs, options, _ = next(models.models())
     done = customop.export(block, str(tmp_path / "p"), *inputs, **options)
     monkeypatch.setitem(sys.modules, "onnx", None)  # what `import onnx` meets when absent
-    with pytest.raises(ImportError, match=r"customop.to_onnx needs the 'onnx' package: "
-                                          r"pip install 'customop\[onnx\]'"):
+    with pytest.raises(
+        ImportError,
+        match=r"customop.to_onnx needs the 'onnx' package: "
+        r"pip install 'customop\[onnx\]'",
+    ):
         customop.to_onnx(done, str(tmp_path / "p.onnx"))
     assert not (tmp_path / "p.onnx").exists()
 
@@ -119,8 +130,14 @@ def test_to_onnx_without_onnx_says_which_extra_to_install(tmp_path, monkeypatch)
 def test_a_label_the_graph_does_not_read_is_not_an_input(tmp_path):
     # softmax_ce's label only shapes its gradient: the exported graph does not take it
     x, y = mx.nd.array([[1.0, 2.0, 0.5]]), mx.nd.array([2])
-    done = customop.export(_one(ops.softmax_ce, {}), str(tmp_path / "s"), x, y,
-                           input_names=["logits", "label"], output_names="probabilities")
+    done = customop.export(
+        _one(ops.softmax_ce, {}),
+        str(tmp_path / "s"),
+        x,
+        y,
+        input_names=["logits", "label"],
+        output_names="probabilities",
+    )
     assert list(done.inputs) == ["logits"]
     assert mx.sym.load(done.symbol_file).list_inputs() == ["logits"]
     loaded = mx.gluon.SymbolBlock.imports(done.symbol_file, list(done.inputs), done.params_file)
@@ -167,8 +184,9 @@ def test_an_op_that_fixes_the_shape_is_named_and_other_shapes_are_refused(tmp_pa
     # batch 1 would broadcast against the frozen batch-2 arrays without the check
     for other in (x[:1], mx.nd.concat(x, x, dim=0), x[:, :6]):
         with pytest.raises(mx.base.MXNetError, match="data_fixed_at_2x12x6_by_centered"):
-            mx.gluon.SymbolBlock.imports(done.symbol_file, list(done.inputs),
-                                         done.params_file)(other)
+            mx.gluon.SymbolBlock.imports(done.symbol_file, list(done.inputs), done.params_file)(
+                other
+            )
 
 
 def test_an_export_that_depends_on_the_batch_size_otherwise_is_fixed_too(tmp_path):
@@ -192,14 +210,23 @@ def c_program(tmp_path_factory):
 
 
 def test_the_c_program_fails_with_mxnets_message(c_program, tmp_path):
-    done = customop.export(_one(ops.tile, dict(reps=(1, 2))), str(tmp_path / "t"),
-                           mx.nd.ones((2, 3)))
-    got = c_predict.run(c_program, done.symbol_file, done.params_file,
-                        {"data": np.arange(6, dtype=np.float32).reshape(2, 3)})
+    done = customop.export(
+        _one(ops.tile, dict(reps=(1, 2))), str(tmp_path / "t"), mx.nd.ones((2, 3))
+    )
+    got = c_predict.run(
+        c_program,
+        done.symbol_file,
+        done.params_file,
+        {"data": np.arange(6, dtype=np.float32).reshape(2, 3)},
+    )
     np.testing.assert_array_equal(got[0], np.tile(np.arange(6).reshape(2, 3), (1, 2)))
     with pytest.raises(c_predict.PredictError, match="cannot find input key label"):
-        c_predict.run(c_program, done.symbol_file, done.params_file,
-                      {"data": np.ones((2, 3)), "label": np.ones(2)})
+        c_predict.run(
+            c_program,
+            done.symbol_file,
+            done.params_file,
+            {"data": np.ones((2, 3)), "label": np.ones(2)},
+        )
 
 
 def _page_c_snippet() -> str:
@@ -221,13 +248,19 @@ def test_the_pages_c_program_compiles_and_runs_the_pages_export(tmp_path):
     arrays = [rng.randn(2, 6, 4) * 0.1, rng.rand(2, 6, 1), np.concatenate([xy, xy + 10], -1)]
     arrays = [a.astype(np.float32) for a in arrays]
     net = DocsPostProcess()
-    done = customop.export(net, str(tmp_path / "post"), *[mx.nd.array(a) for a in arrays],
-                           input_names=["offsets", "scores", "anchors"], output_names=["best"])
+    done = customop.export(
+        net,
+        str(tmp_path / "post"),
+        *[mx.nd.array(a) for a in arrays],
+        input_names=["offsets", "scores", "anchors"],
+        output_names=["best"],
+    )
     for key, value in zip(done.inputs, arrays):
         value.tofile(tmp_path / f"{key}.bin")
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
-    run = subprocess.run([str(program)], cwd=tmp_path, capture_output=True, text=True,
-                         timeout=120, env=env)
+    run = subprocess.run(
+        [str(program)], cwd=tmp_path, capture_output=True, text=True, timeout=120, env=env
+    )
     assert run.returncode == 0, run.stderr
     printed = np.array([float(v) for v in run.stdout.split()])
     want = net(*[mx.nd.array(a) for a in arrays]).asnumpy()
@@ -246,8 +279,8 @@ class DocsPostProcess(mx.gluon.HybridBlock):
 
 def test_the_page_lists_the_loaders_that_are_tested():
     text = PAGE.read_text()
-    section = text[text.index("## Tested loaders"):]
-    section = section[:section.index("\n## ", 1)]
+    section = text[text.index("## Tested loaders") :]
+    section = section[: section.index("\n## ", 1)]
     listed = re.findall(r"^- \*\*(.+?)\*\*", section, re.M)
     runner = (ROOT / "tests" / "deploy" / "run_plain_mxnet.py").read_text()
     loaders = re.findall(r'"([^"]+)": (?:symbol_block|module|c_api)', runner)
@@ -258,8 +291,7 @@ def test_an_export_that_keeps_a_custom_node_still_runs_at_other_batch_sizes(tmp_
     from tests.customop.test_export import Mixed  # ops.tile, then a 'numpy'-mode op
 
     with pytest.warns(UserWarning, match="numpy_double"):
-        done = customop.export(Mixed(), str(tmp_path / "m"), mx.nd.ones((2, 3)),
-                               not_inlined="warn")
+        done = customop.export(Mixed(), str(tmp_path / "m"), mx.nd.ones((2, 3)), not_inlined="warn")
     assert done.fixed == [] and done.batch_inputs == ["data"]
     loaded = customop.imports(done.symbol_file, list(done.inputs), done.params_file)
     np.testing.assert_array_equal(loaded(mx.nd.ones((5, 3))).asnumpy(), np.full((5, 6), 2.0))
@@ -300,7 +332,12 @@ def test_exported_files_load_as_data(tmp_path):
     # or compile, and without importing anything (Python's audit events, in a child: an
     # audit hook cannot be removed)
     have_onnx = "onnx" if importlib.util.find_spec("onnx") else "-"
-    run = fresh.run([sys.executable, "-c", DATA_ONLY, str(tmp_path / "p"), have_onnx],
-                    cwd=str(ROOT), capture_output=True, text=True, timeout=300)
+    run = fresh.run(
+        [sys.executable, "-c", DATA_ONLY, str(tmp_path / "p"), have_onnx],
+        cwd=str(ROOT),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     assert json.loads(run.stdout.strip().splitlines()[-1]) == []

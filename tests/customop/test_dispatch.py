@@ -1,4 +1,5 @@
 """Every dispatch path gives the same outputs and gradients (issue: speed, item 2)."""
+
 import time
 
 import mxnet as mx
@@ -27,15 +28,32 @@ def test_default_paths(monkeypatch):
 
 
 CASES = [
-    (opdefs.softmax_ce, lambda: [np.random.normal(size=(6, 4)).astype(np.float32),
-                                 np.random.randint(0, 4, 6).astype(np.int32)], {}),
-    (opdefs.softmax_ce_nd, lambda: [np.random.normal(size=(6, 4)).astype(np.float32),
-                                    np.random.randint(0, 4, 6).astype(np.int32)], {}),
-    (opdefs.affine_pair, lambda: [np.random.rand(3, 2).astype(np.float64),
-                                  np.random.rand(3, 2).astype(np.float64)],
-     dict(alpha=0.5, mode="valid", axes=(1, 2), flag=True, extra=None)),
-    (opdefs.l2_loss, lambda: [np.random.rand(3, 2).astype(np.float32),
-                              np.random.rand(3, 2).astype(np.float32)], {}),
+    (
+        opdefs.softmax_ce,
+        lambda: [
+            np.random.normal(size=(6, 4)).astype(np.float32),
+            np.random.randint(0, 4, 6).astype(np.int32),
+        ],
+        {},
+    ),
+    (
+        opdefs.softmax_ce_nd,
+        lambda: [
+            np.random.normal(size=(6, 4)).astype(np.float32),
+            np.random.randint(0, 4, 6).astype(np.int32),
+        ],
+        {},
+    ),
+    (
+        opdefs.affine_pair,
+        lambda: [np.random.rand(3, 2).astype(np.float64), np.random.rand(3, 2).astype(np.float64)],
+        dict(alpha=0.5, mode="valid", axes=(1, 2), flag=True, extra=None),
+    ),
+    (
+        opdefs.l2_loss,
+        lambda: [np.random.rand(3, 2).astype(np.float32), np.random.rand(3, 2).astype(np.float32)],
+        {},
+    ),
     (opdefs.square_nd, lambda: [np.random.rand(5).astype(np.float16)], {}),
 ]
 
@@ -47,9 +65,18 @@ def test_all_paths_agree(op, make, params, grad_req):
     direct = op(*[mx.nd.array(a, dtype=a.dtype) for a in inputs], **params)
     direct = [o.asnumpy() for o in (direct if isinstance(direct, tuple) else (direct,))]
     heads = [np.random.rand(*o.shape).astype(o.dtype) for o in direct]
-    results = {how: paths.run(op, inputs, params, how=how, heads=heads, grad_req=grad_req,
-                              repeat=2 if grad_req == "add" else 1)
-               for how in paths.ALL}
+    results = {
+        how: paths.run(
+            op,
+            inputs,
+            params,
+            how=how,
+            heads=heads,
+            grad_req=grad_req,
+            repeat=2 if grad_req == "add" else 1,
+        )
+        for how in paths.ALL
+    }
     for how, (outs, grads) in results.items():
         for a, b in zip(outs, direct):
             assert a.dtype == b.dtype, how
@@ -59,12 +86,14 @@ def test_all_paths_agree(op, make, params, grad_req):
                 assert a is None
             else:
                 assert a.dtype == b.dtype, how
-                np.testing.assert_allclose(a, b, rtol=1e-3 if a.dtype == np.float16 else 1e-6,
-                                           err_msg=how)
+                np.testing.assert_allclose(
+                    a, b, rtol=1e-3 if a.dtype == np.float16 else 1e-6, err_msg=how
+                )
 
 
 def test_mx_autograd_function_bug_with_grad_req_add_is_not_ours():
     """MXNet 1.9.1's Function drops gradients under grad_req='add'; our function path doesn't."""
+
     class Double(mx.autograd.Function):
         def forward(self, x):
             return x * 2
@@ -134,8 +163,9 @@ def test_custom_path_backward_reuses_the_forward_copies(how, monkeypatch):
     _, (want, _) = paths.run(opdefs.softmax_ce, [x, y], how=how)
     copies = []
     real = mx.nd.NDArray.asnumpy
-    monkeypatch.setattr(mx.nd.NDArray, "asnumpy",
-                        lambda self: copies.append(self.shape) or real(self))
+    monkeypatch.setattr(
+        mx.nd.NDArray, "asnumpy", lambda self: copies.append(self.shape) or real(self)
+    )
     _, (got, _) = paths.run(opdefs.softmax_ce, [x, y], how=how)
     monkeypatch.undo()
     np.testing.assert_allclose(got, want)

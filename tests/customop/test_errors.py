@@ -1,4 +1,5 @@
 """Item 8: errors keep their type, name the operator and argument, and leave MXNet usable."""
+
 import os
 import sys
 from pathlib import Path
@@ -27,8 +28,11 @@ def explodes(x, when="forward"):
     return x * 2
 
 
-explodes.def_grad(lambda ans, x, when="forward": lambda g: (_ for _ in ()).throw(
-    KeyError("grad blew up")) if when == "grad" else g * 2)
+explodes.def_grad(
+    lambda ans, x, when="forward": (
+        lambda g: (_ for _ in ()).throw(KeyError("grad blew up")) if when == "grad" else g * 2
+    )
+)
 
 
 @customop("numpy")
@@ -63,7 +67,7 @@ def run_forward(op, how, *args, **params):
         out = mx.sym.Group(list(out)) if isinstance(out, tuple) else out
         ex = out.bind(mx.cpu(), dict(zip(op.signature.inputs, xs)))
         return ex.forward()[0].asnumpy()
-    with forced_path(how), (mx.autograd.pause() if how == "direct" else mx.autograd.record()):
+    with forced_path(how), mx.autograd.pause() if how == "direct" else mx.autograd.record():
         out = op(*xs, **params)
     return out.asnumpy()
 
@@ -158,8 +162,9 @@ def test_an_mxnet_failure_keeps_mxnets_message_and_chains_it():
     with pytest.raises(ValueError) as info:
         bad_reshape(mx.nd.ones((2, 3)))
     text = str(info.value)
-    assert text.startswith("customop ") and "bad_reshape' (forward): an MXNet operator failed" \
-        in text
+    assert (
+        text.startswith("customop ") and "bad_reshape' (forward): an MXNet operator failed" in text
+    )
     assert "Check failed: shape_.Size() >= shape.Size() (6 vs. 49)" in text, text
     assert "[bt]" not in text and 'File "' not in text
     assert isinstance(info.value.__cause__, mx.base.MXNetError)
@@ -175,12 +180,15 @@ def test_a_tuple_from_a_single_output_op_says_what_to_do():
         pair(mx.nd.ones((2,)))
 
 
-@pytest.mark.parametrize("args, kwargs, match", [
-    ((1, 2, 3), {}, r"takes 2 array input\(s\) \(x, y\) but 3 were given"),
-    ((1,), {}, r"missing array input 'y'"),
-    ((1, 2), {"z": 1}, r"unknown keyword 'z'"),
-    ((1,), {"x": 1, "y": 2}, r"got input 'x' twice"),
-])
+@pytest.mark.parametrize(
+    "args, kwargs, match",
+    [
+        ((1, 2, 3), {}, r"takes 2 array input\(s\) \(x, y\) but 3 were given"),
+        ((1,), {}, r"missing array input 'y'"),
+        ((1, 2), {"z": 1}, r"unknown keyword 'z'"),
+        ((1,), {"x": 1, "y": 2}, r"got input 'x' twice"),
+    ],
+)
 def test_wrong_arity_and_unknown_keywords(args, kwargs, match):
     args = tuple(mx.nd.ones((2, 2)) for _ in args)
     kwargs = {k: mx.nd.ones((2, 2)) for k in kwargs}
@@ -208,9 +216,12 @@ def test_errors_name_the_op_the_user_called_not_its_variant(how):
         else:
             run_forward(weighted, how, x)
     assert str(info.value).startswith("customop 'tests.weighted' ("), str(info.value)
-    wrong = [lambda: weighted("x"), lambda: weighted(mx.sym.var("x"), mx.nd.ones(3)),
-             lambda: weighted(mx.nd.ones(3), limit=mx.nd.ones(1)),
-             lambda: weighted(mx.nd.ones(3), scale=1.0)]
+    wrong = [
+        lambda: weighted("x"),
+        lambda: weighted(mx.sym.var("x"), mx.nd.ones(3)),
+        lambda: weighted(mx.nd.ones(3), limit=mx.nd.ones(1)),
+        lambda: weighted(mx.nd.ones(3), scale=1.0),
+    ]
     for call in wrong:
         with pytest.raises(TypeError, match=r"^customop 'tests\.weighted'[: ]") as info:
             call()
@@ -244,14 +255,19 @@ def test_bad_decorations_are_refused_early():
     with pytest.raises(ValueError, match="mode must be 'numpy' or 'mxnet'"):
         customop("torch")(lambda x: x)
     with pytest.raises(TypeError, match=r"\*args"):
+
         @customop("numpy")
         def star(*args):
             return args[0]
+
     with pytest.raises(TypeError, match=r"\['name'\] are reserved"):
+
         @customop("numpy")
         def named(x, name="a"):
             return x
+
     with pytest.raises(TypeError, match=r"aux= names 'stats', which is not a positional array"):
+
         @customop("numpy", aux={"stats": lambda x: x})
         def no_such_state(x, alpha=1.0):
             return x
@@ -338,22 +354,34 @@ except Exception as exc:
 
 
 def test_our_unread_error_is_never_handed_to_a_handwritten_op():
-    out = fresh.run([sys.executable, "-c", UNREAD_THEN_FOREIGN], capture_output=True,
-                    text=True, timeout=60, cwd=ROOT)
+    out = fresh.run(
+        [sys.executable, "-c", UNREAD_THEN_FOREIGN],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+    )
     assert out.returncode == 0, out.stderr
     assert "foreign read: LabelError" not in out.stdout, out.stdout
     # Under load MXNet's own CustomOp error slot may hand the hand-written failure to our
     # node (its read then returns, ours raises MXNet's error): ours still reaches us, next.
-    assert ("foreign read: MXNetError" in out.stdout and "our read: LabelError" in out.stdout
-            or "our read: MXNetError" in out.stdout and "waitall: LabelError" in out.stdout), \
-        out.stdout
+    assert (
+        "foreign read: MXNetError" in out.stdout
+        and "our read: LabelError" in out.stdout
+        or "our read: MXNetError" in out.stdout
+        and "waitall: LabelError" in out.stdout
+    ), out.stdout
     # the hand-written op's failure is one exception naming it, its traceback not dumped
-    assert "hand-written custom operator Fails failed in its forward: KeyError: " \
-        "'hand-written failure'" in out.stdout, out.stdout
+    assert (
+        "hand-written custom operator Fails failed in its forward: KeyError: "
+        "'hand-written failure'" in out.stdout
+    ), out.stdout
     assert "Error in CustomOp.forward" not in out.stdout + out.stderr
 
 
-RACE_WITH_FOREIGN = UNREAD_THEN_FOREIGN.split("# Our op fails inside")[0] + """
+RACE_WITH_FOREIGN = (
+    UNREAD_THEN_FOREIGN.split("# Our op fails inside")[0]
+    + """
 import sys
 bad, mxnets = [], []
 for i in range(ROUNDS):
@@ -388,6 +416,7 @@ print("wrong owners:", bad)
 print("MXNet's slot:", mxnets)
 sys.stdout.flush()
 """
+)
 
 
 def test_failures_reach_their_own_readers_in_any_order():
@@ -396,8 +425,13 @@ def test_failures_reach_their_own_readers_in_any_order():
     # stays MXNet's: a hand-written op's failure in it is taken by whichever CustomOp
     # finishes next (ours too), so its own read may return and ours get its error (then
     # ours comes at the next waitall); under load that happened in 1 of 60 rounds.
-    out = fresh.run([sys.executable, "-c", RACE_WITH_FOREIGN.replace("ROUNDS", "60")],
-                    capture_output=True, text=True, timeout=120, cwd=ROOT)
+    out = fresh.run(
+        [sys.executable, "-c", RACE_WITH_FOREIGN.replace("ROUNDS", "60")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     assert "wrong owners: []" in out.stdout, out.stdout[-3000:]
 
@@ -405,7 +439,9 @@ def test_failures_reach_their_own_readers_in_any_order():
 def test_our_callback_failures_never_enter_mxnets_error_slot():
     # Without the error hook, MXNet shows what reached it: for our failure, a poisoned array's
     # own message at the read, and no CustomOp callback failure dump.
-    code = UNREAD_THEN_FOREIGN.split("# Our op fails inside")[0] + """
+    code = (
+        UNREAD_THEN_FOREIGN.split("# Our op fails inside")[0]
+        + """
 ex = fails_when_run(mx.sym.var("x")).bind(mx.cpu(), {"x": mx.nd.ones((3,))})
 ex.forward()
 try:
@@ -413,9 +449,15 @@ try:
 except mx.base.MXNetError as exc:
     print("read:", str(exc).splitlines()[-1])
 """
-    out = fresh.run([sys.executable, "-c", code], capture_output=True, text=True,
-                    timeout=60, cwd=ROOT,
-                    env={**os.environ, "CUSTOMOP_RUNTIME_OFF": "errors"})
+    )
+    out = fresh.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+        env={**os.environ, "CUSTOMOP_RUNTIME_OFF": "errors"},
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     assert "take operator contains indices out of bound" in out.stdout, out.stdout
     assert "Error in CustomOp.forward" not in out.stdout + out.stderr

@@ -7,6 +7,7 @@ in a process where customop cannot be imported and gives the block's outputs,
 and ``mx.onnx.export_model`` converts them (ONNX Runtime runs them in the
 ``deploy`` nox session, which also builds a fresh venv without customop).
 """
+
 import json
 import sys
 import warnings
@@ -57,12 +58,18 @@ def test_the_exported_graphs_hold_only_mxnet_operators(exported):
 
 def test_plain_mxnet_loads_them_without_customop(exported):
     out, _ = exported
-    run = fresh.run([sys.executable, "-c", BLOCKED, str(DEPLOY / "run_plain_mxnet.py"),
-                          str(out)], cwd=str(out), capture_output=True, text=True, timeout=300)
+    run = fresh.run(
+        [sys.executable, "-c", BLOCKED, str(DEPLOY / "run_plain_mxnet.py"), str(out)],
+        cwd=str(out),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert run.returncode == 0, run.stdout + run.stderr
     cases = [(e["name"], c) for e in exported[1] for c in e["cases"]]
-    assert run.stdout.count("equals the original block") + run.stdout.count(" refused ") == \
-        len(cases)
+    assert run.stdout.count("equals the original block") + run.stdout.count(" refused ") == len(
+        cases
+    )
 
 
 def test_onnx_conversion_is_valid_and_the_models_run_in_onnx_reference(exported):
@@ -76,8 +83,10 @@ def test_onnx_conversion_is_valid_and_the_models_run_in_onnx_reference(exported)
         model = onnx.load(str(out / entry["onnx"]))
         onnx.checker.check_model(model)
         assert [o.version for o in model.opset_import if o.domain in ("", "ai.onnx")] == [13]
-        assert "NonMaxSuppression" in {n.op_type for n in model.graph.node} or \
-            entry["name"] != "postprocess"
+        assert (
+            "NonMaxSuppression" in {n.op_type for n in model.graph.node}
+            or entry["name"] != "postprocess"
+        )
     # onnx's reference evaluator runs the models without NonMaxSuppression (its NMS raises
     # IndexError on these, onnx 1.14.1); ONNX Runtime runs them all in the deploy session
     ran = []
@@ -89,13 +98,25 @@ def test_onnx_conversion_is_valid_and_the_models_run_in_onnx_reference(exported)
         assert [o.name for o in model.graph.output] == entry["outputs"], entry["name"]
         saved = np.load(out / f"{entry['name']}.npz")
         got = ReferenceEvaluator(model).run(
-            entry["outputs"], {n: saved[f"exported/input_{n}"] for n in entry["inputs"]})
+            entry["outputs"], {n: saved[f"exported/input_{n}"] for n in entry["inputs"]}
+        )
         for k, g in enumerate(got):
             np.testing.assert_allclose(g, saved[f"exported/output_{k}"], rtol=1e-5, atol=1e-6)
         ran.append(entry["name"])
-    assert {"classifier", "example_face", "op_topk", "op_tile", "op_arr_pick", "op_box_encode",
-            "op_box_iou", "op_focal_loss", "op_ohem_sampler", "op_smooth_l1",
-            "op_topk_do_sort_False", "op_wing_loss"} <= set(ran), ran
+    assert {
+        "classifier",
+        "example_face",
+        "op_topk",
+        "op_tile",
+        "op_arr_pick",
+        "op_box_encode",
+        "op_box_iou",
+        "op_focal_loss",
+        "op_ohem_sampler",
+        "op_smooth_l1",
+        "op_topk_do_sort_False",
+        "op_wing_loss",
+    } <= set(ran), ran
 
 
 @decorate("numpy")
@@ -134,13 +155,15 @@ def test_bad_arguments_are_named(tmp_path):
         customop.export(net, str(tmp_path / "m"))
 
 
-@pytest.mark.parametrize("module", ["customop.deploy.export", "customop.graphs.explain",
-                                    "customop.graphs.trace"])
+@pytest.mark.parametrize(
+    "module", ["customop.deploy.export", "customop.graphs.explain", "customop.graphs.trace"]
+)
 def test_the_docstring_examples_run(module):
     import doctest
     import importlib
 
     importlib.import_module(module)
-    result = doctest.testmod(sys.modules[module],
-                             optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
+    result = doctest.testmod(
+        sys.modules[module], optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE
+    )
     assert result.failed == 0 and result.attempted > 0

@@ -6,6 +6,7 @@ every forward for nothing.  Which inputs can need one: at bind, those with a
 call, those autograd records (an attached gradient, or an array recorded from one).
 References are written from the formula (the surrogate gradient ``3 x g``).
 """
+
 import mxnet as mx
 import numpy as np
 import pytest
@@ -138,8 +139,7 @@ class OutputBlock(mx.gluon.HybridBlock):
 
 
 @pytest.mark.parametrize("inline_on", [True, False])
-def test_an_output_layer_with_an_automatic_input_trains_alone_and_in_full(inline_on,
-                                                                         monkeypatch):
+def test_an_output_layer_with_an_automatic_input_trains_alone_and_in_full(inline_on, monkeypatch):
     if not inline_on:
         monkeypatch.setenv("CUSTOMOP_RUNTIME_OFF", "inline")
     x, y, _ = _arrays()
@@ -173,8 +173,7 @@ def test_module_runs_the_forward_alone_where_the_parameter_is_fixed():
     sym = surrogate(mx.sym.var("w", shape=x.shape), mx.sym.var("data"))
     counts = {}
     for fixed in ([], ["w"]):
-        mod = mx.mod.Module(sym, data_names=["data"], label_names=None,
-                            fixed_param_names=fixed)
+        mod = mx.mod.Module(sym, data_names=["data"], label_names=None, fixed_param_names=fixed)
         mod.bind(data_shapes=[("data", y.shape)])
         mod.init_params(arg_params={"w": mx.nd.array(x)})
         mod.forward(mx.io.DataBatch([mx.nd.array(y)]), is_train=True)

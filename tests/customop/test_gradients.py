@@ -1,4 +1,5 @@
 """Automatic gradients (HIPS autograd / mx.autograd) against hand-written def_grad closures."""
+
 import autograd.numpy as anp
 import mxnet as mx
 import numpy as np
@@ -16,16 +17,18 @@ CASES = {
         lambda: [np.random.normal(size=(4, 3))],
     ),
     "reduction": (
-        lambda x: anp.sum(x ** 2, axis=1),
-        lambda x: mx.nd.sum(x ** 2, axis=1),
+        lambda x: anp.sum(x**2, axis=1),
+        lambda x: mx.nd.sum(x**2, axis=1),
         {0: lambda ans, x: lambda g: g[:, None] * 2 * x},
         lambda: [np.random.normal(size=(4, 3))],
     ),
     "broadcasting": (
         lambda x, b: x * b + b,
         lambda x, b: mx.nd.broadcast_add(mx.nd.broadcast_mul(x, b), b),
-        {0: lambda ans, x, b: lambda g: g * b,
-         1: lambda ans, x, b: lambda g: np.sum(g * x + g, axis=0, keepdims=True)},
+        {
+            0: lambda ans, x, b: lambda g: g * b,
+            1: lambda ans, x, b: lambda g: np.sum(g * x + g, axis=0, keepdims=True),
+        },
         lambda: [np.random.normal(size=(4, 3)), np.random.normal(size=(1, 3))],
     ),
     "indexing": (
@@ -37,8 +40,10 @@ CASES = {
     "two_outputs": (
         lambda x, y: (x * y, anp.exp(x) + y),
         lambda x, y: (x * y, mx.nd.exp(x) + y),
-        {0: lambda ans, x, y: lambda g: g[0] * y + g[1] * np.exp(x),
-         1: lambda ans, x, y: lambda g: g[0] * x + g[1]},
+        {
+            0: lambda ans, x, y: lambda g: g[0] * y + g[1] * np.exp(x),
+            1: lambda ans, x, y: lambda g: g[0] * x + g[1],
+        },
         lambda: [np.random.normal(size=(2, 3)), np.random.normal(size=(2, 3))],
     ),
     "scalar_loss": (
@@ -58,13 +63,17 @@ def _scatter(values, idx, shape):
 
 def _nd_closure(maker):
     """Run a NumPy closure maker on NDArrays (for the 'mxnet'-mode hand-written ops)."""
+
     def nd_maker(ans, *args):
         as_np = lambda a: a.asnumpy() if isinstance(a, mx.nd.NDArray) else a  # noqa: E731
-        closure = maker(tuple(map(as_np, ans)) if isinstance(ans, tuple) else as_np(ans),
-                        *map(as_np, args))
+        closure = maker(
+            tuple(map(as_np, ans)) if isinstance(ans, tuple) else as_np(ans), *map(as_np, args)
+        )
         ctx = args[0].context
         return lambda g: mx.nd.array(
-            closure(tuple(map(as_np, g)) if isinstance(g, tuple) else as_np(g)), ctx=ctx)
+            closure(tuple(map(as_np, g)) if isinstance(g, tuple) else as_np(g)), ctx=ctx
+        )
+
     return nd_maker
 
 
@@ -73,8 +82,9 @@ def _ops(case, mode):
     fn = np_fn if mode == "numpy" else nd_fn
     n_out = 2 if case == "two_outputs" else 1
     auto = customop(mode, name=f"tests.auto_{case}_{mode}", num_outputs=n_out)(fn)
-    manual = customop(mode, name=f"tests.manual_{case}_{mode}", num_outputs=n_out,
-                      auto_grad=False)(fn)
+    manual = customop(mode, name=f"tests.manual_{case}_{mode}", num_outputs=n_out, auto_grad=False)(
+        fn
+    )
     for argnum, maker in makers.items():
         manual.def_grad(maker if mode == "numpy" else _nd_closure(maker), argnum)
     return auto, manual
@@ -119,7 +129,8 @@ def test_integer_input_of_an_auto_op_gets_zero_in_a_float_graph():
 @pytest.mark.parametrize("mode", ["numpy", "mxnet"])
 def test_def_grad_wins_over_automatic(mode):
     op = customop(mode, name=f"tests.def_grad_wins_{mode}")(
-        (lambda x: x * 2.0) if mode == "numpy" else (lambda x: x * 2.0))
+        (lambda x: x * 2.0) if mode == "numpy" else (lambda x: x * 2.0)
+    )
     op.def_grad(lambda ans, x: lambda g: g * 0 + 42)
     _, (g,) = paths.run(op, [np.ones(3, np.float32)])
     np.testing.assert_array_equal(g, [42, 42, 42])
@@ -134,7 +145,8 @@ def test_auto_grad_false_gives_zero(mode):
 
 def test_loss_layer_auto_gradient_uses_ones():
     op = customop("numpy", name="tests.auto_loss", need_top_grad=False)(
-        lambda x, t: 0.5 * anp.sum((x - t) ** 2))
+        lambda x, t: 0.5 * anp.sum((x - t) ** 2)
+    )
     x, t = np.random.rand(3).astype(np.float32), np.random.rand(3).astype(np.float32)
     _, (gx, gt) = paths.run(op, [x, t], heads=[np.full((1,), 9.0, np.float32)])
     np.testing.assert_allclose(gx, x - t, rtol=1e-6)
@@ -148,8 +160,11 @@ def test_untraceable_numpy_forward_says_what_to_do():
         out[:] = x * 2  # assigning a traced value into a plain array cannot be traced
         return out
 
-    with pytest.raises(TypeError, match=r"writes_into_a_buffer': cannot compute an automatic "
-                                        r"gradient for input 'x'.*autograd\.numpy.*def_grad"):
+    with pytest.raises(
+        TypeError,
+        match=r"writes_into_a_buffer': cannot compute an automatic "
+        r"gradient for input 'x'.*autograd\.numpy.*def_grad",
+    ):
         paths.run(writes_into_a_buffer, [np.ones(3, np.float32)])
 
 
@@ -158,8 +173,11 @@ def test_untraceable_mxnet_forward_says_what_to_do():
     def through_numpy(x):
         return mx.nd.array(x.asnumpy() * 2)
 
-    with pytest.raises(TypeError, match=r"through_numpy': cannot compute an automatic gradient "
-                                        r"for input 'x'.*no asnumpy.*def_grad"):
+    with pytest.raises(
+        TypeError,
+        match=r"through_numpy': cannot compute an automatic gradient "
+        r"for input 'x'.*no asnumpy.*def_grad",
+    ):
         paths.run(through_numpy, [np.ones(3, np.float32)])
 
 
@@ -170,8 +188,10 @@ def _scaled(mode, name, **options):
 
 
 # 'native': an 'mxnet'-mode op without def_grad records MXNet's own ops.
-@pytest.mark.parametrize("mode, how", [("mxnet", "native")] + [
-    (mode, how) for mode in ("numpy", "mxnet") for how in paths.ALL])
+@pytest.mark.parametrize(
+    "mode, how",
+    [("mxnet", "native")] + [(mode, how) for mode in ("numpy", "mxnet") for how in paths.ALL],
+)
 def test_a_no_grad_input_gets_zero_on_every_path(mode, how):
     x, w = np.random.rand(2, 3).astype(np.float32) + 1, np.random.rand(2, 3).astype(np.float32)
     heads = [np.random.rand(2, 3).astype(np.float32)]
@@ -208,10 +228,16 @@ def test_no_grad_holds_for_the_twin_and_the_variants():
 
 
 def test_no_grad_mistakes_are_refused_at_definition():
-    with pytest.raises(TypeError, match=r"no_grad names lable, which is not an input; the "
-                                        r"inputs are x, label"):
+    with pytest.raises(
+        TypeError,
+        match=r"no_grad names lable, which is not an input; the "
+        r"inputs are x, label",
+    ):
         customop("numpy", name="tests.no_grad_typo", no_grad=("lable",))(lambda x, label: x)
     op = customop("numpy", name="tests.no_grad_conflict", no_grad="label")(lambda x, label: x)
-    with pytest.raises(ValueError, match=r"tests.no_grad_conflict.*input 'label' is declared "
-                                         r"no_grad"):
+    with pytest.raises(
+        ValueError,
+        match=r"tests.no_grad_conflict.*input 'label' is declared "
+        r"no_grad",
+    ):
         op.def_grad(lambda ans, x, label: lambda g: g, 1)

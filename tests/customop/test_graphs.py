@@ -1,4 +1,5 @@
 """Item 3: the same op object in symbol graphs, Module, Gluon (hybridized or not), export."""
+
 import json
 import sys
 from pathlib import Path
@@ -33,8 +34,9 @@ def test_module_trains_a_softmax_classifier_with_a_decorated_loss():
     loss = mx.sym.MakeLoss(opdefs.softmax_ce(fc, label))
     it = mx.io.NDArrayIter(x, y.astype(np.int32), batch_size=30, label_name="softmax_label")
     mod = mx.mod.Module(loss, data_names=["data"], label_names=["softmax_label"])
-    mod.bind(data_shapes=it.provide_data,
-             label_shapes=[mx.io.DataDesc("softmax_label", (30,), np.int32)])
+    mod.bind(
+        data_shapes=it.provide_data, label_shapes=[mx.io.DataDesc("softmax_label", (30,), np.int32)]
+    )
     mod.init_params(mx.init.Xavier())
     mod.init_optimizer(optimizer="sgd", optimizer_params={"learning_rate": 0.5})
     losses = []
@@ -70,7 +72,7 @@ def test_gluon_block_before_and_after_hybridize_and_with_autograd():
     w = net.dense.weight.data().asnumpy()
     h = x.asnumpy() @ w.T + net.dense.bias.data().asnumpy()
     u = 0.5 * h + b.asnumpy()
-    want = u ** 2 + h - b.asnumpy()
+    want = u**2 + h - b.asnumpy()
     dh = 2 * u * 0.5 + 1  # d/dh of u^2 + h - b
     for out, grad in zip(outs, grads):
         np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-6)
@@ -88,18 +90,20 @@ def test_export_and_symbolblock_imports_in_a_fresh_process(tmp_path):
     net.export(prefix)
     graph = json.loads(Path(prefix + "-symbol.json").read_text())
     customs = [n for n in graph["nodes"] if n["op"] == "Custom"]
-    assert {n["attrs"]["op_type"] for n in customs} == {opdefs.affine_pair.op_type,
-                                                       opdefs.square_nd.op_type}
+    assert {n["attrs"]["op_type"] for n in customs} == {
+        opdefs.affine_pair.op_type,
+        opdefs.square_nd.op_type,
+    }
     np.save(tmp_path / "x.npy", x.asnumpy())
     np.save(tmp_path / "b.npy", b.asnumpy())
     script = f"""
 import mxnet as mx, numpy as np
 import tests.customop.opdefs  # registers the ops, as a user's own module would
-net = mx.gluon.SymbolBlock.imports({prefix + '-symbol.json'!r}, ['data0', 'data1'],
-                                   {prefix + '-0000.params'!r})
-x = mx.nd.array(np.load({str(tmp_path / 'x.npy')!r}))
-b = mx.nd.array(np.load({str(tmp_path / 'b.npy')!r}))
-np.save({str(tmp_path / 'out.npy')!r}, net(x, b).asnumpy())
+net = mx.gluon.SymbolBlock.imports({prefix + "-symbol.json"!r}, ['data0', 'data1'],
+                                   {prefix + "-0000.params"!r})
+x = mx.nd.array(np.load({str(tmp_path / "x.npy")!r}))
+b = mx.nd.array(np.load({str(tmp_path / "b.npy")!r}))
+np.save({str(tmp_path / "out.npy")!r}, net(x, b).asnumpy())
 """
     fresh.run([sys.executable, "-c", script], cwd=ROOT, check=True, timeout=120)
     np.testing.assert_allclose(np.load(tmp_path / "out.npy"), want, rtol=1e-6)
@@ -117,6 +121,7 @@ try:
 except mx.base.MXNetError:
     print('refused')
 """
-    out = fresh.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True,
-                    text=True, timeout=120)
+    out = fresh.run(
+        [sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
     assert "refused" in out.stdout or out.returncode != 0

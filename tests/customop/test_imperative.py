@@ -2,6 +2,7 @@
 runs, under record(), as its native graph from a signature's second call; its backward runs
 no Python, its numbers are the closures', and what does not inline keeps its path.
 Not recording, it runs the same graph's forward."""
+
 import sys
 import textwrap
 import threading
@@ -218,6 +219,7 @@ def test_a_closure_that_raises_keeps_the_function_path_and_its_named_error():
     def grad(ans, x):
         def g(gy):
             raise RuntimeError("closure fails")
+
         return g
 
     broken.def_grad(grad)
@@ -262,7 +264,7 @@ def test_explain_says_which_path_an_imperative_call_takes():
     assert "imperative" in text and "'numpy'-mode" in text
 
 
-CHILD = textwrap.dedent('''
+CHILD = textwrap.dedent("""
     import multiprocessing as mp
     import sys
 
@@ -287,16 +289,21 @@ CHILD = textwrap.dedent('''
         proc.start()
         print(work_queue.get(timeout=60))
         proc.join(60)
-''')
+""")
 
 
 @pytest.mark.parametrize("method", ["fork", "spawn"])
 def test_forked_and_spawned_workers_run_the_graph(method, tmp_path):
     script = tmp_path / "child.py"
     script.write_text(CHILD)
-    done = fresh_process.run([sys.executable, str(script), method], cwd=str(ROOT), timeout=180,
-                          capture_output=True, text=True,
-                          env={**__import__("os").environ, "PYTHONPATH": str(ROOT)})
+    done = fresh_process.run(
+        [sys.executable, str(script), method],
+        cwd=str(ROOT),
+        timeout=180,
+        capture_output=True,
+        text=True,
+        env={**__import__("os").environ, "PYTHONPATH": str(ROOT)},
+    )
     assert done.stdout.strip().splitlines()[-1] == "True", done.stderr[-2000:]
 
 

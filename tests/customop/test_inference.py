@@ -1,5 +1,6 @@
 """Shape inference runs forwards on placeholders: it must leave the process's random streams
 as it found them (issue 25 item 5)."""
+
 import random
 
 import mxnet as mx
@@ -30,8 +31,11 @@ class Noisy(mx.gluon.HybridBlock):
 
 
 def _draws():
-    return (np.random.uniform(size=3).tolist(), random.random(),
-            mx.nd.random.uniform(shape=(3,)).asnumpy().tolist())
+    return (
+        np.random.uniform(size=3).tolist(),
+        random.random(),
+        mx.nd.random.uniform(shape=(3,)).asnumpy().tolist(),
+    )
 
 
 def _seed():
@@ -44,8 +48,9 @@ def _infer_shapes(op, how, shape):
     if how == "simple_bind":
         op(mx.sym.var("x")).simple_bind(mx.cpu(), x=shape)
     elif how == "Module":
-        mod = mx.mod.Module(mx.sym.make_loss(op(mx.sym.var("x"))), data_names=["x"],
-                            label_names=None)
+        mod = mx.mod.Module(
+            mx.sym.make_loss(op(mx.sym.var("x"))), data_names=["x"], label_names=None
+        )
         mod.bind(data_shapes=[("x", shape)])
     else:  # a hybridized block's first call: MXNet's shape pass, then the forward itself
         net = Noisy(op)

@@ -3,6 +3,7 @@
 The reference for every output and gradient is the same graph with its ``Custom``
 nodes (``CUSTOMOP_RUNTIME_OFF=inline``), and the same math written natively.
 """
+
 import mxnet as mx
 import numpy as np
 import pytest
@@ -109,8 +110,11 @@ def test_a_hybridized_block_runs_the_op_as_mxnet_operators(monkeypatch):
         step(net, ROWS)
     assert calls["affine"] == 0  # the forward is no longer called: the graph runs natively
     custom, _ = trained(fn, [[ROWS], [MORE_ROWS]], monkeypatch, inline=False)
-    native, _ = trained(lambda F, h: F.broadcast_mul(h, F.ones((1, 6)) * 2) + 1.5,
-                        [[ROWS], [MORE_ROWS]], monkeypatch)
+    native, _ = trained(
+        lambda F, h: F.broadcast_mul(h, F.ones((1, 6)) * 2) + 1.5,
+        [[ROWS], [MORE_ROWS]],
+        monkeypatch,
+    )
     assert_same(inlined, custom)
     assert_same(inlined, native)
 
@@ -136,8 +140,7 @@ def test_def_grad_ops_inline_with_their_own_gradient(monkeypatch):
 
 def test_no_grad_inputs_and_paused_values_get_no_gradient(monkeypatch):
     mask = (np.random.RandomState(2).rand(4, 6) > 0.5).astype("f")
-    for fn, xs in [(lambda F, h, m: masked(h, m), [ROWS, mask]),
-                   (lambda F, h: gated(h), [ROWS])]:
+    for fn, xs in [(lambda F, h, m: masked(h, m), [ROWS, mask]), (lambda F, h: gated(h), [ROWS])]:
         inlined, _ = trained(fn, [xs], monkeypatch)
         custom, _ = trained(fn, [xs], monkeypatch, inline=False)
         assert_same(inlined, custom)
@@ -165,8 +168,9 @@ def test_graphs_of_several_ops_and_ops_that_stay_custom(monkeypatch):
 
 def test_bound_graphs_keep_names_order_and_reshape(monkeypatch):
     data, w = mx.sym.var("data"), mx.sym.var("w", shape=(1, 1), init=mx.init.One())
-    loss = mx.sym.MakeLoss(mx.sym.sum(flipped(mx.sym.FullyConnected(data, num_hidden=3,
-                                                                    name="fc"), w)))
+    loss = mx.sym.MakeLoss(
+        mx.sym.sum(flipped(mx.sym.FullyConnected(data, num_hidden=3, name="fc"), w))
+    )
     results = []
     for inline in (True, False):
         if not inline:
@@ -188,8 +192,9 @@ def test_bound_graphs_keep_names_order_and_reshape(monkeypatch):
     for k in results[0]:
         np.testing.assert_allclose(results[0][k], results[1][k], rtol=1e-5, atol=1e-6)
     monkeypatch.delenv("CUSTOMOP_RUNTIME_OFF")
-    exe = loss.bind(mx.cpu(), [mx.nd.array(ROWS), mx.nd.ones((3, 5)), mx.nd.zeros((3,)),
-                               mx.nd.ones((1, 1))])
+    exe = loss.bind(
+        mx.cpu(), [mx.nd.array(ROWS), mx.nd.ones((3, 5)), mx.nd.zeros((3,)), mx.nd.ones((1, 1))]
+    )
     assert hasattr(exe, "customop_inlined")
     assert list(exe.arg_dict) == loss.list_arguments()
     assert list(exe.output_dict) == loss.list_outputs()
@@ -309,8 +314,9 @@ def test_an_aux_op_beside_an_inlined_one_keeps_its_aux_waits(monkeypatch):
     assert np.abs(centers).sum() > 0
 
 
-@decorate("mxnet", infer_input_shape={
-    "weight": lambda data, weight, *, num_hidden: (num_hidden, data[1])})
+@decorate(
+    "mxnet", infer_input_shape={"weight": lambda data, weight, *, num_hidden: (num_hidden, data[1])}
+)
 def linear(data, weight, *, num_hidden):
     return mx.nd.dot(data, weight, transpose_b=True)
 
@@ -322,5 +328,6 @@ def test_an_input_shape_only_the_op_could_infer_still_binds():
     assert "dot" in exe.customop_inlined.tojson()
     exe.arg_dict["data"][:] = ROWS
     exe.arg_dict["weight"][:] = 1
-    np.testing.assert_allclose(exe.forward()[0].asnumpy(),
-                               np.repeat(ROWS.sum(1, keepdims=True), 3, 1), rtol=1e-5)
+    np.testing.assert_allclose(
+        exe.forward()[0].asnumpy(), np.repeat(ROWS.sum(1, keepdims=True), 3, 1), rtol=1e-5
+    )

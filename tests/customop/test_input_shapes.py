@@ -1,6 +1,7 @@
 """Input shapes the op infers (infer_input_shape=), as MXNet's layers infer a weight's; and the
 input nothing gives, named: on the symbol, Module, Gluon (deferred init, hybridized) and
 exported paths."""
+
 import warnings
 
 import mxnet as mx
@@ -39,9 +40,11 @@ TWINS = [scored, scored.numpy]
 
 def _arrays(n=4, d=5, c=3, seed=0):
     rng = np.random.RandomState(seed)
-    return (rng.normal(size=(n, d)).astype(np.float32),
-            rng.randint(0, c, size=n).astype(np.float32),
-            rng.normal(size=(c, d)).astype(np.float32))
+    return (
+        rng.normal(size=(n, d)).astype(np.float32),
+        rng.randint(0, c, size=n).astype(np.float32),
+        rng.normal(size=(c, d)).astype(np.float32),
+    )
 
 
 def _reference(x, y, w):
@@ -57,9 +60,12 @@ def test_symbol_infer_shape_fills_the_weight(op):
     types, _, _ = s.infer_type(data=np.float64, label=np.int32)
     assert types == [np.float64, np.int32, np.float64]  # the weight takes the data's dtype
     # a weight given with the wrong shape is named, as FullyConnected names it
-    with pytest.raises(ValueError, match=r"customop 'tests.customop.test_input_shapes.scored"
-                       r"[^']*' \(input 'weight'\): given shape \(3, 4\), but infer_input_shape "
-                       r"says \(3, 5\) for the inputs data=\(4, 5\), label=\(4,\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"customop 'tests.customop.test_input_shapes.scored"
+        r"[^']*' \(input 'weight'\): given shape \(3, 4\), but infer_input_shape "
+        r"says \(3, 5\) for the inputs data=\(4, 5\), label=\(4,\)",
+    ):
         s.infer_shape(data=(4, 5), label=(4,), w=(3, 4))
 
 
@@ -68,8 +74,9 @@ def test_module_binds_and_trains_without_the_weights_shape(op):
     x, y, _ = _arrays()
     data, label = mx.sym.var("data"), mx.sym.var("label")
     out = op(data, label, mx.sym.var("fc_weight"), num_hidden=3, name="fc")
-    mod = mx.mod.Module(mx.sym.MakeLoss(mx.sym.sum(out * out)), data_names=["data"],
-                        label_names=["label"])
+    mod = mx.mod.Module(
+        mx.sym.MakeLoss(mx.sym.sum(out * out)), data_names=["data"], label_names=["label"]
+    )
     mod.bind(data_shapes=[("data", x.shape)], label_shapes=[("label", y.shape)])
     mod.init_params(mx.init.Xavier())
     w = mod.get_params()[0]["fc_weight"].asnumpy()
@@ -81,8 +88,9 @@ def test_module_binds_and_trains_without_the_weights_shape(op):
     mod.update()
     # d sum(out^2) / dW = 2 out^T x; Module's SGD rescales by 1 / batch size
     want = w - 0.1 / 4 * 2 * _reference(x, y, w).T @ x.astype(np.float64)
-    np.testing.assert_allclose(mod.get_params()[0]["fc_weight"].asnumpy(), want, rtol=1e-4,
-                               atol=1e-5)
+    np.testing.assert_allclose(
+        mod.get_params()[0]["fc_weight"].asnumpy(), want, rtol=1e-4, atol=1e-5
+    )
 
 
 class Scorer(mx.gluon.HybridBlock):
@@ -92,8 +100,7 @@ class Scorer(mx.gluon.HybridBlock):
         super().__init__(**kwargs)
         self.op, self.num_hidden = op, num_hidden
         with self.name_scope():
-            self.weight = self.params.get("weight", shape=(num_hidden, 0),
-                                          allow_deferred_init=True)
+            self.weight = self.params.get("weight", shape=(num_hidden, 0), allow_deferred_init=True)
 
     def hybrid_forward(self, F, x, label, weight):
         return self.op(x, label, weight, num_hidden=self.num_hidden)
@@ -119,17 +126,21 @@ def test_gluon_deferred_initialisation_completes_and_exports(op, hybridize, tmp_
     np.testing.assert_allclose(net.weight.grad().asnumpy(), np.ones((3, 4)) @ x, rtol=1e-5)
     if hybridize:
         net.export(str(tmp_path / "scorer"))
-        back = co.imports(str(tmp_path / "scorer-symbol.json"), ["data0", "data1"],
-                          str(tmp_path / "scorer-0000.params"))
-        np.testing.assert_allclose(back(mx.nd.array(x), mx.nd.array(y)).asnumpy(),
-                                   out.asnumpy(), rtol=1e-6)
+        back = co.imports(
+            str(tmp_path / "scorer-symbol.json"),
+            ["data0", "data1"],
+            str(tmp_path / "scorer-0000.params"),
+        )
+        np.testing.assert_allclose(
+            back(mx.nd.array(x), mx.nd.array(y)).asnumpy(), out.asnumpy(), rtol=1e-6
+        )
 
 
 @pytest.mark.parametrize("op", TWINS, ids=["mxnet", "numpy"])
 def test_array_calls_pass_the_weight_as_before(op):
     x, y, w = _arrays()
     for record in (False, True):
-        with (mx.autograd.record() if record else mx.autograd.pause()):
+        with mx.autograd.record() if record else mx.autograd.pause():
             out = op(mx.nd.array(x), mx.nd.array(y), mx.nd.array(w), num_hidden=3)
         np.testing.assert_allclose(out.asnumpy(), _reference(x, y, w), rtol=1e-5, atol=1e-6)
 
@@ -141,8 +152,9 @@ def test_an_input_nothing_gives_is_named_with_what_to_do():
         s.infer_shape(data=(4, 5))
     texts = [str(w.message) for w in caught if issubclass(w.category, InputShapeWarning)]
     assert len(texts) == 1
-    assert texts[0].startswith("customop 'tests.input_shapes.unknown' (input 'weight'): its "
-                               "shape is unknown")
+    assert texts[0].startswith(
+        "customop 'tests.input_shapes.unknown' (input 'weight'): its shape is unknown"
+    )
     assert "pass weight=<shape> to simple_bind" in texts[0]
     assert "infer_input_shape={'weight': lambda data, weight, **params: <shape>}" in texts[0]
     with warnings.catch_warnings(record=True) as caught:  # nothing given: nothing to name
@@ -152,9 +164,12 @@ def test_an_input_nothing_gives_is_named_with_what_to_do():
     mod = mx.mod.Module(mx.sym.MakeLoss(mx.sym.sum(s)), data_names=["data"], label_names=None)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", InputShapeWarning)
-        with pytest.raises(ValueError, match=r"^customop 'tests.input_shapes.unknown' \(input "
-                           r"'weight'\): its shape is unknown: nothing in the graph gives it and "
-                           r"the op does not infer it\. Give it: pass weight=<shape>"):
+        with pytest.raises(
+            ValueError,
+            match=r"^customop 'tests.input_shapes.unknown' \(input "
+            r"'weight'\): its shape is unknown: nothing in the graph gives it and "
+            r"the op does not infer it\. Give it: pass weight=<shape>",
+        ):
             mod.bind(data_shapes=[("data", (4, 5))])
     # given, it binds
     ex = s.simple_bind(mx.cpu(), data=(4, 5), fc_weight=(3, 5))
@@ -162,28 +177,47 @@ def test_an_input_nothing_gives_is_named_with_what_to_do():
 
 
 def test_declarations_are_checked_and_twins_and_variants_keep_them():
-    with pytest.raises(TypeError, match=r"infer_input_shape names 'nope', which is not an input; "
-                       r"the inputs are x, w"):
-        customop("numpy", name="tests.bad_infer_a", infer_input_shape={"nope": len})(
-            lambda x, w: x)
-    with pytest.raises(TypeError, match=r"infer_input_shape names 's', which is an auxiliary "
-                       r"state"):
-        customop("numpy", name="tests.bad_infer_b", infer_input_shape={"s": len},
-                 aux={"s": lambda x: (1,)})(lambda x, s: x)
+    with pytest.raises(
+        TypeError,
+        match=r"infer_input_shape names 'nope', which is not an input; "
+        r"the inputs are x, w",
+    ):
+        customop("numpy", name="tests.bad_infer_a", infer_input_shape={"nope": len})(lambda x, w: x)
+    with pytest.raises(
+        TypeError,
+        match=r"infer_input_shape names 's', which is an auxiliary "
+        r"state",
+    ):
+        customop(
+            "numpy",
+            name="tests.bad_infer_b",
+            infer_input_shape={"s": len},
+            aux={"s": lambda x: (1,)},
+        )(lambda x, s: x)
     with pytest.raises(TypeError, match=r"infer_input_shape=\{'w': \.\.\.\} must map"):
         customop("numpy", name="tests.bad_infer_c", infer_input_shape={"w": 3})(lambda x, w: x)
-    bad = customop("numpy", name="tests.bad_infer_d",
-                   infer_input_shape={"w": lambda x, w: (0, x[1])})(lambda x, w: x)
-    with pytest.raises(TypeError, match=r"customop 'tests.bad_infer_d' \(infer_input_shape for "
-                       r"input 'w'\): must return a shape of positive ints .*got \(0, 3\)"):
+    bad = customop(
+        "numpy", name="tests.bad_infer_d", infer_input_shape={"w": lambda x, w: (0, x[1])}
+    )(lambda x, w: x)
+    with pytest.raises(
+        TypeError,
+        match=r"customop 'tests.bad_infer_d' \(infer_input_shape for "
+        r"input 'w'\): must return a shape of positive ints .*got \(0, 3\)",
+    ):
         bad(mx.sym.var("x"), mx.sym.var("w")).infer_shape(x=(2, 3))
     assert "infer_input_shape=[weight]" in repr(scored) and scored.numpy.input_shapes.fns == {
-        "weight": _weight_shape}
+        "weight": _weight_shape
+    }
 
 
-@customop("numpy", optional=("bias",), infer_input_shape={
-    "weight": lambda x, weight, bias, *, units: (units, x[1]),
-    "bias": lambda x, weight, bias, *, units: (units,)})
+@customop(
+    "numpy",
+    optional=("bias",),
+    infer_input_shape={
+        "weight": lambda x, weight, bias, *, units: (units, x[1]),
+        "bias": lambda x, weight, bias, *, units: (units,),
+    },
+)
 def affine(x, weight, bias=None, *, units):
     out = x @ weight.T
     return out if bias is None else out + bias
@@ -238,9 +272,11 @@ def test_gluon_deferred_initialisation_names_the_op_the_input_and_the_fix(hybrid
         with pytest.raises(ValueError) as info:
             net(mx.nd.ones((4, 5)))
     msg = str(info.value)
-    assert msg.startswith("Deferred initialization failed because shape cannot be inferred. "
-                          "customop 'tests.input_shapes.unknown' (input 'weight'): its shape is "
-                          "unknown (given (3, ?))"), msg
+    assert msg.startswith(
+        "Deferred initialization failed because shape cannot be inferred. "
+        "customop 'tests.input_shapes.unknown' (input 'weight'): its shape is "
+        "unknown (given (3, ?))"
+    ), msg
     assert "give its Gluon Parameter a full shape" in msg
     assert "infer_input_shape={'weight': lambda data, weight, **params: <shape>}" in msg
     # the process goes on: with the full shape it runs
@@ -255,7 +291,8 @@ def test_gluon_deferred_initialisation_under_w_ignore_in_a_fresh_process(off):
     import sys
     import textwrap
     from pathlib import Path
-    code = textwrap.dedent('''
+
+    code = textwrap.dedent("""
         import mxnet as mx
         from customop import customop
         @customop('mxnet')
@@ -275,13 +312,22 @@ def test_gluon_deferred_initialisation_under_w_ignore_in_a_fresh_process(off):
             net(mx.nd.ones((4, 5)))
         except ValueError as e:
             print(e)
-    ''')
-    out = fresh.run([sys.executable, "-W", "ignore", "-c", code], capture_output=True,
-                    text=True, timeout=120, cwd=Path(__file__).resolve().parents[2],
-                    env={**os.environ, "CUSTOMOP_RUNTIME_OFF": off})
+    """)
+    out = fresh.run(
+        [sys.executable, "-W", "ignore", "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=Path(__file__).resolve().parents[2],
+        env={**os.environ, "CUSTOMOP_RUNTIME_OFF": off},
+    )
     if off:  # MXNet's own message: Gluon reads the first recorded warning, and none was
-        assert out.stdout.strip() == ("Deferred initialization failed because shape cannot be "
-                                      "inferred. list index out of range"), out.stderr[-2000:]
+        assert out.stdout.strip() == (
+            "Deferred initialization failed because shape cannot be "
+            "inferred. list index out of range"
+        ), out.stderr[-2000:]
     else:
-        assert "customop '__main__.linear' (input 'weight'): its shape is unknown (given " \
-            "(10, ?))" in out.stdout, out.stdout + out.stderr[-2000:]
+        assert (
+            "customop '__main__.linear' (input 'weight'): its shape is unknown (given "
+            "(10, ?))" in out.stdout
+        ), out.stdout + out.stderr[-2000:]

@@ -2,6 +2,7 @@
 backward on every path that runs a Custom node (graph paths that inline the op, issue 33, call it
 only while tracing), mixed with single closures, checked by check_grad, kept by twins and
 optional-input variants."""
+
 import mxnet as mx
 import numpy as np
 import pytest
@@ -20,6 +21,7 @@ def _bilinear_numpy(ans, x, y, w, *, k=1.0):
         CALLS.append("numpy")
         shared = k * g[:, None]
         return shared * w * y, (shared * x * y).sum(axis=0)
+
     return grad
 
 
@@ -42,8 +44,8 @@ def _bilinear_nd_grad(ans, x, y, w, *, k=1.0):
     def grad(g):
         CALLS.append("mxnet")
         shared = k * g.reshape((-1, 1))
-        return (mx.nd.broadcast_mul(shared * y, w.reshape((1, -1))),
-                (shared * x * y).sum(axis=0))
+        return (mx.nd.broadcast_mul(shared * y, w.reshape((1, -1))), (shared * x * y).sum(axis=0))
+
     return grad
 
 
@@ -118,12 +120,14 @@ def test_hybridized_and_module_training_call_it_once_per_step(op):
     mx.nd.waitall()
     assert CALLS == per_step * 2
     _, want_y, want_w = _reference(x, y, np.full(3, 0.5), 2.0, np.ones(4))
-    np.testing.assert_allclose(net.w.grad().asnumpy(), _reference(x, y, np.full(3, 0.5), 2.0,
-                                                                  np.ones(4))[2], rtol=1e-5)
+    np.testing.assert_allclose(
+        net.w.grad().asnumpy(), _reference(x, y, np.full(3, 0.5), 2.0, np.ones(4))[2], rtol=1e-5
+    )
     data, label = mx.sym.var("data"), mx.sym.var("y")
     out = op(data, label, mx.sym.var("w", shape=(3,), init=mx.init.Constant(0.5)), k=2.0)
-    mod = mx.mod.Module(mx.sym.MakeLoss(mx.sym.sum(out)), data_names=["data", "y"],
-                        label_names=None)
+    mod = mx.mod.Module(
+        mx.sym.MakeLoss(mx.sym.sum(out)), data_names=["data", "y"], label_names=None
+    )
     mod.bind(data_shapes=[("data", x.shape), ("y", y.shape)], inputs_need_grad=True)
     mod.init_params()
     del CALLS[:]
@@ -147,18 +151,25 @@ def test_check_grad_checks_joint_and_single_closures(op):
 
 def test_a_wrong_joint_gradient_fails_check_grad():
     op = customop("numpy", name="tests.joint_wrong")(lambda x, w: (x * w).sum(axis=1))
-    op.def_grad(lambda ans, x, w: lambda g: (g[:, None] * w, (g[:, None] * x).sum(0) * 2),
-                argnum=(0, 1))
+    op.def_grad(
+        lambda ans, x, w: lambda g: (g[:, None] * w, (g[:, None] * x).sum(0) * 2), argnum=(0, 1)
+    )
     with pytest.raises(AssertionError, match=r"w .*FAIL"):
         check_grad(op, *_arrays()[::2])
 
 
 def test_joint_registration_rules_and_messages():
     op = customop("numpy", name="tests.joint_rules")(lambda a, b, c: a * b * c)
-    for bad, cls, match in [((0, 3), IndexError, r"argnum=\(0, 3\) is out of range; the inputs "
-                                                 r"are 0=a, 1=b, 2=c"),
-                            ((), ValueError, r"argnum=\(\) names no input"),
-                            ((1, 1), ValueError, r"argnum=\(1, 1\) names an input twice")]:
+    for bad, cls, match in [
+        (
+            (0, 3),
+            IndexError,
+            r"argnum=\(0, 3\) is out of range; the inputs "
+            r"are 0=a, 1=b, 2=c",
+        ),
+        ((), ValueError, r"argnum=\(\) names no input"),
+        ((1, 1), ValueError, r"argnum=\(1, 1\) names an input twice"),
+    ]:
         with pytest.raises(cls, match=rf"customop 'tests.joint_rules': def_grad {match}"):
             op.def_grad(lambda ans, a, b, c: lambda g: (g, g), argnum=bad)
     op.def_grad(lambda ans, a, b, c: lambda g: g * b * c, argnum=0)
@@ -176,10 +187,13 @@ def test_joint_registration_rules_and_messages():
     np.testing.assert_allclose(grads[2], a * b)
     wrong = customop("numpy", name="tests.joint_short")(lambda a, b: a * b)
     wrong.def_grad(lambda ans, a, b: lambda g: g * b, argnum=(0, 1))
-    with pytest.raises(TypeError, match=r"customop 'tests.joint_short' \(gradient for inputs 'a', "
-                       r"'b'\): a closure registered with def_grad\(argnum=\(0, 1\)\) returns a "
-                       r"tuple of 2 gradients in that order \(None for zero\); it returned a "
-                       r"ndarray"):
+    with pytest.raises(
+        TypeError,
+        match=r"customop 'tests.joint_short' \(gradient for inputs 'a', "
+        r"'b'\): a closure registered with def_grad\(argnum=\(0, 1\)\) returns a "
+        r"tuple of 2 gradients in that order \(None for zero\); it returned a "
+        r"ndarray",
+    ):
         paths.run(wrong, [a, b])
 
 
@@ -193,6 +207,7 @@ def _shifted_grad(ans, x, w, bias=None):
     def grad(g):
         CALLS.append("shifted")
         return g * w, g * x, (None if bias is None else g)
+
     return grad
 
 
@@ -245,8 +260,9 @@ def test_an_exported_and_reloaded_block_trains_with_the_joint_closure(op, tmp_pa
     net.hybridize()
     net(mx.nd.array(x), mx.nd.array(y))
     net.export(str(tmp_path / "head"))
-    back = co.imports(str(tmp_path / "head-symbol.json"), ["data0", "data1"],
-                      str(tmp_path / "head-0000.params"))
+    back = co.imports(
+        str(tmp_path / "head-symbol.json"), ["data0", "data1"], str(tmp_path / "head-0000.params")
+    )
     for step in range(2):
         if step == 1:
             mx.nd.waitall()
@@ -257,5 +273,6 @@ def test_an_exported_and_reloaded_block_trains_with_the_joint_closure(op, tmp_pa
     mx.nd.waitall()
     assert CALLS == per_step
     (w,) = [p for p in back.collect_params().values() if p.name.endswith("w")]
-    np.testing.assert_allclose(w.grad().asnumpy(),
-                               _reference(x, y, np.full(3, 0.5), 2.0, np.ones(4))[2], rtol=1e-5)
+    np.testing.assert_allclose(
+        w.grad().asnumpy(), _reference(x, y, np.full(3, 0.5), 2.0, np.ones(4))[2], rtol=1e-5
+    )

@@ -1,4 +1,5 @@
 """python -m customop.distributed.launch: a local dist_sync job runs; a failing worker ends it."""
+
 import ast
 import os
 import re
@@ -19,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # says, while the other worker waits for it in the next push.  With LISTENERS set, worker 0
 # first prints every socket the job's processes listen on, with its address (the other
 # worker waits for it in that push, so every process of the job is alive then).
-WORKER = textwrap.dedent('''
+WORKER = textwrap.dedent("""
     import os, sys
     from pathlib import Path
     import mxnet as mx
@@ -76,7 +77,7 @@ WORKER = textwrap.dedent('''
         kv.push(5, mx.nd.ones((2,)))
         kv.pull(5, out=out)
         say(f"optimized {out.asnumpy().tolist()}")
-''')
+""")
 
 
 def _job_processes(mark):
@@ -96,10 +97,21 @@ def _launch(tmp_path, *launch_args, **env):
     script.write_text(WORKER)
     mark = uuid.uuid4().hex
     start = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "customop.distributed.launch", *launch_args,
-                           sys.executable, str(script)], cwd=ROOT, capture_output=True, text=True,
-                          timeout=120,
-                          env={**os.environ, "PYTHONPATH": str(ROOT), "TEST_MARK": mark, **env})
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "customop.distributed.launch",
+            *launch_args,
+            sys.executable,
+            str(script),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "TEST_MARK": mark, **env},
+    )
     took = time.monotonic() - start
     time.sleep(0.2)
     assert _job_processes(mark) == [], "processes of the job outlived the launcher"
@@ -109,8 +121,19 @@ def _launch(tmp_path, *launch_args, **env):
 @pytest.fixture(scope="module")
 def good_job(tmp_path_factory):
     """One job that succeeds, read by the tests that need one (each job costs 4 processes)."""
-    proc, _ = _launch(tmp_path_factory.mktemp("job"), "-n", "2", "-s", "1", "--launcher",
-                      "local", "--timeout", "90", LISTENERS="1", OPTIMIZER="1")
+    proc, _ = _launch(
+        tmp_path_factory.mktemp("job"),
+        "-n",
+        "2",
+        "-s",
+        "1",
+        "--launcher",
+        "local",
+        "--timeout",
+        "90",
+        LISTENERS="1",
+        OPTIMIZER="1",
+    )
     return proc
 
 
@@ -121,8 +144,9 @@ def test_two_workers_one_server_run_and_exit_zero(good_job):
     assert proc.stdout.count("done [6.0, 6.0]") == 2
 
 
-@pytest.mark.parametrize("how, says", [("raise", "exited with code 1"),
-                                       ("abort", "killed by SIGABRT")])
+@pytest.mark.parametrize(
+    "how, says", [("raise", "exited with code 1"), ("abort", "killed by SIGABRT")]
+)
 def test_a_failing_worker_stops_the_job(tmp_path, how, says):
     proc, took = _launch(tmp_path, "-n", "2", "-s", "1", "--timeout", "90", WHO="1", HOW=how)
     assert proc.returncode == 1
@@ -140,8 +164,9 @@ def test_timeout_ends_a_hanging_job(tmp_path):
     assert took < 40
 
 
-@pytest.mark.parametrize("argv, says", [(["-n", "2"], "no COMMAND"),
-                                        (["-n", "0", "true"], "at least one worker")])
+@pytest.mark.parametrize(
+    "argv, says", [(["-n", "2"], "no COMMAND"), (["-n", "0", "true"], "at least one worker")]
+)
 def test_usage_errors(argv, says, capsys):
     # main() as `python -m customop.distributed.launch` runs it (sys.exit(main())); the
     # jobs above go through that line with exit codes 0 and 1.  Nothing is started here.
@@ -164,24 +189,31 @@ def test_every_process_listens_on_loopback_only(good_job):
 
 
 def test_scheduler_and_servers_run_from_libmxnet_and_import_mxnet_for_an_optimizer(
-        good_job, monkeypatch, capsys):
+    good_job, monkeypatch, capsys
+):
     # `import mxnet` starts a scheduler or server too, after 3.5 s of CPU building MXNet's
     # Python operator functions; the launcher runs serve.py, which makes the same C calls
     # from the library alone, and imports mxnet in a server when an optimizer arrives
     proc = good_job
     assert proc.returncode == 0, proc.stderr[-3000:]
     roles = re.findall(r"ROLE (\w+) numpy=(\w+) ([^\n]+)", proc.stdout)
-    assert sorted(r[:2] for r in roles) == [("scheduler", "False"), ("server", "False"),
-                                            ("worker", "True"), ("worker", "True")], roles
+    assert sorted(r[:2] for r in roles) == [
+        ("scheduler", "False"),
+        ("server", "False"),
+        ("worker", "True"),
+        ("worker", "True"),
+    ], roles
     assert {command for role, _, command in roles if role != "worker"} == {serve.__file__}
     # the SGD step ran on the server (without it the server would store the sum, 2)
     assert proc.stdout.count("optimized [0.5, 0.5]") == 2, proc.stdout
     tree = ast.parse(Path(serve.__file__).read_text())
-    imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import)
-                for a in n.names}
+    imported = {
+        a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names
+    }
     imported |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
     assert imported == {"__future__", "ctypes", "importlib", "os", "sys", "typing", "mxnet"}
     import mxnet
+
     assert serve.library_path() == mxnet.libinfo.find_lib_path()[0]
     monkeypatch.setenv("DMLC_ROLE", "worker")
     assert serve.main() == 2

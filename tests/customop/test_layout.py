@@ -1,5 +1,6 @@
 """The core is split by job: no import circle, no private names across modules, and a call
 never comes back into the operator definition once dispatch has it."""
+
 import ast
 import os
 import re
@@ -30,7 +31,9 @@ def _modules():
 def _is_type_checking(node):
     test = getattr(node, "test", None)
     return isinstance(node, ast.If) and "TYPE_CHECKING" in (
-        getattr(test, "id", None), getattr(test, "attr", None))
+        getattr(test, "id", None),
+        getattr(test, "attr", None),
+    )
 
 
 def _run_time_imports(name, path):
@@ -43,12 +46,11 @@ def _run_time_imports(name, path):
         node = stack.pop()
         if isinstance(node, ast.ImportFrom) and node.level:
             base = package.split(".")
-            base = base[:len(base) - node.level + 1]
+            base = base[: len(base) - node.level + 1]
             target = ".".join(base + ([node.module] if node.module else []))
             for alias in node.names:
                 sub = f"{target}.{alias.name}"
-                found.append((sub if any(m == sub for m, _ in _modules()) else target,
-                              alias.name))
+                found.append((sub if any(m == sub for m, _ in _modules()) else target, alias.name))
         elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("customop"):
             found += [(node.module, a.name) for a in node.names]
         elif isinstance(node, (ast.If, ast.Try, ast.FunctionDef, ast.ClassDef, ast.With)):
@@ -57,14 +59,17 @@ def _run_time_imports(name, path):
 
 
 def test_no_import_circle():
-    graph = {name: {m for m, _ in _run_time_imports(name, path) if m != name}
-             for name, path in _modules()}
+    graph = {
+        name: {m for m, _ in _run_time_imports(name, path) if m != name}
+        for name, path in _modules()
+    }
     done, active = set(), []
 
     def visit(node):
         if node in active:
-            raise AssertionError("import circle: " + " -> ".join(active[active.index(node):]
-                                                                  + [node]))
+            raise AssertionError(
+                "import circle: " + " -> ".join(active[active.index(node) :] + [node])
+            )
         if node in done:
             return
         active.append(node)
@@ -101,9 +106,13 @@ def _private_attributes(tree):
         name = None
         if isinstance(node, ast.Attribute):
             name, stores = node.attr, isinstance(node.ctx, ast.Store)
-        elif isinstance(node, ast.Call) and getattr(node.func, "id", None) in (
-                "getattr", "setattr", "hasattr") and len(node.args) > 1 and isinstance(
-                    node.args[1], ast.Constant) and isinstance(node.args[1].value, str):
+        elif (
+            isinstance(node, ast.Call)
+            and getattr(node.func, "id", None) in ("getattr", "setattr", "hasattr")
+            and len(node.args) > 1
+            and isinstance(node.args[1], ast.Constant)
+            and isinstance(node.args[1].value, str)
+        ):
             name, stores = node.args[1].value, node.func.id == "setattr"
         if name and name.startswith("_") and not name.startswith("__"):
             if stores:
@@ -119,9 +128,13 @@ def test_no_module_reads_a_private_attribute_another_module_sets():
     # agree.note_executor's record. A name two modules set for their own objects is
     # renamed in one, so that each private attribute has one owner)
     found = {name: _private_attributes(ast.parse(path.read_text())) for name, path in _modules()}
-    offenders = [f"{name}:{line} reads {attr}, set in {other}"
-                 for name, (_, read) in found.items() for attr, line in read.items()
-                 for other, (set_, _) in found.items() if other != name and attr in set_]
+    offenders = [
+        f"{name}:{line} reads {attr}, set in {other}"
+        for name, (_, read) in found.items()
+        for attr, line in read.items()
+        for other, (set_, _) in found.items()
+        if other != name and attr in set_
+    ]
     assert offenders == []
 
 
@@ -146,8 +159,13 @@ def _calls_between_files(fn):
         if event == "call" and frame.f_back is not None:
             callee, caller = frame.f_code.co_filename, frame.f_back.f_code.co_filename
             if callee.startswith(str(PKG)) and caller.startswith(str(PKG)) and callee != caller:
-                edges.add((os.path.relpath(caller, PKG), os.path.relpath(callee, PKG),
-                           frame.f_code.co_name))
+                edges.add(
+                    (
+                        os.path.relpath(caller, PKG),
+                        os.path.relpath(callee, PKG),
+                        frame.f_code.co_name,
+                    )
+                )
 
     sys.setprofile(profile)
     try:
@@ -165,11 +183,13 @@ def _recorded(op, path):
             y = op(x)
         y.backward()
         x.grad.wait_to_read()
+
     return run
 
 
-@pytest.mark.parametrize("how", ["direct", "function", "native", "custom", "numpy", "symbol",
-                                 "executor"])
+@pytest.mark.parametrize(
+    "how", ["direct", "function", "native", "custom", "numpy", "symbol", "executor"]
+)
 def test_a_call_never_returns_into_the_operator_definition(how):
     runs = {
         "direct": lambda: _square(mx.nd.ones((3,))).wait_to_read(),
@@ -230,11 +250,14 @@ def test_runtime_calls_out_only_into_modules_it_imports():
     # customop/runtime/ must go where an import of the calling module shows it goes: a
     # module object or function handed over at run time (inlining.py once gave the runtime
     # ``sys.modules[__name__]`` and the runtime called four functions on it) hides the call.
-    graph = {name: {m for m, _ in _run_time_imports(name, path) if m != name}
-             for name, path in _modules()}
+    graph = {
+        name: {m for m, _ in _run_time_imports(name, path) if m != name}
+        for name, path in _modules()
+    }
     module_of = {os.path.relpath(path, PKG): name for name, path in _modules()}
     edges = _calls_between_files(_hybridized_first_call)
     edges |= _calls_between_files(_recorded(_square, "custom"))
+
     def in_runtime(file):
         return file.split(os.sep)[0] in ("runtime", "runtime.py")
 
@@ -242,9 +265,14 @@ def test_runtime_calls_out_only_into_modules_it_imports():
     # objects MXNet creates for our ops (mx.operator.CustomOp, CustomOpProp), which release,
     # deps, names and shapes are handed with MXNet's callback table and call as MXNet's own
     # callbacks would.
-    protocol = {("prop.py", "backward"), ("prop.py", "release"), ("prop.py", "list_arguments"),
-                ("prop.py", "list_outputs"), ("prop.py", "list_auxiliary_states"),
-                ("prop.py", "infer_shape")}
+    protocol = {
+        ("prop.py", "backward"),
+        ("prop.py", "release"),
+        ("prop.py", "list_arguments"),
+        ("prop.py", "list_outputs"),
+        ("prop.py", "list_auxiliary_states"),
+        ("prop.py", "infer_shape"),
+    }
     out = set()
     for caller, callee, fn in edges:
         if not in_runtime(caller) or in_runtime(callee) or (callee, fn) in protocol:
@@ -259,8 +287,11 @@ def test_runtime_calls_out_only_into_modules_it_imports():
 def test_no_module_hands_itself_over():
     # (customop/__init__.py sets its own class, the language's way to give a module a
     # __setattr__: that hands the module to nobody)
-    offenders = [name for name, path in _modules()
-                 if re.search(r"sys\.modules\[__name__\](?!\.__class__ = )", path.read_text())]
+    offenders = [
+        name
+        for name, path in _modules()
+        if re.search(r"sys\.modules\[__name__\](?!\.__class__ = )", path.read_text())
+    ]
     assert offenders == []
 
 
@@ -273,17 +304,22 @@ def _measurements(doc):
 
 def test_no_module_docstring_carries_a_measurement():
     # measurements live in docs/design.md and BENCHMARKS.md; a docstring names where measured
-    offenders = [f"{name}: {found}" for name, path in _modules()
-                 for found in [_measurements(ast.get_docstring(ast.parse(path.read_text())))]
-                 if found]
+    offenders = [
+        f"{name}: {found}"
+        for name, path in _modules()
+        for found in [_measurements(ast.get_docstring(ast.parse(path.read_text())))]
+        if found
+    ]
     assert offenders == []
 
 
 def test_the_measurement_check_sees_a_ratio_and_a_time():
     # dispatch.py's docstring as it was
-    old = ("graph runs that graph instead (as on the ``graph`` path, not recorded): measured\n"
-           "  0.75-0.85x the direct path's time for small ops (``x * x``, ``box_iou``), "
-           "0.17-0.34x for\n  ops whose value checks read the host there")
+    old = (
+        "graph runs that graph instead (as on the ``graph`` path, not recorded): measured\n"
+        "  0.75-0.85x the direct path's time for small ops (``x * x``, ``box_iou``), "
+        "0.17-0.34x for\n  ops whose value checks read the host there"
+    )
     assert _measurements(old) == ["0.85x", "0.34x"]
     assert _measurements("costs 0.02 ms, 13-65 us, 2µs") == ["0.02 ms", "65 us", "2µs"]
     assert _measurements("x * x, 1e3 elements, 2x50 input, max(x) ") == []
@@ -318,8 +354,11 @@ def _dotted(node):
 
 def _changes_to_mxnet_or_python(tree):
     for node in ast.walk(tree):
-        targets = node.targets if isinstance(node, ast.Assign) else (
-            [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else [])
+        targets = (
+            node.targets
+            if isinstance(node, ast.Assign)
+            else ([node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else [])
+        )
         for target in targets:
             for t in target.elts if isinstance(target, ast.Tuple) else [target]:
                 name = _dotted(t) if isinstance(t, ast.Attribute) else None
@@ -327,8 +366,12 @@ def _changes_to_mxnet_or_python(tree):
                     yield node.lineno, f"sets {name}"
         if isinstance(node, ast.Call):
             called = _dotted(node.func)
-            if called in _HOOKS or called == "setattr" and node.args and (
-                    (_dotted(node.args[0]) or "").split(".")[0] in _THEIRS):
+            if (
+                called in _HOOKS
+                or called == "setattr"
+                and node.args
+                and ((_dotted(node.args[0]) or "").split(".")[0] in _THEIRS)
+            ):
                 yield node.lineno, f"calls {called}"
 
 
@@ -336,8 +379,10 @@ def test_no_patch_code_lives_outside_its_module():
     # The index of customop.runtime names the one patch made elsewhere: excepthook, the
     # public function of customop.distributed.launch that its workers call at start-up
     # (its command line also sets sys.argv for MXNet's launch.py, which it runs as __main__).
-    allowed = {("customop.distributed.launch", "sets sys.excepthook"),
-               ("customop.distributed.launch", "sets sys.argv")}
+    allowed = {
+        ("customop.distributed.launch", "sets sys.excepthook"),
+        ("customop.distributed.launch", "sets sys.argv"),
+    }
     found = []
     for name, path in _modules():
         if name.startswith("customop.runtime"):
@@ -355,21 +400,27 @@ def test_the_c_entries_in_mxnets_tables_are_the_runtimes():
 
     _recorded(_square, "custom")()
     _square(mx.sym.var("x")).simple_bind(mx.cpu(), x=(3,)).forward()
-    made = {name: fn.__module__ for name, fn in callbacks.entries().items()
-            if not name.startswith("function-")}
+    made = {
+        name: fn.__module__
+        for name, fn in callbacks.entries().items()
+        if not name.startswith("function-")
+    }
     assert {"infer_shape", "list_outputs", "declare", "delete"} <= set(made)
     assert sorted(n for n, m in made.items() if not m.startswith("customop.runtime.")) == []
 
 
 def test_the_layout_in_the_developers_guide_names_every_module():
     text = (PKG.parent / "docs" / "development.md").read_text()
-    layout = text[text.index("## Layout"):]
-    layout = layout[:layout.index("\n## ", 1)] if "\n## " in layout[1:] else layout
+    layout = text[text.index("## Layout") :]
+    layout = layout[: layout.index("\n## ", 1)] if "\n## " in layout[1:] else layout
     missing = []
     for _, path in _modules():
         rel = path.relative_to(PKG)
-        shown = f"`{rel.parent.name}/`" if len(rel.parts) > 2 or rel.parent.name in (
-            "check", "distributed") else f"`{rel.name}`"
+        shown = (
+            f"`{rel.parent.name}/`"
+            if len(rel.parts) > 2 or rel.parent.name in ("check", "distributed")
+            else f"`{rel.name}`"
+        )
         if shown not in layout:
             missing.append(str(rel))
     assert missing == []
@@ -404,20 +455,29 @@ def test_nothing_below_a_wing_imports_it():
     # graphs/ sits on the core, deploy/ on graphs/; the core, the runtime and the features
     # below never import a wing (the two patches a wing's feature installs excepted)
     for floor in FLOOR:
-        assert not [m for m, _ in _run_time_imports(
-            floor, PKG / "graphs" / (floor.rsplit(".", 1)[1] + ".py"))], floor
+        assert not [
+            m
+            for m, _ in _run_time_imports(floor, PKG / "graphs" / (floor.rsplit(".", 1)[1] + ".py"))
+        ], floor
     offenders = []
     for name, path in _modules():
         mine = _wing(name) or WING_PATCHES.get(name)
         for module, _ in _run_time_imports(name, path):
             theirs = _wing(module)
-            if theirs is None or theirs == mine or name == "customop" or module in FLOOR \
-                    or (name, module) in DOORS:
+            if (
+                theirs is None
+                or theirs == mine
+                or name == "customop"
+                or module in FLOOR
+                or (name, module) in DOORS
+            ):
                 continue
             if mine in ("deploy", "port") and theirs == "graphs":
                 continue
-            if name.startswith(("customop.check", "customop.runtime.onnxops")) and \
-                    theirs == "graphs":
+            if (
+                name.startswith(("customop.check", "customop.runtime.onnxops"))
+                and theirs == "graphs"
+            ):
                 continue
             offenders.append(f"{name} imports {module}")
     assert offenders == []
@@ -425,8 +485,12 @@ def test_nothing_below_a_wing_imports_it():
 
 def test_no_private_name_is_reexported_under_a_public_alias():
     pattern = re.compile(r"^[A-Za-z]\w*(\s*,\s*[A-Za-z]\w*)*\s*=\s*_[A-Za-z]\w*(\s*,\s*_\w+)*\s*$")
-    offenders = [f"{name}: {line}" for name, path in _modules()
-                 for line in path.read_text().splitlines() if pattern.match(line)]
+    offenders = [
+        f"{name}: {line}"
+        for name, path in _modules()
+        for line in path.read_text().splitlines()
+        if pattern.match(line)
+    ]
     assert offenders == []
 
 
@@ -455,15 +519,24 @@ def test_a_def_grad_blocks_first_call_calls_back_only_through_declared_protocols
     from customop import runtime
     from customop.graphs import transpose, verify
 
-    graph = {name: {m for m, _ in _run_time_imports(name, path) if m != name}
-             for name, path in _modules()}
+    graph = {
+        name: {m for m, _ in _run_time_imports(name, path) if m != name}
+        for name, path in _modules()
+    }
     module_of = {os.path.relpath(path, PKG): name for name, path in _modules()}
     declared = {m for m in dir(verify.Builder) if not m.startswith("_")}
     declared |= {"frozen"}  # forward.ForwardGraph's, which transposed.TransposedGraph extends
     declared |= {m for m in dir(transpose.Entries) if not m.startswith("_")}
-    declared |= {"backward", "release", "list_arguments", "list_outputs",
-                 "list_auxiliary_states", "infer_shape", "infer_type",
-                 "declare_backward_dependency"}  # prop.py's objects, called by the runtime
+    declared |= {
+        "backward",
+        "release",
+        "list_arguments",
+        "list_outputs",
+        "list_auxiliary_states",
+        "infer_shape",
+        "infer_type",
+        "declare_backward_dependency",
+    }  # prop.py's objects, called by the runtime
     declared |= {"of", "names", "check_params"}  # an op's parts (opinfo.Forward)
     declared |= {"install", "wanted"}  # runtime.PATCHES' modules, imported by name
     declared |= {"invoked", "read", "pause_enter", "pause_exit"}  # runtime.trace's log
@@ -485,8 +558,10 @@ def test_a_def_grad_blocks_first_call_calls_back_only_through_declared_protocols
 
     # traces run on customop's trace thread, or inline on a thread of that name: profile one
     found = {}
-    worker = threading.Thread(target=lambda: found.update(edges=_calls_between_files(
-        first_call)), name="customop-trace-layout-test")
+    worker = threading.Thread(
+        target=lambda: found.update(edges=_calls_between_files(first_call)),
+        name="customop-trace-layout-test",
+    )
     worker.start()
     worker.join(300)
     edges = found["edges"]
@@ -494,10 +569,15 @@ def test_a_def_grad_blocks_first_call_calls_back_only_through_declared_protocols
     assert "customop.graphs.transposed" in crossed  # the transposed graph was built
     # (a patch replacing one of MXNet's functions is called by whoever calls MXNet's)
     patches = {f"customop.runtime.{m}" for m in runtime.PATCHES.values()}
-    back = sorted(f"{module_of[c]} calls {module_of[e]}.{fn}" for c, e, fn in edges
-                  if module_of[e] not in _reachable(module_of[c], graph) and fn not in declared
-                  and module_of[c] != "customop" and module_of[e] not in patches
-                  and (module_of[c], fn) != ("customop.graphs.trace", "_decide"))
+    back = sorted(
+        f"{module_of[c]} calls {module_of[e]}.{fn}"
+        for c, e, fn in edges
+        if module_of[e] not in _reachable(module_of[c], graph)
+        and fn not in declared
+        and module_of[c] != "customop"
+        and module_of[e] not in patches
+        and (module_of[c], fn) != ("customop.graphs.trace", "_decide")
+    )
     assert back == [], "\n".join(back)
 
 
@@ -505,6 +585,6 @@ def test_every_subpackage_is_listed_for_the_wheel():
     # (a wing missing from pyproject.toml's packages imports in the checkout and fails in
     # every installed copy)
     text = (PKG.parent / "pyproject.toml").read_text()
-    listed = set(re.findall(r'"(customop(?:\.\w+)*)"', text[text.index("packages = ["):]))
+    listed = set(re.findall(r'"(customop(?:\.\w+)*)"', text[text.index("packages = [") :]))
     found = {".".join(p.parent.relative_to(PKG.parent).parts) for p in PKG.rglob("__init__.py")}
     assert found - {n for n in listed} == set()

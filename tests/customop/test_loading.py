@@ -7,6 +7,7 @@ Each loader must refuse it with :class:`customop.UntrustedModuleError` before an
 imported, and load it when the caller chose the module (imported it, ``modules=``, or
 ``trust_op_modules=True``).
 """
+
 import json
 import os
 import sys
@@ -38,12 +39,23 @@ def sq(x):
 
 def _graph(op_type: str) -> str:
     """A symbol file's JSON: data -> Custom(op_type), as MXNet 1.9.1 writes it."""
-    return json.dumps({
-        "nodes": [{"op": "null", "name": "data", "inputs": []},
-                  {"op": "Custom", "name": "sq0", "attrs": {"op_type": op_type},
-                   "inputs": [[0, 0, 0]]}],
-        "arg_nodes": [0], "node_row_ptr": [0, 1, 2], "heads": [[1, 0, 0]],
-        "attrs": {"mxnet_version": ["int", 10901]}})
+    return json.dumps(
+        {
+            "nodes": [
+                {"op": "null", "name": "data", "inputs": []},
+                {
+                    "op": "Custom",
+                    "name": "sq0",
+                    "attrs": {"op_type": op_type},
+                    "inputs": [[0, 0, 0]],
+                },
+            ],
+            "arg_nodes": [0],
+            "node_row_ptr": [0, 1, 2],
+            "heads": [[1, 0, 0]],
+            "attrs": {"mxnet_version": ["int", 10901]},
+        }
+    )
 
 
 def _folder(folder: Path, module: str) -> Path:
@@ -120,6 +132,7 @@ def test_one_name_or_a_module_object_may_be_passed(on_path):
     _squares(_load("imports", folder, modules="chosen_one_name"))
     folder = _folder(on_path, "chosen_object")
     import chosen_object  # the caller imports it: then the model names an imported module
+
     _squares(_load("imports", folder, modules=[chosen_object]))
     _squares(_load("imports", folder))
 
@@ -136,13 +149,17 @@ def test_an_imported_module_and_the_operator_library_need_nothing(tmp_path):
     class Net(mx.gluon.HybridBlock):
         def hybrid_forward(self, F, x):
             return ops.tile(twinops.scaled_square(x, scale=2.0), reps=(1, 2))
+
     net = Net()
     net.hybridize()
     x = mx.nd.array([[1.0, 2.0]])
     net(x)
     net.export(str(tmp_path / "m"))
-    types = {n["attrs"]["op_type"] for n in json.loads(
-        (tmp_path / "m-symbol.json").read_text())["nodes"] if n["op"] == "Custom"}
+    types = {
+        n["attrs"]["op_type"]
+        for n in json.loads((tmp_path / "m-symbol.json").read_text())["nodes"]
+        if n["op"] == "Custom"
+    }
     assert types == {"ops.tile", "tests.customop.twinops.scaled_square"}
     want = np.tile(2 * np.array([[1.0, 2.0]]) ** 2, (1, 2))
     got = customop.imports(str(tmp_path / "m-symbol.json"), ["data"])(x).asnumpy()
@@ -210,8 +227,14 @@ def test_the_issues_steps_in_a_fresh_process_run_no_code_from_the_folder(tmp_pat
     x = mx.sym.var("data")
     ops.tile(x, reps=(1, 2)).save(str(folder / "tile-symbol.json"))
     env = {**os.environ, "PYTHONPATH": str(ROOT)}  # the checkout, for tests.customop.opdefs
-    run = fresh.run([sys.executable, "-c", ATTACK], cwd=str(folder), capture_output=True,
-                    text=True, timeout=120, env=env)
+    run = fresh.run(
+        [sys.executable, "-c", ATTACK],
+        cwd=str(folder),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     seen = json.loads(run.stdout.strip().splitlines()[-1])
     assert not (folder / "ran").exists() and not (folder / "ops_ran").exists()

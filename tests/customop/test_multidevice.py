@@ -1,4 +1,5 @@
 """Decorated losses under Gluon's Trainer: two devices train like one (kvstore device, local)."""
+
 import mxnet as mx
 import numpy as np
 import pytest
@@ -43,8 +44,7 @@ def _train(ctxs, loss, kvstore, path):
     net.initialize(mx.init.Xavier(), ctx=ctxs)
     if path == "hybridized":
         net.hybridize()
-    trainer = mx.gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.1},
-                               kvstore=kvstore)
+    trainer = mx.gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.1}, kvstore=kvstore)
     rng = np.random.RandomState(0)
     with forced_path("custom" if path == "custom" else None):
         for _ in range(4):

@@ -4,6 +4,7 @@ Each faithfulness rule of issue 28 item 1 has an op that breaks it and a test th
 reads the reason; the graphs that pass are evaluated against the forward itself
 and against float64 NumPy.
 """
+
 import mxnet as mx
 import numpy as np
 import pytest
@@ -145,8 +146,7 @@ def test_box_decode_traces_to_its_operators_in_both_purposes():
 
 
 def test_the_graph_computes_the_formula_at_other_values_and_shapes():
-    v = native.native_graph(scaled_sum, {"scale": 3.0}, [(4, 5), (1, 5)], ["float32"] * 2,
-                            TRAIN)
+    v = native.native_graph(scaled_sum, {"scale": 3.0}, [(4, 5), (1, 5)], ["float32"] * 2, TRAIN)
     assert v.inlines and v.graph.specialized == ""
     rng = np.random.RandomState(1)
     for rows in (4, 7):  # a graph traced at 4 rows holds at 7
@@ -155,18 +155,24 @@ def test_the_graph_computes_the_formula_at_other_values_and_shapes():
         np.testing.assert_allclose(got, x.astype(np.float64) * w * 3 + 1, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("op, words", [
-    (reads_a_value, "reads values back to Python"),
-    (reads_with_bool, "reads values back to Python"),
-    (detached, "outside the recorded graph"),
-    (noisy, "random operators (_random_uniform)"),
-    (flattened, "holds only at the traced input shapes (Reshape shape="),
-    (huge_constant, "cannot write exactly"),
-    (normalized, "update auxiliary states (BatchNorm)"),
-    (looped, "holds only at the traced input shapes (10 operators, 13"),
-    (calls_numpy_op, "calls customop 'tests.customop.test_native.numpy_square', which "
-                     "cannot be inlined: a 'numpy'-mode operator"),
-])
+@pytest.mark.parametrize(
+    "op, words",
+    [
+        (reads_a_value, "reads values back to Python"),
+        (reads_with_bool, "reads values back to Python"),
+        (detached, "outside the recorded graph"),
+        (noisy, "random operators (_random_uniform)"),
+        (flattened, "holds only at the traced input shapes (Reshape shape="),
+        (huge_constant, "cannot write exactly"),
+        (normalized, "update auxiliary states (BatchNorm)"),
+        (looped, "holds only at the traced input shapes (10 operators, 13"),
+        (
+            calls_numpy_op,
+            "calls customop 'tests.customop.test_native.numpy_square', which "
+            "cannot be inlined: a 'numpy'-mode operator",
+        ),
+    ],
+)
 def test_an_unfaithful_trace_keeps_the_custom_node_with_its_reason(op, words):
     train = verdicts(op, [(3, 4)])[0]
     assert not train.inlines
@@ -178,11 +184,14 @@ def test_a_read_names_the_line_of_the_forward():
     assert "test_native.py" in reason and "asscalar() > 0" in reason
 
 
-@pytest.mark.parametrize("op, words", [
-    (opted_out, "inline=False"),
-    (numpy_square, "'numpy'-mode operator"),
-    (counting, "auxiliary states"),
-])
+@pytest.mark.parametrize(
+    "op, words",
+    [
+        (opted_out, "inline=False"),
+        (numpy_square, "'numpy'-mode operator"),
+        (counting, "auxiliary states"),
+    ],
+)
 def test_ops_that_never_inline_say_why(op, words):
     for v in verdicts(op, [(3,)]):
         assert not v.inlines and words in v.reason
@@ -196,10 +205,12 @@ def test_def_grad_and_output_layers_inline_for_training_and_export():
         assert export.inlines, export.reason
         np.testing.assert_array_equal(
             graph_json.evaluate(export.graph, [np.full(3, 2, "f")])[0],
-            op(mx.nd.full(3, 2)).asnumpy())
+            op(mx.nd.full(3, 2)).asnumpy(),
+        )
         np.testing.assert_array_equal(
             graph_json.evaluate(train.graph, [np.full(3, 2, "f")])[0],
-            op(mx.nd.full(3, 2)).asnumpy())
+            op(mx.nd.full(3, 2)).asnumpy(),
+        )
 
 
 def test_an_op_calling_ops_inlines_them_as_the_purpose_allows():
@@ -207,7 +218,7 @@ def test_an_op_calling_ops_inlines_them_as_the_purpose_allows():
     assert not train.inlines and "calls customop" in train.reason and "def_grad" in train.reason
     assert export.inlines, export.reason
     x = np.array([1.0, 2.0, -3.0], "f")
-    np.testing.assert_array_equal(graph_json.evaluate(export.graph, [x])[0], x ** 3 + x ** 2)
+    np.testing.assert_array_equal(graph_json.evaluate(export.graph, [x])[0], x**3 + x**2)
 
 
 def test_shape_specialized_graphs_still_export_at_their_shapes():
@@ -220,11 +231,13 @@ def test_constants_are_captured_in_the_graph_not_left_as_inputs():
     assert not train.graph.constants  # written as operators: the graph has one input
     assert {"_full", "broadcast_like"} <= set(train.graph.operators())
     x = np.random.RandomState(2).randn(5, 4).astype("f")  # another batch size than traced
-    np.testing.assert_array_equal(graph_json.evaluate(train.graph, [x])[0],
-                                  x + 3 + np.array([1, 2, 3, 4], "f"))
+    np.testing.assert_array_equal(
+        graph_json.evaluate(train.graph, [x])[0], x + 3 + np.array([1, 2, 3, 4], "f")
+    )
     assert export.inlines and export.graph.constants  # an export saves them as parameters
-    np.testing.assert_array_equal(graph_json.evaluate(export.graph, [x[:3]])[0],
-                                  x[:3] + 3 + np.array([1, 2, 3, 4], "f"))
+    np.testing.assert_array_equal(
+        graph_json.evaluate(export.graph, [x[:3]])[0], x[:3] + 3 + np.array([1, 2, 3, 4], "f")
+    )
 
 
 def test_values_computed_under_pause_carry_no_gradient_in_the_graph():
@@ -272,11 +285,17 @@ def test_a_failing_forward_is_the_reason():
 
 
 def test_the_trace_leaves_mxnet_as_it_was():
-    before = (mx.nd.NDArray.asnumpy, mx.autograd._RecordingStateScope.__enter__,
-              mx.ndarray.register._imperative_invoke)
+    before = (
+        mx.nd.NDArray.asnumpy,
+        mx.autograd._RecordingStateScope.__enter__,
+        mx.ndarray.register._imperative_invoke,
+    )
     native.native_graph(paused_mask, {}, [(3,)], ["float32"], EXPORT)
-    assert (mx.nd.NDArray.asnumpy, mx.autograd._RecordingStateScope.__enter__,
-            mx.ndarray.register._imperative_invoke) == before
+    assert (
+        mx.nd.NDArray.asnumpy,
+        mx.autograd._RecordingStateScope.__enter__,
+        mx.ndarray.register._imperative_invoke,
+    ) == before
     assert not mx.autograd.is_recording()
 
 

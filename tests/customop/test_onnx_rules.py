@@ -5,6 +5,7 @@ included; the graph is converted by ``mx.onnx.export_model`` with the ``onnxops`
 installed and run in onnx's reference evaluator.  The deploy session runs the library's
 exports holding them in ONNX Runtime (tests/deploy/run_onnxruntime.py).
 """
+
 import os
 import sys
 import warnings
@@ -44,8 +45,9 @@ def converted(sym, inputs, tmp_path):
     path = str(tmp_path / "m.onnx")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        export_model(sym, {}, [inputs[n].shape for n in names],
-                     [inputs[n].dtype for n in names], path)
+        export_model(
+            sym, {}, [inputs[n].shape for n in names], [inputs[n].dtype for n in names], path
+        )
     model = onnx.load(path)
     for opset in model.opset_import:
         if opset.domain in ("", "ai.onnx"):
@@ -74,8 +76,9 @@ Y = np.array([[-2.0, 1.0, -0.5, 1.0], [0.0, 1.0, 3.0, np.nan]], np.float32)
 x, y = mx.sym.var("x"), mx.sym.var("y")
 
 
-@pytest.mark.parametrize("cmp", ["equal", "not_equal", "greater", "greater_equal", "lesser",
-                                 "lesser_equal"])
+@pytest.mark.parametrize(
+    "cmp", ["equal", "not_equal", "greater", "greater_equal", "lesser", "lesser_equal"]
+)
 def test_comparisons_with_a_scalar_and_elementwise(cmp, tmp_path):
     same(getattr(mx.sym._internal, f"_{cmp}_scalar")(x, scalar=-0.5), {"x": X}, tmp_path)
     same(getattr(mx.sym._internal, f"_{cmp}")(x, y), {"x": X, "y": Y}, tmp_path)
@@ -94,8 +97,7 @@ def test_nan_test_of_the_numpy_interface(tmp_path):
 
 
 def test_log1p_keeps_its_precision_for_small_values(tmp_path):
-    small = np.array([0.0, 1e-10, -1e-8, 3e-6, 0.25, 1.0, 7.5, 1e30, np.inf, -1.0],
-                     np.float32)
+    small = np.array([0.0, 1e-10, -1e-8, 3e-6, 0.25, 1.0, 7.5, 1e30, np.inf, -1.0], np.float32)
     with np.errstate(divide="ignore", invalid="ignore"):  # log(0) and 0/0, then chosen out
         same(mx.sym.log1p(x), {"x": small}, tmp_path, rtol=2e-7, atol=0)
 
@@ -121,8 +123,11 @@ def test_pick_clips_or_wraps_the_index(axis, keepdims, mode, tmp_path):
     shape = list(data.shape)
     del shape[axis]
     index = np.random.RandomState(2).randint(-7, 9, shape).astype(np.float32)
-    same(mx.sym.pick(x, y, axis=axis, keepdims=keepdims, mode=mode),
-         {"x": data, "y": index}, tmp_path)
+    same(
+        mx.sym.pick(x, y, axis=axis, keepdims=keepdims, mode=mode),
+        {"x": data, "y": index},
+        tmp_path,
+    )
 
 
 @pytest.mark.parametrize("axis", [None, 0, 1])
@@ -154,11 +159,14 @@ def test_box_encode(tmp_path):
     rng = np.random.RandomState(4)
     names = ["samples", "matches", "anchors", "refs", "means", "stds"]
     sym = mx.sym.contrib.box_encode(*[mx.sym.var(n) for n in names])
-    inputs = {"samples": np.array([[1, 0, -1, 1], [0.6, 0.4, 1, 1]], np.float32),
-              "matches": np.array([[0, -1, 2, 1], [2, 0, 1, 0]], np.float32),
-              "anchors": boxes(rng, 2, 4), "refs": boxes(rng, 2, 3),
-              "means": np.array([0, 0.1, 0, -0.2], np.float32),
-              "stds": np.array([0.1, 0.1, 0.2, 0.2], np.float32)}
+    inputs = {
+        "samples": np.array([[1, 0, -1, 1], [0.6, 0.4, 1, 1]], np.float32),
+        "matches": np.array([[0, -1, 2, 1], [2, 0, 1, 0]], np.float32),
+        "anchors": boxes(rng, 2, 4),
+        "refs": boxes(rng, 2, 3),
+        "means": np.array([0, 0.1, 0, -0.2], np.float32),
+        "stds": np.array([0.1, 0.1, 0.2, 0.2], np.float32),
+    }
     same(sym, inputs, tmp_path, rtol=1e-5, atol=1e-6)
 
 
@@ -175,39 +183,59 @@ def test_the_patch_adds_only_translations_mxnet_lacks():
 
 def test_without_the_patch_the_converter_refuses_as_mxnet_does(tmp_path):
     # the measured reason: MXNet's converter alone has no translation for sort
-    code = ("import mxnet as mx, customop\n"
-            "from tests.deploy import models\n"
-            "from customop import ops\n"
-            "done = customop.export(models.OneOp(ops.topk, dict(k=3, do_sort=False)), "
-            f"{str(tmp_path / 'm')!r}, mx.nd.ones((2, 8)))\n"
-            "try:\n"
-            f"    customop.to_onnx(done, {str(tmp_path / 'm.onnx')!r})\n"
-            "except AttributeError as exc:\n"
-            "    print('refused:', exc)\n"
-            "print(sorted(customop.runtime.installed()))\n")
+    code = (
+        "import mxnet as mx, customop\n"
+        "from tests.deploy import models\n"
+        "from customop import ops\n"
+        "done = customop.export(models.OneOp(ops.topk, dict(k=3, do_sort=False)), "
+        f"{str(tmp_path / 'm')!r}, mx.nd.ones((2, 8)))\n"
+        "try:\n"
+        f"    customop.to_onnx(done, {str(tmp_path / 'm.onnx')!r})\n"
+        "except AttributeError as exc:\n"
+        "    print('refused:', exc)\n"
+        "print(sorted(customop.runtime.installed()))\n"
+    )
     env = dict(os.environ, CUSTOMOP_RUNTIME_OFF="onnxops")
-    run = fresh.run([sys.executable, "-c", code], capture_output=True, text=True,
-                    timeout=300, env=env, cwd=str(onnx_rules.__file__).rsplit(
-                             os.sep + "customop" + os.sep, 1)[0])
+    run = fresh.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+        cwd=str(onnx_rules.__file__).rsplit(os.sep + "customop" + os.sep, 1)[0],
+    )
     assert run.returncode == 0, run.stderr
     assert "refused: No conversion function registered for op type sort" in run.stdout
     assert "onnxops" not in run.stdout
 
 
-@pytest.mark.parametrize("build", [
-    lambda: mx.sym._internal._equal_scalar(x, scalar=1.0),
-    lambda: mx.sym._internal._lesser_scalar(x, scalar=0.5),
-    lambda: mx.sym._internal._greater_scalar(x, scalar=0.5),
-    lambda: mx.sym.logical_not(x),
-    lambda: mx.sym.broadcast_logical_and(x, y),
-    lambda: mx.sym.broadcast_logical_or(x, y),
-    lambda: mx.sym.broadcast_not_equal(x, x),  # the NaN test x != x
-    lambda: mx.sym.where(mx.sym.broadcast_not_equal(x, x), y, x),
-    lambda: mx.sym.take(x, mx.sym.var("i"), axis=1, mode="clip"),
-    lambda: mx.sym.contrib.arange_like(x, axis=1),
-], ids=["_equal_scalar", "_lesser_scalar", "_greater_scalar", "logical_not",
-        "broadcast_logical_and", "broadcast_logical_or", "broadcast_not_equal", "where",
-        "take_clip", "arange_like"])
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda: mx.sym._internal._equal_scalar(x, scalar=1.0),
+        lambda: mx.sym._internal._lesser_scalar(x, scalar=0.5),
+        lambda: mx.sym._internal._greater_scalar(x, scalar=0.5),
+        lambda: mx.sym.logical_not(x),
+        lambda: mx.sym.broadcast_logical_and(x, y),
+        lambda: mx.sym.broadcast_logical_or(x, y),
+        lambda: mx.sym.broadcast_not_equal(x, x),  # the NaN test x != x
+        lambda: mx.sym.where(mx.sym.broadcast_not_equal(x, x), y, x),
+        lambda: mx.sym.take(x, mx.sym.var("i"), axis=1, mode="clip"),
+        lambda: mx.sym.contrib.arange_like(x, axis=1),
+    ],
+    ids=[
+        "_equal_scalar",
+        "_lesser_scalar",
+        "_greater_scalar",
+        "logical_not",
+        "broadcast_logical_and",
+        "broadcast_logical_or",
+        "broadcast_not_equal",
+        "where",
+        "take_clip",
+        "arange_like",
+    ],
+)
 def test_mxnets_own_translations_of_the_nan_checks_ops_agree(build, tmp_path):
     # the operators NaN checks put into exported graphs, which MXNet's converter has
     inputs = {"x": X, "y": Y, "i": np.array([[-3, 0], [2, 9]], np.float32)}

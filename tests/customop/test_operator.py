@@ -1,4 +1,5 @@
 """Items 1, 2, 4, 5, 6, 7 of the core contract, through every way MXNet drives an op."""
+
 import mxnet as mx
 import numpy as np
 import pytest
@@ -63,6 +64,7 @@ def test_name_override_and_clash():
 
     assert first.op_type == "tests.custom_name_a"
     with pytest.raises(ValueError, match="already used by"):
+
         @customop("numpy", name="tests.custom_name_a")
         def second(x):
             return x
@@ -73,6 +75,7 @@ def test_redefining_the_same_function_replaces_it():
         @customop("numpy", name="tests.redefined")
         def scale(x):
             return x * k
+
         return scale
 
     make(2.0)
@@ -220,14 +223,18 @@ def test_explicit_infer_shape_and_infer_type_for_forwards_that_cannot_run_on_pla
             raise ValueError("labels start at 2")
         return np.repeat(x, k, axis=0).astype(np.float64)
 
-    op = customop("numpy", name="tests.needs_real_labels",
-                  infer_shape=lambda xs, ys, k=2: (xs[0] * k, *xs[1:]),
-                  infer_type=lambda xt, yt, k=2: np.float64)(needs_real_labels)
+    op = customop(
+        "numpy",
+        name="tests.needs_real_labels",
+        infer_shape=lambda xs, ys, k=2: (xs[0] * k, *xs[1:]),
+        infer_type=lambda xt, yt, k=2: np.float64,
+    )(needs_real_labels)
     sym = op(mx.sym.var("x"), mx.sym.var("y"), k=3)
     assert sym.infer_shape(x=(2, 4), y=(2,))[1] == [(6, 4)]
     assert sym.infer_type(x=np.float32, y=np.int32)[1] == [np.float64]
-    (out,), _ = paths.run(op, [np.ones((2, 4), np.float32), np.array([2, 3], np.int32)],
-                          params={"k": 3}, how="symbol")
+    (out,), _ = paths.run(
+        op, [np.ones((2, 4), np.float32), np.array([2, 3], np.int32)], params={"k": 3}, how="symbol"
+    )
     assert out.shape == (6, 4)
     bad = customop("numpy", name="tests.needs_real_labels_no_hint")(needs_real_labels)
     with pytest.raises(ValueError, match="labels start at 2") as err:
@@ -257,8 +264,16 @@ def test_keyword_parameters_keep_their_python_types(how):
 
 def test_parameters_survive_a_direct_mx_nd_custom_call_with_string_kwargs():
     x = mx.nd.ones((2, 3))
-    a, _ = mx.nd.Custom(x, x, op_type=opdefs.affine_pair.op_type, alpha=0.5, mode="valid",
-                        axes=(1, 2), flag=True, extra=None)
+    a, _ = mx.nd.Custom(
+        x,
+        x,
+        op_type=opdefs.affine_pair.op_type,
+        alpha=0.5,
+        mode="valid",
+        axes=(1, 2),
+        flag=True,
+        extra=None,
+    )
     np.testing.assert_allclose(a.asnumpy(), np.full((2, 3), 1.5))
 
 
@@ -374,6 +389,7 @@ def test_an_output_count_by_parameters_in_symbols_custom_and_check_grad(op):
     assert len(outs) == 2
     np.testing.assert_allclose(outs[1].asnumpy(), x[3:], rtol=1e-6)
     from customop.check import check_grad
+
     for parts in (1, 2):
         assert check_grad(op, x.astype(np.float64), parts=parts, scale=3.0).passed
 
@@ -394,22 +410,27 @@ def test_an_output_count_by_parameters_in_a_hybridized_block(op):
         out.backward()
         np.testing.assert_allclose(out.asnumpy(), want, rtol=1e-6)
         # out[i] = x[(i + 4) % 6] * x[i] (rows): d sum(out) / dx[j] = x[j + 4] + x[j + 2]
-        np.testing.assert_allclose(xs.grad.asnumpy(), np.roll(x, -4, 0) + np.roll(x, -2, 0),
-                                   rtol=1e-6)
+        np.testing.assert_allclose(
+            xs.grad.asnumpy(), np.roll(x, -4, 0) + np.roll(x, -2, 0), rtol=1e-6
+        )
 
 
 def test_an_output_count_by_parameters_survives_export_and_reload(tmp_path):
     import json
     import sys
     from pathlib import Path
+
     x = np.random.rand(6, 2).astype(np.float32)
     net = opdefs.SplitNet(opdefs.split_rows)
     net.hybridize()
     want = net(mx.nd.array(x)).asnumpy()
     prefix = str(tmp_path / "split")
     net.export(prefix)
-    nodes = [n for n in json.loads(Path(prefix + "-symbol.json").read_text())["nodes"]
-             if n["op"] == "Custom"]
+    nodes = [
+        n
+        for n in json.loads(Path(prefix + "-symbol.json").read_text())["nodes"]
+        if n["op"] == "Custom"
+    ]
     assert [n["attrs"]["op_type"] for n in nodes] == [opdefs.split_rows.op_type] * 2
     np.save(tmp_path / "x.npy", x)
     script = f"""
@@ -417,11 +438,11 @@ import sys
 import mxnet as mx, numpy as np
 import customop
 assert "tests.customop.opdefs" not in sys.modules
-x = mx.nd.array(np.load({str(tmp_path / 'x.npy')!r}))
-a = customop.imports({prefix + '-symbol.json'!r}, ['data'],
+x = mx.nd.array(np.load({str(tmp_path / "x.npy")!r}))
+a = customop.imports({prefix + "-symbol.json"!r}, ['data'],
                      modules=['tests.customop.opdefs'])  # imports the defining module
-b = mx.gluon.SymbolBlock.imports({prefix + '-symbol.json'!r}, ['data'])
-np.save({str(tmp_path / 'out.npy')!r}, np.stack([a(x).asnumpy(), b(x).asnumpy()]))
+b = mx.gluon.SymbolBlock.imports({prefix + "-symbol.json"!r}, ['data'])
+np.save({str(tmp_path / "out.npy")!r}, np.stack([a(x).asnumpy(), b(x).asnumpy()]))
 """
     root = Path(__file__).resolve().parents[2]
     fresh.run([sys.executable, "-c", script], cwd=root, check=True, timeout=120)
@@ -433,6 +454,7 @@ def test_num_outputs_by_parameters_is_documented_and_checked():
     import doctest
 
     from customop import operator as operator_module
+
     runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS)
     for test in doctest.DocTestFinder().find(operator_module.customop, "customop", globs={}):
         runner.run(test)
@@ -442,20 +464,29 @@ def test_num_outputs_by_parameters_is_documented_and_checked():
     x = mx.nd.ones((4, 2))
     with pytest.raises(TypeError, match=r"num_outputs= takes 'part', which is not a parameter"):
         customop("numpy", name="tests.count_unknown", num_outputs=lambda part: part)(
-            lambda x, parts=1: x)
+            lambda x, parts=1: x
+        )
     with pytest.raises(TypeError, match=r"num_outputs= must be an int >= 1"):
         customop("numpy", name="tests.count_zero", num_outputs=0)(lambda x: x)
     bad = customop("numpy", name="tests.count_bad", num_outputs=lambda parts: "two")(
-        lambda x, parts=1: x)
-    with pytest.raises(TypeError, match=r"customop 'tests.count_bad': num_outputs= returned "
-                       r"'two' for the parameters parts=1; it must return an int >= 1"):
+        lambda x, parts=1: x
+    )
+    with pytest.raises(
+        TypeError,
+        match=r"customop 'tests.count_bad': num_outputs= returned "
+        r"'two' for the parameters parts=1; it must return an int >= 1",
+    ):
         bad(x)
     liar = customop("numpy", name="tests.count_liar", num_outputs=lambda parts: 2)(
-        lambda x, parts=1: x)
+        lambda x, parts=1: x
+    )
     for how in ("direct", "symbol"):
-        with pytest.raises(TypeError, match=r"forward returned 1 output\(s\) but the op declares "
-                           r"2 for the parameters parts=1 \(num_outputs=\); make num_outputs= "
-                           r"return 1 for them"):
+        with pytest.raises(
+            TypeError,
+            match=r"forward returned 1 output\(s\) but the op declares "
+            r"2 for the parameters parts=1 \(num_outputs=\); make num_outputs= "
+            r"return 1 for them",
+        ):
             if how == "direct":
                 liar(x)
             else:
@@ -467,8 +498,9 @@ def test_num_outputs_by_parameters_is_documented_and_checked():
 def test_need_top_grad_false_ignores_the_head_gradient(how):
     pred = np.random.rand(4, 3).astype(np.float32)
     target = np.random.rand(4, 3).astype(np.float32)
-    outs, (gp, gt) = paths.run(opdefs.l2_loss, [pred, target], how=how,
-                               heads=[np.full((4,), 7.0, np.float32)])
+    outs, (gp, gt) = paths.run(
+        opdefs.l2_loss, [pred, target], how=how, heads=[np.full((4,), 7.0, np.float32)]
+    )
     np.testing.assert_allclose(outs[0], 0.5 * ((pred - target) ** 2).sum(axis=1), rtol=1e-6)
     np.testing.assert_allclose(gp, pred - target, rtol=1e-6)
     assert opdefs.l2_loss.need_top_grad is False
@@ -489,6 +521,7 @@ def test_help_shows_the_forwards_signature_and_docstring_not_a_repr():
 
     class Holder:  # an op kept on a class stays the op, as a staticmethod would
         op = ops.tile
+
     assert Holder.op is ops.tile and Holder().op is ops.tile
 
 
@@ -501,8 +534,18 @@ def test_every_public_method_has_its_own_docstring():
     from customop.check import GradReport, GradRow, Tolerance
     from customop.distributed.auxsync import AuxSync
 
-    for cls in (CustomOperator, GradReport, GradRow, Tolerance, AuxSync, CenterLoss, FocalLoss,
-                SmoothL1Loss, SoftmaxCE, WingLoss):
+    for cls in (
+        CustomOperator,
+        GradReport,
+        GradRow,
+        Tolerance,
+        AuxSync,
+        CenterLoss,
+        FocalLoss,
+        SmoothL1Loss,
+        SoftmaxCE,
+        WingLoss,
+    ):
         for name, member in vars(cls).items():
             if name.startswith("_") and name != "__call__":
                 continue

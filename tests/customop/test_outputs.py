@@ -1,5 +1,6 @@
 """Several outputs: one Symbol per node (as MXNet's own multi-output ops), named outputs,
 tuples of arrays imperatively; on the nd, symbol/Module, hybridized and exported paths."""
+
 import mxnet as mx
 import numpy as np
 import pytest
@@ -25,8 +26,10 @@ def _split_at_nd(x, *, at=1):
     return 2 * x[:, :at], 3 * x[:, at:]
 
 
-@customop("mxnet", outputs=lambda ret_typ="both": ("value", "indices") if ret_typ == "both"
-          else (ret_typ,))
+@customop(
+    "mxnet",
+    outputs=lambda ret_typ="both": ("value", "indices") if ret_typ == "both" else (ret_typ,),
+)
 def top1(x, *, ret_typ="both"):
     """The largest element of each row and its index (named after what is returned)."""
     value = x.max(axis=1)
@@ -63,15 +66,16 @@ def test_a_symbol_call_returns_one_node_with_every_output(op):
     for got, want in zip(outs, _want(x)):
         np.testing.assert_allclose(got.asnumpy(), want, rtol=1e-6)
     ex.backward([mx.nd.ones((3, 1)), mx.nd.full((3, 3), 2.0)])
-    np.testing.assert_allclose(ex.grad_dict["x"].asnumpy(),
-                               np.concatenate([np.full((3, 1), 2.0), np.full((3, 3), 6.0)], 1))
+    np.testing.assert_allclose(
+        ex.grad_dict["x"].asnumpy(), np.concatenate([np.full((3, 1), 2.0), np.full((3, 3), 6.0)], 1)
+    )
 
 
 @pytest.mark.parametrize("op", [split_at, split_at.mxnet], ids=["numpy", "mxnet"])
 def test_array_calls_still_return_a_tuple_of_arrays(op):
     x = _x()
     for how in ("direct", *paths.IMPERATIVE):
-        with forced_path(how), (mx.autograd.record() if how != "direct" else mx.autograd.pause()):
+        with forced_path(how), mx.autograd.record() if how != "direct" else mx.autograd.pause():
             out = op(mx.nd.array(x), at=2)
         assert isinstance(out, tuple) and len(out) == 2
         for got, want in zip(out, _want(x, 2)):
@@ -100,13 +104,18 @@ def test_check_grad_and_the_module_path_take_the_node_as_it_is():
     assert check_grad(split_at(mx.sym.var("x"), at=3), x).passed  # the Symbol itself
     data = mx.sym.var("data")
     low, high = split_at(data, at=1, name="cut")
-    mod = mx.mod.Module(mx.sym.MakeLoss(mx.sym.sum(low) + 2 * mx.sym.sum(high)),
-                        data_names=["data"], label_names=None)
+    mod = mx.mod.Module(
+        mx.sym.MakeLoss(mx.sym.sum(low) + 2 * mx.sym.sum(high)),
+        data_names=["data"],
+        label_names=None,
+    )
     mod.bind(data_shapes=[("data", (3, 4))], inputs_need_grad=True)
     mod.init_params()
     mod.forward_backward(mx.io.DataBatch([mx.nd.array(x)]))
-    np.testing.assert_allclose(mod.get_input_grads()[0].asnumpy(),
-                               np.concatenate([np.full((3, 1), 2.0), np.full((3, 3), 6.0)], 1))
+    np.testing.assert_allclose(
+        mod.get_input_grads()[0].asnumpy(),
+        np.concatenate([np.full((3, 1), 2.0), np.full((3, 3), 6.0)], 1),
+    )
 
 
 class Halves(mx.gluon.HybridBlock):
@@ -139,8 +148,9 @@ def test_a_hybridized_block_returning_the_outputs_works_and_exports(op, tmp_path
     for hybrid in (False, True):
         np.testing.assert_allclose(got[hybrid][0], want_a, rtol=1e-6)
         np.testing.assert_allclose(got[hybrid][1], want_b, rtol=1e-6)
-        np.testing.assert_allclose(got[hybrid][2], [2 * x[:, :1].sum() + 3 * x[:, 1:].sum()],
-                                   rtol=1e-5)
+        np.testing.assert_allclose(
+            got[hybrid][2], [2 * x[:, :1].sum() + 3 * x[:, 1:].sum()], rtol=1e-5
+        )
         # d/dx of sum(a) + sum(b) + total: 2 + 2 on column 0, 2 + 3 on 1, 2, then 3 + 3
         np.testing.assert_allclose(got[hybrid][3], np.tile([4, 5, 5, 6], (3, 1)), rtol=1e-6)
     net.export(str(tmp_path / "halves"))
@@ -157,13 +167,16 @@ def test_the_numpy_interface_gets_one_symbol_too():
     assert isinstance(s, mx.sym.np._Symbol) and len(s) == 2
 
 
-@pytest.mark.parametrize("bad, match", [
-    (dict(outputs=("a", "a")), "a name repeats"),
-    (dict(outputs=("a", "")), "is not a non-empty string"),
-    (dict(outputs=()), "none given"),
-    (dict(outputs=("a", "b"), num_outputs=3), r"num_outputs=3 but outputs= names 2"),
-    (dict(outputs=lambda nope: ("a",)), "outputs= takes 'nope', which is not a parameter"),
-])
+@pytest.mark.parametrize(
+    "bad, match",
+    [
+        (dict(outputs=("a", "a")), "a name repeats"),
+        (dict(outputs=("a", "")), "is not a non-empty string"),
+        (dict(outputs=()), "none given"),
+        (dict(outputs=("a", "b"), num_outputs=3), r"num_outputs=3 but outputs= names 2"),
+        (dict(outputs=lambda nope: ("a",)), "outputs= takes 'nope', which is not a parameter"),
+    ],
+)
 def test_bad_output_names_are_refused_naming_the_op(bad, match):
     with pytest.raises(TypeError, match=rf"customop 'tests.bad_names': .*{match}"):
         customop("numpy", name="tests.bad_names", **bad)(lambda x, k=1: (x, x))
@@ -171,8 +184,11 @@ def test_bad_output_names_are_refused_naming_the_op(bad, match):
 
 def test_a_forward_returning_another_count_names_the_outputs():
     op = customop("numpy", name="tests.three_named", outputs=("a", "b", "c"))(lambda x: (x, x))
-    with pytest.raises(TypeError, match=r"returned 2 output\(s\) but the op declares 3 \('a', "
-                       r"'b', 'c', outputs=\)"):
+    with pytest.raises(
+        TypeError,
+        match=r"returned 2 output\(s\) but the op declares 3 \('a', "
+        r"'b', 'c', outputs=\)",
+    ):
         op(np.ones(2))
 
 
@@ -208,13 +224,17 @@ def test_a_negative_index_on_a_several_output_symbol_indexes_as_python_does():
     assert s[-1].list_outputs() == ["sp_high"] == s[1].list_outputs()
     assert s[-2].list_outputs() == ["sp_low"]
     for bad in (2, -3):
-        with pytest.raises(IndexError, match=f"output index {bad} is out of range for a node "
-                           "with 2 outputs"):
+        with pytest.raises(
+            IndexError, match=f"output index {bad} is out of range for a node with 2 outputs"
+        ):
             s[bad]
     low, high = s
     assert [o.list_outputs() for o in (low, high)] == [["sp_low"], ["sp_high"]]
-    out = mx.sym.Group([s[-1] * 2, s[0]]).simple_bind(mx.cpu(), x=(3,)).forward(
-        x=mx.nd.array([-1.0, 0.5, 2.0]))
+    out = (
+        mx.sym.Group([s[-1] * 2, s[0]])
+        .simple_bind(mx.cpu(), x=(3,))
+        .forward(x=mx.nd.array([-1.0, 0.5, 2.0]))
+    )
     np.testing.assert_allclose(out[0].asnumpy(), [0.0, 1.0, 4.0])
     np.testing.assert_allclose(out[1].asnumpy(), [-1.0, 0.0, 0.0])
     # MXNet's own Symbols keep MXNet's class and behaviour
@@ -224,6 +244,7 @@ def test_a_negative_index_on_a_several_output_symbol_indexes_as_python_does():
     class Block(mx.gluon.HybridBlock):
         def hybrid_forward(self, F, x):
             return split_sign(x)[-1]
+
     net = Block()
     net.hybridize()
     np.testing.assert_allclose(net(mx.nd.array([-1.0, 3.0])).asnumpy(), [0.0, 3.0])

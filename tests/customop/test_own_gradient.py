@@ -5,6 +5,7 @@ Never MXNet's gradient of the forward because the two agreed on sampled values: 
 ``sign(g)``, normalising by ``|g|``), with head gradients outside [-1, 1]. References are
 the closure's formula in float64 NumPy.
 """
+
 import itertools
 
 import mxnet as mx
@@ -50,12 +51,17 @@ A = np.array([[1.0, 2.0, -1.0], [0.5, 0.5, 3.0]], "f")
 B = np.array([[1.0, 1.0, -1.0], [2.0, 0.5, 3.0]], "f")  # ties at 4 places
 
 CASES = {
-    "relu_subgradient": (relu_subgradient, [X],
-                         lambda x, g: [g.astype("f8") * (x >= 0)]),
-    "clipped_head": (clipped_head, [np.array([[0.5, -2.0, 3.0], [1.0, -1.0, 0.25]], "f")],
-                     lambda x, g: [np.clip(g.astype("f8"), -1, 1) * 2 * x]),
-    "tie_to_second": (tie_to_second, [A, B],
-                     lambda a, b, g: [g.astype("f8") * (a > b), g.astype("f8") * (b >= a)]),
+    "relu_subgradient": (relu_subgradient, [X], lambda x, g: [g.astype("f8") * (x >= 0)]),
+    "clipped_head": (
+        clipped_head,
+        [np.array([[0.5, -2.0, 3.0], [1.0, -1.0, 0.25]], "f")],
+        lambda x, g: [np.clip(g.astype("f8"), -1, 1) * 2 * x],
+    ),
+    "tie_to_second": (
+        tie_to_second,
+        [A, B],
+        lambda a, b, g: [g.astype("f8") * (a > b), g.astype("f8") * (b >= a)],
+    ),
 }
 
 
@@ -125,8 +131,7 @@ def test_module_trains_with_the_closures_subgradient():
     op = relu_subgradient()
     data = mx.sym.var("data")
     out = mx.sym.MakeLoss(op(data) * mx.sym.var("w"))
-    mod = mx.mod.Module(out, data_names=["data"], label_names=None,
-                        fixed_param_names=[])
+    mod = mx.mod.Module(out, data_names=["data"], label_names=None, fixed_param_names=[])
     mod.bind(data_shapes=[("data", X.shape)], inputs_need_grad=True)
     mod.init_params(arg_params={"w": mx.nd.array(HEAD)}, allow_missing=False)
     mod.forward(mx.io.DataBatch([mx.nd.array(X)]), is_train=True)
@@ -150,8 +155,7 @@ def test_a_closure_not_linear_in_g_keeps_its_node_and_explain_names_the_operator
     op = _fresh(lambda x: x * x, NONLINEAR[name])
     report = customop.explain(op, (2, 3))
     assert not report.inlines
-    assert f"not linear in the head gradient ({name})" in report.train.reason, \
-        report.train.reason
+    assert f"not linear in the head gradient ({name})" in report.train.reason, report.train.reason
     assert report.exports  # inference needs no closure
 
 

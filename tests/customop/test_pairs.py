@@ -7,6 +7,7 @@ The subprocesses of the selected tests run once, up front (tests/concurrently.py
 processes (inlined, Custom nodes, deps off) where one per path took seven, 115 s of the
 suite's time against about 70.
 """
+
 import json
 import os
 import sys
@@ -23,8 +24,11 @@ ROOT = Path(__file__).resolve().parents[2]
 
 PATHS = ("bound", "hybridized", "exported")
 # what CUSTOMOP_RUNTIME_OFF switches off in each setting's process
-SETTINGS = {"inlined": {}, "Custom nodes": {"CUSTOMOP_RUNTIME_OFF": "inline"},
-            "deps off": {"CUSTOMOP_RUNTIME_OFF": "deps,inline"}}
+SETTINGS = {
+    "inlined": {},
+    "Custom nodes": {"CUSTOMOP_RUNTIME_OFF": "inline"},
+    "deps off": {"CUSTOMOP_RUNTIME_OFF": "deps,inline"},
+}
 # each test's (setting, path)
 WHICH = {(path, inline): (inline, path) for path in PATHS for inline in ("inlined", "Custom nodes")}
 WHICH["deps off"] = ("deps off", "bound")
@@ -37,15 +41,20 @@ def matrix(request):
         only = ["--errors-only"] if setting == "deps off" else []
         return lambda: fresh.run(
             [sys.executable, "-m", "tests.customop.pairmatrix", ",".join(paths), *only],
-            capture_output=True, text=True, timeout=300, cwd=ROOT,
-            env={**os.environ, **SETTINGS[setting]})
+            capture_output=True,
+            text=True,
+            timeout=300,
+            cwd=ROOT,
+            env={**os.environ, **SETTINGS[setting]},
+        )
 
     wanted = {}  # setting: its selected paths, in PATHS order
     for key in concurrently.selected(request, "which"):
         setting, path = WHICH[key]
         wanted.setdefault(setting, set()).add(path)
-    runs = concurrently.run_selected({s: run(s, [p for p in PATHS if p in paths])
-                                      for s, paths in wanted.items()})
+    runs = concurrently.run_selected(
+        {s: run(s, [p for p in PATHS if p in paths]) for s, paths in wanted.items()}
+    )
     yield runs
     runs.wait()
 
@@ -69,13 +78,18 @@ def _differences(recorded, other):
         for k in keys:
             w, g = np.asarray(want[k]), np.asarray(got[k])
             if w.shape != g.shape or not np.allclose(g, w, rtol=1e-5, atol=1e-6):
-                found.append(f"{kind} {k}: max |diff| "
-                             f"{np.max(np.abs(g - w)) if w.shape == g.shape else 'shape'}")
+                found.append(
+                    f"{kind} {k}: max |diff| "
+                    f"{np.max(np.abs(g - w)) if w.shape == g.shape else 'shape'}"
+                )
     return found
 
 
-@pytest.mark.parametrize("which", [(path, inline) for path in PATHS
-                                   for inline in ("inlined", "Custom nodes")], ids="-".join)
+@pytest.mark.parametrize(
+    "which",
+    [(path, inline) for path in PATHS for inline in ("inlined", "Custom nodes")],
+    ids="-".join,
+)
 def test_every_ordered_pair_gives_the_gradients_of_the_recorded_run(which, matrix):
     # by default the ops that inline (issue 28) run as MXNet's operators; with inlining
     # switched off every op of the pair is a Custom node
@@ -91,12 +105,12 @@ def test_every_ordered_pair_gives_the_gradients_of_the_recorded_run(which, matri
         flat = [k for k, g in run["recorded"]["grads"].items() if not np.any(g)]
         found = _differences(run["recorded"], run["path"])
         if "graph" in run:  # the imperative native graphs too (issue 41)
-            found += [f"imperative graph: {d}" for d in _differences(run["recorded"],
-                                                                     run["graph"])]
+            found += [f"imperative graph: {d}" for d in _differences(run["recorded"], run["graph"])]
         if flat or found:
             failing[key] = [f"zero reference gradient: {flat}"] * bool(flat) + found
     assert not failing, f"{len(failing)} of {len(result)} pairs fail on {path}:\n" + "\n".join(
-        f"  {k}: {'; '.join(v)}" for k, v in sorted(failing.items()))
+        f"  {k}: {'; '.join(v)}" for k, v in sorted(failing.items())
+    )
 
 
 @pytest.mark.parametrize("which", ["deps off"])
@@ -110,6 +124,9 @@ def test_the_matrix_finds_mxnets_shared_dependencies_when_our_fix_is_off(which, 
     assert {k for k, run in result.items() if "error" in run} == want
     assert all("unknown storage type" in result[k]["error"] for k in want)
     # the one error names our op and says that customop's fix is off
-    assert all("customop '" in result[k]["error"] and "'deps') is switched off" in
-               result[k]["error"] and "hand-written" not in result[k]["error"] for k in want), \
-        [result[k]["error"] for k in sorted(want)][:2]
+    assert all(
+        "customop '" in result[k]["error"]
+        and "'deps') is switched off" in result[k]["error"]
+        and "hand-written" not in result[k]["error"]
+        for k in want
+    ), [result[k]["error"] for k in sorted(want)][:2]

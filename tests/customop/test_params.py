@@ -6,11 +6,37 @@ import pytest
 from customop import params
 
 
-@pytest.mark.parametrize("value", [
-    0.25, 1e-300, 1 / 3, -2.5, 3, -7, 0, True, False, None, "valid", "", "it's \"quoted\"",
-    "None", "1.5", "ünïcode", (1, 2), (1,), (), [1, 2], [], {"a": 1, "b": (2.0, None)},
-    ((1, 2), [3, "x"]), float("inf"), -float("inf"), (float("inf"), -1.0),
-])
+@pytest.mark.parametrize(
+    "value",
+    [
+        0.25,
+        1e-300,
+        1 / 3,
+        -2.5,
+        3,
+        -7,
+        0,
+        True,
+        False,
+        None,
+        "valid",
+        "",
+        'it\'s "quoted"',
+        "None",
+        "1.5",
+        "ünïcode",
+        (1, 2),
+        (1,),
+        (),
+        [1, 2],
+        [],
+        {"a": 1, "b": (2.0, None)},
+        ((1, 2), [3, "x"]),
+        float("inf"),
+        -float("inf"),
+        (float("inf"), -1.0),
+    ],
+)
 def test_round_trip_keeps_value_and_type(value):
     decoded = params.decode(params.encode(value))
     assert decoded == value

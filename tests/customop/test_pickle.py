@@ -1,4 +1,5 @@
 """Operators pickle by reference: the same object back, and across multiprocessing children."""
+
 import os
 import pickle
 import sys
@@ -25,8 +26,11 @@ def _weighted_numpy(x, w=None, *, scale=1.0):
     return x * scale if w is None else x * w * scale
 
 
-@pytest.mark.parametrize("op", [auxops.counted, auxops.counted_nd, _weighted, _weighted.numpy,
-                                _weighted.variant(["x"])], ids=lambda o: o.op_type)
+@pytest.mark.parametrize(
+    "op",
+    [auxops.counted, auxops.counted_nd, _weighted, _weighted.numpy, _weighted.variant(["x"])],
+    ids=lambda o: o.op_type,
+)
 def test_pickle_returns_the_registered_op(op):
     for protocol in range(2, pickle.HIGHEST_PROTOCOL + 1):
         assert pickle.loads(pickle.dumps(op, protocol)) is op
@@ -41,7 +45,7 @@ def test_unknown_op_names_itself():
 
 
 # A main script: its op and a Symbol built on it travel to children under every start method.
-SCRIPT = textwrap.dedent('''
+SCRIPT = textwrap.dedent("""
     import multiprocessing as mp
     import pickle
     import sys
@@ -80,18 +84,24 @@ SCRIPT = textwrap.dedent('''
         proc.join(30)
         assert proc.exitcode == 0, proc.exitcode
         assert pickle.loads(pickle.dumps(cube)) is cube
-''')
+""")
 
 
 @pytest.fixture(scope="module")
 def children(request, tmp_path_factory):
     """The script run once per selected start method, two runs at a time."""
+
     def run(method):
         work = tmp_path_factory.mktemp(method)
         (work / "main_script.py").write_text(SCRIPT)
-        return lambda: fresh.run([sys.executable, "main_script.py", method],
-                                 capture_output=True, text=True, timeout=120, cwd=work,
-                                 env={**os.environ, "PYTHONPATH": str(ROOT)})
+        return lambda: fresh.run(
+            [sys.executable, "main_script.py", method],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=work,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )
 
     runs = concurrently.run_selected({m: run(m) for m in concurrently.selected(request, "method")})
     yield runs

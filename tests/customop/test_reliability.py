@@ -3,6 +3,7 @@
 Every scenario that could hang runs in a child process under a timeout (its whole process
 group is killed on expiry), so a hang fails the test instead of stalling the run.
 """
+
 import os
 import subprocess
 import sys
@@ -23,9 +24,15 @@ def run_child(code, timeout=60, memory_gib=None):
         pre = f"import resource\nresource.setrlimit(resource.RLIMIT_AS, ({limit}, {limit}))\n"
     env = dict(os.environ, PYTHONPATH=ROOT)
     try:
-        proc = fresh.run([sys.executable, "-c", pre + textwrap.dedent(code)], cwd=ROOT, env=env,
-                         stderr=subprocess.STDOUT, text=True, start_new_session=True,
-                         timeout=timeout)
+        proc = fresh.run(
+            [sys.executable, "-c", pre + textwrap.dedent(code)],
+            cwd=ROOT,
+            env=env,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+            timeout=timeout,
+        )
     except subprocess.TimeoutExpired as exc:  # its process group was killed
         pytest.fail(f"child hung (killed after {timeout} s); output:\n{(exc.output or '')[-3000:]}")
     out = proc.stdout
@@ -131,7 +138,8 @@ def test_threads_starting_subprocesses_at_once_never_hang():
 
 def test_forked_child_infers_shapes_in_mxnet_mode():
     # Item 1: the parent ran shape inference on a graph path; the child meets a new shape.
-    rc, out = run_child("""
+    rc, out = run_child(
+        """
         import os
         import mxnet as mx
         from customop import customop
@@ -151,7 +159,9 @@ def test_forked_child_infers_shapes_in_mxnet_mode():
             os._exit(0 if float(y.sum().asscalar()) == 10 else 3)
         _, status = os.waitpid(pid, 0)
         print('child status', status)
-    """, timeout=60)
+    """,
+        timeout=60,
+    )
     assert rc == 0 and "child status 0" in out, out[-3000:]
 
 
@@ -165,6 +175,7 @@ def test_factory_made_ops_with_different_closures_are_refused():
         @customop("numpy")
         def scale(x):
             return x * k
+
         return scale
 
     make_scale(2.0)
@@ -176,6 +187,7 @@ def test_factory_made_ops_with_different_closures_are_refused():
         @customop("numpy", name=f"tests.reliability.scale{k}")
         def scale(x):
             return x * k
+
         return scale
 
     two, three = make_named(2), make_named(3)
@@ -230,6 +242,7 @@ def test_recorded_calls_free_their_arrays_without_the_cycle_collector():
             del y
         mx.nd.waitall()
         import time
+
         deadline = time.monotonic() + 2  # MXNet runs the deleters on its own thread
         while (alive := sum(r() is not None for r in seen)) > 1 and time.monotonic() < deadline:
             time.sleep(0.01)
@@ -253,6 +266,7 @@ def test_a_gradient_closure_returning_none_is_an_error():
     def grad(ans, x):
         def g_(g):
             g * 2  # noqa: B018 - the forgotten return under test
+
         return g_
 
     forgot_return.def_grad(grad)
@@ -279,7 +293,8 @@ def test_forcing_the_direct_path_while_recording_is_refused():
 
 # ---- item 4: empty batches --------------------------------------------------------------------
 def test_an_empty_batch_never_allocates_from_an_unknown_shape():
-    rc, out = run_child("""
+    rc, out = run_child(
+        """
         import mxnet as mx, numpy as np
         from customop import customop
         from customop.dispatch import forced_path
@@ -308,7 +323,10 @@ def test_an_empty_batch_never_allocates_from_an_unknown_shape():
             else:
                 raise AssertionError('no error')
         print('empty ok')
-    """, timeout=60, memory_gib=4)
+    """,
+        timeout=60,
+        memory_gib=4,
+    )
     assert rc == 0 and "empty ok" in out, out[-3000:]
 
 
@@ -357,28 +375,44 @@ print('wrong', len(wrong), 'silent', len(silent), sorted(set(wrong)))
 
 
 def test_two_threads_failing_on_the_custom_path_each_get_their_own_error():
-    rc, out = run_child(TWO_FAILING_THREADS.format(n=100, start="", make="""
+    rc, out = run_child(
+        TWO_FAILING_THREADS.format(
+            n=100,
+            start="",
+            make="""
     @customop('numpy', name=name)
     def fails(x):
         if float(x.sum()) != x.size:  # placeholders are ones: shapes infer fine
             raise exc_type('bad')
-        return x""", call="""
+        return x""",
+            call="""
             with forced_path('custom'):
-                op(mx.nd.zeros((3,))).wait_to_read()"""), timeout=120)
+                op(mx.nd.zeros((3,))).wait_to_read()""",
+        ),
+        timeout=120,
+    )
     assert rc == 0 and "wrong 0 silent 0" in out, out[-3000:]
 
 
 def test_two_threads_failing_in_their_own_executors_each_read_their_own_error():
-    rc, out = run_child(TWO_FAILING_THREADS.format(n=60, make="""
+    rc, out = run_child(
+        TWO_FAILING_THREADS.format(
+            n=60,
+            make="""
     @customop('numpy', name=name, infer_shape=lambda x: x)
     def fails(x):
-        raise exc_type('bad')""", start="""
+        raise exc_type('bad')""",
+            start="""
     # One bind at a time: two threads binding graphs that hold a CustomOp at once corrupt
     # MXNet's heap now and then, hand-written ops alike (docs/design.md, Threads).
     with bind_lock:
-        ex = op(mx.sym.var('x')).bind(mx.cpu(), {'x': mx.nd.ones((3,))})""", call="""
+        ex = op(mx.sym.var('x')).bind(mx.cpu(), {'x': mx.nd.ones((3,))})""",
+            call="""
             ex.forward()
-            ex.outputs[0].asnumpy()"""), timeout=120)
+            ex.outputs[0].asnumpy()""",
+        ),
+        timeout=120,
+    )
     # Never the other thread's exception.  (A read that MXNet's engine lets through after a
     # failed forward of a bound executor is MXNet's: measured 11 of 120 here, docs/design.md.)
     assert rc == 0 and "wrong 0 silent" in out, out[-3000:]

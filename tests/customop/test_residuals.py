@@ -5,6 +5,7 @@ forward's residuals; each forward stamps its residual with a serial number, so a
 test can tell a closure that reused its own forward's work from one that got it
 by running the forward again.
 """
+
 import functools
 import gc
 import itertools
@@ -56,8 +57,9 @@ def softmax_nd(x, scale=1.0):
 
 def _softmax_grad_nd(ans, x, probs, serial, **params):
     USED.append(serial)
-    return lambda g: params["scale"] * probs * mx.nd.broadcast_sub(
-        g, (g * probs).sum(axis=1, keepdims=True))
+    return lambda g: (
+        params["scale"] * probs * mx.nd.broadcast_sub(g, (g * probs).sum(axis=1, keepdims=True))
+    )
 
 
 softmax_nd.def_grad(_softmax_grad_nd)
@@ -81,7 +83,7 @@ def _data():
 def _reused_own_forward(before):
     # every backward since `before` got the residual of a forward run for a real call,
     # and no forward was run again for the backward
-    fwd, used = FORWARDS[before[0]:], USED[before[1]:]
+    fwd, used = FORWARDS[before[0] :], USED[before[1] :]
     return used and sorted(used) == sorted(fwd)
 
 
@@ -99,7 +101,7 @@ def test_residuals_reach_the_closures_on_every_recording_path(op, how):
     p, want = _reference(x, head, 2.0)
     np.testing.assert_allclose(outs[0], p, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(grads[0], want, rtol=1e-4, atol=1e-6)
-    assert _reused_own_forward(before), (FORWARDS[before[0]:], USED[before[1]:])
+    assert _reused_own_forward(before), (FORWARDS[before[0] :], USED[before[1] :])
 
 
 @pytest.mark.parametrize("op", OPS, ids=lambda o: o.mode)
@@ -241,12 +243,15 @@ logsumexp.def_grad(lambda ans, x: lambda g: g[:, None] * np.exp(x - ans[:, None]
 @logsumexp.twin("mxnet")
 def _logsumexp_nd(x):
     p = mx.nd.softmax(x, axis=1)
-    return residuals(mx.nd.log(mx.nd.sum(mx.nd.exp(x - x.max(axis=1, keepdims=True)), axis=1))
-                     + x.max(axis=1), probs=p)
+    return residuals(
+        mx.nd.log(mx.nd.sum(mx.nd.exp(x - x.max(axis=1, keepdims=True)), axis=1)) + x.max(axis=1),
+        probs=p,
+    )
 
 
-logsumexp.mxnet.def_grad(lambda ans, x, probs: lambda g: mx.nd.broadcast_mul(
-    probs, g.reshape((-1, 1))))
+logsumexp.mxnet.def_grad(
+    lambda ans, x, probs: lambda g: mx.nd.broadcast_mul(probs, g.reshape((-1, 1)))
+)
 
 
 def test_twins_use_residuals_or_not_independently():
@@ -398,6 +403,7 @@ def _recorder(how):
             ex = sym.simple_bind(mx.cpu(), x=x.shape)
             ex.forward(is_train=True, x=x)
             return ex, functools.partial(ex.backward, mx.nd.ones(10))
+
         return x, call
     net = _BigNet()
     net.hybridize()
@@ -406,13 +412,15 @@ def _recorder(how):
         with forced_path(None if how == "hybridized" else how), mx.autograd.record():
             y = net(x) if how == "hybridized" else big_residual(x)
         return y, y.backward
+
     return x, call
 
 
 @pytest.mark.parametrize("differentiated", [True, False], ids=["backward", "no-backward"])
 @pytest.mark.parametrize("how", ["function", "custom", "hybridized", "executor"])
 def test_a_thousand_recorded_calls_free_their_residuals_without_the_cycle_collector(
-        how, differentiated):
+    how, differentiated
+):
     # MXNet's operator objects sit in reference cycles with its ctypes callbacks: a residual
     # they held would wait for gc (see customop/runtime/release.py)
     x, call = _recorder(how)

@@ -1,4 +1,5 @@
 """The native-graph rules are tables: each refusal is one named entry, and verdicts name it."""
+
 import mxnet as mx
 import numpy as np
 import pytest
@@ -53,15 +54,18 @@ def test_every_refusal_has_one_name_and_a_reason():
     assert not set(rules.NODE_REFUSALS) & (set(names) | set(rules.TRACE_REFUSALS))
 
 
-@pytest.mark.parametrize("op, purpose, rule", [
-    (rules_numpy, TRAIN, "numpy-mode"),
-    (rules_own_gradient, TRAIN, "closure-not-linear"),
-    (rules_reads, EXPORT, "reads-values"),
-    (rules_old_advice, TRAIN, "asks-is-tracing"),
-    (rules_old_advice, EXPORT, "asks-is-tracing"),
-    (rules_noisy, EXPORT, "random"),
-    (rules_detached, TRAIN, "outside-graph"),
-])
+@pytest.mark.parametrize(
+    "op, purpose, rule",
+    [
+        (rules_numpy, TRAIN, "numpy-mode"),
+        (rules_own_gradient, TRAIN, "closure-not-linear"),
+        (rules_reads, EXPORT, "reads-values"),
+        (rules_old_advice, TRAIN, "asks-is-tracing"),
+        (rules_old_advice, EXPORT, "asks-is-tracing"),
+        (rules_noisy, EXPORT, "random"),
+        (rules_detached, TRAIN, "outside-graph"),
+    ],
+)
 def test_a_verdict_names_the_entry_that_refused_and_explain_says_its_reason(op, purpose, rule):
     verdict = native.native_graph(op, {}, [(3,)], ["float32"], purpose)
     assert verdict.graph is None and verdict.rule == rule
@@ -86,20 +90,36 @@ def test_every_refusal_raised_in_the_graphs_wing_is_a_table_entry():
             if not isinstance(node, ast.Call):
                 continue
             f = node.func
-            if isinstance(f, ast.Name) and f.id == "NotNative" and (
-                    node.args and isinstance(node.args[0], (ast.Constant, ast.JoinedStr))):
+            if (
+                isinstance(f, ast.Name)
+                and f.id == "NotNative"
+                and (node.args and isinstance(node.args[0], (ast.Constant, ast.JoinedStr)))
+            ):
                 literal.append(f"{path.name}:{node.lineno}")
-            if isinstance(f, ast.Name) and f.id == "Kept" and (
-                    len(node.args) < 4 or any(isinstance(a, (ast.Constant, ast.JoinedStr))
-                                              for a in node.args[2:])):
+            if (
+                isinstance(f, ast.Name)
+                and f.id == "Kept"
+                and (
+                    len(node.args) < 4
+                    or any(isinstance(a, (ast.Constant, ast.JoinedStr)) for a in node.args[2:])
+                )
+            ):
                 literal.append(f"{path.name}:{node.lineno}")
-            if isinstance(f, ast.Attribute) and f.attr == "of" and getattr(
-                    f.value, "id", "") == "_Refused" and not (
-                        isinstance(node.args[0], ast.Constant)
-                        and node.args[0].value in rules.NODE_REFUSALS):
+            if (
+                isinstance(f, ast.Attribute)
+                and f.attr == "of"
+                and getattr(f.value, "id", "") == "_Refused"
+                and not (
+                    isinstance(node.args[0], ast.Constant)
+                    and node.args[0].value in rules.NODE_REFUSALS
+                )
+            ):
                 unknown.append(f"{path.name}:{node.lineno}")
-            if isinstance(f, ast.Attribute) and f.attr == "of" and getattr(
-                    f.value, "id", "") == "NotNative":
+            if (
+                isinstance(f, ast.Attribute)
+                and f.attr == "of"
+                and getattr(f.value, "id", "") == "NotNative"
+            ):
                 name = node.args[0]
                 if getattr(name, "attr", "") == "DIFFERS":  # a builder's, checked below
                     continue
@@ -107,7 +127,8 @@ def test_every_refusal_raised_in_the_graphs_wing_is_a_table_entry():
                     unknown.append(f"{path.name}:{node.lineno}")
     assert literal == [] and unknown == []
     assert {forward.ForwardGraph.DIFFERS, transposed.TransposedGraph.DIFFERS} <= set(
-        rules.TRACE_REFUSALS)
+        rules.TRACE_REFUSALS
+    )
 
 
 def test_a_kept_node_names_its_entry_and_imperative_calls_say_the_ops():
@@ -146,7 +167,8 @@ def test_index_guards_are_keyed_by_mxnet_operator():
 
 def test_a_bfloat16_signature_is_refused_by_its_entry():
     # NumPy has no bfloat16: such a Custom node computes in float32 itself (modes.widened)
-    verdict = native.native_graph(rules_detached, {}, [(3,)],
-                                  [np.dtype([("bfloat16", np.uint16)])], TRAIN)
+    verdict = native.native_graph(
+        rules_detached, {}, [(3,)], [np.dtype([("bfloat16", np.uint16)])], TRAIN
+    )
     assert verdict.graph is None and verdict.rule == "bfloat16"
     assert verdict.reason == rules.TRACE_REFUSALS["bfloat16"]

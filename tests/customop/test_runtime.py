@@ -2,6 +2,7 @@
 
 See ``customop/runtime/`` for the list of patches.
 """
+
 import json
 import sys
 import textwrap
@@ -14,7 +15,7 @@ from tests import concurrently, fresh
 ROOT = Path(__file__).resolve().parents[2]
 
 # Every MXNet / Python object customop has ever had a reason to touch, by identity.
-SNAPSHOT = textwrap.dedent('''
+SNAPSHOT = textwrap.dedent("""
     import atexit, json, subprocess, sys, threading
     import mxnet as mx
     from mxnet._ffi._ctypes import function as ffi_function
@@ -51,21 +52,26 @@ SNAPSHOT = textwrap.dedent('''
         state = {k: id(v) for k, v in objects.items()}
         state["atexit callbacks"] = atexit._ncallbacks()
         return state
-''')
+""")
 
 
 def _run(code, env=None):
     import os
 
-    out = fresh.run([sys.executable, "-c", SNAPSHOT + textwrap.dedent(code)], cwd=ROOT,
-                    capture_output=True, text=True, timeout=120,
-                    env={**os.environ, **(env or {})})
+    out = fresh.run(
+        [sys.executable, "-c", SNAPSHOT + textwrap.dedent(code)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, **(env or {})},
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def test_importing_customop_and_ops_changes_nothing():
-    result = _run('''
+    result = _run("""
         before = snapshot()
         import customop, ops, customop.check, customop.distributed.auxsync
         import numpy as np
@@ -77,12 +83,12 @@ def test_importing_customop_and_ops_changes_nothing():
         from customop import runtime
         print(json.dumps({"changed": sorted(k for k in before if before[k] != after[k]),
                           "installed": runtime.installed()}))
-    ''')
+    """)
     assert result == {"changed": [], "installed": []}
 
 
 def test_the_first_recorded_call_installs_only_what_it_needs():
-    result = _run('''
+    result = _run("""
         before = snapshot()
         import customop, ops
         x = mx.nd.ones((2, 3)); x.attach_grad()
@@ -93,30 +99,38 @@ def test_the_first_recorded_call_installs_only_what_it_needs():
         after = snapshot()
         print(json.dumps({"changed": sorted(k for k in before if before[k] != after[k]),
                           "installed": runtime.installed()}))
-    ''')
+    """)
     assert result["installed"] == ["backlog", "errors", "fork"]
     # the error hook and the exit drain; the aux patch is not there (no aux op was used)
-    assert set(result["changed"]) <= {"base.get_last_ffi_error", "ffi.get_last_ffi_error",
-                                      "operator.print", "autograd.print", "atexit callbacks",
-                                      "Popen._execute_child"}
+    assert set(result["changed"]) <= {
+        "base.get_last_ffi_error",
+        "ffi.get_last_ffi_error",
+        "operator.print",
+        "autograd.print",
+        "atexit callbacks",
+        "Popen._execute_child",
+    }
     assert "Executor.__init__" not in result["changed"]
     assert "autograd.backward" not in result["changed"]
     assert "Trainer.step" not in result["changed"] and "Module.update" not in result["changed"]
 
 
 def test_switched_off_patches_stay_out():
-    result = _run('''
+    result = _run(
+        """
         import customop, ops
         x = mx.nd.ones((2, 3))
         with mx.autograd.record():
             ops.focal_loss(x, mx.nd.array([0, 1]), alpha=0.25, gamma=2.0).wait_to_read()
         from customop import runtime
         print(json.dumps({"installed": runtime.installed()}))
-    ''', env={"CUSTOMOP_RUNTIME_OFF": "fork,errors,backlog"})
+    """,
+        env={"CUSTOMOP_RUNTIME_OFF": "fork,errors,backlog"},
+    )
     assert result == {"installed": []}
 
 
-UNRELATED_NETS = '''
+UNRELATED_NETS = """
     import customop, ops
     from customop import runtime
     CTX = [mx.cpu(0), mx.cpu(1)]
@@ -132,11 +146,13 @@ UNRELATED_NETS = '''
     def executor():
         x = mx.sym.var("x")
         return mx.sym.FullyConnected(x, num_hidden=3).simple_bind(mx.cpu(), x=(4, 5))
-'''
+"""
 
 
 def test_after_an_aux_op_is_used_only_its_own_graphs_wait():
-    result = _run(textwrap.dedent(UNRELATED_NETS) + textwrap.dedent('''
+    result = _run(
+        textwrap.dedent(UNRELATED_NETS)
+        + textwrap.dedent("""
         # an op with aux states, used in every style
         data = mx.nd.random.normal(shape=(4, 3)); label = mx.nd.array([0, 1, 0, 1])
         data.attach_grad()
@@ -156,15 +172,33 @@ def test_after_an_aux_op_is_used_only_its_own_graphs_wait():
             "unrelated executor": type(exe).__name__,
             "unrelated cachedop": type(net._cached_op).__name__,
         }))
-    '''))
-    assert result == {"installed": ["aux", "auxsync", "backlog", "binds", "deps", "errors",
-                                    "fork", "gluonshape", "names", "release", "shapes"],
-                      "aux executor": "_AuxExecutor", "aux cachedop": "_AuxCachedOp",
-                      "unrelated executor": "Executor", "unrelated cachedop": "CachedOp"}
+    """)
+    )
+    assert result == {
+        "installed": [
+            "aux",
+            "auxsync",
+            "backlog",
+            "binds",
+            "deps",
+            "errors",
+            "fork",
+            "gluonshape",
+            "names",
+            "release",
+            "shapes",
+        ],
+        "aux executor": "_AuxExecutor",
+        "aux cachedop": "_AuxCachedOp",
+        "unrelated executor": "Executor",
+        "unrelated cachedop": "CachedOp",
+    }
 
 
 def test_the_inline_patch_comes_with_the_first_graph_of_an_op_that_inlines():
-    result = _run(textwrap.dedent(UNRELATED_NETS) + textwrap.dedent('''
+    result = _run(
+        textwrap.dedent(UNRELATED_NETS)
+        + textwrap.dedent("""
         before = snapshot()
         d = mx.nd.ones((1, 4, 4)); d.attach_grad()
         with mx.autograd.record():  # recorded as its own operators: no graph, no patch
@@ -183,7 +217,8 @@ def test_the_inline_patch_comes_with_the_first_graph_of_an_op_that_inlines():
                           "unrelated cachedop": type(net._cached_op).__name__,
                           "trace hooks back": snapshot()["NDArray.asnumpy"] == before[
                               "NDArray.asnumpy"]}))
-    '''))
+    """)
+    )
     assert ["inline" in step for step in result["steps"]] == [False, False, True]
     assert {"Symbol.bind", "Symbol.simple_bind", "CachedOp.__init__"} <= set(result["changed"])
     assert ["gluonshape" in step for step in result["steps"]] == [False, True, True]
@@ -193,18 +228,21 @@ def test_the_inline_patch_comes_with_the_first_graph_of_an_op_that_inlines():
 
 
 def test_switched_off_inlining_keeps_custom_nodes():
-    result = _run('''
+    result = _run(
+        """
         import customop, ops
         from customop import runtime
         out = ops.box_decode(mx.sym.var("d"), mx.sym.var("a"))
         exe = out.simple_bind(mx.cpu(), d=(2, 4, 4), a=(1, 4, 4))
         print(json.dumps({"installed": runtime.installed(),
                           "inlined": hasattr(exe, "customop_inlined")}))
-    ''', env={"CUSTOMOP_RUNTIME_OFF": "inline"})
+    """,
+        env={"CUSTOMOP_RUNTIME_OFF": "inline"},
+    )
     assert "inline" not in result["installed"] and not result["inlined"]
 
 
-RELEASE = '''
+RELEASE = """
     import gc, time, weakref
     import customop
     from customop import runtime
@@ -249,14 +287,18 @@ RELEASE = '''
     print(json.dumps({"installed": runtime.installed(), "left in registry": len(registry) - before,
                       "watched": len(runtime.callbacks.watched),
                       "hand-written alive": sum(r() is not None for r in made)}))
-'''
+"""
 
 
 @pytest.fixture(scope="module")
 def releases(request):
     """RELEASE run once per selected CUSTOMOP_RUNTIME_OFF, two processes at a time."""
-    runs = concurrently.run_selected({off: lambda off=off: _run(RELEASE, env={
-        "CUSTOMOP_RUNTIME_OFF": off}) for off in concurrently.selected(request, "off")})
+    runs = concurrently.run_selected(
+        {
+            off: lambda off=off: _run(RELEASE, env={"CUSTOMOP_RUNTIME_OFF": off})
+            for off in concurrently.selected(request, "off")
+        }
+    )
     yield runs
     runs.wait()
 
@@ -266,14 +308,19 @@ def test_release_frees_only_our_operators_and_mxnet_still_deletes_them(off, rele
     result = releases[off]
     # MXNet's own deleter ran for every operator (ours through the release hook), and a
     # hand-written CustomOp is left to the cycle collector, as MXNet leaves it
-    installed = sorted({"backlog", "binds", "deps", "errors", "fork", "gluonshape", "names",
-                        "release", "shapes"}
-                       - set(off.split(",")))
-    assert result == {"installed": installed,
-                      "left in registry": 0, "watched": 0, "hand-written alive": 5}
+    installed = sorted(
+        {"backlog", "binds", "deps", "errors", "fork", "gluonshape", "names", "release", "shapes"}
+        - set(off.split(","))
+    )
+    assert result == {
+        "installed": installed,
+        "left in registry": 0,
+        "watched": 0,
+        "hand-written alive": 5,
+    }
 
 
-NATIVE_LOOP = '''
+NATIVE_LOOP = """
     mx.random.seed(0)
     net = mx.gluon.nn.HybridSequential()
     net.add(mx.gluon.nn.Dense(16, activation="relu"), mx.gluon.nn.Dense(3))
@@ -288,7 +335,7 @@ NATIVE_LOOP = '''
         l.backward()
         trainer.step(8)
     print(json.dumps([float(v) for v in net(x).asnumpy().ravel()]))
-'''
+"""
 
 
 AUX_OP_USED = """

@@ -1,6 +1,7 @@
 """Files written before the wings (customop of commit d2cc5fc, tests/data/before_wings/make.py)
 load after customop's modules moved into customop/graphs/ and customop/deploy/: pickled ops,
 a pickled Symbol, an exported model with a Custom node and a Module checkpoint."""
+
 import pickle
 from pathlib import Path
 
@@ -26,8 +27,14 @@ def _inputs(shape, seed):
 
 def test_pickled_ops_are_todays_ops():
     saved = pickle.loads((DATA / "ops.pkl").read_bytes())
-    expected = [ops.topk, ops.focal_loss, auxops.counted, auxops.counted_nd, opdefs.square_np,
-                opdefs.square_nd]
+    expected = [
+        ops.topk,
+        ops.focal_loss,
+        auxops.counted,
+        auxops.counted_nd,
+        opdefs.square_np,
+        opdefs.square_nd,
+    ]
     assert saved["types"] == [o.op_type for o in expected]
     for key in ("protocol2", "highest"):
         got = pickle.loads(saved[key])
@@ -45,12 +52,14 @@ def test_pickled_symbol_binds_and_computes():
 
 
 def test_exported_model_imports_and_computes():
-    net = customop.imports(str(DATA / "head-symbol.json"), ["pred", "target"],
-                           str(DATA / "head-0000.params"))
+    net = customop.imports(
+        str(DATA / "head-symbol.json"), ["pred", "target"], str(DATA / "head-0000.params")
+    )
     pred, target = _inputs((2, 4), 1)
     got = net(mx.nd.array(pred), mx.nd.array(target)).asnumpy()
-    np.testing.assert_allclose(got, _smooth_l1(pred, target) ** 2 + pred * pred, rtol=1e-5,
-                               atol=1e-6)
+    np.testing.assert_allclose(
+        got, _smooth_l1(pred, target) ** 2 + pred * pred, rtol=1e-5, atol=1e-6
+    )
 
 
 def test_module_checkpoint_loads_and_computes():

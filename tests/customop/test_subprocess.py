@@ -1,5 +1,6 @@
 """subprocess.run after a decorated op ran: Python 3.8/3.9 fork without os.register_at_fork
 handlers, and MXNet's own fork handler then waits for a worker thread that needs the GIL."""
+
 import json
 import os
 import signal
@@ -42,18 +43,28 @@ def _spawn_and_wait(argv, out_path, timeout):
     the same reason) and return (exit code or None on timeout, output); kills on timeout."""
     fd = os.open(out_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-            [str(ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])}
-        pid = os.posix_spawn(argv[0], argv, env, file_actions=[
-            (os.POSIX_SPAWN_DUP2, fd, 1), (os.POSIX_SPAWN_DUP2, fd, 2)], setsid=True)
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join(
+                [str(ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+            ),
+        }
+        pid = os.posix_spawn(
+            argv[0],
+            argv,
+            env,
+            file_actions=[(os.POSIX_SPAWN_DUP2, fd, 1), (os.POSIX_SPAWN_DUP2, fd, 2)],
+            setsid=True,
+        )
     finally:
         os.close(fd)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         done, status = os.waitpid(pid, os.WNOHANG)
         if done:
-            return os.WEXITSTATUS(status) if os.WIFEXITED(status) else -1, \
-                Path(out_path).read_text()
+            return os.WEXITSTATUS(status) if os.WIFEXITED(status) else -1, Path(
+                out_path
+            ).read_text()
         time.sleep(0.2)
     os.killpg(pid, signal.SIGKILL)  # the child and the subprocess it may have started
     os.waitpid(pid, 0)
@@ -66,8 +77,10 @@ def test_subprocess_run_after_a_decorated_op_does_not_hang(tmp_path):
     script.write_text(CHILD)
     code, out = _spawn_and_wait([sys.executable, str(script)], tmp_path / "out.txt", TIMEOUT)
     if code is None:
-        pytest.fail(f"subprocess.run after a decorated op hung for {TIMEOUT} s on Python "
-                    f"{sys.version.split()[0]} (killed). Output:\n{out}")
+        pytest.fail(
+            f"subprocess.run after a decorated op hung for {TIMEOUT} s on Python "
+            f"{sys.version.split()[0]} (killed). Output:\n{out}"
+        )
     assert code == 0, out
     assert "ran [" in out and "subprocess returned 0" in out, out
 
@@ -79,8 +92,16 @@ SHAPES = [("both", 2, 2), ("both", 2, 4)]
 
 
 def _beside_training(tmp_path, ops, train, spawn, run=0):
-    argv = [sys.executable, str(BESIDE_TRAINING), "--ops", ops, "--train", str(train),
-            "--spawn", str(spawn)]
+    argv = [
+        sys.executable,
+        str(BESIDE_TRAINING),
+        "--ops",
+        ops,
+        "--train",
+        str(train),
+        "--spawn",
+        str(spawn),
+    ]
     return _spawn_and_wait(argv, tmp_path / f"out{run}.txt", TIMEOUT)
 
 
@@ -91,8 +112,10 @@ def test_threads_start_subprocesses_while_others_train(tmp_path, ops, train, spa
     # threads (hung 5 of 5 before); the fork patch now starts those children with posix_spawn
     code, out = _beside_training(tmp_path, ops, train, spawn)
     if code is None:
-        pytest.fail(f"{train} threads training beside {spawn} starting subprocesses hung for "
-                    f"{TIMEOUT} s on Python {sys.version.split()[0]} (killed). Output:\n{out}")
+        pytest.fail(
+            f"{train} threads training beside {spawn} starting subprocesses hung for "
+            f"{TIMEOUT} s on Python {sys.version.split()[0]} (killed). Output:\n{out}"
+        )
     assert code == 0 and out.startswith("ok"), out
 
 
@@ -101,13 +124,17 @@ def test_threads_start_subprocesses_while_others_train(tmp_path, ops, train, spa
 @pytest.mark.parametrize("ops,train,spawn", SHAPES + [("mxnet", 2, 2), ("numpy", 2, 2)])
 def test_threads_start_subprocesses_while_others_train_10_times(tmp_path, ops, train, spawn):
     outcomes = [_beside_training(tmp_path, ops, train, spawn, run) for run in range(10)]
-    bad = [(run, code, out[-1500:]) for run, (code, out) in enumerate(outcomes)
-           if code != 0 or not out.startswith("ok")]
+    bad = [
+        (run, code, out[-1500:])
+        for run, (code, out) in enumerate(outcomes)
+        if code != 0 or not out.startswith("ok")
+    ]
     assert bad == [], f"{len(bad)} of 10 runs hung (code None) or failed: {bad}"
 
 
 ON_GLIBC = sys.platform.startswith("linux") and (
-    getattr(os, "confstr", lambda _: "")("CS_GNU_LIBC_VERSION") or "").startswith("glibc")
+    getattr(os, "confstr", lambda _: "")("CS_GNU_LIBC_VERSION") or ""
+).startswith("glibc")
 
 
 @pytest.mark.skipif(not ON_GLIBC, reason="the spawn path needs glibc's posix_spawn")

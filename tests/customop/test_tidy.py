@@ -5,6 +5,7 @@ Each is an operator call in every step of a graph.  The rule rests on two tables
 ``NO_GRADIENT`` and ``PASS_GRADIENT`` takes a gradient on its output (MXNet fails at
 bind for one that does not: "non-differentiable because it didn't register FGradient").
 """
+
 import json
 
 import mxnet as mx
@@ -18,51 +19,103 @@ from customop.runtime import inline
 X = mx.sym.var("x")
 W = mx.sym.var("w")
 _ONE_INPUT = {
-    "argmax": lambda: mx.sym.argmax(X, axis=1), "argmin": lambda: mx.sym.argmin(X, axis=1),
-    "argsort": lambda: mx.sym.argsort(X), "shape_array": lambda: mx.sym.shape_array(X),
-    "size_array": lambda: mx.sym.size_array(X), "zeros_like": lambda: mx.sym.zeros_like(X),
+    "argmax": lambda: mx.sym.argmax(X, axis=1),
+    "argmin": lambda: mx.sym.argmin(X, axis=1),
+    "argsort": lambda: mx.sym.argsort(X),
+    "shape_array": lambda: mx.sym.shape_array(X),
+    "size_array": lambda: mx.sym.size_array(X),
+    "zeros_like": lambda: mx.sym.zeros_like(X),
     "ones_like": lambda: mx.sym.ones_like(X),
     "_contrib_arange_like": lambda: mx.sym.contrib.arange_like(X),
-    "BlockGrad": lambda: mx.sym.BlockGrad(X), "Cast": lambda: mx.sym.Cast(X, dtype="float64"),
-    "Reshape": lambda: mx.sym.reshape(X, (-1,)), "expand_dims": lambda: mx.sym.expand_dims(X, 0),
+    "BlockGrad": lambda: mx.sym.BlockGrad(X),
+    "Cast": lambda: mx.sym.Cast(X, dtype="float64"),
+    "Reshape": lambda: mx.sym.reshape(X, (-1,)),
+    "expand_dims": lambda: mx.sym.expand_dims(X, 0),
     "slice_axis": lambda: mx.sym.slice_axis(X, axis=1, begin=0, end=2),
-    "clip": lambda: mx.sym.clip(X, 0, 1), "abs": lambda: mx.sym.abs(X),
-    "exp": lambda: mx.sym.exp(X), "log": lambda: mx.sym.log(X), "min": lambda: mx.sym.min(X),
-    "max": lambda: mx.sym.max(X), "sum": lambda: mx.sym.sum(X),
-    "where": lambda: mx.sym.where(X > 0, X, X), "one_hot": lambda: mx.sym.one_hot(X, 3),
-    "_full": lambda: mx.sym.full((1,), 3.0), "_zeros": lambda: mx.sym.zeros((1,)),
+    "clip": lambda: mx.sym.clip(X, 0, 1),
+    "abs": lambda: mx.sym.abs(X),
+    "exp": lambda: mx.sym.exp(X),
+    "log": lambda: mx.sym.log(X),
+    "min": lambda: mx.sym.min(X),
+    "max": lambda: mx.sym.max(X),
+    "sum": lambda: mx.sym.sum(X),
+    "where": lambda: mx.sym.where(X > 0, X, X),
+    "one_hot": lambda: mx.sym.one_hot(X, 3),
+    "_full": lambda: mx.sym.full((1,), 3.0),
+    "_zeros": lambda: mx.sym.zeros((1,)),
     "_ones": lambda: mx.sym.ones((1,)),
     "broadcast_like": lambda: mx.sym.broadcast_like(mx.sym.sum(X, axis=1, keepdims=True), X),
-    "_power_scalar": lambda: X ** 2, "negative": lambda: mx.sym.negative(X),
+    "_power_scalar": lambda: X**2,
+    "negative": lambda: mx.sym.negative(X),
     "_copy": lambda: mx.sym._internal._copy(X),
-    "transpose": lambda: mx.sym.transpose(X), "sigmoid": lambda: mx.sym.sigmoid(X),
+    "transpose": lambda: mx.sym.transpose(X),
+    "sigmoid": lambda: mx.sym.sigmoid(X),
     "Activation": lambda: mx.sym.Activation(X, act_type="softrelu"),
-    "relu": lambda: mx.sym.relu(X), "square": lambda: mx.sym.square(X),
-    "sqrt": lambda: mx.sym.sqrt(X), "smooth_l1": lambda: mx.sym.smooth_l1(X, scalar=1.0),
+    "relu": lambda: mx.sym.relu(X),
+    "square": lambda: mx.sym.square(X),
+    "sqrt": lambda: mx.sym.sqrt(X),
+    "smooth_l1": lambda: mx.sym.smooth_l1(X, scalar=1.0),
     "pick": lambda: mx.sym.pick(X, mx.sym.argmax(X, axis=1), axis=1),
     "take": lambda: mx.sym.take(X, mx.sym.argmax(X, axis=1)),
     "Concat": lambda: mx.sym.concat(X, X, dim=1),
-    "batch_dot": lambda: mx.sym.batch_dot(mx.sym.expand_dims(X, 0), mx.sym.expand_dims(X, 0),
-                                          transpose_b=True),
+    "batch_dot": lambda: mx.sym.batch_dot(
+        mx.sym.expand_dims(X, 0), mx.sym.expand_dims(X, 0), transpose_b=True
+    ),
     "mean": lambda: mx.sym.mean(X),
     "_contrib_box_iou": lambda: mx.sym.contrib.box_iou(X, X),
     "_contrib_box_encode": lambda: mx.sym.contrib.box_encode(
-        mx.sym.ones((1, 2)), mx.sym.zeros((1, 2)), mx.sym.expand_dims(X, 0),
-        mx.sym.expand_dims(X, 0), mx.sym.zeros((4,)), mx.sym.ones((4,)))[0],
-    "_contrib_box_decode": lambda: mx.sym.contrib.box_decode(mx.sym.expand_dims(X, 0),
-                                                             mx.sym.expand_dims(X, 0)),
+        mx.sym.ones((1, 2)),
+        mx.sym.zeros((1, 2)),
+        mx.sym.expand_dims(X, 0),
+        mx.sym.expand_dims(X, 0),
+        mx.sym.zeros((4,)),
+        mx.sym.ones((4,)),
+    )[0],
+    "_contrib_box_decode": lambda: mx.sym.contrib.box_decode(
+        mx.sym.expand_dims(X, 0), mx.sym.expand_dims(X, 0)
+    ),
     "reshape_like": lambda: mx.sym.reshape_like(X, X),
 }
-_BINARY = {"elemwise_add", "elemwise_sub", "elemwise_mul", "elemwise_div", "broadcast_add",
-           "broadcast_sub", "broadcast_mul", "broadcast_div", "broadcast_minimum",
-           "broadcast_maximum", "_greater", "_greater_equal", "_lesser", "_lesser_equal",
-           "_equal", "_not_equal", "broadcast_greater", "broadcast_greater_equal",
-           "broadcast_lesser", "broadcast_lesser_equal", "broadcast_equal",
-           "broadcast_not_equal"}
-_SCALAR = {"_plus_scalar", "_minus_scalar", "_rminus_scalar", "_mul_scalar", "_div_scalar",
-           "_rdiv_scalar", "_maximum_scalar", "_minimum_scalar", "_greater_scalar",
-           "_greater_equal_scalar", "_lesser_scalar", "_lesser_equal_scalar", "_equal_scalar",
-           "_not_equal_scalar"}
+_BINARY = {
+    "elemwise_add",
+    "elemwise_sub",
+    "elemwise_mul",
+    "elemwise_div",
+    "broadcast_add",
+    "broadcast_sub",
+    "broadcast_mul",
+    "broadcast_div",
+    "broadcast_minimum",
+    "broadcast_maximum",
+    "_greater",
+    "_greater_equal",
+    "_lesser",
+    "_lesser_equal",
+    "_equal",
+    "_not_equal",
+    "broadcast_greater",
+    "broadcast_greater_equal",
+    "broadcast_lesser",
+    "broadcast_lesser_equal",
+    "broadcast_equal",
+    "broadcast_not_equal",
+}
+_SCALAR = {
+    "_plus_scalar",
+    "_minus_scalar",
+    "_rminus_scalar",
+    "_mul_scalar",
+    "_div_scalar",
+    "_rdiv_scalar",
+    "_maximum_scalar",
+    "_minimum_scalar",
+    "_greater_scalar",
+    "_greater_equal_scalar",
+    "_lesser_scalar",
+    "_lesser_equal_scalar",
+    "_equal_scalar",
+    "_not_equal_scalar",
+}
 _UNARY = {"floor", "ceil", "round", "rint", "fix", "sign"}
 
 
@@ -97,14 +150,21 @@ def _graph(sym):
 
 def test_a_block_grad_above_values_no_gradient_reaches_is_dropped_and_others_stay():
     picked = mx.sym.BlockGrad(mx.sym.argmax(X, axis=1) + 1)  # argmax: no gradient passes
-    flag = mx.sym.BlockGrad(mx.sym.min(X > 0))               # a check's flag
-    stops = mx.sym.BlockGrad(X * 2)                          # x's gradient: must stay
-    compared = mx.sym.BlockGrad(X * 3) > 0                   # no gradient comes back
+    flag = mx.sym.BlockGrad(mx.sym.min(X > 0))  # a check's flag
+    stops = mx.sym.BlockGrad(X * 2)  # x's gradient: must stay
+    compared = mx.sym.BlockGrad(X * 3) > 0  # no gradient comes back
     # make_loss makes a gradient of its own, even under zeros_like: this BlockGrad stays
     lossy = mx.sym.zeros_like(mx.sym.make_loss(mx.sym.broadcast_mul(mx.sym.BlockGrad(X * 5), W)))
-    out = mx.sym.Group([mx.sym.broadcast_mul(picked, W), mx.sym.broadcast_mul(flag, W),
-                        mx.sym.broadcast_mul(stops, W), mx.sym.broadcast_mul(compared, W),
-                        lossy, mx.sym.BlockGrad(X)])  # a head stays
+    out = mx.sym.Group(
+        [
+            mx.sym.broadcast_mul(picked, W),
+            mx.sym.broadcast_mul(flag, W),
+            mx.sym.broadcast_mul(stops, W),
+            mx.sym.broadcast_mul(compared, W),
+            lossy,
+            mx.sym.BlockGrad(X),
+        ]
+    )  # a head stays
     graph = _graph(out)
     cleaned = tidy.idle_block_grads(graph)
     ops = [n["op"] for n in cleaned["nodes"]]
@@ -116,8 +176,9 @@ def test_a_block_grad_above_values_no_gradient_reaches_is_dropped_and_others_sta
     w = mx.nd.array([2.0])
     grads = []
     for sym in (before, after):
-        exe = sym.bind(mx.cpu(), {"x": x, "w": w}, args_grad={"x": mx.nd.zeros((2, 4)),
-                                                               "w": mx.nd.zeros((1,))})
+        exe = sym.bind(
+            mx.cpu(), {"x": x, "w": w}, args_grad={"x": mx.nd.zeros((2, 4)), "w": mx.nd.zeros((1,))}
+        )
         outs = [o.asnumpy() for o in exe.forward(is_train=True)]
         exe.backward([mx.nd.ones(o.shape) for o in outs])
         grads.append((outs, exe.grad_dict["x"].asnumpy(), exe.grad_dict["w"].asnumpy()))
@@ -217,13 +278,17 @@ def test_argmax_matches_over_the_boxes_axis_need_no_clipping_and_no_check(column
     net.hybridize()
     targets, masks = (o.asnumpy() for o in net(*arrays))
     plan = inline._plans[id(net._cached_op)]
-    found = binding.spliced(plan.sym, {n: a.shape for n, a in zip(plan.names, arrays)},
-                                    {n: a.dtype for n, a in zip(plan.names, arrays)}, set())
+    found = binding.spliced(
+        plan.sym,
+        {n: a.shape for n, a in zip(plan.names, arrays)},
+        {n: a.dtype for n, a in zip(plan.names, arrays)},
+        set(),
+    )
     ran = [n["op"] for n in json.loads(found.symbol.tojson())["nodes"]]
     matches = scores.argmax(axis=2)
     want, want_masks = ops.box_encode.numpy(
-        np.ones((2, 5)), np.minimum(matches, 2).astype("f8"), anchors, refs, np.zeros(4),
-        np.ones(4))
+        np.ones((2, 5)), np.minimum(matches, 2).astype("f8"), anchors, refs, np.zeros(4), np.ones(4)
+    )
     if columns == 3:
         assert "broadcast_minimum" not in ran and "floor" not in ran, ran
         np.testing.assert_allclose(targets, want, rtol=1e-5, atol=1e-6)
@@ -238,11 +303,13 @@ def test_argmax_matches_over_the_boxes_axis_need_no_clipping_and_no_check(column
 def _run(graph, x, w, head_grads=None):
     # outputs, and the gradients of x and w, of a graph of x and w (one forward, one backward)
     sym = graph_json.load(graph)
-    exe = sym.bind(mx.cpu(), {"x": mx.nd.array(x), "w": mx.nd.array(w)},
-                   args_grad={"x": mx.nd.zeros(x.shape), "w": mx.nd.zeros(w.shape)})
+    exe = sym.bind(
+        mx.cpu(),
+        {"x": mx.nd.array(x), "w": mx.nd.array(w)},
+        args_grad={"x": mx.nd.zeros(x.shape), "w": mx.nd.zeros(w.shape)},
+    )
     outs = [o.asnumpy() for o in exe.forward(is_train=True)]
-    exe.backward([mx.nd.array(np.cos(np.arange(o.size)).reshape(o.shape) + 0.3)
-                  for o in outs])
+    exe.backward([mx.nd.array(np.cos(np.arange(o.size)).reshape(o.shape) + 0.3) for o in outs])
     return outs + [exe.grad_dict["x"].asnumpy(), exe.grad_dict["w"].asnumpy()]
 
 
@@ -258,15 +325,17 @@ def _xw():
 
 
 def test_repeated_nodes_no_gradient_passes_through_are_computed_once():
-    flag = lambda: mx.sym.sum(X > 0)                          # noqa: E731 - no gradient passes
-    stopped = lambda: mx.sym.BlockGrad(X) * -1.0               # noqa: E731 - reaches no variable
-    carried = lambda: mx.sym.broadcast_mul(X, W) * 3.0         # noqa: E731 - carries x's gradient
-    out = mx.sym.Group([
-        mx.sym.broadcast_mul(flag(), W) + mx.sym.broadcast_mul(flag(), W),
-        mx.sym.broadcast_mul(stopped(), W) + mx.sym.broadcast_mul(stopped(), W),
-        carried() + carried(),
-        mx.sym.random.uniform(shape=(2, 4)) + mx.sym.random.uniform(shape=(2, 4)) * 0,
-    ])
+    flag = lambda: mx.sym.sum(X > 0)  # noqa: E731 - no gradient passes
+    stopped = lambda: mx.sym.BlockGrad(X) * -1.0  # noqa: E731 - reaches no variable
+    carried = lambda: mx.sym.broadcast_mul(X, W) * 3.0  # noqa: E731 - carries x's gradient
+    out = mx.sym.Group(
+        [
+            mx.sym.broadcast_mul(flag(), W) + mx.sym.broadcast_mul(flag(), W),
+            mx.sym.broadcast_mul(stopped(), W) + mx.sym.broadcast_mul(stopped(), W),
+            carried() + carried(),
+            mx.sym.random.uniform(shape=(2, 4)) + mx.sym.random.uniform(shape=(2, 4)) * 0,
+        ]
+    )
     graph = _graph(out)
     merged = tidy.common_subexpressions(graph)
     ops_before = [n["op"] for n in graph["nodes"]]
@@ -289,9 +358,17 @@ def test_repeated_nodes_no_gradient_passes_through_are_computed_once():
     _same_bits(got[:3] + got[4:], want[:3] + want[4:])  # (the random output differs per run)
 
 
-@pytest.mark.parametrize("identity", [
-    lambda y: mx.sym._internal._copy(y), lambda y: mx.sym.identity(y), lambda y: y * 1.0,
-    lambda y: y / 1.0, lambda y: y - 0.0, lambda y: y + (-0.0)])
+@pytest.mark.parametrize(
+    "identity",
+    [
+        lambda y: mx.sym._internal._copy(y),
+        lambda y: mx.sym.identity(y),
+        lambda y: y * 1.0,
+        lambda y: y / 1.0,
+        lambda y: y - 0.0,
+        lambda y: y + (-0.0),
+    ],
+)
 def test_operators_that_return_their_input_bit_for_bit_are_dropped(identity):
     y = mx.sym.broadcast_mul(X, W)
     graph = _graph(mx.sym.Group([1.0 / identity(y), identity(y)]))  # (a head keeps its node)
@@ -314,8 +391,12 @@ def test_x_plus_zero_stays_it_turns_minus_zero_into_zero(plus_zero):
 
 def test_the_rules_have_names_and_run_in_tidied():
     assert len({r.name for r in tidy.RULES}) == len(tidy.RULES)
-    assert {r.rewrite for r in tidy.RULES} >= {tidy.identities, tidy.common_subexpressions,
-                                                tidy.idle_block_grads, tidy.argmax_indices}
+    assert {r.rewrite for r in tidy.RULES} >= {
+        tidy.identities,
+        tidy.common_subexpressions,
+        tidy.idle_block_grads,
+        tidy.argmax_indices,
+    }
 
 
 def test_the_retinanet_heads_graph_loses_repeats_with_the_same_bits(monkeypatch):
@@ -323,6 +404,7 @@ def test_the_retinanet_heads_graph_loses_repeats_with_the_same_bits(monkeypatch)
     # the two of this table that merge and drop (the forward and every gradient, bit for bit)
     import sys
     from pathlib import Path
+
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
     import retinanet_head as R
 
@@ -332,16 +414,23 @@ def test_the_retinanet_heads_graph_loses_repeats_with_the_same_bits(monkeypatch)
     sym = head(*[mx.sym.var(n) for n in names])
     rng = np.random.RandomState(3)
     boxes = _boxes(rng, (R.BATCH, 3, 4)) * 2
-    values = {"feat": rng.randn(R.BATCH, R.CHANNELS, R.HEIGHT, R.WIDTH), "gt_boxes": boxes,
-              "gt_labels": rng.randint(1, 3, (R.BATCH, 3))}
+    values = {
+        "feat": rng.randn(R.BATCH, R.CHANNELS, R.HEIGHT, R.WIDTH),
+        "gt_boxes": boxes,
+        "gt_labels": rng.randint(1, 3, (R.BATCH, 3)),
+    }
     params = head.collect_params()
     values.update((n, p.data().asnumpy()) for n, p in params.items() if n in sym.list_arguments())
     written = {n for n, p in params.items() if p.grad_req != "null"} & set(sym.list_arguments())
     shapes = {n: v.shape for n, v in values.items()}
     dtypes = {n: "float32" for n in values}
     runs = []
-    for rules_used in (tidy.RULES, tuple(r for r in tidy.RULES if r.rewrite not in (
-            tidy.identities, tidy.common_subexpressions))):
+    for rules_used in (
+        tidy.RULES,
+        tuple(
+            r for r in tidy.RULES if r.rewrite not in (tidy.identities, tidy.common_subexpressions)
+        ),
+    ):
         monkeypatch.setattr(tidy, "RULES", rules_used)
         binding.clear_cache()  # (a splice is kept per signature; so is this one: forgotten)
         try:
@@ -350,12 +439,20 @@ def test_the_retinanet_heads_graph_loses_repeats_with_the_same_bits(monkeypatch)
             binding.clear_cache()
         args = {n: mx.nd.array(v) for n, v in values.items()}
         grads = {n: mx.nd.zeros(values[n].shape) for n in written}
-        exe = spliced.bind(mx.cpu(), args, args_grad=grads,
-                           grad_req={n: "write" if n in written else "null" for n in values})
+        exe = spliced.bind(
+            mx.cpu(),
+            args,
+            args_grad=grads,
+            grad_req={n: "write" if n in written else "null" for n in values},
+        )
         outs = [o.asnumpy() for o in exe.forward(is_train=True)]
         exe.backward()
-        runs.append((len(json.loads(spliced.tojson())["nodes"]), outs + [
-            grads[n].asnumpy() for n in sorted(written)]))
+        runs.append(
+            (
+                len(json.loads(spliced.tojson())["nodes"]),
+                outs + [grads[n].asnumpy() for n in sorted(written)],
+            )
+        )
     (merged, got), (kept, want) = runs
     assert merged < kept
     assert np.isfinite(got[0]).all()

@@ -4,6 +4,7 @@ References are written from the formula in float64 NumPy (never from our output)
 the training graph is run by MXNet (``closure_values.run_graph``: a CachedOp under
 ``autograd.record``) and its gradients compared with them.
 """
+
 import mxnet as mx
 import numpy as np
 import pytest
@@ -41,9 +42,10 @@ def mixed(a, b, c):
 
 
 # one closure for a and c; b keeps MXNet's gradient of the forward
-mixed.def_grad(lambda ans, a, b, c: lambda g: (g * (b - c), mx.nd.sum(g * a, axis=0,
-                                                                      keepdims=True)),
-               argnum=(0, 2))
+mixed.def_grad(
+    lambda ans, a, b, c: lambda g: (g * (b - c), mx.nd.sum(g * a, axis=0, keepdims=True)),
+    argnum=(0, 2),
+)
 
 
 @decorate("mxnet")
@@ -73,11 +75,14 @@ def shaped(x):  # reshape, transpose, sum, slice, where, Cast, dot on the way to
 def _shaped_grad(ans, x):
     def grad(g):  # g: (rows, 3)
         back = mx.nd.dot(g, mx.nd.ones((3, 2)))  # (rows, 2)
-        picked = mx.nd.where(mx.nd.reshape(x.T, shape=(-1, 2)) > 10, mx.nd.zeros_like(back),
-                             back)
-        wide = mx.nd.concat(picked.slice_axis(axis=1, begin=0, end=1),
-                            picked.slice_axis(axis=1, begin=1, end=2), dim=1)
+        picked = mx.nd.where(mx.nd.reshape(x.T, shape=(-1, 2)) > 10, mx.nd.zeros_like(back), back)
+        wide = mx.nd.concat(
+            picked.slice_axis(axis=1, begin=0, end=1),
+            picked.slice_axis(axis=1, begin=1, end=2),
+            dim=1,
+        )
         return mx.nd.reshape_like(wide.astype("float64").astype("float32"), x.T).T
+
     return grad
 
 
@@ -168,32 +173,46 @@ def test_a_closure_in_another_order_than_the_operators_backward_stays_transposed
 
 def _written(scalar="2.0", order=(3, 2)):
     # x * x + (2 * x) * (x - x), stopped as the transposition writes it
-    return graph_json.NativeGraph([
-        {"op": "BlockGrad", "name": "s", "attrs": {}, "inputs": [("in", 0)]},
-        {"op": "broadcast_mul", "name": "f", "attrs": {}, "inputs": [("node", 0, 0)] * 2},
-        {"op": "_mul_scalar", "name": "c", "attrs": {"scalar": scalar},
-         "inputs": [("node", 0, 0)]},
-        {"op": "elemwise_sub", "name": "d", "attrs": {}, "inputs": [("in", 0), ("node", 0, 0)]},
-        {"op": "elemwise_mul", "name": "h", "attrs": {},
-         "inputs": [("node", k, 0) for k in order]},
-        {"op": "elemwise_add", "name": "y", "attrs": {}, "inputs": [("node", 1, 0),
-                                                                   ("node", 4, 0)]},
-    ], [("node", 5, 0)])
+    return graph_json.NativeGraph(
+        [
+            {"op": "BlockGrad", "name": "s", "attrs": {}, "inputs": [("in", 0)]},
+            {"op": "broadcast_mul", "name": "f", "attrs": {}, "inputs": [("node", 0, 0)] * 2},
+            {
+                "op": "_mul_scalar",
+                "name": "c",
+                "attrs": {"scalar": scalar},
+                "inputs": [("node", 0, 0)],
+            },
+            {"op": "elemwise_sub", "name": "d", "attrs": {}, "inputs": [("in", 0), ("node", 0, 0)]},
+            {
+                "op": "elemwise_mul",
+                "name": "h",
+                "attrs": {},
+                "inputs": [("node", k, 0) for k in order],
+            },
+            {
+                "op": "elemwise_add",
+                "name": "y",
+                "attrs": {},
+                "inputs": [("node", 1, 0), ("node", 4, 0)],
+            },
+        ],
+        [("node", 5, 0)],
+    )
 
 
 def test_square_is_written_for_float_inputs_and_twice_x_only():
     assert transposed._own_operators(_written(), ["float32"]).operators() == ["square"]
-    assert transposed._own_operators(_written(order=(2, 3)), ["float16"]).operators() == [
-        "square"]
+    assert transposed._own_operators(_written(order=(2, 3)), ["float16"]).operators() == ["square"]
     for graph, dtype in ((_written(), "int32"), (_written(scalar="3.0"), "float32")):
         assert len(transposed._own_operators(graph, [dtype]).operators()) == 6
     # MXNet's square computes 2 * x in float32 for integer inputs (2**24 + 1 loses its 1)
-    x = mx.nd.array([2 ** 24 + 1], dtype="int32")
+    x = mx.nd.array([2**24 + 1], dtype="int32")
     x.attach_grad()
     with mx.autograd.record():
         y = mx.nd.square(x)
     y.backward(mx.nd.array([1], dtype="int32"))
-    assert int(x.grad.asnumpy()[0]) != 2 * (2 ** 24 + 1)
+    assert int(x.grad.asnumpy()[0]) != 2 * (2**24 + 1)
 
 
 @decorate("mxnet")
@@ -252,14 +271,28 @@ def test_shape_rules_reshape_transpose_slice_where_cast_dot():
     back = g.astype("f8") @ np.ones((3, 2))
     back[x.T.reshape(-1, 2) > 10] = 0
     np.testing.assert_allclose(grads[0], back.reshape(6, 4).T, rtol=1e-5, atol=1e-5)
-    assert {"transpose", "dot", "where", "Cast", "Concat"} <= set(
-        graph(shaped, (4, 6)).operators())
+    assert {"transpose", "dot", "where", "Cast", "Concat"} <= set(graph(shaped, (4, 6)).operators())
 
 
 def test_every_rule_is_one_table_entry_per_operator():
-    for name in ("elemwise_mul", "broadcast_mul", "broadcast_div", "negative", "elemwise_add",
-                 "Reshape", "transpose", "sum", "broadcast_to", "where", "Cast", "slice_axis",
-                 "dot", "batch_dot", "scatter_nd", "_mul_scalar"):
+    for name in (
+        "elemwise_mul",
+        "broadcast_mul",
+        "broadcast_div",
+        "negative",
+        "elemwise_add",
+        "Reshape",
+        "transpose",
+        "sum",
+        "broadcast_to",
+        "where",
+        "Cast",
+        "slice_axis",
+        "dot",
+        "batch_dot",
+        "scatter_nd",
+        "_mul_scalar",
+    ):
         assert callable(transpose.TRANSPOSE[name]), name
 
 
@@ -311,6 +344,7 @@ def _rerecording(ans, x):
             out = y * 2
         out.backward(g)
         return y.grad
+
     return grad
 
 
@@ -332,15 +366,18 @@ def checked(x):
 checked.def_grad(lambda ans, x: lambda g: g * 3)
 
 
-@pytest.mark.parametrize("op, words", [
-    (checked, ["is_tracing", "customop.require"]),
-    (squared_g, ["multiplies two values that both depend on the head gradient"]),
-    (shifted_g, ["'_plus_scalar'", "affine"]),
-    (sqrt_g, ["not linear in the head gradient (sqrt)", "'sqrt'"]),
-    (constant_g, ["does not depend on the head gradient", "need_top_grad=False"]),
-    (reads_g, ["reads values back to Python", "asscalar"]),
-    (rerecords, ["gradient"]),
-])
+@pytest.mark.parametrize(
+    "op, words",
+    [
+        (checked, ["is_tracing", "customop.require"]),
+        (squared_g, ["multiplies two values that both depend on the head gradient"]),
+        (shifted_g, ["'_plus_scalar'", "affine"]),
+        (sqrt_g, ["not linear in the head gradient (sqrt)", "'sqrt'"]),
+        (constant_g, ["does not depend on the head gradient", "need_top_grad=False"]),
+        (reads_g, ["reads values back to Python", "asscalar"]),
+        (rerecords, ["gradient"]),
+    ],
+)
 def test_what_cannot_be_transposed_keeps_its_node_and_says_why(op, words):
     report = customop.explain(op, (3,))
     # a forward that asks is_tracing() may skip a check: it keeps its node in exports too
@@ -393,9 +430,14 @@ def test_the_graph_is_traced_once_per_shape_family(monkeypatch):
     native.clear_cache()
     seen = []
     original = verify.verified
-    monkeypatch.setattr(verify, "verified",
-                        lambda *a, **k: (isinstance(a[0], transposed.TransposedGraph)
-                                         and seen.append(a[1])) or original(*a, **k))
+    monkeypatch.setattr(
+        verify,
+        "verified",
+        lambda *a, **k: (
+            (isinstance(a[0], transposed.TransposedGraph) and seen.append(a[1]))
+            or original(*a, **k)
+        ),
+    )
     for _ in range(3):
         native.native_graph(surrogate, {}, [(2, 3)], ["float32"], TRAIN)
     native.native_graph(surrogate, {}, [(4, 3)], ["float32"], TRAIN)  # the same family
@@ -418,8 +460,11 @@ def test_check_grad_compares_the_inlined_graph_with_the_custom_node():
 
 @decorate("mxnet", no_grad=("label",))
 def labelled(data, label):
-    customop.require((label >= 0) * (label < data.shape[1]) * (label == mx.nd.round(label)),
-                     "label", "must be a class index")
+    customop.require(
+        (label >= 0) * (label < data.shape[1]) * (label == mx.nd.round(label)),
+        "label",
+        "must be a class index",
+    )
     return mx.nd.broadcast_add(data * 2, mx.nd.expand_dims(label, 1) * 0)
 
 
@@ -441,6 +486,7 @@ def test_the_verdict_depends_on_the_signature_only():
     outs, grads = closure_values.run_graph(cached.graph, given, [g])
     np.testing.assert_allclose(outs[0], 2 * given[0].astype("f8"), rtol=1e-6)
     np.testing.assert_allclose(grads[0], 3 * g.astype("f8"), rtol=1e-6)
-    outs, grads = closure_values.run_graph(cached.graph, [given[0], np.array([0, 3, 1, 1], "f")],
-                                        [g])
+    outs, grads = closure_values.run_graph(
+        cached.graph, [given[0], np.array([0, 3, 1, 1], "f")], [g]
+    )
     assert np.isnan(outs[0]).all() and np.isnan(grads[0]).all()

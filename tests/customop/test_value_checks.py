@@ -1,5 +1,6 @@
 """customop.require, checks in native graphs, index guards, a failed gradient's NaN, and
 concurrent binds (issue 32)."""
+
 import os
 import sys
 import textwrap
@@ -23,8 +24,11 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 @decorate("mxnet", name="tests.checks.pick_class")
 def pick_class(scores, label):
     num_class = scores.shape[1]
-    customop.require((label > -1) * (label < num_class) * (label == mx.nd.floor(label)),
-                     "label", f"must be a class index in [0, {num_class})")
+    customop.require(
+        (label > -1) * (label < num_class) * (label == mx.nd.floor(label)),
+        "label",
+        f"must be a class index in [0, {num_class})",
+    )
     return mx.nd.pick(scores, label, axis=1, keepdims=False) * 2
 
 
@@ -52,8 +56,11 @@ GOOD, BAD = mx.nd.array([1, 0]), mx.nd.array([1, 3])
 def test_require_raises_naming_the_op_and_the_argument_where_the_forward_runs_in_python():
     imperative.clear_cache()
     # a signature's first call runs the forward in Python (unrecorded: the direct path)
-    with pytest.raises(ValueError, match=r"customop 'tests.checks.pick_class': label must be "
-                                         r"a class index in \[0, 3\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"customop 'tests.checks.pick_class': label must be "
+        r"a class index in \[0, 3\)",
+    ):
         pick_class(SCORES, BAD)
     np.testing.assert_allclose(pick_class(SCORES, GOOD).asnumpy(), [1.8, 1.4], rtol=1e-6)
     # from its second call the op's native graph runs it, recorded or not: NaN, as in a
@@ -98,8 +105,7 @@ def test_in_a_native_graph_a_failed_check_makes_the_outputs_nan(tmp_path):
     np.testing.assert_allclose(net(SCORES, GOOD).asnumpy(), [1.8, 1.4], rtol=1e-6)
     done = customop.export(Block(pick_class), str(tmp_path / "m"), SCORES, GOOD)
     assert '"Custom"' not in open(done.symbol_file).read()
-    loaded = mx.gluon.SymbolBlock.imports(done.symbol_file, ["data0", "data1"],
-                                          done.params_file)
+    loaded = mx.gluon.SymbolBlock.imports(done.symbol_file, ["data0", "data1"], done.params_file)
     assert np.isnan(loaded(SCORES, BAD).asnumpy()).all()
     np.testing.assert_allclose(loaded(SCORES, GOOD).asnumpy(), [1.8, 1.4], rtol=1e-6)
 
@@ -153,12 +159,12 @@ def test_take_in_a_native_graph_gives_nan_for_an_index_outside_never_a_clipped_r
     x = mx.nd.arange(15).reshape((5, 3))
     net = Block(take_rows)
     net.hybridize()
-    np.testing.assert_array_equal(net(x, mx.nd.array([0, 4, 2])).asnumpy(),
-                                  x.asnumpy()[[0, 4, 2]])
+    np.testing.assert_array_equal(net(x, mx.nd.array([0, 4, 2])).asnumpy(), x.asnumpy()[[0, 4, 2]])
     for idx in ([0, 5, 2], [-1, 0, 0]):
         assert np.isnan(net(x, mx.nd.array(idx)).asnumpy()).all()
-    ops = native.native_graph(take_rows, {}, [(5, 3), (3,)], ["float32"] * 2,
-                              TRAIN).graph.operators()
+    ops = native.native_graph(
+        take_rows, {}, [(5, 3), (3,)], ["float32"] * 2, TRAIN
+    ).graph.operators()
     assert "take" in ops and "shape_array" in ops
 
 
@@ -169,8 +175,9 @@ def test_box_encode_in_a_native_graph_never_reads_outside_refs(tmp_path):
     good, bad = mx.nd.array([[0, 1, 7]]), mx.nd.array([[0, 9, 7]])  # 7: a negative sample
     want = [o.asnumpy() for o in mx.nd.contrib.box_encode(s, good, a, r, means, stds)]
     done = customop.export(Block(encode), str(tmp_path / "enc"), s, good, a, r, means, stds)
-    loaded = mx.gluon.SymbolBlock.imports(done.symbol_file, [f"data{i}" for i in range(6)],
-                                          done.params_file)
+    loaded = mx.gluon.SymbolBlock.imports(
+        done.symbol_file, [f"data{i}" for i in range(6)], done.params_file
+    )
     for net in (loaded,):
         got = [o.asnumpy() for o in net(s, good, a, r, means, stds)]
         for g, w in zip(got, want):
@@ -199,8 +206,9 @@ def test_box_encode_whose_forward_clips_its_matches_itself_is_not_guarded_twice(
 @decorate("mxnet", name="tests.checks.rows_of_four")
 def rows_of_four(x):
     if len(x.shape) != 3 or x.shape[-1] != 4:
-        raise ValueError(f"customop 'tests.checks.rows_of_four': x must be (B, N, 4), got "
-                         f"{x.shape}")
+        raise ValueError(
+            f"customop 'tests.checks.rows_of_four': x must be (B, N, 4), got {x.shape}"
+        )
     if not np.issubdtype(x.dtype, np.floating):
         raise TypeError("customop 'tests.checks.rows_of_four': x must be a float array")
     return x * 2
@@ -244,6 +252,7 @@ def bad_grad(x):
 def _broken(ans, x):
     def grad(g):
         raise RuntimeError("closure broke")
+
     return grad
 
 
@@ -296,9 +305,14 @@ BINDS = textwrap.dedent("""
 
 
 def _binds(rounds: int, n: int, env=None) -> str:
-    done = fresh.run([sys.executable, "-c", BINDS, str(rounds), str(n)], cwd=ROOT,
-                     capture_output=True, text=True, timeout=1500,
-                     env={**os.environ, "PYTHONPATH": ROOT, **(env or {})})
+    done = fresh.run(
+        [sys.executable, "-c", BINDS, str(rounds), str(n)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=1500,
+        env={**os.environ, "PYTHONPATH": ROOT, **(env or {})},
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     return done.stdout.strip().splitlines()[-1]
 
@@ -338,8 +352,14 @@ NAMES = textwrap.dedent("""
 def test_threads_listing_one_symbols_outputs_read_whole_names():
     # MXNet's list_outputs_entry keeps the names it hands C++ in one slot per prop: without
     # the 'names' patch this crashed (segmentation fault) or read garbage names
-    done = fresh.run([sys.executable, "-c", NAMES, "5000"], cwd=ROOT, capture_output=True,
-                     text=True, timeout=300, env={**os.environ, "PYTHONPATH": ROOT})
+    done = fresh.run(
+        [sys.executable, "-c", NAMES, "5000"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": ROOT},
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip().splitlines()[-1] == "BAD 0"
 
@@ -398,8 +418,13 @@ FORK_WHILE_BINDING = textwrap.dedent("""
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="os.fork: POSIX only")
 def test_a_child_forked_while_the_parent_binds_our_graph_can_bind_it():
-    done = fresh.run([sys.executable, "-c", FORK_WHILE_BINDING], cwd=ROOT,
-                     capture_output=True, text=True, timeout=300,
-                     env={**os.environ, "PYTHONPATH": ROOT})
+    done = fresh.run(
+        [sys.executable, "-c", FORK_WHILE_BINDING],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": ROOT},
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip().splitlines()[-1] == "CHILD 0"

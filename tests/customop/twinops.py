@@ -1,4 +1,5 @@
 """Twins, generators and optional inputs shared by tests (importable by subprocesses)."""
+
 import mxnet as mx
 import numpy as np
 

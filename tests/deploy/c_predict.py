@@ -6,6 +6,7 @@ program on one model in a subprocess (with a timeout) and reads its outputs back
 NumPy is needed here: the wheel is found without importing MXNet, so the plain-MXNet venv
 of the deploy nox session can use this module too.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -41,9 +42,25 @@ def build(workdir: str | Path, source: str | Path = SOURCE) -> Path:
         raise RuntimeError("no C compiler (gcc) on PATH: the C predict API test needs one")
     mx_dir = mxnet_dir()
     exe = Path(workdir) / Path(source).stem
-    subprocess.run([cc, "-std=c99", "-Wall", "-Werror", str(source), f"-I{mx_dir / 'include'}",
-                    f"-L{mx_dir}", "-lmxnet", f"-Wl,-rpath,{mx_dir}", "-o", str(exe)],
-                   check=True, capture_output=True, text=True, timeout=TIMEOUT_S)
+    subprocess.run(
+        [
+            cc,
+            "-std=c99",
+            "-Wall",
+            "-Werror",
+            str(source),
+            f"-I{mx_dir / 'include'}",
+            f"-L{mx_dir}",
+            "-lmxnet",
+            f"-Wl,-rpath,{mx_dir}",
+            "-o",
+            str(exe),
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+    )
     return exe
 
 
@@ -51,8 +68,9 @@ class PredictError(RuntimeError):
     """The C program failed; the message is MXNet's (``MXGetLastError``)."""
 
 
-def run(exe: str | Path, symbol_file: str, params_file: str,
-        inputs: dict[str, np.ndarray]) -> list[np.ndarray]:
+def run(
+    exe: str | Path, symbol_file: str, params_file: str, inputs: dict[str, np.ndarray]
+) -> list[np.ndarray]:
     """The model's outputs, computed by the C program on ``inputs`` (fed as float32)."""
     with tempfile.TemporaryDirectory(prefix="customop-c-predict-") as work:
         args = [str(exe), symbol_file, params_file, work]

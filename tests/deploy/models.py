@@ -9,6 +9,7 @@ cases: inputs by name and the original block's outputs, per batch size tried), p
 the C predict API) and ``run_onnxruntime.py`` (ONNX Runtime, no MXNet) check the files
 against the npz.
 """
+
 from __future__ import annotations
 
 import json
@@ -29,8 +30,7 @@ class PostProcess(mx.gluon.HybridBlock):
     def hybrid_forward(self, F, offsets, scores, anchors):
         boxes = ops.box_decode(offsets, anchors, std0=0.1, std1=0.1, std2=0.2, std3=0.2)
         dets = F.concat(F.zeros_like(scores), scores, boxes, dim=-1)
-        kept = ops.box_nms(dets, overlap_thresh=0.5, valid_thresh=0.05,
-                           force_suppress=True)
+        kept = ops.box_nms(dets, overlap_thresh=0.5, valid_thresh=0.05, force_suppress=True)
         best = ops.topk(kept.slice_axis(axis=-1, begin=1, end=2).reshape((0, -1)), k=8)
         return best, kept
 
@@ -81,29 +81,51 @@ def _corner_boxes(rng, b, n):
 def op_cases():
     """{row of docs/deploying.md's table: (op, inputs as NumPy float32, parameters)}."""
     rng = np.random.RandomState(0)
-    dets = np.concatenate([rng.randint(0, 3, (2, 12, 1)), rng.rand(2, 12, 1),
-                           _corner_boxes(rng, 2, 12)], -1)
+    dets = np.concatenate(
+        [rng.randint(0, 3, (2, 12, 1)), rng.rand(2, 12, 1), _corner_boxes(rng, 2, 12)], -1
+    )
     cases = {
-        "ops.arr_pick": (ops.arr_pick, [rng.rand(2, 3, 8), rng.rand(2, 1, 8) > 0.5],
-                         dict(num=3)),
-        "ops.box_decode": (ops.box_decode, [rng.randn(2, 6, 4) * 0.3,
-                                            _corner_boxes(rng, 1, 6)], {}),
-        "ops.box_decode(legacy_box=True)": (ops.box_decode, [
-            rng.randn(2, 6, 4) * 0.3, _corner_boxes(rng, 1, 6)],
-            dict(format="corner", legacy_box=True)),
-        "ops.box_encode": (ops.box_encode, [
-            np.ones((2, 6)), rng.randint(0, 3, (2, 6)), _corner_boxes(rng, 2, 6),
-            _corner_boxes(rng, 2, 3), np.zeros(4), np.full(4, 0.1)], {}),
-        "ops.box_iou": (ops.box_iou, [_corner_boxes(rng, 1, 5)[0],
-                                      _corner_boxes(rng, 1, 3)[0]], {}),
+        "ops.arr_pick": (ops.arr_pick, [rng.rand(2, 3, 8), rng.rand(2, 1, 8) > 0.5], dict(num=3)),
+        "ops.box_decode": (
+            ops.box_decode,
+            [rng.randn(2, 6, 4) * 0.3, _corner_boxes(rng, 1, 6)],
+            {},
+        ),
+        "ops.box_decode(legacy_box=True)": (
+            ops.box_decode,
+            [rng.randn(2, 6, 4) * 0.3, _corner_boxes(rng, 1, 6)],
+            dict(format="corner", legacy_box=True),
+        ),
+        "ops.box_encode": (
+            ops.box_encode,
+            [
+                np.ones((2, 6)),
+                rng.randint(0, 3, (2, 6)),
+                _corner_boxes(rng, 2, 6),
+                _corner_boxes(rng, 2, 3),
+                np.zeros(4),
+                np.full(4, 0.1),
+            ],
+            {},
+        ),
+        "ops.box_iou": (
+            ops.box_iou,
+            [_corner_boxes(rng, 1, 5)[0], _corner_boxes(rng, 1, 3)[0]],
+            {},
+        ),
         "ops.box_nms": (ops.box_nms, [dets], dict(overlap_thresh=0.5, force_suppress=True)),
         "ops.box_nms(legacy_box=True)": (ops.box_nms, [dets], dict(legacy_box=True)),
-        "ops.center_loss": (ops.center_loss, [rng.randn(4, 3), rng.randint(0, 2, 4),
-                                              np.zeros((2, 3))], dict(num_class=2)),
-        "ops.focal_loss": (ops.focal_loss, [rng.randn(2, 5, 3), rng.randint(0, 4, (2, 5))],
-                           {}),
-        "ops.ohem_sampler": (ops.ohem_sampler, [rng.randn(2, 6, 3), rng.randint(0, 3, (2, 6)),
-                                                np.ones((2, 6))], {}),
+        "ops.center_loss": (
+            ops.center_loss,
+            [rng.randn(4, 3), rng.randint(0, 2, 4), np.zeros((2, 3))],
+            dict(num_class=2),
+        ),
+        "ops.focal_loss": (ops.focal_loss, [rng.randn(2, 5, 3), rng.randint(0, 4, (2, 5))], {}),
+        "ops.ohem_sampler": (
+            ops.ohem_sampler,
+            [rng.randn(2, 6, 3), rng.randint(0, 3, (2, 6)), np.ones((2, 6))],
+            {},
+        ),
         "ops.smooth_l1": (ops.smooth_l1, [rng.randn(2, 5), np.ones(1)], {}),
         "ops.softmax_ce": (ops.softmax_ce, [rng.randn(4, 3), rng.randint(0, 3, 4)], {}),
         "ops.tile": (ops.tile, [rng.randn(2, 3)], dict(reps=(2, 2))),
@@ -111,15 +133,30 @@ def op_cases():
         "ops.topk(do_sort=False)": (ops.topk, [rng.rand(2, 8)], dict(k=3, do_sort=False)),
         "ops.wing_loss": (ops.wing_loss, [rng.randn(2, 5), rng.randn(2, 5)], {}),
     }
-    return {row: (op, [np.asarray(x, np.float32) for x in xs], params)
-            for row, (op, xs, params) in cases.items()}
+    return {
+        row: (op, [np.asarray(x, np.float32) for x in xs], params)
+        for row, (op, xs, params) in cases.items()
+    }
 
 
 # The rows whose ONNX column says yes: the deploy session runs each in ONNX Runtime.
-ONNX_ROWS = ("ops.arr_pick", "ops.box_decode", "ops.box_decode(legacy_box=True)",
-             "ops.box_encode", "ops.box_iou", "ops.box_nms", "ops.box_nms(legacy_box=True)",
-             "ops.focal_loss", "ops.ohem_sampler", "ops.smooth_l1", "ops.softmax_ce",
-             "ops.tile", "ops.topk", "ops.topk(do_sort=False)", "ops.wing_loss")
+ONNX_ROWS = (
+    "ops.arr_pick",
+    "ops.box_decode",
+    "ops.box_decode(legacy_box=True)",
+    "ops.box_encode",
+    "ops.box_iou",
+    "ops.box_nms",
+    "ops.box_nms(legacy_box=True)",
+    "ops.focal_loss",
+    "ops.ohem_sampler",
+    "ops.smooth_l1",
+    "ops.softmax_ce",
+    "ops.tile",
+    "ops.topk",
+    "ops.topk(do_sort=False)",
+    "ops.wing_loss",
+)
 
 
 def example_models():
@@ -142,21 +179,42 @@ def example_models():
     rcnn = faster_rcnn_head.make_block()
     rcnn.initialize(mx.init.Xavier())
     roi_feat, proposals = faster_rcnn_head.make_batches(1)[0][:2]
-    yield ("example_faster_rcnn", faster_rcnn_head.RCNNDetect(rcnn, prefix="rcnn_detect_"),
-           [mx.nd.array(roi_feat), mx.nd.array(proposals)])
+    yield (
+        "example_faster_rcnn",
+        faster_rcnn_head.RCNNDetect(rcnn, prefix="rcnn_detect_"),
+        [mx.nd.array(roi_feat), mx.nd.array(proposals)],
+    )
     face = face_embedding.make_block()
     face.initialize(mx.init.Xavier())
     descriptor, identity = face_embedding.make_batches(1)[0]
-    yield ("example_face", face_embedding.FaceInference(face, prefix="face_inference_"),
-           [mx.nd.array(descriptor), mx.nd.array(identity)])
+    yield (
+        "example_face",
+        face_embedding.FaceInference(face, prefix="face_inference_"),
+        [mx.nd.array(descriptor), mx.nd.array(identity)],
+    )
 
 
 # The rows of the table that export (deploy export: yes): every loader runs each.
-EXPORT_ROWS = tuple(row for row in (
-    "ops.arr_pick", "ops.box_decode", "ops.box_decode(legacy_box=True)", "ops.box_encode",
-    "ops.box_iou", "ops.box_nms", "ops.box_nms(legacy_box=True)", "ops.focal_loss",
-    "ops.ohem_sampler", "ops.smooth_l1", "ops.softmax_ce", "ops.tile", "ops.topk",
-    "ops.topk(do_sort=False)", "ops.wing_loss"))
+EXPORT_ROWS = tuple(
+    row
+    for row in (
+        "ops.arr_pick",
+        "ops.box_decode",
+        "ops.box_decode(legacy_box=True)",
+        "ops.box_encode",
+        "ops.box_iou",
+        "ops.box_nms",
+        "ops.box_nms(legacy_box=True)",
+        "ops.focal_loss",
+        "ops.ohem_sampler",
+        "ops.smooth_l1",
+        "ops.softmax_ce",
+        "ops.tile",
+        "ops.topk",
+        "ops.topk(do_sort=False)",
+        "ops.wing_loss",
+    )
+)
 # The post-processing block runs at these batch sizes, exported at the first (issue 34).
 BATCHES = (2, 1, 5)
 
@@ -175,24 +233,39 @@ def models():
     mx.random.seed(0)
     classifier = TiledClassifier()
     classifier.initialize(mx.init.Xavier())
-    yield ("postprocess", post[0], [mx.nd.array(a, dtype="float32") for a in post[1]],
-           dict(input_names=["offsets", "scores", "anchors"], output_names=["best", "kept"]),
-           True)
-    yield ("classifier", classifier, [mx.nd.array(rng.randn(4, 10), dtype="float32")],
-           dict(input_names=["x"], output_names=["probabilities"]), True)
-    names = {"example_retinanet": (["feat"], ["detections", "best"]),
-             "example_faster_rcnn": (["roi_feat", "proposals"], ["detections"]),
-             "example_face": (["descriptor", "identity"], ["probabilities", "embedding"])}
+    yield (
+        "postprocess",
+        post[0],
+        [mx.nd.array(a, dtype="float32") for a in post[1]],
+        dict(input_names=["offsets", "scores", "anchors"], output_names=["best", "kept"]),
+        True,
+    )
+    yield (
+        "classifier",
+        classifier,
+        [mx.nd.array(rng.randn(4, 10), dtype="float32")],
+        dict(input_names=["x"], output_names=["probabilities"]),
+        True,
+    )
+    names = {
+        "example_retinanet": (["feat"], ["detections", "best"]),
+        "example_faster_rcnn": (["roi_feat", "proposals"], ["detections"]),
+        "example_face": (["descriptor", "identity"], ["probabilities", "embedding"]),
+    }
     for name, block, inputs in example_models():
         yield name, block, inputs, dict(zip(("input_names", "output_names"), names[name])), True
     # fixed to its batch size: every loader, ONNX Runtime included, must refuse another
-    yield ("fixed_batch", OneOp(per_image_share, {}), [mx.nd.array(rng.rand(3, 4))],
-           dict(input_names=["x"], output_names=["share"]), True)
+    yield (
+        "fixed_batch",
+        OneOp(per_image_share, {}),
+        [mx.nd.array(rng.rand(3, 4))],
+        dict(input_names=["x"], output_names=["share"]),
+        True,
+    )
     cases = op_cases()
     for row in EXPORT_ROWS:
         op, xs, params = cases[row]
-        yield row_name(row), OneOp(op, params), [mx.nd.array(x) for x in xs], {}, \
-            row in ONNX_ROWS
+        yield row_name(row), OneOp(op, params), [mx.nd.array(x) for x in xs], {}, row in ONNX_ROWS
 
 
 def post_inputs(batch: int) -> list[np.ndarray]:
@@ -200,8 +273,11 @@ def post_inputs(batch: int) -> list[np.ndarray]:
     rng = np.random.RandomState(batch)
     _, _, inputs, _, _ = next(models())
     n = inputs[0].shape[1]
-    return [(rng.randn(batch, n, 4) * 0.5).astype(np.float32),
-            rng.rand(batch, n, 1).astype(np.float32), inputs[2].asnumpy()]
+    return [
+        (rng.randn(batch, n, 4) * 0.5).astype(np.float32),
+        rng.rand(batch, n, 1).astype(np.float32),
+        inputs[2].asnumpy(),
+    ]
 
 
 def _outputs(block, arrays) -> list[np.ndarray]:
@@ -225,7 +301,8 @@ def write(outdir: str, onnx: bool = True) -> list[dict]:
         want = _outputs(block, [a.asnumpy() for a in inputs])
         done = customop.export(block, str(out / name), *inputs, **options)
         names = options.get("input_names") or [
-            d.name for d in graph_json.block_graph(block, inputs)[0]]
+            d.name for d in graph_json.block_graph(block, inputs)[0]
+        ]
         read = list(done.inputs)
         cases = {"exported": ([a.asnumpy() for a in inputs], want)}
         if name == "postprocess":
@@ -235,8 +312,10 @@ def write(outdir: str, onnx: bool = True) -> list[dict]:
         refuses = []
         if done.fixed:  # another batch size must be refused
             first = inputs[0].asnumpy()
-            arrays = [np.concatenate([a.asnumpy()] * 2) if a.shape[:1] == first.shape[:1]
-                      else a.asnumpy() for a in inputs]
+            arrays = [
+                np.concatenate([a.asnumpy()] * 2) if a.shape[:1] == first.shape[:1] else a.asnumpy()
+                for a in inputs
+            ]
             cases["refused"] = (arrays, [])
             refuses.append("refused")
         saved = {}
@@ -244,14 +323,21 @@ def write(outdir: str, onnx: bool = True) -> list[dict]:
             by_name = dict(zip(names, arrays))
             saved.update({f"{case}/input_{n}": by_name[n] for n in read})
             saved.update({f"{case}/output_{k}": o for k, o in enumerate(outs)})
-        entry = {"name": name, "symbol": Path(done.symbol_file).name,
-                 "params": Path(done.params_file).name, "inputs": read,
-                 "outputs": list(done.outputs), "cases": list(cases), "refuses": refuses,
-                 "fixed": done.fixed}
+        entry = {
+            "name": name,
+            "symbol": Path(done.symbol_file).name,
+            "params": Path(done.params_file).name,
+            "inputs": read,
+            "outputs": list(done.outputs),
+            "cases": list(cases),
+            "refuses": refuses,
+            "fixed": done.fixed,
+        }
         if onnx and convert:
             converted = customop.to_onnx(done, str(out / f"{name}.onnx"))
-            entry.update(onnx=f"{name}.onnx", onnx_inputs=converted.inputs,
-                         onnx_outputs=converted.outputs)
+            entry.update(
+                onnx=f"{name}.onnx", onnx_inputs=converted.inputs, onnx_outputs=converted.outputs
+            )
         np.savez(out / f"{name}.npz", **saved)
         listed.append(entry)
     (out / "models.json").write_text(json.dumps(listed, indent=1))

@@ -5,6 +5,7 @@ NumPy, without MXNet (the deploy nox session builds one).  The model's inputs an
 must be named as ``customop.export`` reported them; each case (batch size) of the model
 runs, and a case in ``refuses`` must be refused.
 """
+
 import json
 import sys
 from pathlib import Path
@@ -19,7 +20,9 @@ for entry in json.loads((out / "models.json").read_text()):
     saved = np.load(out / f"{entry['name']}.npz")
     session = ort.InferenceSession(str(out / entry["onnx"]), providers=["CPUExecutionProvider"])
     assert [i.name for i in session.get_inputs()] == entry["inputs"] == entry["onnx_inputs"], (
-        entry["name"], [i.name for i in session.get_inputs()])
+        entry["name"],
+        [i.name for i in session.get_inputs()],
+    )
     assert [o.name for o in session.get_outputs()] == entry["outputs"], entry["name"]
     for case in entry["cases"]:
         feed = {n: saved[f"{case}/input_{n}"] for n in entry["inputs"]}
@@ -30,12 +33,17 @@ for entry in json.loads((out / "models.json").read_text()):
                 assert "dimension" in str(exc).lower() or "shape" in str(exc).lower(), exc
                 print(f"onnxruntime {ort.__version__}: {entry['name']} ({case}) refused")
                 continue
-            raise AssertionError(f"{entry['name']} ({case}): inputs at another shape were "
-                                 "not refused")
+            raise AssertionError(
+                f"{entry['name']} ({case}): inputs at another shape were not refused"
+            )
         got = session.run(entry["outputs"], feed)
         assert len(got) == len(entry["outputs"]), (entry["name"], len(got))
         for i, g in enumerate(got):
-            np.testing.assert_allclose(g, saved[f"{case}/output_{i}"], rtol=1e-5, atol=1e-5,
-                                       err_msg=f"{entry['name']} ({case}) output {i}")
-        print(f"onnxruntime {ort.__version__}: {entry['name']} ({case}) equals the original "
-              "block")
+            np.testing.assert_allclose(
+                g,
+                saved[f"{case}/output_{i}"],
+                rtol=1e-5,
+                atol=1e-5,
+                err_msg=f"{entry['name']} ({case}) output {i}",
+            )
+        print(f"onnxruntime {ort.__version__}: {entry['name']} ({case}) equals the original block")

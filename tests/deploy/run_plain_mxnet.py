@@ -13,6 +13,7 @@ Each model of ``models.json`` runs, on each of its cases (batch sizes), in:
 A case listed in ``refuses`` (inputs at a shape the graph does not hold at) must be
 refused by each of them with MXNet's shape error.
 """
+
 import json
 import sys
 import tempfile
@@ -33,8 +34,9 @@ import c_predict  # noqa: E402
 
 
 def symbol_block(entry, feed):
-    net = mx.gluon.SymbolBlock.imports(str(out / entry["symbol"]), entry["inputs"],
-                                       str(out / entry["params"]))
+    net = mx.gluon.SymbolBlock.imports(
+        str(out / entry["symbol"]), entry["inputs"], str(out / entry["params"])
+    )
     got = net(*[mx.nd.array(feed[n]) for n in entry["inputs"]])
     return [g.asnumpy() for g in ([got] if isinstance(got, mx.nd.NDArray) else got)]
 
@@ -43,18 +45,23 @@ def module(entry, feed):
     sym, args, auxs = mx.model.load_checkpoint(str(out / entry["name"]), 0)
     mod = mx.mod.Module(sym, data_names=entry["inputs"], label_names=None)
     # layout "": the inputs need not share a batch size (anchors shared by the images)
-    mod.bind(data_shapes=[mx.io.DataDesc(n, feed[n].shape, layout="") for n in entry["inputs"]],
-             for_training=False)
+    mod.bind(
+        data_shapes=[mx.io.DataDesc(n, feed[n].shape, layout="") for n in entry["inputs"]],
+        for_training=False,
+    )
     mod.set_params(args, auxs)
     assert mod.output_names == entry["outputs"], (mod.output_names, entry["outputs"])
-    mod.forward(mx.io.DataBatch([mx.nd.array(feed[n]) for n in entry["inputs"]]),
-                is_train=False)
+    mod.forward(mx.io.DataBatch([mx.nd.array(feed[n]) for n in entry["inputs"]]), is_train=False)
     return [o.asnumpy() for o in mod.get_outputs()]
 
 
 def c_api(entry, feed):
-    return c_predict.run(program, str(out / entry["symbol"]), str(out / entry["params"]),
-                         {n: feed[n] for n in entry["inputs"]})
+    return c_predict.run(
+        program,
+        str(out / entry["symbol"]),
+        str(out / entry["params"]),
+        {n: feed[n] for n in entry["inputs"]},
+    )
 
 
 LOADERS = {"SymbolBlock.imports": symbol_block, "Module": module, "C predict API": c_api}
@@ -81,8 +88,15 @@ with tempfile.TemporaryDirectory(prefix="customop-c-") as build:
                 got = run(entry, feed)
                 assert len(got) == len(entry["outputs"]), (what, len(got))
                 for k, g in enumerate(got):
-                    np.testing.assert_allclose(g, saved[f"{case}/output_{k}"], rtol=1e-5,
-                                               atol=1e-5, err_msg=f"{what} output {k}")
-            print(f"plain MXNet {mx.__version__}: {entry['name']} ({case}) "
-                  f"{'refused' if case in entry['refuses'] else 'equals the original block'} "
-                  f"in {', '.join(LOADERS)}")
+                    np.testing.assert_allclose(
+                        g,
+                        saved[f"{case}/output_{k}"],
+                        rtol=1e-5,
+                        atol=1e-5,
+                        err_msg=f"{what} output {k}",
+                    )
+            print(
+                f"plain MXNet {mx.__version__}: {entry['name']} ({case}) "
+                f"{'refused' if case in entry['refuses'] else 'equals the original block'} "
+                f"in {', '.join(LOADERS)}"
+            )

@@ -1,4 +1,5 @@
 """Helpers shared by the operator tests: call paths, the no-host-copy guard, Gluon runs."""
+
 import contextlib
 
 import mxnet as mx
@@ -21,8 +22,10 @@ def run(op, inputs, params=None, how="function", heads=None):
     if op.signature.optional and len(inputs) < len(op.signature.inputs):
         op = op.variant(len(inputs))
     outs, grads = paths.run(op, inputs, params, how=how, heads=heads)
-    return ([o.astype(np.float64) for o in outs],
-            [None if g is None else g.astype(np.float64) for g in grads])
+    return (
+        [o.astype(np.float64) for o in outs],
+        [None if g is None else g.astype(np.float64) for g in grads],
+    )
 
 
 def assert_paths_agree(op, inputs, params=None, heads=None, rtol=1e-5, atol=1e-6):
@@ -96,5 +99,6 @@ def block_run(block, inputs, hybridize, grad_of=(0,)):
     with mx.autograd.record():
         out = block(*xs)
     out.backward()
-    return out.asnumpy().astype(np.float64), [xs[i].grad.asnumpy().astype(np.float64)
-                                              for i in grad_of]
+    return out.asnumpy().astype(np.float64), [
+        xs[i].grad.asnumpy().astype(np.float64) for i in grad_of
+    ]

@@ -1,4 +1,5 @@
 """Shared checks for the detection operators (issue 11): call paths, no host copies, errors."""
+
 import contextlib
 
 import mxnet as mx
@@ -11,8 +12,10 @@ from tests.customop import paths
 @contextlib.contextmanager
 def no_host_copy():
     """Within the block, ``asnumpy``/``asscalar`` raise (the 'mxnet'-mode hot path)."""
+
     def banned(self, *a, **k):
         raise AssertionError("asnumpy/asscalar called on the hot path")
+
     saved = mx.nd.NDArray.asnumpy, mx.nd.NDArray.asscalar
     mx.nd.NDArray.asnumpy = mx.nd.NDArray.asscalar = banned
     try:
@@ -70,14 +73,22 @@ def every_path(op, inputs, params, float_inputs=None):
     outs = list(outs) if isinstance(outs, (tuple, list)) else [outs]
     mx.autograd.backward(outs)
     results["hybridized"] = ([o.asnumpy() for o in outs], [x.grad.asnumpy() for x in xs])
-    floats = float_inputs if float_inputs is not None else [
-        i for i, a in enumerate(inputs) if np.issubdtype(np.asarray(a).dtype, np.floating)]
+    floats = (
+        float_inputs
+        if float_inputs is not None
+        else [i for i, a in enumerate(inputs) if np.issubdtype(np.asarray(a).dtype, np.floating)]
+    )
     for how, (outs, grads) in results.items():
         assert len(outs) == len(direct), f"{op.op_type}: {len(outs)} output(s) via {how}"
         for want, got in zip(direct, outs):
             np.testing.assert_array_equal(got, want, err_msg=f"{op.op_type} output via {how}")
         ref_grads = results["function"][1]
         for i in floats:
-            np.testing.assert_allclose(grads[i], ref_grads[i], rtol=1e-5, atol=1e-6,
-                                       err_msg=f"{op.op_type} gradient {i} via {how}")
+            np.testing.assert_allclose(
+                grads[i],
+                ref_grads[i],
+                rtol=1e-5,
+                atol=1e-6,
+                err_msg=f"{op.op_type} gradient {i} via {how}",
+            )
     return direct

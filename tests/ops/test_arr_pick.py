@@ -1,4 +1,5 @@
 """ops.arr_pick (issue 11): dynamic indexing with a 0/1 mask."""
+
 import mxnet as mx
 import numpy as np
 import pytest
@@ -41,8 +42,9 @@ def test_equals_reference(op):
         got = op(mx.nd.array(arr), mx.nd.array(ind), num=num).asnumpy()
         np.testing.assert_array_equal(got, reference(arr, ind, num))
     # rows with more or fewer marks than num follow the documented rule
-    ind = np.array([[[1, 1, 1, 1, 0, 0, 0, 0, 1]], [[0] * 9], [[0, 0, 0, 0, 0, 0, 0, 1, 0]]],
-                   np.float32)
+    ind = np.array(
+        [[[1, 1, 1, 1, 0, 0, 0, 0, 1]], [[0] * 9], [[0, 0, 0, 0, 0, 0, 0, 1, 0]]], np.float32
+    )
     got = op(mx.nd.array(arr), mx.nd.array(ind), num=3).asnumpy()
     np.testing.assert_array_equal(got, reference(arr, ind, 3))
 
@@ -60,8 +62,7 @@ def test_every_path_and_no_host_copy():
     outs = every_path(ops.arr_pick, [arr, ind], dict(num=3), float_inputs=[0])
     np.testing.assert_array_equal(outs[0], reference(arr, ind, 3))
     for path in ("function", "custom"):
-        got, grads = forward_backward_without_host_copy(ops.arr_pick, [arr, ind], dict(num=3),
-                                                        path)
+        got, grads = forward_backward_without_host_copy(ops.arr_pick, [arr, ind], dict(num=3), path)
         np.testing.assert_array_equal(got[0], outs[0])
         np.testing.assert_array_equal(grads[0], np.broadcast_to(ind, arr.shape))
 

@@ -1,4 +1,5 @@
 """ops.box_encode and ops.box_decode (issue 11): contrib ops plus legacy_box, differentiable."""
+
 import mxnet as mx
 import numpy as np
 import pytest
@@ -44,7 +45,8 @@ def decode_reference(data, anchors, stds, clip, format, legacy):
 def corner_boxes(*shape, low=1):
     xy = np.random.uniform(0, 20, shape + (2,))
     return np.concatenate([xy, xy + np.random.uniform(low, 10, shape + (2,))], -1).astype(
-        np.float32)
+        np.float32
+    )
 
 
 def encode_inputs(b=2, n=7, m=3):
@@ -109,8 +111,12 @@ def test_decode_equals_reference_and_native(op, format):
         kw = dict(std0=0.1, std1=0.2, std2=0.3, std3=0.4, clip=clip, format=format)
         for legacy in (False, True):
             got = op(mx.nd.array(data), mx.nd.array(anchors), legacy_box=legacy, **kw)
-            np.testing.assert_allclose(got.asnumpy(), decode_reference(
-                data, anchors, stds, clip, format, legacy), rtol=1e-5, atol=1e-5)
+            np.testing.assert_allclose(
+                got.asnumpy(),
+                decode_reference(data, anchors, stds, clip, format, legacy),
+                rtol=1e-5,
+                atol=1e-5,
+            )
         native = mx.nd.contrib.box_decode(mx.nd.array(data), mx.nd.array(anchors), **kw)
         got = op(mx.nd.array(data), mx.nd.array(anchors), **kw).asnumpy()
         if op is ops.box_decode:
@@ -142,8 +148,16 @@ def test_encode_gradient(op):
 def test_decode_gradient(op):
     data = np.random.normal(0, 0.5, (2, 5, 4)).astype(np.float32)
     for format in ("corner", "center"):
-        check_grad(op, data, corner_boxes(1, 5), std0=0.1, std2=0.2, clip=0.3,
-                   format=format, legacy_box=True)
+        check_grad(
+            op,
+            data,
+            corner_boxes(1, 5),
+            std0=0.1,
+            std2=0.2,
+            clip=0.3,
+            format=format,
+            legacy_box=True,
+        )
         check_grad(op, data, corner_boxes(1, 5), format=format)
 
 
@@ -151,8 +165,7 @@ def test_decode_gradient(op):
 def test_every_path_and_no_host_copy(legacy):
     inputs = encode_inputs()
     outs = every_path(ops.box_encode, inputs, dict(legacy_box=legacy))
-    np.testing.assert_allclose(outs[0], encode_reference(*inputs, legacy)[0], rtol=2e-5,
-                               atol=1e-5)
+    np.testing.assert_allclose(outs[0], encode_reference(*inputs, legacy)[0], rtol=2e-5, atol=1e-5)
     data, anchors = np.random.normal(0, 0.5, (2, 5, 4)).astype(np.float32), corner_boxes(1, 5)
     params = dict(format="corner", legacy_box=legacy)
     every_path(ops.box_decode, [data, anchors], params)
@@ -166,8 +179,11 @@ def test_bad_input_raises_and_the_next_call_works():
     bad = list(inputs)
     bad[4] = np.zeros(3, np.float32)
     for op in ENCODERS:
-        with pytest.raises(ValueError, match=r"ops.box_encode': means has shape \(3,\) but "
-                           r"must have shape \(4,\)"):
+        with pytest.raises(
+            ValueError,
+            match=r"ops.box_encode': means has shape \(3,\) but "
+            r"must have shape \(4,\)",
+        ):
             op(*map(mx.nd.array, bad))
     bad = list(inputs)
     bad[1] = inputs[1] + 5

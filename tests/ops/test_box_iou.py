@@ -1,4 +1,5 @@
 """ops.box_iou (issue 11): contrib.box_iou plus legacy_box."""
+
 import mxnet as mx
 import numpy as np
 import pytest
@@ -61,11 +62,11 @@ def test_equals_reference_and_native(op, format):
     for legacy in (False, True):
         got = op(mx.nd.array(lhs), mx.nd.array(rhs), format=format, legacy_box=legacy).asnumpy()
         assert got.shape == (2, 7, 5)
-        np.testing.assert_allclose(got, reference(lhs, rhs, format, legacy), rtol=1e-6,
-                                   atol=1e-7)
+        np.testing.assert_allclose(got, reference(lhs, rhs, format, legacy), rtol=1e-6, atol=1e-7)
     native = mx.nd.contrib.box_iou(mx.nd.array(lhs), mx.nd.array(rhs), format=format)
-    np.testing.assert_array_equal(op(mx.nd.array(lhs), mx.nd.array(rhs),
-                                     format=format).asnumpy(), native.asnumpy())
+    np.testing.assert_array_equal(
+        op(mx.nd.array(lhs), mx.nd.array(rhs), format=format).asnumpy(), native.asnumpy()
+    )
 
 
 def test_legacy_differs_and_center_format_is_unchanged():
@@ -78,7 +79,9 @@ def test_legacy_differs_and_center_format_is_unchanged():
     for op in (ops.box_iou, ops.box_iou.numpy):
         np.testing.assert_allclose(
             op(mx.nd.array(lhs), mx.nd.array(rhs), format="center", legacy_box=True).asnumpy(),
-            op(mx.nd.array(lhs), mx.nd.array(rhs), format="center").asnumpy(), rtol=1e-6)
+            op(mx.nd.array(lhs), mx.nd.array(rhs), format="center").asnumpy(),
+            rtol=1e-6,
+        )
 
 
 def test_every_path_and_no_host_copy():
@@ -96,7 +99,10 @@ def test_every_path_and_no_host_copy():
 def test_bad_input_raises_and_the_next_call_works(op):
     with pytest.raises(ValueError, match="ops.box_iou': rhs must be .* last axis 4"):
         op(mx.nd.ones((2, 4)), mx.nd.ones((2, 5)))
-    with pytest.raises(ValueError, match=r"ops.box_iou': format must be one of "
-                       r"\('corner', 'center'\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"ops.box_iou': format must be one of "
+        r"\('corner', 'center'\)",
+    ):
         op(mx.nd.ones((2, 4)), mx.nd.ones((2, 4)), format="xywh")
     assert op(mx.nd.ones((2, 4)), mx.nd.ones((3, 4))).shape == (2, 3)

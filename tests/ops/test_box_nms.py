@@ -1,4 +1,5 @@
 """ops.box_nms (issue 11): contrib.box_nms plus legacy_box."""
+
 import itertools
 import sys
 import textwrap
@@ -23,12 +24,22 @@ def iou(p, q, d):
     def area(b):
         w, h = b[2] - b[0] + d, b[3] - b[1] + d
         return 0.0 if w < 0 or h < 0 else w * h
+
     return inter / (area(p) + area(q) - inter) if inter > 0 else 0.0
 
 
-def reference(data, overlap_thresh=0.5, valid_thresh=0.0, topk=-1, id_index=-1,
-              background_id=-1, force_suppress=False, in_format="corner", out_format="corner",
-              legacy_box=False):
+def reference(
+    data,
+    overlap_thresh=0.5,
+    valid_thresh=0.0,
+    topk=-1,
+    id_index=-1,
+    background_id=-1,
+    force_suppress=False,
+    in_format="corner",
+    out_format="corner",
+    legacy_box=False,
+):
     """float64 greedy NMS from its definition (coord_start=2, score_index=1)."""
     d = 1.0 if legacy_box else 0.0
     data = np.asarray(data, np.float64)
@@ -38,16 +49,23 @@ def reference(data, overlap_thresh=0.5, valid_thresh=0.0, topk=-1, id_index=-1,
         if in_format == "center":
             x, y, w, h = boxes.T
             boxes = np.stack([x - w / 2, y - h / 2, x + w / 2 - d, y + h / 2 - d], -1)
-        valid = [i for i in range(len(rows)) if rows[i, 1] > valid_thresh and not (
-            id_index >= 0 and background_id >= 0 and rows[i, id_index] == background_id)]
+        valid = [
+            i
+            for i in range(len(rows))
+            if rows[i, 1] > valid_thresh
+            and not (id_index >= 0 and background_id >= 0 and rows[i, id_index] == background_id)
+        ]
         order = sorted(valid, key=lambda i: (-rows[i, 1], i))
         order = order[:topk] if topk >= 0 else order
         if topk == 0:
             return data  # MXNet's box_nms returns its input unchanged for topk=0
         kept = []
         for i in order:
-            if all(iou(boxes[i], boxes[j], d) <= overlap_thresh for j in kept
-                   if force_suppress or id_index < 0 or rows[i, id_index] == rows[j, id_index]):
+            if all(
+                iou(boxes[i], boxes[j], d) <= overlap_thresh
+                for j in kept
+                if force_suppress or id_index < 0 or rows[i, id_index] == rows[j, id_index]
+            ):
                 kept.append(i)
         for slot, i in enumerate(kept):
             out[b, slot] = rows[i]
@@ -58,8 +76,12 @@ def reference(data, overlap_thresh=0.5, valid_thresh=0.0, topk=-1, id_index=-1,
                     w, h = c[2] - c[0] + d, c[3] - c[1] + d
                     out[b, slot, 2:6] = [c[0] + w / 2, c[1] + h / 2, w, h]
                 else:
-                    out[b, slot, 2:6] = [c[0] - c[2] / 2, c[1] - c[3] / 2,
-                                         c[0] + c[2] / 2 - d, c[1] + c[3] / 2 - d]
+                    out[b, slot, 2:6] = [
+                        c[0] - c[2] / 2,
+                        c[1] - c[3] / 2,
+                        c[0] + c[2] / 2 - d,
+                        c[1] + c[3] / 2 - d,
+                    ]
     return out
 
 
@@ -75,11 +97,28 @@ def random_data(batch, n):
     return data
 
 
-SETTINGS = [dict(overlap_thresh=t, valid_thresh=v, topk=k, id_index=i, background_id=bg,
-                 force_suppress=f, in_format=fi, out_format=fo)
-            for t, v, k, i, bg, f, fi, fo in itertools.product(
-                [0.1, 0.5], [0.0, 0.6], [-1, 0, 3], [-1, 0], [-1, 1], [False, True],
-                ["corner", "center"], ["corner", "center"])]
+SETTINGS = [
+    dict(
+        overlap_thresh=t,
+        valid_thresh=v,
+        topk=k,
+        id_index=i,
+        background_id=bg,
+        force_suppress=f,
+        in_format=fi,
+        out_format=fo,
+    )
+    for t, v, k, i, bg, f, fi, fo in itertools.product(
+        [0.1, 0.5],
+        [0.0, 0.6],
+        [-1, 0, 3],
+        [-1, 0],
+        [-1, 1],
+        [False, True],
+        ["corner", "center"],
+        ["corner", "center"],
+    )
+]
 
 
 @pytest.mark.parametrize("op", TWINS, ids=["mxnet", "numpy"])
@@ -90,16 +129,21 @@ def test_equals_reference_and_native(op):
             data[..., 4:6] -= data[..., 2:4]
         for legacy in (False, True):
             got = op(mx.nd.array(data), legacy_box=legacy, **kw).asnumpy()
-            np.testing.assert_allclose(got, reference(data, legacy_box=legacy, **kw),
-                                       rtol=1e-6, err_msg=f"{kw} legacy={legacy}")
+            np.testing.assert_allclose(
+                got,
+                reference(data, legacy_box=legacy, **kw),
+                rtol=1e-6,
+                err_msg=f"{kw} legacy={legacy}",
+            )
         native = mx.nd.contrib.box_nms(mx.nd.array(data), **kw).asnumpy()
         np.testing.assert_array_equal(op(mx.nd.array(data), **kw).asnumpy(), native)
 
 
 @pytest.mark.parametrize("op", TWINS, ids=["mxnet", "numpy"])
 def test_legacy_suppresses_more_and_keeps_coordinates(op):
-    data = np.array([[[0, 0.9, 0, 0, 9, 9], [0, 0.8, 5, 5, 14, 14], [0, 0.7, 30.3, 1, 40.7, 9]]],
-                    np.float32)  # IoU 16/146 (plain) vs 25/175 (legacy)
+    data = np.array(
+        [[[0, 0.9, 0, 0, 9, 9], [0, 0.8, 5, 5, 14, 14], [0, 0.7, 30.3, 1, 40.7, 9]]], np.float32
+    )  # IoU 16/146 (plain) vs 25/175 (legacy)
     plain = op(mx.nd.array(data), overlap_thresh=0.12).asnumpy()
     legacy = op(mx.nd.array(data), overlap_thresh=0.12, legacy_box=True).asnumpy()
     np.testing.assert_array_equal(plain, data)
@@ -113,9 +157,11 @@ def test_empty_selections(op):
     data[..., 1] = 0.05
     for legacy in (False, True):
         np.testing.assert_array_equal(
-            op(mx.nd.array(data), valid_thresh=0.1, legacy_box=legacy).asnumpy(), -1)
+            op(mx.nd.array(data), valid_thresh=0.1, legacy_box=legacy).asnumpy(), -1
+        )
         np.testing.assert_array_equal(
-            op(mx.nd.array(data), valid_thresh=0.05, legacy_box=legacy).asnumpy(), -1)
+            op(mx.nd.array(data), valid_thresh=0.05, legacy_box=legacy).asnumpy(), -1
+        )
 
 
 @pytest.mark.parametrize("legacy", [False, True])
@@ -147,8 +193,7 @@ def _reference_rows(data, **params):
 def test_legacy_trains_inlined_and_one_graph_serves_every_batch_size(tmp_path):
     # Issue 33 item 2: legacy_box once built its shapes from Python numbers (the batch
     # size), so training graphs kept its Custom node and exports were fixed to one batch.
-    params = dict(overlap_thresh=0.3, legacy_box=True, in_format="corner",
-                  out_format="center")
+    params = dict(overlap_thresh=0.3, legacy_box=True, in_format="corner", out_format="center")
     report = customop.explain(ops.box_nms, random_data(2, 8), **params)
     assert report.inlines, report.train.reason
     net = _Block(params)
@@ -158,8 +203,9 @@ def test_legacy_trains_inlined_and_one_graph_serves_every_batch_size(tmp_path):
         x = mx.nd.array(data)
         with mx.autograd.record():  # a training graph
             got = net(x).asnumpy()
-        np.testing.assert_allclose(got, _reference_rows(data, **params), rtol=1e-6,
-                                   err_msg=str(shape))
+        np.testing.assert_allclose(
+            got, _reference_rows(data, **params), rtol=1e-6, err_msg=str(shape)
+        )
     # bound: one inlined graph, reshaped to batch 3 (MXNet's reshape: the same graph)
     exe = ops.box_nms(mx.sym.var("data"), **params).simple_bind(mx.cpu(), data=(2, 8, 6))
     graph = exe.customop_inlined
@@ -177,8 +223,9 @@ def test_legacy_trains_inlined_and_one_graph_serves_every_batch_size(tmp_path):
     loaded = customop.imports(done.symbol_file, list(done.inputs), done.params_file)
     for batch in (3, 1, 2):
         data = random_data(batch, 8)
-        np.testing.assert_allclose(loaded(mx.nd.array(data)).asnumpy(),
-                                   reference(data, **params), rtol=1e-6, err_msg=batch)
+        np.testing.assert_allclose(
+            loaded(mx.nd.array(data)).asnumpy(), reference(data, **params), rtol=1e-6, err_msg=batch
+        )
 
 
 def test_legacy_counts_rows_exactly_in_float16_past_2048():
@@ -190,8 +237,12 @@ def test_legacy_counts_rows_exactly_in_float16_past_2048():
     data[..., 2:4] = r.rand(2, 3000, 2) * 200
     data[..., 4:6] = data[..., 2:4] + 5 + r.rand(2, 3000, 2) * 30
     for b in range(2):
-        rows = np.concatenate([r.choice(np.arange(2049, 3000, 2), 20, replace=False),
-                               r.choice(2049, 5, replace=False)])
+        rows = np.concatenate(
+            [
+                r.choice(np.arange(2049, 3000, 2), 20, replace=False),
+                r.choice(2049, 5, replace=False),
+            ]
+        )
         data[b, rows, 1] = r.rand(len(rows)) * 0.8 + 0.1
     params = dict(overlap_thresh=0.4, valid_thresh=0.05, legacy_box=True)
     net = _Block(params)
@@ -207,8 +258,9 @@ def test_bad_input_raises_and_the_next_call_works(op):
     data = mx.nd.ones((2, 5, 6))
     with pytest.raises(ValueError, match="ops.box_nms': score_index must be in .* got 3"):
         op(data, score_index=3)
-    with pytest.raises(ValueError, match="ops.box_nms': coord_start must leave 4 "
-                       "coordinates.* got 4"):
+    with pytest.raises(
+        ValueError, match="ops.box_nms': coord_start must leave 4 coordinates.* got 4"
+    ):
         op(data, coord_start=4)
     with pytest.raises(ValueError, match="ops.box_nms': in_format must be"):
         op(data, in_format="xyxy")
@@ -240,8 +292,7 @@ def test_numpy_mode_runs_images_without_boxes(shape):
 def test_images_without_boxes_are_refused_naming_the_input():
     # legacy_box once reshaped to the numbers (-1, 0, 6): MXNet divided by zero and the
     # process died (SIGFPE); so the calls run in a process of their own
-    done = fresh.run([sys.executable, "-c", NO_BOXES], capture_output=True, text=True,
-                     timeout=300)
+    done = fresh.run([sys.executable, "-c", NO_BOXES], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     lines = done.stdout.splitlines()
     assert len(lines) == 2, done.stdout

@@ -1,4 +1,5 @@
 """ops.center_loss (Wen et al. 2016): the centers are an auxiliary state updated in backward."""
+
 import sys
 
 import mxnet as mx
@@ -44,8 +45,9 @@ def test_steps_match_the_reference_imperatively(op, how, label_dtype):
     for _ in range(3):
         x, y = batch()
         head = np.random.randn(len(x))
-        loss_want, grad_want, want_c_next = reference_step(x, y, want_c, alpha=0.3, scale=2.0,
-                                                           head=head)
+        loss_want, grad_want, want_c_next = reference_step(
+            x, y, want_c, alpha=0.3, scale=2.0, head=head
+        )
         xs = common.nd(x, np.float32)
         xs.attach_grad()
         with forced_path(how), mx.autograd.record():
@@ -64,8 +66,7 @@ def test_float64_and_inference_leaves_centers_alone(op):
     centers = common.nd(c0)
     got = op(common.nd(x), common.nd(y), centers, num_class=K, scale=0.5)
     assert got.dtype == np.float64
-    np.testing.assert_allclose(got.asnumpy(), reference_step(x, y, c0, scale=0.5)[0],
-                               rtol=1e-12)
+    np.testing.assert_allclose(got.asnumpy(), reference_step(x, y, c0, scale=0.5)[0], rtol=1e-12)
     np.testing.assert_array_equal(centers.asnumpy(), c0)  # no backward, no update
 
 
@@ -75,8 +76,9 @@ def test_symbol_executor_creates_and_updates_the_centers(op):
     s = op(mx.sym.var("data"), mx.sym.var("label"), num_class=K, alpha=0.5, name="cl")
     assert s.list_arguments() == ["data", "label"]
     assert s.list_auxiliary_states() == ["cl_centers"]
-    ex = s.simple_bind(mx.cpu(), grad_req={"data": "write", "label": "null"}, data=x.shape,
-                       label=y.shape)
+    ex = s.simple_bind(
+        mx.cpu(), grad_req={"data": "write", "label": "null"}, data=x.shape, label=y.shape
+    )
     c = np.zeros((K, D))
     np.testing.assert_array_equal(ex.aux_dict["cl_centers"].asnumpy(), c)
     for _ in range(3):
@@ -114,8 +116,7 @@ def test_module_trains_saves_and_loads_the_centers(tmp_path):
         feats = mod.get_outputs()[1].asnumpy()
         c = reference_step(feats, y, c)[2]
     mx.nd.waitall()
-    np.testing.assert_allclose(mod.get_params()[1]["cl_centers"].asnumpy(), c, rtol=1e-5,
-                               atol=1e-6)
+    np.testing.assert_allclose(mod.get_params()[1]["cl_centers"].asnumpy(), c, rtol=1e-5, atol=1e-6)
     mod.save_checkpoint(str(tmp_path / "cl"), 1)
     _, _, aux = mx.model.load_checkpoint(str(tmp_path / "cl"), 1)
     np.testing.assert_allclose(aux["cl_centers"].asnumpy(), c, rtol=1e-5, atol=1e-6)
@@ -174,16 +175,23 @@ def test_bad_input_names_the_op_and_the_argument(op, how):
     x, centers = mx.nd.ones((3, D)), mx.nd.zeros((K, D))
     with forced_path(how):
         for bad in ([0, K, 1], [-1, 0, 0], [0.5, 1, 1]):
-            with pytest.raises(ValueError, match=r"ops\.center_loss': label has values that are "
-                               r"not class indices in \[0, num_class - 1\] = \[0, 3\]"):
+            with pytest.raises(
+                ValueError,
+                match=r"ops\.center_loss': label has values that are "
+                r"not class indices in \[0, num_class - 1\] = \[0, 3\]",
+            ):
                 op(x, mx.nd.array(bad), centers, num_class=K).wait_to_read()
         with pytest.raises(ValueError, match=r"ops\.center_loss': label has shape \(4,\)"):
             op(x, mx.nd.zeros((4,)), centers, num_class=K).wait_to_read()
         with pytest.raises(ValueError, match=r"ops\.center_loss': data must have shape"):
-            op(mx.nd.ones((3, 2, 2)), mx.nd.zeros((3,)), mx.nd.zeros((K, 2)),
-               num_class=K).wait_to_read()
-        with pytest.raises(ValueError, match=r"ops\.center_loss': alpha must be a finite number"
-                           r" in \[0, 1\]"):
+            op(
+                mx.nd.ones((3, 2, 2)), mx.nd.zeros((3,)), mx.nd.zeros((K, 2)), num_class=K
+            ).wait_to_read()
+        with pytest.raises(
+            ValueError,
+            match=r"ops\.center_loss': alpha must be a finite number"
+            r" in \[0, 1\]",
+        ):
             op(x, mx.nd.zeros((3,)), centers, num_class=K, alpha=2.0).wait_to_read()
         with pytest.raises(ValueError, match=r"auxiliary state 'centers' has shape"):
             op(x, mx.nd.zeros((3,)), mx.nd.zeros((K + 1, D)), num_class=K).wait_to_read()
@@ -194,6 +202,7 @@ def test_bad_input_names_the_op_and_the_argument(op, how):
 def _aux_rules():
     import importlib.util
     from pathlib import Path
+
     path = Path(__file__).resolve().parents[2] / "benchmarks" / "aux_rules.py"
     spec = importlib.util.spec_from_file_location("aux_rules", path)
     module = importlib.util.module_from_spec(spec)
@@ -204,6 +213,7 @@ def _aux_rules():
 def _documented_table():
     # docs/howto/aux_states.md: | rule | 4 classes: vs one device | vs hand-written | 64 ...
     from pathlib import Path
+
     text = (Path(__file__).resolve().parents[2] / "docs" / "howto" / "aux_states.md").read_text()
     rows = {}
     for line in text.splitlines():
@@ -229,7 +239,7 @@ def test_what_the_aux_states_how_to_says_of_each_merge_rule_holds(classes):
     documented = _documented_table()
     column = 0 if classes == 4 else 2
     for rule in rules:
-        want = documented[rule][column:column + 2]
+        want = documented[rule][column : column + 2]
         got = [rows[rule]["vs one device"], rows[rule]["vs hand-written"]]
         np.testing.assert_allclose(got, want, rtol=0.02, atol=1e-3, err_msg=rule)
     # ops.center_loss keeps the rule closest where classes are many (its face-recognition use)

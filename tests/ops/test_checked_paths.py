@@ -7,6 +7,7 @@ hybridized block whose ops inline (where they do), and a graph written by
 the bad ones.  Each block first runs the good inputs (so a graph settled for them
 exists), then the bad ones, then the good ones again (still right).
 """
+
 import os
 import re
 
@@ -30,30 +31,78 @@ def boxes(*lead):
 F32 = np.float32
 # (case, op, good inputs, bad inputs, params, argument the error names)
 CASES = [
-    ("box_decode-rank", ops.box_decode, [R.randn(1, 4, 4).astype(F32), boxes(1, 4)],
-     [R.randn(4, 4).astype(F32), boxes(1, 4)], {}, "data"),
-    ("box_decode-int32", ops.box_decode, [R.randn(1, 4, 4).astype(F32), boxes(1, 4)],
-     [np.ones((1, 4, 4), np.int32), boxes(1, 4).astype(np.int32)], {}, "data"),
-    ("box_iou-last-axis-5", ops.box_iou, [boxes(3), boxes(2)],
-     [np.ones((3, 5), F32), boxes(2)], {}, "lhs"),
-    ("focal_loss-label-7", ops.focal_loss, [R.randn(4, 4).astype(F32),
-                                            np.array([0, 1, 4, 2], F32)],
-     [R.randn(4, 4).astype(F32), np.array([0, 7, 1, 2], F32)], {}, "label"),
-    ("focal_loss-label-nan", ops.focal_loss, [R.randn(4, 4).astype(F32),
-                                              np.array([0, 1, 4, 2], F32)],
-     [R.randn(4, 4).astype(F32), np.array([0, np.nan, 1, 0.5], F32)], {}, "label"),
-    ("softmax_ce-label-5", ops.softmax_ce, [R.randn(4, 3).astype(F32),
-                                            np.array([0, 1, 2, 1], F32)],
-     [R.randn(4, 3).astype(F32), np.array([0, 5, 2, 1], F32)], {}, "label"),
-    ("softmax_ce-label-negative", ops.softmax_ce, [R.randn(4, 3).astype(F32),
-                                                   np.array([0, 1, 2, 1], F32)],
-     [R.randn(4, 3).astype(F32), np.array([0, -2, 2, 1], F32)], {}, "label"),
-    ("smooth_l1-sigma-negative", ops.smooth_l1, [R.randn(4, 3).astype(F32),
-                                                 np.array([1.0], F32)],
-     [R.randn(4, 3).astype(F32), np.array([-1.0], F32)], {}, "sigma"),
-    ("wing_loss-target-4x1", ops.wing_loss, [R.randn(4, 6).astype(F32),
-                                             R.randn(4, 6).astype(F32)],
-     [R.randn(4, 6).astype(F32), R.randn(4, 1).astype(F32)], {}, "target"),
+    (
+        "box_decode-rank",
+        ops.box_decode,
+        [R.randn(1, 4, 4).astype(F32), boxes(1, 4)],
+        [R.randn(4, 4).astype(F32), boxes(1, 4)],
+        {},
+        "data",
+    ),
+    (
+        "box_decode-int32",
+        ops.box_decode,
+        [R.randn(1, 4, 4).astype(F32), boxes(1, 4)],
+        [np.ones((1, 4, 4), np.int32), boxes(1, 4).astype(np.int32)],
+        {},
+        "data",
+    ),
+    (
+        "box_iou-last-axis-5",
+        ops.box_iou,
+        [boxes(3), boxes(2)],
+        [np.ones((3, 5), F32), boxes(2)],
+        {},
+        "lhs",
+    ),
+    (
+        "focal_loss-label-7",
+        ops.focal_loss,
+        [R.randn(4, 4).astype(F32), np.array([0, 1, 4, 2], F32)],
+        [R.randn(4, 4).astype(F32), np.array([0, 7, 1, 2], F32)],
+        {},
+        "label",
+    ),
+    (
+        "focal_loss-label-nan",
+        ops.focal_loss,
+        [R.randn(4, 4).astype(F32), np.array([0, 1, 4, 2], F32)],
+        [R.randn(4, 4).astype(F32), np.array([0, np.nan, 1, 0.5], F32)],
+        {},
+        "label",
+    ),
+    (
+        "softmax_ce-label-5",
+        ops.softmax_ce,
+        [R.randn(4, 3).astype(F32), np.array([0, 1, 2, 1], F32)],
+        [R.randn(4, 3).astype(F32), np.array([0, 5, 2, 1], F32)],
+        {},
+        "label",
+    ),
+    (
+        "softmax_ce-label-negative",
+        ops.softmax_ce,
+        [R.randn(4, 3).astype(F32), np.array([0, 1, 2, 1], F32)],
+        [R.randn(4, 3).astype(F32), np.array([0, -2, 2, 1], F32)],
+        {},
+        "label",
+    ),
+    (
+        "smooth_l1-sigma-negative",
+        ops.smooth_l1,
+        [R.randn(4, 3).astype(F32), np.array([1.0], F32)],
+        [R.randn(4, 3).astype(F32), np.array([-1.0], F32)],
+        {},
+        "sigma",
+    ),
+    (
+        "wing_loss-target-4x1",
+        ops.wing_loss,
+        [R.randn(4, 6).astype(F32), R.randn(4, 6).astype(F32)],
+        [R.randn(4, 6).astype(F32), R.randn(4, 1).astype(F32)],
+        {},
+        "target",
+    ),
 ]
 
 
@@ -95,8 +144,9 @@ def _run(path, op, good, bad, params, tmp_path, monkeypatch):
             if any(not np.array_equal(good[i], bad[i]) for i in set(range(len(good))) - set(read)):
                 return UNREAD  # the graph does not read the bad input: nothing to feed it
             good, bad = [good[i] for i in read], [bad[i] for i in read]
-            net = mx.gluon.SymbolBlock.imports(done.symbol_file, [names[i] for i in read],
-                                               done.params_file)
+            net = mx.gluon.SymbolBlock.imports(
+                done.symbol_file, [names[i] for i in read], done.params_file
+            )
         net.hybridize()
         runs = [net]
     call = runs[0]
@@ -202,12 +252,22 @@ def test_exported_graphs_in_plain_mxnet_give_nan_or_name_the_input(tmp_path):
             continue
         done = customop.export(OneOp(op, params), str(tmp_path / name), *_nd(good))
         read = [i for i in range(len(good)) if f"data{i}" in done.inputs]
-        cases.append({"case": name, "symbol": done.symbol_file, "params": done.params_file,
-                      "names": [f"data{i}" for i in read],
-                      "bad": [(bad[i].tolist(), bad[i].dtype.name) for i in read]})
+        cases.append(
+            {
+                "case": name,
+                "symbol": done.symbol_file,
+                "params": done.params_file,
+                "names": [f"data{i}" for i in read],
+                "bad": [(bad[i].tolist(), bad[i].dtype.name) for i in read],
+            }
+        )
     (tmp_path / "cases.json").write_text(json.dumps(cases))
-    run = fresh.run([sys.executable, "-c", PLAIN, str(tmp_path / "cases.json")],
-                    capture_output=True, text=True, timeout=300)
+    run = fresh.run(
+        [sys.executable, "-c", PLAIN, str(tmp_path / "cases.json")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     said = dict(line.split(" ", 1) for line in run.stdout.strip().splitlines())
     assert set(said) == {c[0] for c in CASES} - NOT_READ_WHEN_EXPORTED

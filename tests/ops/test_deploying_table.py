@@ -5,6 +5,7 @@ finds for that op (inputs and parameters in tests/deploy/models.py), and its ONN
 is whether MXNet 1.9.1's converter (``customop.to_onnx``) takes the exported graph.  The
 deploy nox session runs the "yes" rows in ONNX Runtime.
 """
+
 import re
 import warnings
 from pathlib import Path
@@ -20,7 +21,7 @@ PAGE = Path(__file__).resolve().parents[2] / "docs" / "deploying.md"
 
 def table():
     text = PAGE.read_text()
-    section = text[text.index("## The library's operators"):]
+    section = text[text.index("## The library's operators") :]
     rows = {}
     for line in section.splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
@@ -46,8 +47,9 @@ def test_each_row_is_what_explain_and_the_converter_find(row, tmp_path):
     if not report.exports:
         assert onnx == "no"
         return
-    done = customop.export(models.OneOp(op, params), str(tmp_path / "op"),
-                           *[mx.nd.array(x) for x in xs])
+    done = customop.export(
+        models.OneOp(op, params), str(tmp_path / "op"), *[mx.nd.array(x) for x in xs]
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the converter's notes on box_nms
         try:
@@ -57,4 +59,3 @@ def test_each_row_is_what_explain_and_the_converter_find(row, tmp_path):
             assert "No conversion function registered" in str(exc)
             converted = "no"
     assert converted == onnx
-

@@ -1,12 +1,20 @@
 """The runnable examples in the issue-11 operators' docstrings run and print what they say."""
+
 import doctest
 
 import pytest
 
 import ops
 
-DOCUMENTED = [ops.topk, ops.arr_pick, ops.box_iou, ops.box_nms, ops.box_encode, ops.box_decode,
-              ops.ohem_sampler]
+DOCUMENTED = [
+    ops.topk,
+    ops.arr_pick,
+    ops.box_iou,
+    ops.box_nms,
+    ops.box_encode,
+    ops.box_decode,
+    ops.ohem_sampler,
+]
 
 
 @pytest.mark.parametrize("obj", DOCUMENTED, ids=lambda o: getattr(o, "__name__", repr(o)))

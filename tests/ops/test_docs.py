@@ -1,4 +1,5 @@
 """The docstring examples of the loss operators run as written; twins share the docstring."""
+
 import doctest
 import importlib
 
@@ -22,6 +23,7 @@ def test_docstring_examples_run(name):
 
 def test_the_operators_page_lists_every_operator_and_block():
     from pathlib import Path
+
     page = (Path(__file__).resolve().parents[2] / "docs" / "operators.md").read_text()
     section = page.split("## Losses", 1)[1].split("\n## ", 1)[0]
     for name in [*MODULES, "FocalLoss", "SmoothL1Loss", "WingLoss", "CenterLoss", "SoftmaxCE"]:

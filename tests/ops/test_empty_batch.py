@@ -5,6 +5,7 @@ and the input.  Where MXNet fails before any operator runs (a bound graph, a hyb
 that already ran a batch), the test runs a native op in the same place beside ours and asks for
 the same failure: that one is MXNet's, and docs/troubleshooting.md says so.
 """
+
 import contextlib
 
 import mxnet as mx
@@ -31,8 +32,10 @@ CASES = {
     "arr_pick": (lambda b: [_z(b, 2, 5), np.ones((b, 1, 5), np.float32)], dict(num=2)),
     "box_iou": (lambda b: [_z(b, 4), _z(2, 4)], {}),
     "box_nms": (lambda b: [_z(b, 2, 6)], {}),
-    "box_encode": (lambda b: [_z(b, 2), _z(b, 2), _z(b, 2, 4), _z(b, 2, 4), _z(4),
-                              np.ones(4, np.float32)], {}),
+    "box_encode": (
+        lambda b: [_z(b, 2), _z(b, 2), _z(b, 2, 4), _z(b, 2, 4), _z(4), np.ones(4, np.float32)],
+        {},
+    ),
     "box_decode": (lambda b: [_z(b, 2, 4), _z(1, 2, 4)], {}),
     "ohem_sampler": (lambda b: [_z(b, 4, 3), _z(b, 4), _z(b, 4)], {}),
 }
@@ -78,8 +81,7 @@ def test_nd_call_on_an_empty_batch_runs_or_names_the_op_and_the_input(name, mode
     op = _op(name, mode)
     make, params = CASES[name]
     xs = [mx.nd.array(a) for a in make(0)]
-    want = [(0,) + o.shape[1:] for o in _outputs(op(*[mx.nd.array(a) for a in make(2)],
-                                                   **params))]
+    want = [(0,) + o.shape[1:] for o in _outputs(op(*[mx.nd.array(a) for a in make(2)], **params))]
     if name == "box_iou":
         want = [(0, 2)]
     # A recorded call of an op with aux states goes through mx.nd.Custom ('custom') anyway.
@@ -176,8 +178,11 @@ def test_a_hybridized_block_that_ran_a_batch_fails_on_an_empty_one_as_a_native_b
     make = CASES[name][0]
     good = [mx.nd.array(a) for a in make(2)][:n]
     empty = [mx.nd.array(a) for a in make(0)][:n]
-    native = _after_a_batch_error(_Block(lambda x: mx.sym.relu(x) if isinstance(x, mx.sym.Symbol)
-                                         else mx.nd.relu(x)), good[:1], empty[:1])
+    native = _after_a_batch_error(
+        _Block(lambda x: mx.sym.relu(x) if isinstance(x, mx.sym.Symbol) else mx.nd.relu(x)),
+        good[:1],
+        empty[:1],
+    )
     ours = _after_a_batch_error(block, good, empty)
     assert type(ours) is type(native), (ours, native)
     assert "mem_plan" in str(native)

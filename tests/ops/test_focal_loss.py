@@ -1,4 +1,5 @@
 """ops.focal_loss (Lin et al. 2017) against a float64 reference of the paper's formula."""
+
 import sys
 
 import mxnet as mx
@@ -35,29 +36,31 @@ def targets(label, num_class, ignore_label=-1):
 
 def normalizer(label, how, ignore_label=-1):
     valid = np.asarray(label) != ignore_label
-    count = {"positive": (valid & (np.asarray(label) >= 1)).sum(), "valid": valid.sum(),
-             "none": 1}[how]
+    count = {"positive": (valid & (np.asarray(label) >= 1)).sum(), "valid": valid.sum(), "none": 1}[
+        how
+    ]
     return max(float(count), 1.0)
 
 
-def reference(x, label, alpha=0.25, gamma=2.0, normalization="positive", ignore_label=-1,
-              z=None):
+def reference(x, label, alpha=0.25, gamma=2.0, normalization="positive", ignore_label=-1, z=None):
     # FL = -alpha t (1-p)^gamma log p - (1-alpha)(1-t) p^gamma log(1-p), per class channel
     (p, q), (log_p, log_q) = sigmoid_pair(x), log_pair(x)
     t, valid = targets(label, x.shape[-1], ignore_label)
-    loss = -alpha * t * q ** gamma * log_p - (1 - alpha) * (1 - t) * p ** gamma * log_q
+    loss = -alpha * t * q**gamma * log_p - (1 - alpha) * (1 - t) * p**gamma * log_q
     z = normalizer(label, normalization, ignore_label) if z is None else z
     return loss * valid / z
 
 
-def reference_grad(x, label, alpha=0.25, gamma=2.0, normalization="positive", ignore_label=-1,
-                   z=None):
+def reference_grad(
+    x, label, alpha=0.25, gamma=2.0, normalization="positive", ignore_label=-1, z=None
+):
     # d/dx: positives -alpha (1-p)^gamma (1 - p - gamma p log p),
     #       negatives -(1-alpha) p^gamma (gamma (1-p) log(1-p) - p)
     (p, q), (log_p, log_q) = sigmoid_pair(x), log_pair(x)
     t, valid = targets(label, x.shape[-1], ignore_label)
-    d = -alpha * t * q ** gamma * (q - gamma * p * log_p) \
-        - (1 - alpha) * (1 - t) * p ** gamma * (gamma * q * log_q - p)
+    d = -alpha * t * q**gamma * (q - gamma * p * log_p) - (1 - alpha) * (1 - t) * p**gamma * (
+        gamma * q * log_q - p
+    )
     z = normalizer(label, normalization, ignore_label) if z is None else z
     return d * valid / z
 
@@ -78,10 +81,12 @@ def test_forward_and_gradient_match_the_paper(op, dtype, normalization):
     heads = [np.random.randn(*x.shape).astype(dtype)]
     tol = 1e-5 if dtype == np.float32 else 1e-10
     (out,), (dx, dl) = common.assert_paths_agree(
-        op, [x.astype(dtype), label.astype(np.int32)], params, heads, rtol=tol, atol=tol)
+        op, [x.astype(dtype), label.astype(np.int32)], params, heads, rtol=tol, atol=tol
+    )
     np.testing.assert_allclose(out, reference(x, label, **params), rtol=tol, atol=tol)
-    np.testing.assert_allclose(dx, reference_grad(x, label, **params) * heads[0], rtol=tol,
-                               atol=tol)
+    np.testing.assert_allclose(
+        dx, reference_grad(x, label, **params) * heads[0], rtol=tol, atol=tol
+    )
 
 
 @pytest.mark.parametrize("op", OPS, ids=ids)
@@ -102,8 +107,9 @@ def test_normalizer_input_replaces_the_normalization(op):
     x, label = sample()
     z = np.array([7.5])
     heads = [np.random.randn(*x.shape)]
-    (out,), (dx, _, dz) = common.assert_paths_agree(op, [x, label.astype(np.int32), z], {},
-                                                    heads, rtol=1e-10, atol=1e-12)
+    (out,), (dx, _, dz) = common.assert_paths_agree(
+        op, [x, label.astype(np.int32), z], {}, heads, rtol=1e-10, atol=1e-12
+    )
     np.testing.assert_allclose(out, reference(x, label, z=7.5), rtol=1e-10)
     np.testing.assert_allclose(dx, reference_grad(x, label, z=7.5) * heads[0], rtol=1e-10)
     # the output is L / z, so d/dz = -sum(head * output) / z
@@ -130,8 +136,7 @@ def test_stable_for_large_logits(op):
         assert np.isfinite(out).all() and np.isfinite(dx).all()
     (out,), (dx, _) = common.run(op, [x[:, :2], label[:, :2].astype(np.int32)])
     np.testing.assert_allclose(out, reference(x[:, :2], label[:, :2]), rtol=1e-9, atol=1e-300)
-    np.testing.assert_allclose(dx, reference_grad(x[:, :2], label[:, :2]), rtol=1e-9,
-                               atol=1e-300)
+    np.testing.assert_allclose(dx, reference_grad(x[:, :2], label[:, :2]), rtol=1e-9, atol=1e-300)
     check_grad(op, x[:, :2], label[:, :2].astype(np.int32))  # float64 at logits of +-30
     check_grad(op, x[:, :2], label[:, :2].astype(np.int32), gamma=0.0)
 
@@ -148,6 +153,7 @@ def test_the_backward_reuses_the_forwards_work(op, how, monkeypatch):
         def call(*args):
             calls.append(name)
             return real(*args)
+
         return call
 
     x, label = sample()
@@ -170,8 +176,9 @@ def test_gluon_block(hybridize):
     out, (dx,) = common.block_run(ops.FocalLoss(alpha=0.4, gamma=1.0), [x, label], hybridize)
     want = reference(x, label, alpha=0.4, gamma=1.0)
     np.testing.assert_allclose(out, want.sum(axis=(1, 2)), rtol=1e-5)
-    np.testing.assert_allclose(dx, reference_grad(x, label, alpha=0.4, gamma=1.0), rtol=1e-4,
-                               atol=1e-7)
+    np.testing.assert_allclose(
+        dx, reference_grad(x, label, alpha=0.4, gamma=1.0), rtol=1e-4, atol=1e-7
+    )
     out, _ = common.block_run(ops.FocalLoss(), [x, label, [4.0]], hybridize)
     np.testing.assert_allclose(out, reference(x, label, z=4.0).sum(axis=(1, 2)), rtol=1e-5)
 
@@ -179,21 +186,29 @@ def test_gluon_block(hybridize):
 def test_symbols_with_and_without_normalizer():
     x, label = sample()
     for with_z in (False, True):
-        names = ["pred", "label", "normalizer"][:2 + with_z]
+        names = ["pred", "label", "normalizer"][: 2 + with_z]
         s = ops.focal_loss(*[mx.sym.var(n) for n in names], gamma=1.0)
         assert s.list_arguments() == names
-        ex = s.simple_bind(mx.cpu(), grad_req={"pred": "write", "label": "null",
-                                               "normalizer": "null"},
-                           pred=x.shape, label=label.shape, normalizer=(1,))
+        ex = s.simple_bind(
+            mx.cpu(),
+            grad_req={"pred": "write", "label": "null", "normalizer": "null"},
+            pred=x.shape,
+            label=label.shape,
+            normalizer=(1,),
+        )
         feed = dict(pred=x, label=label, normalizer=np.array([3.0]))
         ex.forward(is_train=True, **{n: feed[n] for n in names})
         ex.backward(mx.nd.ones(x.shape))
         z = 3.0 if with_z else None
-        np.testing.assert_allclose(ex.outputs[0].asnumpy(), reference(x, label, gamma=1.0, z=z),
-                                   rtol=1e-5, atol=1e-7)
-        np.testing.assert_allclose(ex.grad_dict["pred"].asnumpy(),
-                                   reference_grad(x, label, gamma=1.0, z=z), rtol=1e-4,
-                                   atol=1e-7)
+        np.testing.assert_allclose(
+            ex.outputs[0].asnumpy(), reference(x, label, gamma=1.0, z=z), rtol=1e-5, atol=1e-7
+        )
+        np.testing.assert_allclose(
+            ex.grad_dict["pred"].asnumpy(),
+            reference_grad(x, label, gamma=1.0, z=z),
+            rtol=1e-4,
+            atol=1e-7,
+        )
 
 
 @pytest.mark.parametrize("how", ["function", "custom"])
@@ -213,11 +228,17 @@ def test_bad_input_names_the_op_and_the_argument(op, how):
         for bad in (5, -2, 0.5):
             label = mx.nd.zeros((2, 3))
             label[1, 2] = bad
-            with pytest.raises(ValueError, match=r"ops\.focal_loss': label has values outside "
-                               r"\[ignore_label, C\]: .*ignore_label=-1.*C=4"):
+            with pytest.raises(
+                ValueError,
+                match=r"ops\.focal_loss': label has values outside "
+                r"\[ignore_label, C\]: .*ignore_label=-1.*C=4",
+            ):
                 op(x, label).wait_to_read()
-        with pytest.raises(ValueError, match=r"ops\.focal_loss': label has shape \(2, 4\) but "
-                           r"must have shape \(2, 3\)"):
+        with pytest.raises(
+            ValueError,
+            match=r"ops\.focal_loss': label has shape \(2, 4\) but "
+            r"must have shape \(2, 3\)",
+        ):
             op(x, mx.nd.zeros((2, 4))).wait_to_read()
         with pytest.raises(ValueError, match=r"ops\.focal_loss': normalizer must hold one value"):
             op(x, mx.nd.zeros((2, 3)), mx.nd.ones((2,))).wait_to_read()
@@ -237,8 +258,9 @@ def test_bad_labels_in_a_bound_graph_fail_and_the_executor_recovers(inline, monk
     if not inline:
         monkeypatch.setenv("CUSTOMOP_RUNTIME_OFF", "inline")
     s = ops.focal_loss(mx.sym.var("pred"), mx.sym.var("label"))
-    ex = s.simple_bind(mx.cpu(), grad_req={"pred": "write", "label": "null"}, pred=(2, 3, 4),
-                       label=(2, 3))
+    ex = s.simple_bind(
+        mx.cpu(), grad_req={"pred": "write", "label": "null"}, pred=(2, 3, 4), label=(2, 3)
+    )
     assert hasattr(ex, "customop_inlined") == inline
     if inline:
         ex.forward(is_train=True, pred=np.zeros((2, 3, 4)), label=np.full((2, 3), 7.0))
@@ -250,8 +272,11 @@ def test_bad_labels_in_a_bound_graph_fail_and_the_executor_recovers(inline, monk
             ex.forward(is_train=False, pred=np.zeros((2, 3, 4)), label=np.full((2, 3), 7.0))
             ex.outputs[0].wait_to_read()
     ex.forward(is_train=False, pred=np.zeros((2, 3, 4)), label=np.ones((2, 3)))
-    np.testing.assert_allclose(ex.outputs[0].asnumpy().sum(),
-                               reference(np.zeros((2, 3, 4)), np.ones((2, 3))).sum(), rtol=1e-6)
+    np.testing.assert_allclose(
+        ex.outputs[0].asnumpy().sum(),
+        reference(np.zeros((2, 3, 4)), np.ones((2, 3))).sum(),
+        rtol=1e-6,
+    )
 
 
 class _Loss(mx.gluon.HybridBlock):
@@ -273,7 +298,8 @@ def test_the_inlined_label_check_takes_each_valid_label_and_no_other(ignore_labe
     valid = sorted({0, 1, 2, 3, 4, ignore_label})
     for value in valid:
         assert np.isfinite(net(pred, mx.nd.array([[value]])).asnumpy()).all(), value
-    bad = {v for v in (-2, -1, 5, 6, 7, 254, 256, ignore_label - 1, ignore_label + 1)
-           if v not in valid} | {0.5, ignore_label + 0.5, float("nan"), float("inf")}
+    bad = {
+        v for v in (-2, -1, 5, 6, 7, 254, 256, ignore_label - 1, ignore_label + 1) if v not in valid
+    } | {0.5, ignore_label + 0.5, float("nan"), float("inf")}
     for value in sorted(bad):
         assert np.isnan(net(pred, mx.nd.array([[value]])).asnumpy()).all(), value

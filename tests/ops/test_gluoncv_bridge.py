@@ -1,5 +1,6 @@
 """The GluonCV table of docs/operators.md (issue 19): its examples run, and where GluonCV is
 wrong we match float64 references written from the formulas (no GluonCV in the tests)."""
+
 import doctest
 import math
 
@@ -16,8 +17,12 @@ def _bridge_block():
     page = DOCS / "operators.md"
     section = page.read_text().split("## From GluonCV", 1)[1].split("\n## ", 1)[0]
     table = [line for line in section.splitlines() if line.startswith("|")][2:]  # no header
-    examples = [text for kind, text, _ in blocks(page) if kind == "doctest"
-                and "From GluonCV" in page.read_text().split(text, 1)[0].rsplit("\n## ", 1)[-1]]
+    examples = [
+        text
+        for kind, text, _ in blocks(page)
+        if kind == "doctest"
+        and "From GluonCV" in page.read_text().split(text, 1)[0].rsplit("\n## ", 1)[-1]
+    ]
     assert len(examples) == 1
     return table, examples[0]
 
@@ -25,13 +30,16 @@ def _bridge_block():
 def test_docs_gluoncv_examples_run_as_written():
     table, block = _bridge_block()
     # one example per row of the table: the knobs each row names appear in the block
-    for knob in ("legacy_box=True", "1 / math.sqrt(rho)", "gluoncv_label + 1", "stds",
-                 "clip=-1"):
+    for knob in ("legacy_box=True", "1 / math.sqrt(rho)", "gluoncv_label + 1", "stds", "clip=-1"):
         assert knob in block, knob
     assert len(table) == 5
     test = doctest.DocTestParser().get_doctest(
-        block, {"math": math, "mx": mx, "np": np, "ops": ops}, "operators.md (From GluonCV)",
-        None, 0)
+        block,
+        {"math": math, "mx": mx, "np": np, "ops": ops},
+        "operators.md (From GluonCV)",
+        None,
+        0,
+    )
     result = doctest.DocTestRunner(optionflags=FLAGS).run(test)
     assert result.attempted > 10 and result.failed == 0
 
@@ -49,10 +57,15 @@ def iou_plus_one(a, b):
 @pytest.mark.parametrize("op", [ops.box_iou, ops.box_iou.numpy], ids=["mxnet", "numpy"])
 def test_boxes_sharing_one_pixel_row_or_column_overlap_with_legacy_box(op):
     lhs = np.array([[0, 0, 9, 9], [3, 4, 20, 30]], np.float32)
-    rhs = np.array([[0, 9, 9, 18],     # shares row 9 with box 0
-                    [9, 0, 18, 9],     # shares column 9 with box 0
-                    [20, 30, 40, 50],  # shares the corner pixel (20, 30) with box 1
-                    [10, 10, 19, 19]], np.float32)
+    rhs = np.array(
+        [
+            [0, 9, 9, 18],  # shares row 9 with box 0
+            [9, 0, 18, 9],  # shares column 9 with box 0
+            [20, 30, 40, 50],  # shares the corner pixel (20, 30) with box 1
+            [10, 10, 19, 19],
+        ],
+        np.float32,
+    )
     want = np.array([[iou_plus_one(a, b) for b in rhs] for a in lhs])
     assert want[0, 0] == want[0, 1] == 10 / 190 and want[1, 2] > 0  # GluonCV's numpy: 0
     got = op(mx.nd.array(lhs), mx.nd.array(rhs), legacy_box=True).asnumpy()
@@ -65,8 +78,9 @@ def focal64(x, target, alpha=0.25, gamma=2.0):
     """Sigmoid focal loss in float64 straight from Lin et al.: p = 1 / (1 + e^-x)."""
     x = np.float64(x)
     p = 1 / (1 + np.exp(-x))
-    return np.where(target == 1, -alpha * (1 - p) ** gamma * np.log(p),
-                    -(1 - alpha) * p ** gamma * np.log(1 - p))
+    return np.where(
+        target == 1, -alpha * (1 - p) ** gamma * np.log(p), -(1 - alpha) * p**gamma * np.log(1 - p)
+    )
 
 
 @pytest.mark.parametrize("op", [ops.focal_loss, ops.focal_loss.numpy], ids=["mxnet", "numpy"])

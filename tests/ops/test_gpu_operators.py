@@ -5,6 +5,7 @@ The list of operators with a GPU implementation in MXNet 1.9.1 is read out of MX
 files at tag 1.9.1) and kept as test data; this machine has no GPU, so this is as far as the
 design card's CUDA-accelerated topk and box paths can be checked here.
 """
+
 import ctypes
 from pathlib import Path
 
@@ -16,8 +17,11 @@ from customop.graphs import native, trace
 from tests.deploy import models
 
 DATA = Path(__file__).parent / "data" / "mxnet_1.9.1_gpu_ops.txt"
-GPU_OPS = {line.strip() for line in DATA.read_text().splitlines()
-           if line.strip() and not line.startswith("#")}
+GPU_OPS = {
+    line.strip()
+    for line in DATA.read_text().splitlines()
+    if line.strip() and not line.startswith("#")
+}
 
 
 def names(op_name):
@@ -29,8 +33,14 @@ def names(op_name):
 
 def test_the_list_was_read_out_of_mxnets_source():
     assert len(GPU_OPS) > 500
-    assert {"topk", "sort", "take", "_contrib_box_encode", "_contrib_box_nms",
-            "broadcast_mul"} <= GPU_OPS
+    assert {
+        "topk",
+        "sort",
+        "take",
+        "_contrib_box_encode",
+        "_contrib_box_nms",
+        "broadcast_mul",
+    } <= GPU_OPS
     assert "Custom" not in GPU_OPS  # a Custom node runs Python on the CPU
 
 

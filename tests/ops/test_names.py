@@ -1,4 +1,5 @@
 """Op types are part of the saved-model format: the list is pinned, and saved graphs reload."""
+
 import json
 import sys
 from pathlib import Path
@@ -15,24 +16,42 @@ from tests import fresh
 ROOT = Path(__file__).resolve().parents[2]
 
 # Changing this list breaks every model saved with the old names: do it deliberately.
-OP_TYPES = sorted([
-    "ops.arr_pick", "ops.arr_pick.numpy",
-    "ops.box_decode", "ops.box_decode.numpy",
-    "ops.box_encode", "ops.box_encode.numpy",
-    "ops.box_iou", "ops.box_iou.numpy",
-    "ops.box_nms", "ops.box_nms.numpy",
-    "ops.center_loss", "ops.center_loss.numpy",
-    "ops.focal_loss", "ops.focal_loss.numpy",
-    "ops.focal_loss~without_normalizer", "ops.focal_loss.numpy~without_normalizer",
-    "ops.ohem_sampler", "ops.ohem_sampler.numpy",
-    "ops.smooth_l1", "ops.smooth_l1.numpy",
-    "ops.smooth_l1~without_weight", "ops.smooth_l1.numpy~without_weight",
-    "ops.softmax_ce", "ops.softmax_ce.numpy",
-    "ops.tile", "ops.tile.numpy",
-    "ops.topk", "ops.topk.numpy",
-    "ops.wing_loss", "ops.wing_loss.numpy",
-    "ops.wing_loss~without_weight", "ops.wing_loss.numpy~without_weight",
-])
+OP_TYPES = sorted(
+    [
+        "ops.arr_pick",
+        "ops.arr_pick.numpy",
+        "ops.box_decode",
+        "ops.box_decode.numpy",
+        "ops.box_encode",
+        "ops.box_encode.numpy",
+        "ops.box_iou",
+        "ops.box_iou.numpy",
+        "ops.box_nms",
+        "ops.box_nms.numpy",
+        "ops.center_loss",
+        "ops.center_loss.numpy",
+        "ops.focal_loss",
+        "ops.focal_loss.numpy",
+        "ops.focal_loss~without_normalizer",
+        "ops.focal_loss.numpy~without_normalizer",
+        "ops.ohem_sampler",
+        "ops.ohem_sampler.numpy",
+        "ops.smooth_l1",
+        "ops.smooth_l1.numpy",
+        "ops.smooth_l1~without_weight",
+        "ops.smooth_l1.numpy~without_weight",
+        "ops.softmax_ce",
+        "ops.softmax_ce.numpy",
+        "ops.tile",
+        "ops.tile.numpy",
+        "ops.topk",
+        "ops.topk.numpy",
+        "ops.wing_loss",
+        "ops.wing_loss.numpy",
+        "ops.wing_loss~without_weight",
+        "ops.wing_loss.numpy~without_weight",
+    ]
+)
 
 
 def _registered_op_types():
@@ -53,11 +72,19 @@ def test_the_registered_op_types_are_pinned():
 
 def test_a_fresh_import_of_ops_registers_exactly_the_pinned_op_types():
     # Also catches an op registered in ops/ but not exported.
-    script = ("import ops\n"
-              "from customop import registry\n"
-              "print(sorted(t for t in registry.op_types() if t.split('.')[0] == 'ops'))\n")
-    out = fresh.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True,
-                    text=True, timeout=120, check=True).stdout.strip()
+    script = (
+        "import ops\n"
+        "from customop import registry\n"
+        "print(sorted(t for t in registry.op_types() if t.split('.')[0] == 'ops'))\n"
+    )
+    out = fresh.run(
+        [sys.executable, "-c", script],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    ).stdout.strip()
     assert out == repr(OP_TYPES)
 
 
@@ -69,10 +96,10 @@ def test_every_op_type_names_its_operator_under_ops():
 
 class _Net(mx.gluon.HybridBlock):
     def hybrid_forward(self, F, x, boxes):
-        loss = ops.smooth_l1(x, F.ones((1,)) * 2.0)             # 'ops.smooth_l1~without_weight'
+        loss = ops.smooth_l1(x, F.ones((1,)) * 2.0)  # 'ops.smooth_l1~without_weight'
         iou = ops.box_iou.numpy(boxes, boxes, legacy_box=True)  # 'ops.box_iou.numpy'
-        value, index = ops.topk(x, k=2, ret_typ="both")         # 'ops.topk', two outputs
-        top = ops.topk.numpy(x, k=1, axis=0)                    # 'ops.topk.numpy', one
+        value, index = ops.topk(x, k=2, ret_typ="both")  # 'ops.topk', two outputs
+        top = ops.topk.numpy(x, k=1, axis=0)  # 'ops.topk.numpy', one
         return loss.sum() + iou.sum() + value.sum() + index.sum() + top.sum()
 
 
@@ -86,8 +113,12 @@ def test_an_exported_graph_reloads_in_a_fresh_process_that_never_imported_ops(tm
     net.export(prefix)
     graph = json.loads(Path(prefix + "-symbol.json").read_text())
     types = {n["attrs"]["op_type"] for n in graph["nodes"] if n["op"] == "Custom"}
-    assert types == {"ops.smooth_l1~without_weight", "ops.box_iou.numpy", "ops.topk",
-                     "ops.topk.numpy"}
+    assert types == {
+        "ops.smooth_l1~without_weight",
+        "ops.box_iou.numpy",
+        "ops.topk",
+        "ops.topk.numpy",
+    }
     np.save(tmp_path / "x.npy", x.asnumpy())
     np.save(tmp_path / "boxes.npy", boxes.asnumpy())
     script = f"""
@@ -95,11 +126,11 @@ import sys
 import mxnet as mx, numpy as np
 import customop
 assert "ops" not in sys.modules
-net = customop.imports({prefix + '-symbol.json'!r}, ['data0', 'data1'])
+net = customop.imports({prefix + "-symbol.json"!r}, ['data0', 'data1'])
 assert "customop.ops" in sys.modules  # for the op types' 'ops.' prefix
 assert sys.modules["ops"] is sys.modules["customop.ops"]  # a checkout's one library
 x, boxes = (mx.nd.array(np.load({str(tmp_path)!r} + f'/{{n}}.npy')) for n in ('x', 'boxes'))
-np.save({str(tmp_path / 'out.npy')!r}, net(x, boxes).asnumpy())
+np.save({str(tmp_path / "out.npy")!r}, net(x, boxes).asnumpy())
 """
     fresh.run([sys.executable, "-c", script], cwd=ROOT, check=True, timeout=120)
     np.testing.assert_allclose(np.load(tmp_path / "out.npy"), want, rtol=1e-6)
@@ -113,6 +144,7 @@ def test_a_graph_saved_with_the_retired_topk_both_op_type_is_named_and_migrates(
         def hybrid_forward(self, F, x):
             value, index = ops.topk(x, k=2, ret_typ="both", do_sort=False)
             return value + index
+
     net = Net()
     net.hybridize()
     x = mx.nd.array(np.random.randn(3, 5))

@@ -6,6 +6,7 @@ Our ops refuse what they can check (dtypes, shapes, values) before pushing any M
 a bad call raises at the call and leaves nothing behind.  The native baseline beside it shows
 MXNet's own behaviour for a kernel that fails asynchronously and is never read.
 """
+
 import mxnet as mx
 import numpy as np
 import pytest
@@ -82,4 +83,5 @@ def test_a_failed_call_never_poisons_an_unrelated_read_or_the_next_good_call(mod
     # MXNet's own count varies from run to run, so it is shown, not asserted.
     assert (bad_raised, unrelated_failed, good_failed) == (ROUNDS, 0, 0), (
         f"native baseline: sigmoid(int64) left unread made {_native_baseline()} of {ROUNDS} "
-        "unrelated reads fail")
+        "unrelated reads fail"
+    )

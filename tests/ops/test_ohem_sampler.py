@@ -1,4 +1,5 @@
 """ops.ohem_sampler (issue 11): keep positives and the hardest ratio x num_pos negatives."""
+
 import mxnet as mx
 import numpy as np
 import pytest
@@ -9,8 +10,9 @@ from tests.ops.detection import every_path, forward_backward_without_host_copy
 TWINS = [ops.ohem_sampler, ops.ohem_sampler.numpy]
 
 
-def reference(conf_data, conf_target, conf_weight, ratio=3.0, min_neg=0, ignore_label=-1,
-              from_logits=True):
+def reference(
+    conf_data, conf_target, conf_weight, ratio=3.0, min_neg=0, ignore_label=-1, from_logits=True
+):
     """float64 OHEM from the definition: rank negatives by -log p0 (p0 = softmax(x)[0], or x[0]
     when x holds probabilities), ties by index; floor(ratio * num_pos) negatives."""
     x = np.asarray(conf_data, np.float64)
@@ -20,8 +22,11 @@ def reference(conf_data, conf_target, conf_weight, ratio=3.0, min_neg=0, ignore_
         loss = -np.log(p0)
     out = np.zeros(conf_target.shape)
     for b in range(len(x)):
-        usable = [i for i in range(x.shape[1])
-                  if conf_weight[b, i] > 0 and conf_target[b, i] != ignore_label]
+        usable = [
+            i
+            for i in range(x.shape[1])
+            if conf_weight[b, i] > 0 and conf_target[b, i] != ignore_label
+        ]
         pos = [i for i in usable if conf_target[b, i] > 0]
         neg = [i for i in usable if conf_target[b, i] == 0]
         count = min(max(int(np.floor(ratio * len(pos))), min_neg), len(neg))
@@ -42,8 +47,14 @@ def random_inputs(b=3, n=40, c=4):
 def test_equals_reference(op):
     for _ in range(10):
         inputs = random_inputs()
-        for kw in (dict(), dict(ratio=0.5), dict(ratio=1.0, min_neg=5), dict(ratio=0.0),
-                   dict(min_neg=100), dict(ignore_label=3)):
+        for kw in (
+            dict(),
+            dict(ratio=0.5),
+            dict(ratio=1.0, min_neg=5),
+            dict(ratio=0.0),
+            dict(min_neg=100),
+            dict(ignore_label=3),
+        ):
             x, t, w = inputs
             if "ignore_label" in kw:
                 t = np.where(t == -1, kw["ignore_label"], t)
@@ -65,8 +76,9 @@ def test_empty_selections(op):
     x, t, w = random_inputs(2, 10)
     t[:] = 0  # no positives: only min_neg negatives
     np.testing.assert_array_equal(op(*map(mx.nd.array, (x, t, w))).asnumpy(), 0)
-    np.testing.assert_array_equal(op(*map(mx.nd.array, (x, t, w)), min_neg=3).asnumpy(),
-                                  reference(x, t, w, min_neg=3))
+    np.testing.assert_array_equal(
+        op(*map(mx.nd.array, (x, t, w)), min_neg=3).asnumpy(), reference(x, t, w, min_neg=3)
+    )
     t[:] = 1  # no negatives
     np.testing.assert_array_equal(op(*map(mx.nd.array, (x, t, w))).asnumpy(), w)
     t[:] = -1  # everything ignored
@@ -78,8 +90,9 @@ def test_every_path_and_no_host_copy():
     outs = every_path(ops.ohem_sampler, list(inputs), dict(ratio=1.0))
     np.testing.assert_array_equal(outs[0], reference(*inputs, ratio=1.0))
     for path in ("function", "custom"):
-        got, grads = forward_backward_without_host_copy(ops.ohem_sampler, list(inputs),
-                                                        dict(ratio=1.0), path)
+        got, grads = forward_backward_without_host_copy(
+            ops.ohem_sampler, list(inputs), dict(ratio=1.0), path
+        )
         np.testing.assert_array_equal(got[0], outs[0])
         assert not any(g.any() for g in grads)  # no gradient flows
 
@@ -87,15 +100,24 @@ def test_every_path_and_no_host_copy():
 @pytest.mark.parametrize("op", TWINS, ids=["mxnet", "numpy"])
 def test_bad_input_raises_and_the_next_call_works(op):
     x, t, w = map(mx.nd.array, random_inputs(2, 5))
-    with pytest.raises(ValueError, match=r"ops.ohem_sampler': conf_target has shape "
-                       r".* must have shape"):
+    with pytest.raises(
+        ValueError,
+        match=r"ops.ohem_sampler': conf_target has shape "
+        r".* must have shape",
+    ):
         op(x, t[:, :4], w)
-    with pytest.raises(ValueError, match=r"ops.ohem_sampler': loss_type must be one of "
-                       r"\('softmax',\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"ops.ohem_sampler': loss_type must be one of "
+        r"\('softmax',\)",
+    ):
         op(x, t, w, loss_type="sigmoid")
     for bad in (-1.0, float("nan"), float("inf")):
-        with pytest.raises(ValueError, match=r"ops.ohem_sampler': ratio must be a finite "
-                           r"number >= 0"):
+        with pytest.raises(
+            ValueError,
+            match=r"ops.ohem_sampler': ratio must be a finite "
+            r"number >= 0",
+        ):
             op(x, t, w, ratio=bad)
     with pytest.raises(TypeError, match=r"ops.ohem_sampler': min_neg must be an int"):
         op(x, t, w, min_neg=1.5)
@@ -154,7 +176,8 @@ def test_probabilities_rank_like_their_logits():
     for op in TWINS:
         np.testing.assert_array_equal(
             op(*map(mx.nd.array, (probs, t, w)), from_logits=False, ratio=1.0).asnumpy(),
-            op(*map(mx.nd.array, (x, t, w)), ratio=1.0).asnumpy())
+            op(*map(mx.nd.array, (x, t, w)), ratio=1.0).asnumpy(),
+        )
 
 
 def test_rounding_is_floor_not_ssds_ceil():

@@ -1,4 +1,5 @@
 """ops/_rows.py: row numbers from an array's shape, exact past 2048 rows in float16, any batch."""
+
 import mxnet as mx
 import numpy as np
 import pytest
@@ -8,8 +9,13 @@ import ops
 from ops import _rows
 from tests.ops.detection import OpBlock
 
-SHAPES = [((5000, 3), np.float16), ((2, 3000, 2), np.float16), ((7,), np.float32),
-          ((3, 4, 5), np.float64), ((1, 1), np.float32)]
+SHAPES = [
+    ((5000, 3), np.float16),
+    ((2, 3000, 2), np.float16),
+    ((7,), np.float32),
+    ((3, 4, 5), np.float64),
+    ((1, 1), np.float32),
+]
 
 
 def _run(monkeypatch, how, fn, *args):
@@ -24,8 +30,9 @@ def _run(monkeypatch, how, fn, *args):
 
 @pytest.mark.parametrize("how", ["eager", "uncached", "traced"])
 @pytest.mark.parametrize("shape, dtype", SHAPES)
-def test_row_starts_are_the_float64_count_of_rows_times_their_length(shape, dtype, how,
-                                                                      monkeypatch):
+def test_row_starts_are_the_float64_count_of_rows_times_their_length(
+    shape, dtype, how, monkeypatch
+):
     x = mx.nd.array(np.random.rand(*shape), dtype=dtype)
     lead = shape[:-1]
     want = np.arange(np.prod(lead), dtype=np.float64).reshape(lead + (1,)) * shape[-1]
@@ -66,8 +73,7 @@ def _arr_pick_inputs(batch, r):
 
 CASES = {  # name -> (op, params, inputs at a batch, the reference of the inputs)
     "topk": (ops.topk, dict(k=2), _topk_inputs, lambda x: _top2(x)),
-    "arr_pick": (ops.arr_pick, dict(num=2), _arr_pick_inputs,
-                 lambda x, mark: _marked(x, [1, 3])),
+    "arr_pick": (ops.arr_pick, dict(num=2), _arr_pick_inputs, lambda x, mark: _marked(x, [1, 3])),
 }
 
 
@@ -89,10 +95,12 @@ def test_a_graph_exported_at_batch_2_picks_exactly_at_batch_7(tmp_path):
     r = np.random.RandomState(12)
     net = OpBlock(ops.topk, dict(k=2))
     net.hybridize()
-    done = customop.export(net, str(tmp_path / "topk"), mx.nd.array(*_topk_inputs(2, r),
-                                                                      dtype=np.float16))
+    done = customop.export(
+        net, str(tmp_path / "topk"), mx.nd.array(*_topk_inputs(2, r), dtype=np.float16)
+    )
     assert done.fixed == [] and done.kept == []
     loaded = customop.imports(done.symbol_file, list(done.inputs), done.params_file)
-    x, = _topk_inputs(7, r)
-    np.testing.assert_array_equal(loaded(mx.nd.array(x, dtype=x.dtype)).asnumpy(),
-                                  _top2(x).astype(np.float16))
+    (x,) = _topk_inputs(7, r)
+    np.testing.assert_array_equal(
+        loaded(mx.nd.array(x, dtype=x.dtype)).asnumpy(), _top2(x).astype(np.float16)
+    )

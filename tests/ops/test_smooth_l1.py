@@ -1,4 +1,5 @@
 """ops.smooth_l1': sigma as an input array; equal to mx.nd.smooth_l1 for a constant sigma."""
+
 import mxnet as mx
 import numpy as np
 import pytest
@@ -14,7 +15,7 @@ ids = lambda op: op.mode  # noqa: E731
 def reference(x, sigma, weight=None):
     # Girshick, Fast R-CNN (with sigma): 0.5 (sigma x)^2 if |x| < 1/sigma^2, |x| - 0.5/sigma^2
     x, s2 = np.float64(x), np.float64(sigma) ** 2
-    loss = np.where(np.abs(x) < 1 / s2, 0.5 * s2 * x ** 2, np.abs(x) - 0.5 / s2)
+    loss = np.where(np.abs(x) < 1 / s2, 0.5 * s2 * x**2, np.abs(x) - 0.5 / s2)
     return loss if weight is None else loss * weight
 
 
@@ -60,8 +61,9 @@ def test_equals_native_smooth_l1_for_a_constant_sigma(op, s):
     native.backward(heads)
     np.testing.assert_allclose(ours.asnumpy(), native.asnumpy(), rtol=1e-6, atol=1e-7)
     np.testing.assert_allclose(a.grad.asnumpy(), b.grad.asnumpy(), rtol=1e-6, atol=1e-7)
-    np.testing.assert_allclose(a.grad.asnumpy(), reference_grad(x, s) * heads.asnumpy(),
-                               rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        a.grad.asnumpy(), reference_grad(x, s) * heads.asnumpy(), rtol=1e-5, atol=1e-6
+    )
 
 
 @pytest.mark.parametrize("op", OPS, ids=ids)
@@ -98,20 +100,23 @@ def test_every_path_agrees_with_and_without_weight(op):
 def test_gluon_block(hybridize):
     pred, label = np.random.randn(4, 5) * 2, np.random.randn(4, 5)
     w = np.random.rand(4, 1)
-    out, (dpred,) = common.block_run(ops.SmoothL1Loss(sigma=2.0, weight=0.5),
-                                     [pred, label, np.array([2.0]), w], hybridize)
-    np.testing.assert_allclose(out, 0.5 * reference(pred - label, 2.0, w).mean(axis=1),
-                               rtol=1e-5)
-    np.testing.assert_allclose(dpred, 0.5 * reference_grad(pred - label, 2.0, w) / 5,
-                               rtol=1e-5, atol=1e-7)
+    out, (dpred,) = common.block_run(
+        ops.SmoothL1Loss(sigma=2.0, weight=0.5), [pred, label, np.array([2.0]), w], hybridize
+    )
+    np.testing.assert_allclose(out, 0.5 * reference(pred - label, 2.0, w).mean(axis=1), rtol=1e-5)
+    np.testing.assert_allclose(
+        dpred, 0.5 * reference_grad(pred - label, 2.0, w) / 5, rtol=1e-5, atol=1e-7
+    )
     out, _ = common.block_run(ops.SmoothL1Loss(sigma=3.0), [pred, label], hybridize)
     np.testing.assert_allclose(out, reference(pred - label, 3.0).mean(axis=1), rtol=1e-5)
 
 
 @pytest.mark.parametrize("how", ["function", "custom"])
 def test_mxnet_mode_copies_nothing_to_the_host(how):
-    x, sigma = np.random.randn(4, 5).astype(np.float32), np.array([1.0, 2.0, 1.0, 1.0, 3.0],
-                                                                  np.float32)
+    x, sigma = (
+        np.random.randn(4, 5).astype(np.float32),
+        np.array([1.0, 2.0, 1.0, 1.0, 3.0], np.float32),
+    )
     forward, backward = common.hot_path_reads(ops.smooth_l1, [x, sigma], {}, how)
     # the one flag is the sigma > 0 check; MXNet's automatic gradient (no closure since
     # issue 51) runs the forward again in backward on these paths, its check too
@@ -122,13 +127,17 @@ def test_mxnet_mode_copies_nothing_to_the_host(how):
 @pytest.mark.parametrize("how", ["direct", "custom"])
 def test_bad_input_names_the_op_and_the_argument(op, how):
     from customop.dispatch import forced_path
+
     x = mx.nd.ones((2, 3))
     with forced_path(how):
         for bad in ([1.0, 0.0, 1.0], [-1.0], [np.nan], [1.0, np.inf, 1.0]):
             with pytest.raises(ValueError, match=r"ops\.smooth_l1': sigma must be finite and > 0"):
                 op(x, mx.nd.array(bad)).wait_to_read()
-        with pytest.raises(ValueError, match=r"ops\.smooth_l1': sigma has shape \(2,\), which "
-                           r"does not broadcast to data's shape \(2, 3\)"):
+        with pytest.raises(
+            ValueError,
+            match=r"ops\.smooth_l1': sigma has shape \(2,\), which "
+            r"does not broadcast to data's shape \(2, 3\)",
+        ):
             op(x, mx.nd.ones((2,))).wait_to_read()
         with pytest.raises(ValueError, match=r"ops\.smooth_l1': weight has shape"):
             op(x, mx.nd.ones((1,)), mx.nd.ones((3, 3))).wait_to_read()

@@ -1,4 +1,5 @@
 """ops.softmax_ce': an output layer equal to mx.nd.SoftmaxOutput, checked against its CE loss."""
+
 import mxnet as mx
 import numpy as np
 import pytest
@@ -79,8 +80,11 @@ def test_bad_input_names_the_op_and_the_argument(op, how):
     x = mx.nd.ones((3, 4))
     with forced_path(how):
         for bad in ([0, 4, 1], [-1, 0, 0], [0.5, 1, 1]):
-            with pytest.raises(ValueError, match=r"ops\.softmax_ce': label has values that are "
-                               r"not class indices in \[0, 3\]"):
+            with pytest.raises(
+                ValueError,
+                match=r"ops\.softmax_ce': label has values that are "
+                r"not class indices in \[0, 3\]",
+            ):
                 op(x, mx.nd.array(bad)).wait_to_read()
         with pytest.raises(ValueError, match=r"ops\.softmax_ce': label has shape \(4,\)"):
             op(x, mx.nd.zeros((4,))).wait_to_read()
@@ -92,8 +96,9 @@ def test_bad_input_names_the_op_and_the_argument(op, how):
 
 def test_module_training_step():
     data = mx.sym.var("data")
-    out = ops.softmax_ce(mx.sym.FullyConnected(data, num_hidden=3, name="fc"),
-                         mx.sym.var("softmax_label"), name="sm")
+    out = ops.softmax_ce(
+        mx.sym.FullyConnected(data, num_hidden=3, name="fc"), mx.sym.var("softmax_label"), name="sm"
+    )
     mod = mx.mod.Module(out, data_names=["data"], label_names=["softmax_label"])
     mod.bind(data_shapes=[("data", (4, 5))], label_shapes=[("softmax_label", (4,))])
     mod.init_params(mx.init.Xavier())

@@ -1,4 +1,5 @@
 """ops.tile': numpy.tile semantics for any reps, gradient summed back; equal to mx.nd.tile."""
+
 import itertools
 
 import mxnet as mx
@@ -83,10 +84,18 @@ def test_mxnet_mode_copies_nothing_to_the_host(how):
 def test_bad_reps_name_the_op_and_the_argument(op, how):
     x = mx.nd.ones((2, 3))
     with forced_path(how):
-        for bad, error in [((0, 1), ValueError), ((2, -1), ValueError), ((1.5,), TypeError),
-                           ("2", TypeError), (True, TypeError)]:
-            with pytest.raises(error, match=r"ops\.tile': reps must be an int or a tuple "
-                               r"of ints >= 1"):
+        for bad, error in [
+            ((0, 1), ValueError),
+            ((2, -1), ValueError),
+            ((1.5,), TypeError),
+            ("2", TypeError),
+            (True, TypeError),
+        ]:
+            with pytest.raises(
+                error,
+                match=r"ops\.tile': reps must be an int or a tuple "
+                r"of ints >= 1",
+            ):
                 op(x, reps=bad).wait_to_read()
         y = op(x, reps=(2,))
     assert y.shape == (2, 6)

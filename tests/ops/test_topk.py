@@ -1,4 +1,5 @@
 """ops.topk (issue 11): mx.nd.topk plus do_sort=False."""
+
 import mxnet as mx
 import numpy as np
 import pytest
@@ -20,8 +21,9 @@ def reference(x, k, axis, ret_typ, is_ascend, do_sort):
     index = np.empty(moved.shape[:-1] + (k,), np.int64)
     mask = np.zeros_like(moved)
     for row in np.ndindex(moved.shape[:-1]):
-        items = sorted(range(length), key=lambda i: (moved[row][i] if is_ascend
-                                                     else -moved[row][i], i))[:k]
+        items = sorted(
+            range(length), key=lambda i: (moved[row][i] if is_ascend else -moved[row][i], i)
+        )[:k]
         if not do_sort:
             items = sorted(items)
         index[row], value[row] = items, moved[row][items]
@@ -34,10 +36,12 @@ def reference(x, k, axis, ret_typ, is_ascend, do_sort):
 def test_issue_example():
     a = mx.nd.array([[0.087, 0.648, 0.020, 0.368, 0.833]])
     for op in TWINS:
-        np.testing.assert_allclose(op(a, k=3, do_sort=False).asnumpy(),
-                                   [[0.648, 0.368, 0.833]], rtol=1e-6)
-        np.testing.assert_allclose(op(a, k=3, do_sort=True).asnumpy(),
-                                   [[0.833, 0.648, 0.368]], rtol=1e-6)
+        np.testing.assert_allclose(
+            op(a, k=3, do_sort=False).asnumpy(), [[0.648, 0.368, 0.833]], rtol=1e-6
+        )
+        np.testing.assert_allclose(
+            op(a, k=3, do_sort=True).asnumpy(), [[0.833, 0.648, 0.368]], rtol=1e-6
+        )
 
 
 @pytest.mark.parametrize("op", TWINS, ids=["mxnet", "numpy"])
@@ -77,8 +81,9 @@ def test_ties_select_tied_values_and_dtypes(op):
         assert (np.diff(idx, axis=-1) > 0).all()  # original order
         np.testing.assert_array_equal(np.take_along_axis(x, idx, -1), value.asnumpy())
     # the numpy twin documents its rule: lower index first
-    np.testing.assert_array_equal(ops.topk.numpy(mx.nd.array(x), k=3, ret_typ="indices").asnumpy(),
-                                  [[0, 1, 2], [0, 2, 4]])
+    np.testing.assert_array_equal(
+        ops.topk.numpy(mx.nd.array(x), k=3, ret_typ="indices").asnumpy(), [[0, 1, 2], [0, 2, 4]]
+    )
 
 
 @pytest.mark.parametrize("op", TWINS, ids=["mxnet", "numpy"])
@@ -133,8 +138,11 @@ def test_symbol_both_and_hybridized_wrapper():
 @pytest.mark.parametrize("op", TWINS, ids=["mxnet", "numpy"])
 def test_bad_parameters_raise_and_the_next_call_works(op):
     x = mx.nd.ones((2, 4))
-    with pytest.raises(ValueError, match=r"ops.topk': k must be no larger than the "
-                       r"length 4 .* got 5"):
+    with pytest.raises(
+        ValueError,
+        match=r"ops.topk': k must be no larger than the "
+        r"length 4 .* got 5",
+    ):
         op(x, k=5)
     with pytest.raises(ValueError, match="ops.topk': ret_typ must be one of"):
         op(x, k=1, ret_typ="values")
@@ -150,6 +158,7 @@ def nan_reference(x, k, is_ascend, do_sort):
 
     def key(v, i):
         return (sign, 0.0, i) if np.isnan(v) else (0, sign * float(v), i)
+
     out_v, out_i = [], []
     for row in np.asarray(x, np.float64):
         order = sorted(range(len(row)), key=lambda i: key(row[i], i))
@@ -181,18 +190,23 @@ def test_nan_ranks_as_the_largest_value_in_both_modes(op, dtype):
                     np.testing.assert_array_equal(index.asnumpy(), want_i, str(kw))
                 mask = op(mx.nd.array(x, dtype=dtype), ret_typ="mask", **kw).asnumpy()
                 assert (mask.sum(axis=-1) == (k if k >= 1 else x.shape[1])).all()
-                np.testing.assert_array_equal(np.sort(x[mask > 0].reshape(3, -1), axis=-1),
-                                              np.sort(want_v, axis=-1).astype(dtype), str(kw))
+                np.testing.assert_array_equal(
+                    np.sort(x[mask > 0].reshape(3, -1), axis=-1),
+                    np.sort(want_v, axis=-1).astype(dtype),
+                    str(kw),
+                )
 
 
 def test_nan_rule_without_the_constant_cache(monkeypatch):
     # Large inputs build their +inf / largest-finite constants per call instead of caching them.
     import sys
+
     monkeypatch.setattr(sys.modules["ops.topk"], "_CACHED_SIZE", 0)
     x = np.array([[0.5, np.nan, np.inf, -1.0, np.nan, 2.0]])
     for dtype in (np.float32, np.float64):
         value, index = ops.topk(mx.nd.array(x, dtype=dtype), k=4, ret_typ="both")
-        np.testing.assert_array_equal(value.asnumpy(), np.array([[np.nan, np.nan, np.inf, 2.0]],
-                                                                dtype))
+        np.testing.assert_array_equal(
+            value.asnumpy(), np.array([[np.nan, np.nan, np.inf, 2.0]], dtype)
+        )
         value = ops.topk(mx.nd.array(x, dtype=dtype), k=2, is_ascend=True, do_sort=False)
         np.testing.assert_array_equal(value.asnumpy(), np.array([[0.5, -1.0]], dtype))

@@ -8,6 +8,7 @@ same graph with ``Custom`` nodes (``CUSTOMOP_RUNTIME_OFF=inline``), float32
 tolerance.  (The ``Custom`` path's numbers are checked against float64 NumPy
 references in each op's own test file.)
 """
+
 import mxnet as mx
 import numpy as np
 import pytest
@@ -26,8 +27,14 @@ def _boxes(*shape):
 
 def _detections(images, n):
     """(class, score, x1, y1, x2, y2) rows."""
-    return np.concatenate([rng.randint(0, 3, (images, n, 1)).astype("f"),
-                           rng.rand(images, n, 1).astype("f"), _boxes(images, n)], -1)
+    return np.concatenate(
+        [
+            rng.randint(0, 3, (images, n, 1)).astype("f"),
+            rng.rand(images, n, 1).astype("f"),
+            _boxes(images, n),
+        ],
+        -1,
+    )
 
 
 LABELS = np.array([[1, 0, 2, -1, 3], [0, 0, 1, 1, 2]], "f")
@@ -37,40 +44,78 @@ LABELS = np.array([[1, 0, 2, -1, 3], [0, 0, 1, 1, 2]], "f")
 # box_encode reads M with shape operators, so its graph serves any batch and M.
 CASES = {
     "focal_loss": (ops.focal_loss, [rng.randn(2, 5, 3).astype("f"), LABELS], {}, True),
-    "focal_loss_normalizer": (ops.focal_loss, [rng.randn(2, 5, 3).astype("f"), LABELS,
-                                               np.array([3.0], "f")], dict(gamma=1.5), True),
-    "smooth_l1": (ops.smooth_l1, [rng.randn(4, 3).astype("f"), np.array([2.0], "f")], {},
-                  True),
-    "smooth_l1_weight": (ops.smooth_l1, [rng.randn(4, 3).astype("f"), np.array([1.5], "f"),
-                                         rng.rand(4, 3).astype("f")], {}, True),
-    "wing_loss": (ops.wing_loss, [rng.randn(4, 6).astype("f") * 8, rng.randn(4, 6).astype("f"),
-                                  rng.rand(1, 6).astype("f")], dict(w=5.0), True),
-    "softmax_ce": (ops.softmax_ce, [rng.randn(4, 3).astype("f"), np.array([0, 2, 1, 1], "f")],
-                   {}, True),
+    "focal_loss_normalizer": (
+        ops.focal_loss,
+        [rng.randn(2, 5, 3).astype("f"), LABELS, np.array([3.0], "f")],
+        dict(gamma=1.5),
+        True,
+    ),
+    "smooth_l1": (ops.smooth_l1, [rng.randn(4, 3).astype("f"), np.array([2.0], "f")], {}, True),
+    "smooth_l1_weight": (
+        ops.smooth_l1,
+        [rng.randn(4, 3).astype("f"), np.array([1.5], "f"), rng.rand(4, 3).astype("f")],
+        {},
+        True,
+    ),
+    "wing_loss": (
+        ops.wing_loss,
+        [rng.randn(4, 6).astype("f") * 8, rng.randn(4, 6).astype("f"), rng.rand(1, 6).astype("f")],
+        dict(w=5.0),
+        True,
+    ),
+    "softmax_ce": (
+        ops.softmax_ce,
+        [rng.randn(4, 3).astype("f"), np.array([0, 2, 1, 1], "f")],
+        {},
+        True,
+    ),
     "tile": (ops.tile, [rng.randn(2, 3).astype("f")], dict(reps=(2, 1, 2)), True),
     "topk": (ops.topk, [rng.randn(3, 7).astype("f")], dict(k=3), True),
-    "topk_both_axis1": (ops.topk, [rng.randn(3, 6, 4).astype("f")],
-                        dict(k=2, axis=1, ret_typ="both", do_sort=False), True),
+    "topk_both_axis1": (
+        ops.topk,
+        [rng.randn(3, 6, 4).astype("f")],
+        dict(k=2, axis=1, ret_typ="both", do_sort=False),
+        True,
+    ),
     "topk_mask": (ops.topk, [rng.randn(3, 7).astype("f")], dict(k=2, ret_typ="mask"), True),
-    "box_encode": (ops.box_encode, [np.where(rng.rand(2, 6) > 0.4, 1, -1).astype("f"),
-                                    rng.randint(0, 3, (2, 6)).astype("f"), _boxes(2, 6),
-                                    _boxes(2, 3), rng.rand(4).astype("f") * 0.1,
-                                    (0.5 + rng.rand(4)).astype("f")], {}, True),
-    "box_decode": (ops.box_decode, [rng.randn(2, 5, 4).astype("f") * 0.3, _boxes(1, 5)], {},
-                   True),
+    "box_encode": (
+        ops.box_encode,
+        [
+            np.where(rng.rand(2, 6) > 0.4, 1, -1).astype("f"),
+            rng.randint(0, 3, (2, 6)).astype("f"),
+            _boxes(2, 6),
+            _boxes(2, 3),
+            rng.rand(4).astype("f") * 0.1,
+            (0.5 + rng.rand(4)).astype("f"),
+        ],
+        {},
+        True,
+    ),
+    "box_decode": (ops.box_decode, [rng.randn(2, 5, 4).astype("f") * 0.3, _boxes(1, 5)], {}, True),
     "box_iou": (ops.box_iou, [_boxes(3, 2), _boxes(4, 2)], {}, True),
-    "arr_pick": (ops.arr_pick, [rng.randn(2, 3, 8).astype("f"),
-                                (rng.rand(2, 1, 8) > 0.5).astype("f")], dict(num=3), True),
+    "arr_pick": (
+        ops.arr_pick,
+        [rng.randn(2, 3, 8).astype("f"), (rng.rand(2, 1, 8) > 0.5).astype("f")],
+        dict(num=3),
+        True,
+    ),
     # not differentiable (zero gradient), but in training graphs all the same
     "box_nms": (ops.box_nms, [_detections(2, 8)], dict(overlap_thresh=0.3), True),
-    "box_nms_legacy": (ops.box_nms, [_detections(2, 8)],
-                       dict(overlap_thresh=0.3, legacy_box=True, out_format="center"), True),
+    "box_nms_legacy": (
+        ops.box_nms,
+        [_detections(2, 8)],
+        dict(overlap_thresh=0.3, legacy_box=True, out_format="center"),
+        True,
+    ),
 }
 
 
 def _grad_inputs(op, inputs):
-    return [i for i, (name, a) in enumerate(zip(op.signature.inputs, inputs))
-            if name not in op.no_grad and np.issubdtype(a.dtype, np.floating)]
+    return [
+        i
+        for i, (name, a) in enumerate(zip(op.signature.inputs, inputs))
+        if name not in op.no_grad and np.issubdtype(a.dtype, np.floating)
+    ]
 
 
 def _heads(outs):
@@ -128,10 +173,12 @@ def _symbol(op, inputs, params):
 def bound(op, inputs, params, tmp_path):
     sym, names = _symbol(op, inputs, params)
     types = {n: a.dtype for n, a in zip(names, inputs)}
-    exe = sym.simple_bind(mx.cpu(), grad_req="write", type_dict=types,
-                          **{n: a.shape for n, a in zip(names, inputs)})
-    outs = exe.forward(is_train=True, **{n: mx.nd.array(a, dtype=a.dtype)
-                                         for n, a in zip(names, inputs)})
+    exe = sym.simple_bind(
+        mx.cpu(), grad_req="write", type_dict=types, **{n: a.shape for n, a in zip(names, inputs)}
+    )
+    outs = exe.forward(
+        is_train=True, **{n: mx.nd.array(a, dtype=a.dtype) for n, a in zip(names, inputs)}
+    )
     exe.backward([mx.nd.array(h) for h in _heads(outs)])
     inlined = getattr(exe, "customop_inlined", None)
     return ([o.asnumpy() for o in outs], [exe.grad_dict[n].asnumpy() for n in names]), inlined
@@ -141,11 +188,15 @@ def module(op, inputs, params, tmp_path):
     sym, names = _symbol(op, inputs, params)
     mod = mx.mod.Module(sym, data_names=names, label_names=None)
     # (only the first input is sliced as a batch: the others are parameters of the op)
-    mod.bind(data_shapes=[mx.io.DataDesc(n, a.shape, a.dtype, layout="NCHW" if i == 0 else "")
-                          for i, (n, a) in enumerate(zip(names, inputs))], inputs_need_grad=True)
+    mod.bind(
+        data_shapes=[
+            mx.io.DataDesc(n, a.shape, a.dtype, layout="NCHW" if i == 0 else "")
+            for i, (n, a) in enumerate(zip(names, inputs))
+        ],
+        inputs_need_grad=True,
+    )
     mod.init_params()
-    mod.forward(mx.io.DataBatch([mx.nd.array(a, dtype=a.dtype) for a in inputs]),
-                is_train=True)
+    mod.forward(mx.io.DataBatch([mx.nd.array(a, dtype=a.dtype) for a in inputs]), is_train=True)
     outs = mod.get_outputs()
     mod.backward([mx.nd.array(h) for h in _heads(outs)])
     inlined = getattr(mod._exec_group.execs[0], "customop_inlined", None)
@@ -168,8 +219,13 @@ def test_training_inlined_gives_the_custom_nodes_numbers(case, path, monkeypatch
     for a, b in zip(out_on, out_off):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6, err_msg=f"{case} output")
     for i in _grad_inputs(op, inputs):
-        np.testing.assert_allclose(grad_on[i], grad_off[i], rtol=1e-4, atol=1e-5,
-                                   err_msg=f"{case} gradient of input {i} via {path}")
+        np.testing.assert_allclose(
+            grad_on[i],
+            grad_off[i],
+            rtol=1e-4,
+            atol=1e-5,
+            err_msg=f"{case} gradient of input {i} via {path}",
+        )
 
 
 def test_explain_says_which_library_ops_train_inlined():

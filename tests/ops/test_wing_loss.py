@@ -1,4 +1,5 @@
 """ops.wing_loss (Feng et al. 2018) against its formula, at and around the kink |x| = w."""
+
 import math
 
 import mxnet as mx
@@ -38,11 +39,13 @@ def test_forward_matches_reference(op, dtype, w, epsilon):
     tol = 2e-6 if dtype == np.float32 else 1e-12
     got = op(common.nd(pred), common.nd(target), w=w, epsilon=epsilon)
     assert got.dtype == dtype and got.shape == pred.shape
-    np.testing.assert_allclose(got.asnumpy(), reference(pred, target, w, epsilon), rtol=tol,
-                               atol=tol)
+    np.testing.assert_allclose(
+        got.asnumpy(), reference(pred, target, w, epsilon), rtol=tol, atol=tol
+    )
     got = op(common.nd(pred), common.nd(target), common.nd(weight), w=w, epsilon=epsilon)
-    np.testing.assert_allclose(got.asnumpy(), reference(pred, target, w, epsilon, weight),
-                               rtol=tol, atol=tol)
+    np.testing.assert_allclose(
+        got.asnumpy(), reference(pred, target, w, epsilon, weight), rtol=tol, atol=tol
+    )
 
 
 def test_continuous_at_the_kink():
@@ -61,10 +64,10 @@ def test_check_grad_on_both_sides_of_the_kink(op, dtype):
     pred = target + offsets
     weight = np.random.rand(2, 6)
     check_grad(op, pred.astype(dtype), target.astype(dtype), w=w, epsilon=eps)
-    check_grad(op, pred.astype(dtype), target.astype(dtype), weight.astype(dtype), w=w,
-               epsilon=eps)
-    check_grad(op, pred.astype(dtype), target.astype(dtype), weight[:, :1].astype(dtype), w=w,
-               epsilon=eps)  # a weight broadcast along axis 1 gets the sum over it
+    check_grad(op, pred.astype(dtype), target.astype(dtype), weight.astype(dtype), w=w, epsilon=eps)
+    check_grad(
+        op, pred.astype(dtype), target.astype(dtype), weight[:, :1].astype(dtype), w=w, epsilon=eps
+    )  # a weight broadcast along axis 1 gets the sum over it
 
 
 @pytest.mark.parametrize("op", OPS, ids=ids)
@@ -81,20 +84,24 @@ def test_every_path_agrees_and_gradients_match_the_formula(op):
     np.testing.assert_allclose(dt, -want, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(dw, reference(pred, target, 5.0, 1.0) * heads[0], rtol=1e-5)
     (_,), (_, _, dw) = common.assert_paths_agree(op, [pred, target, weight[:1]], params, heads)
-    np.testing.assert_allclose(dw, (reference(pred, target, 5.0, 1.0) * heads[0]).sum(
-        axis=0, keepdims=True), rtol=1e-5)
+    np.testing.assert_allclose(
+        dw, (reference(pred, target, 5.0, 1.0) * heads[0]).sum(axis=0, keepdims=True), rtol=1e-5
+    )
     common.assert_paths_agree(op.variant(2), [pred, target], params, heads)
 
 
 @pytest.mark.parametrize("hybridize", [False, True])
 def test_gluon_block(hybridize):
     pred, label, weight = np.random.randn(4, 6) * 8, np.random.randn(4, 6), np.random.rand(4, 1)
-    out, (dpred,) = common.block_run(ops.WingLoss(w=5.0, epsilon=1.0), [pred, label, weight],
-                                     hybridize)
-    np.testing.assert_allclose(out, reference(pred, label, 5.0, 1.0, weight).mean(axis=1),
-                               rtol=1e-5)
-    np.testing.assert_allclose(dpred, reference_grad(pred, label, 5.0, 1.0, weight) / 6,
-                               rtol=1e-4, atol=1e-6)
+    out, (dpred,) = common.block_run(
+        ops.WingLoss(w=5.0, epsilon=1.0), [pred, label, weight], hybridize
+    )
+    np.testing.assert_allclose(
+        out, reference(pred, label, 5.0, 1.0, weight).mean(axis=1), rtol=1e-5
+    )
+    np.testing.assert_allclose(
+        dpred, reference_grad(pred, label, 5.0, 1.0, weight) / 6, rtol=1e-4, atol=1e-6
+    )
 
 
 @pytest.mark.parametrize("how", ["function", "custom"])
@@ -109,13 +116,19 @@ def test_bad_input_names_the_op_and_the_argument(op, how):
     x = mx.nd.ones((2, 3))
     with forced_path(how):
         for bad in (0.0, -1.0, float("nan"), float("inf")):
-            with pytest.raises(ValueError, match=r"ops\.wing_loss': epsilon must be a finite "
-                               r"number > 0"):
+            with pytest.raises(
+                ValueError,
+                match=r"ops\.wing_loss': epsilon must be a finite "
+                r"number > 0",
+            ):
                 op(x, x, epsilon=bad).wait_to_read()
             with pytest.raises(ValueError, match=r"ops\.wing_loss': w must be a finite number"):
                 op(x, x, w=bad).wait_to_read()
-        with pytest.raises(ValueError, match=r"ops\.wing_loss': target has shape \(3, 2\) but "
-                           r"must have shape \(2, 3\)"):
+        with pytest.raises(
+            ValueError,
+            match=r"ops\.wing_loss': target has shape \(3, 2\) but "
+            r"must have shape \(2, 3\)",
+        ):
             op(x, mx.nd.ones((3, 2))).wait_to_read()
         with pytest.raises(ValueError, match=r"ops\.wing_loss': weight has shape"):
             op(x, x, mx.nd.ones((2,))).wait_to_read()
@@ -133,5 +146,6 @@ def test_symbol_graph():
     ex.forward(is_train=True, pred=p, target=t)
     ex.backward(mx.nd.ones((2, 3)))
     np.testing.assert_allclose(ex.outputs[0].asnumpy(), reference(p, t, 3.0, 0.5), rtol=1e-5)
-    np.testing.assert_allclose(ex.grad_dict["pred"].asnumpy(), reference_grad(p, t, 3.0, 0.5),
-                               rtol=1e-5)
+    np.testing.assert_allclose(
+        ex.grad_dict["pred"].asnumpy(), reference_grad(p, t, 3.0, 0.5), rtol=1e-5
+    )

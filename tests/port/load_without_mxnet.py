@@ -8,9 +8,11 @@ and ``grad<i>``) is compared with both.  ``--block-mxnet`` makes ``import mxnet`
 venv that has it); ``--numpy2`` requires NumPy 2.  The nox session ``port`` runs it in a
 venv without MXNet and with NumPy 2.  Arrays are read with ``allow_pickle=False``.
 """
+
 import sys
 
 if "--block-mxnet" in sys.argv:
+
     class _NoMXNet:
         def find_spec(self, name, path=None, target=None):
             if name == "mxnet" or name.startswith("mxnet."):
@@ -32,6 +34,7 @@ def main(port_path, inputs_path, out_path, expected_path=None):
     found = {}
 
     import torch
+
     port = load_port(port_path, "torch")
     ts = [torch.tensor(x, requires_grad=i in grads) for i, x in enumerate(xs)]
     out = port(*ts)
@@ -42,6 +45,7 @@ def main(port_path, inputs_path, out_path, expected_path=None):
 
     import jax
     import jax.numpy as jnp
+
     port = load_port(port_path, "jax")
     js = [jnp.asarray(x) for x in xs]
     found["jax_out"] = np.asarray(jax.jit(port)(*js))
@@ -55,8 +59,9 @@ def main(port_path, inputs_path, out_path, expected_path=None):
         for fw in ("torch", "jax"):
             np.testing.assert_allclose(found[f"{fw}_out"], want["out"], rtol=2e-5, atol=2e-6)
             for i in grads:
-                np.testing.assert_allclose(found[f"{fw}_grad{i}"], want[f"grad{i}"],
-                                           rtol=2e-5, atol=2e-6)
+                np.testing.assert_allclose(
+                    found[f"{fw}_grad{i}"], want[f"grad{i}"], rtol=2e-5, atol=2e-6
+                )
         print("torch and jax agree with MXNet's output and gradient")
     print("loaded without mxnet, numpy", np.__version__)
 

@@ -5,6 +5,7 @@ saved at (2, 100, 5), ``gamma=1.5``), ``DIR/inputs.npz`` (inputs at another batc
 anchor count, a head gradient) and ``DIR/expected.npz`` (MXNet's output and gradient).
 The nox session ``port`` runs it, then the loader in a venv without MXNet.
 """
+
 import os
 import sys
 
@@ -23,12 +24,21 @@ def _focal(r, n, a, c=5):
 
 
 def main(out):
-    customop.save_port(ops.focal_loss, os.path.join(out, "focal.port.json"),
-                       *_focal(np.random.RandomState(0), 2, 100), gamma=1.5)
+    customop.save_port(
+        ops.focal_loss,
+        os.path.join(out, "focal.port.json"),
+        *_focal(np.random.RandomState(0), 2, 100),
+        gamma=1.5,
+    )
     inputs = _focal(np.random.RandomState(1), 3, 64)
     outs, heads, grads = mxnet_reference(ops.focal_loss, inputs, {"gamma": 1.5}, [0])
-    np.savez(os.path.join(out, "inputs.npz"), x0=inputs[0], x1=inputs[1], head=heads[0],
-             grad=np.array([0]))
+    np.savez(
+        os.path.join(out, "inputs.npz"),
+        x0=inputs[0],
+        x1=inputs[1],
+        head=heads[0],
+        grad=np.array([0]),
+    )
     np.savez(os.path.join(out, "expected.npz"), out=outs[0], grad0=grads[0])
     print("saved", os.path.join(out, "focal.port.json"))
 

@@ -2,6 +2,7 @@
 
 The documentation build has no torch or jax, so the page's examples are plain fences; this
 test is what runs them (where the ``port`` extra is installed)."""
+
 import os
 import re
 

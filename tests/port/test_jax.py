@@ -1,10 +1,10 @@
 """customop.to_jax: every library op's forward and gradient against MXNet's, under jit,
 grad, vjp and vmap."""
+
 import numpy as np
 import pytest
 
-jax = pytest.importorskip("jax", reason="the port tests need jax (pip install "
-                          "'customop[port]')")
+jax = pytest.importorskip("jax", reason="the port tests need jax (pip install 'customop[port]')")
 jnp = jax.numpy
 
 from customop import ops  # noqa: E402
@@ -36,9 +36,14 @@ def test_forward_and_gradient_equal_mxnet_under_jit(case):
         _close(g, w, f"output {k}")
     if not grads:
         return
+
     def weighted(*xs):  # noqa: E306 - sum of outputs times MXNet's head gradients
-        return sum((o * h).sum() for o, h in zip(_outputs(port(*xs, **params)), heads)
-                   if jnp.issubdtype(o.dtype, jnp.floating))
+        return sum(
+            (o * h).sum()
+            for o, h in zip(_outputs(port(*xs, **params)), heads)
+            if jnp.issubdtype(o.dtype, jnp.floating)
+        )
+
     found = jax.jit(jax.grad(weighted, argnums=tuple(grads)))(*xs)
     for i, g, w in zip(grads, found, want):
         _close(g, w, f"gradient of input {i}")
@@ -54,8 +59,7 @@ def test_vjp_and_vmap():
     rows = jax.vmap(lambda row: port(row, sigma))(x)
     for k in range(3):
         _close(rows[k], np.asarray(port(x[k], sigma)), f"row {k}")
-    mx_out, _, mx_g = mxnet_reference(ops.smooth_l1, [np.asarray(x), np.asarray(sigma)], {},
-                                      [0])
+    mx_out, _, mx_g = mxnet_reference(ops.smooth_l1, [np.asarray(x), np.asarray(sigma)], {}, [0])
     _close(out, mx_out[0], "vjp output")
     grads = jax.vmap(jax.grad(lambda row: port(row, sigma).sum()))(x)
     _, _, mx_ones = mxnet_reference_ones(np.asarray(x), np.asarray(sigma))
@@ -65,6 +69,7 @@ def test_vjp_and_vmap():
 
 def mxnet_reference_ones(x, sigma):
     import mxnet as mx
+
     X = mx.nd.array(x)
     X.attach_grad()
     with mx.autograd.record():

@@ -1,4 +1,5 @@
 """customop.save_port / load_port: one JSON file, loaded where MXNet is not installed."""
+
 import json
 import os
 import subprocess
@@ -7,10 +8,10 @@ import sys
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch", reason="the port tests need torch (pip install "
-                            "'customop[port]')")
-jax = pytest.importorskip("jax", reason="the port tests need jax (pip install "
-                          "'customop[port]')")
+torch = pytest.importorskip(
+    "torch", reason="the port tests need torch (pip install 'customop[port]')"
+)
+jax = pytest.importorskip("jax", reason="the port tests need jax (pip install 'customop[port]')")
 
 import customop  # noqa: E402
 from customop import ops  # noqa: E402
@@ -52,8 +53,11 @@ def test_loaded_port_serves_another_batch_and_box_count(focal_port, framework):
     else:
         jnp = jax.numpy
         got = np.asarray(port(*[jnp.asarray(a) for a in inputs]))
-        grad = np.asarray(jax.grad(lambda p: (port(p, jnp.asarray(inputs[1])) * heads[0])
-                                   .sum())(jnp.asarray(inputs[0])))
+        grad = np.asarray(
+            jax.grad(lambda p: (port(p, jnp.asarray(inputs[1])) * heads[0]).sum())(
+                jnp.asarray(inputs[0])
+            )
+        )
     np.testing.assert_allclose(got, outs[0], rtol=2e-5, atol=2e-6)
     np.testing.assert_allclose(grad, want[0], rtol=2e-5, atol=2e-6)
 
@@ -102,12 +106,21 @@ def test_a_file_that_is_not_a_port_is_refused_before_anything_runs(tmp_path, foc
 def test_loads_in_a_process_that_cannot_import_mxnet(focal_port, tmp_path):
     inputs = _focal(R(3), 4, 30)
     outs, heads, want = mxnet_reference(ops.focal_loss, inputs, {"gamma": 1.5}, [0])
-    np.savez(tmp_path / "in.npz", x0=inputs[0], x1=inputs[1], head=heads[0],
-             grad=np.array([0]))
+    np.savez(tmp_path / "in.npz", x0=inputs[0], x1=inputs[1], head=heads[0], grad=np.array([0]))
     proc = subprocess.run(
-        [sys.executable, os.path.join(HERE, "load_without_mxnet.py"), focal_port,
-         str(tmp_path / "in.npz"), str(tmp_path / "out.npz"), "--block-mxnet"],
-        cwd=ROOT, capture_output=True, text=True, timeout=300)
+        [
+            sys.executable,
+            os.path.join(HERE, "load_without_mxnet.py"),
+            focal_port,
+            str(tmp_path / "in.npz"),
+            str(tmp_path / "out.npz"),
+            "--block-mxnet",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     found = np.load(tmp_path / "out.npz", allow_pickle=False)
     for fw in ("torch", "jax"):

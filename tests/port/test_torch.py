@@ -1,9 +1,11 @@
 """customop.to_torch: every library op's forward and gradient against MXNet's."""
+
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch", reason="the port tests need torch (pip install "
-                            "'customop[port]')")
+torch = pytest.importorskip(
+    "torch", reason="the port tests need torch (pip install 'customop[port]')"
+)
 
 from customop import ops  # noqa: E402
 from customop.port import PortError, to_torch  # noqa: E402
@@ -12,22 +14,24 @@ from .cases import CASES, IDS, R, mxnet_reference  # noqa: E402
 
 
 def _torch_run(port, inputs, params, grads, heads, device="cpu"):
-    xs = [torch.tensor(a, device=device, requires_grad=i in grads)
-          for i, a in enumerate(inputs)]
+    xs = [torch.tensor(a, device=device, requires_grad=i in grads) for i, a in enumerate(inputs)]
     out = port(*xs, **params)
     outs = list(out) if isinstance(out, tuple) else [out]
     if grads:
-        torch.autograd.backward([o for o in outs if o.requires_grad],
-                                [torch.tensor(h, device=device) for h, o in zip(heads, outs)
-                                 if o.requires_grad])
-    return ([o.detach().cpu().numpy() for o in outs],
-            [xs[i].grad.cpu().numpy() for i in grads])
+        torch.autograd.backward(
+            [o for o in outs if o.requires_grad],
+            [torch.tensor(h, device=device) for h, o in zip(heads, outs) if o.requires_grad],
+        )
+    return ([o.detach().cpu().numpy() for o in outs], [xs[i].grad.cpu().numpy() for i in grads])
 
 
 def port_of(op, params):
     """The op's port with the parameters it needs fixed; the rest are passed per call."""
-    fix = {k: v for k, v in params.items() if k in op.signature.required
-           or callable(op.outputs.declared)}
+    fix = {
+        k: v
+        for k, v in params.items()
+        if k in op.signature.required or callable(op.outputs.declared)
+    }
     return to_torch(op, **fix), {k: v for k, v in params.items() if k not in fix}
 
 
@@ -61,8 +65,9 @@ def test_forward_and_gradient_on_cuda(case):
 OPCHECK = [c[0] for c in CASES if c[4]]  # every case with a gradient
 
 
-@pytest.mark.parametrize("case", [c for c in CASES if c[0] in OPCHECK],
-                         ids=[i for i in IDS if i in OPCHECK])
+@pytest.mark.parametrize(
+    "case", [c for c in CASES if c[0] in OPCHECK], ids=[i for i in IDS if i in OPCHECK]
+)
 def test_opcheck(case):
     _, name, make, params, grads = case
     inputs = make(R(0))
@@ -132,6 +137,7 @@ def test_shape_and_dtype_errors_name_the_op():
 
 def test_a_second_backward_runs_the_graph_again_and_no_grad_calls_keep_little():
     from customop.port import torch_port
+
     port = to_torch(ops.focal_loss)
     pred, label = (torch.tensor(a) for a in CASES[0][2](R(7)))
     pred.requires_grad_(True)
@@ -164,12 +170,17 @@ def test_box_nms_suppressed_box_suppresses_nothing():
     """A chain: A suppresses B, B overlaps C, C is kept (only kept boxes suppress); checked
     against MXNet's own box_nms, with more boxes than the loop's lead-in."""
     import mxnet as mx
+
     r = R(8)
-    chain = np.array([[0, .9, 0, 0, 10, 10], [0, .8, 0, 5, 10, 15], [0, .7, 0, 10, 10, 20]],
-                     "f")
-    rest = np.concatenate([np.zeros((60, 1)), r.rand(60, 1) * 0.6,
-                           np.concatenate([lo := r.uniform(20, 60, (60, 2)),
-                                           lo + r.uniform(2, 9, (60, 2))], 1)], 1)
+    chain = np.array([[0, 0.9, 0, 0, 10, 10], [0, 0.8, 0, 5, 10, 15], [0, 0.7, 0, 10, 10, 20]], "f")
+    rest = np.concatenate(
+        [
+            np.zeros((60, 1)),
+            r.rand(60, 1) * 0.6,
+            np.concatenate([lo := r.uniform(20, 60, (60, 2)), lo + r.uniform(2, 9, (60, 2))], 1),
+        ],
+        1,
+    )
     data = np.concatenate([chain, rest.astype("f")])[None]
     want = mx.nd.contrib.box_nms(mx.nd.array(data), overlap_thresh=0.3).asnumpy()
     got = to_torch(ops.box_nms)(torch.tensor(data), overlap_thresh=0.3).numpy()

@@ -6,6 +6,7 @@ threads shut down, and the job never ends: here an uncaught exception prints its
 traceback and leaves through ``os._exit(1)``.  A ``sitecustomize`` further down
 the path still runs.
 """
+
 import importlib.machinery
 import importlib.util
 import os

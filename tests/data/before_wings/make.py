@@ -5,6 +5,7 @@ Run from the repository root: PYTHONPATH=. python tests/data/before_wings/make.p
 the record: the point of the files is that an older customop wrote them, so do not regenerate
 them).
 """
+
 import pickle
 import sys
 import warnings
@@ -28,21 +29,40 @@ class Head(mx.gluon.HybridBlock):
 
 
 def main():
-    ops_saved = [ops.topk, ops.focal_loss, auxops.counted, auxops.counted_nd, opdefs.square_np,
-                 opdefs.square_nd]
+    ops_saved = [
+        ops.topk,
+        ops.focal_loss,
+        auxops.counted,
+        auxops.counted_nd,
+        opdefs.square_np,
+        opdefs.square_nd,
+    ]
     with open(HERE / "ops.pkl", "wb") as f:
-        pickle.dump({"protocol2": pickle.dumps(ops_saved, 2),
-                     "highest": pickle.dumps(ops_saved, pickle.HIGHEST_PROTOCOL),
-                     "types": [o.op_type for o in ops_saved]}, f, 2)
+        pickle.dump(
+            {
+                "protocol2": pickle.dumps(ops_saved, 2),
+                "highest": pickle.dumps(ops_saved, pickle.HIGHEST_PROTOCOL),
+                "types": [o.op_type for o in ops_saved],
+            },
+            f,
+            2,
+        )
     x, t = mx.sym.var("x"), mx.sym.var("t")
-    sym = mx.sym.Group([opdefs.square_np(x) + ops.smooth_l1(x, t, mx.sym.ones((1,))),
-                        auxops.counted(x)])
+    sym = mx.sym.Group(
+        [opdefs.square_np(x) + ops.smooth_l1(x, t, mx.sym.ones((1,))), auxops.counted(x)]
+    )
     with open(HERE / "symbol.pkl", "wb") as f:
         pickle.dump(sym, f, 2)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        done = customop.export(Head(), str(HERE / "head"), mx.nd.ones((2, 4)), mx.nd.ones((2, 4)),
-                               not_inlined="warn", input_names=["pred", "target"])
+        done = customop.export(
+            Head(),
+            str(HERE / "head"),
+            mx.nd.ones((2, 4)),
+            mx.nd.ones((2, 4)),
+            not_inlined="warn",
+            input_names=["pred", "target"],
+        )
     print(done.symbol_file, done.params_file, done.kept, file=sys.stderr)
     mod = mx.mod.Module(sym, data_names=["x", "t"], label_names=None)
     mod.bind(data_shapes=[("x", (2, 3)), ("t", (2, 3))])

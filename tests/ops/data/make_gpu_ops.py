@@ -9,6 +9,7 @@ Read out of MXNet's source at tag 1.9.1: every ``NNVM_REGISTER_OP(name)`` statem
     python tests/ops/data/make_gpu_ops.py /path/to/mxnet 1.9.1 \
         > tests/ops/data/mxnet_1.9.1_gpu_ops.txt
 """
+
 import re
 import subprocess
 import sys
@@ -17,14 +18,19 @@ GPU = re.compile(r'"(FCompute|FComputeEx|FStatefulCompute|FStatefulComputeEx)<gp
 
 
 def files(repo, tag, pattern):
-    out = subprocess.run(["git", "-C", repo, "ls-tree", "-r", "--name-only", tag],
-                         capture_output=True, text=True, check=True).stdout.split()
+    out = subprocess.run(
+        ["git", "-C", repo, "ls-tree", "-r", "--name-only", tag],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
     return [f for f in out if f.startswith("src/") and f.endswith(pattern)]
 
 
 def show(repo, tag, path):
-    return subprocess.run(["git", "-C", repo, "show", f"{tag}:{path}"], capture_output=True,
-                          text=True, check=True).stdout
+    return subprocess.run(
+        ["git", "-C", repo, "show", f"{tag}:{path}"], capture_output=True, text=True, check=True
+    ).stdout
 
 
 def main(repo, tag):
