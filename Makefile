@@ -38,6 +38,7 @@ demo: $(STAMP)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 
 # Under 5 minutes on 2 idle cores (docs/development.md, "The suite's time"): two
 # pytest-xdist workers, a test module per unit of work (tests/conftest.py puts the slowest
