@@ -135,6 +135,18 @@ def shape_is(op: str, name: str, shape: tuple, ok: bool, want: str) -> None:
         raise fail(op, name, f"must have shape {want}, got {tuple(shape)}")
 
 
+def class_indices(label: mx.nd.NDArray, num_class: int, msg: str) -> None:
+    """``'mxnet'`` mode: every ``label`` is a class index, a whole number in
+    ``[0, num_class - 1]`` (one flag read back: see :func:`require`); else ``label <msg>``."""
+    require((1 - (label < 0)) * (label < num_class) * (label == mx.nd.floor(label)), "label", msg)
+
+
+def class_indices_numpy(op: str, label: np.ndarray, num_class: int, msg: str) -> None:
+    """``'numpy'`` mode: :func:`class_indices`, raised at once."""
+    if np.any((label < 0) | (label >= num_class) | (label != np.floor(label))):
+        raise fail(op, "label", msg)
+
+
 # ---- boxes ----------------------------------------------------------------------------------
 FORMATS = ("corner", "center")
 

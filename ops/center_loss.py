@@ -99,11 +99,7 @@ def center_loss(data, label, centers, *, num_class, alpha=0.5, scale=1.0):
         (array([0.5, 4.5], dtype=float32), array([0.6666667, 0.       ], dtype=float32))
     """
     _check(data, label, centers, num_class, alpha, scale)
-    _checks.require(
-        (1 - (label < 0)) * (label < num_class) * (label == mx.nd.floor(label)),
-        "label",
-        _label_message(num_class),
-    )
+    _checks.class_indices(label, num_class, _label_message(num_class))
     diff = data - mx.nd.take(centers, label, axis=0)
     return 0.5 * scale * (diff * diff).sum(axis=1)
 
@@ -111,8 +107,7 @@ def center_loss(data, label, centers, *, num_class, alpha=0.5, scale=1.0):
 @center_loss.twin("numpy")
 def _center_loss_numpy(data, label, centers, *, num_class, alpha=0.5, scale=1.0):
     _check(data, label, centers, num_class, alpha, scale)
-    if np.any((label < 0) | (label >= num_class) | (label != np.floor(label))):
-        raise _checks.fail("center_loss", "label", _label_message(num_class))
+    _checks.class_indices_numpy("center_loss", label, num_class, _label_message(num_class))
     diff = data - centers[label.astype(np.int64)]
     return 0.5 * scale * (diff * diff).sum(axis=1)
 

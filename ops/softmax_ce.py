@@ -74,11 +74,7 @@ def softmax_ce(data, label):
     """
     _check(data, label)
     num_class = data.shape[1]
-    _checks.require(
-        (1 - (label < 0)) * (label < num_class) * (label == mx.nd.floor(label)),
-        "label",
-        _label_message(num_class),
-    )
+    _checks.class_indices(label, num_class, _label_message(num_class))
     onehot = mx.nd.one_hot(label, num_class, dtype=data.dtype)
     return residuals(mx.nd.softmax(data, axis=1), onehot=onehot)
 
@@ -87,9 +83,8 @@ def softmax_ce(data, label):
 def _softmax_ce_numpy(data, label):
     _check(data, label)
     num_class = data.shape[1]
+    _checks.class_indices_numpy("softmax_ce", label, num_class, _label_message(num_class))
     index = label.astype(np.int64)
-    if np.any((index < 0) | (index >= num_class) | (index != label)):
-        raise _checks.fail("softmax_ce", "label", _label_message(num_class))
     e = np.exp(data - data.max(axis=1, keepdims=True))
     return residuals(e / e.sum(axis=1, keepdims=True), index=index)
 
