@@ -62,9 +62,9 @@ from . import errors, kernel, opinfo, runtime
 from . import params as _params
 from .modes import BFLOAT16, NumpyMode
 from .outputs import OutputsSymbol
-from .runtime import aux as aux_patch
+from .runtime import aux_wait as aux_patch
 from .runtime import backlog, callbacks
-from .runtime import trace as trace_hooks
+from .runtime import hooks as trace_hooks
 
 PATHS = ("direct", "function", "native", "custom", "graph")
 _forced = threading.local()
@@ -201,7 +201,7 @@ def _call_ndarray(
     if op.signature.aux and path != "direct":
         path = "custom"  # the aux arrays must be inputs of MXNet's node (see the module doc)
     tracing = trace_hooks.tracing_now()
-    if tracing is not None:  # called by a forward being traced (customop.graphs.native)
+    if tracing is not None:  # called by a forward being traced (customop.graphs.graph_verdicts)
         tracing.inner.append(op)
         if op.mode == "mxnet" and not op.signature.aux:
             path = "native"  # its forward's own operators join the graph

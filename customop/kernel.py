@@ -14,8 +14,8 @@ import mxnet as mx
 import numpy as np
 
 from . import errors, gradients, opinfo, value_checks
+from .intermediates import residuals
 from .modes import BFLOAT16, MODES
-from .saved import residuals
 
 
 def run_forward(

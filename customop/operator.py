@@ -14,13 +14,13 @@ from typing import Any
 import mxnet as mx
 
 from . import dispatch, errors, gradients, registry
-from .distributed import agree
-from .distributed.agree import AUX_RULES
+from .arguments import Signature
+from .distributed import aux_merge
+from .distributed.aux_merge import AUX_RULES
 from .inference import Inference
 from .input_shapes import InputShapes
 from .modes import MODES
 from .outputs import OutputCount
-from .signature import Signature
 
 _NDARRAY = mx.nd.NDArray
 
@@ -63,7 +63,7 @@ class CustomOperator:
         self.mode_impl = MODES[mode]
         self.op_type: str = name or f"{registry.module_of(fn)}.{fn.__qualname__}"
         self.aux_shape_fns, self.aux_rules = _aux_spec(self.op_type, aux)
-        agree.declare_rules(self.op_type, self.aux_rules)
+        aux_merge.declare_rules(self.op_type, self.aux_rules)
         self.signature = Signature(
             fn, errors.shown(self.op_type), tuple(self.aux_shape_fns), tuple(optional)
         )

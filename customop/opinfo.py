@@ -24,7 +24,7 @@ class Forward(Named, Protocol):
 
     mode: str  # 'numpy' or 'mxnet'
     mode_impl: Any  # customop.modes.NumpyMode or MxnetMode
-    signature: Any  # customop.signature.Signature
+    signature: Any  # customop.arguments.Signature
     outputs: Any  # customop.outputs.OutputCount
     need_top_grad: bool
     aux_shape_fns: dict[str, Callable[..., Any]]

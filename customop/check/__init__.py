@@ -4,7 +4,7 @@
 compares, ``grad`` the check itself and ``cli`` the command line.
 """
 
-from .grad import check_grad
+from .gradcheck import check_grad
 from .report import (
     ARGNUM_SKIP,
     COMPARISONS,

@@ -29,7 +29,8 @@ from typing import Any, Callable, NamedTuple
 
 import numpy as np
 
-from . import graph_json, rules
+from .. import symbol_json
+from . import rules
 
 # MXNet operators without inputs whose output is a function of their attributes
 _CONSTANT_SOURCES = frozenset({"_full", "_zeros", "_ones", "_arange"})
@@ -93,7 +94,7 @@ def constant_checks(graph: dict[str, Any]) -> dict[str, Any]:
                 if one in ones and (node["op"] == "elemwise_mul" or ones[one]):
                     gone[i] = ins[k]
                     break
-    return graph_json.reachable(_replaced(graph, gone)) if gone else graph
+    return symbol_json.reachable(_replaced(graph, gone)) if gone else graph
 
 
 # broadcast operator -> (scalar operator with the constant on the right, on the left)
@@ -129,7 +130,7 @@ def constant_scalars(graph: dict[str, Any]) -> dict[str, Any]:
                     )
                 if values[key] is not None:
                     scalar = repr(float(values[key].reshape(-1)[0]))
-                    kept = {a: v for a, v in graph_json.attrs(node).items() if a[:2] == "__"}
+                    kept = {a: v for a, v in symbol_json.attrs(node).items() if a[:2] == "__"}
                     changed.append(
                         (
                             i,
@@ -147,7 +148,7 @@ def constant_scalars(graph: dict[str, Any]) -> dict[str, Any]:
     new = list(nodes)
     for i, node in changed:
         new[i] = node
-    return graph_json.reachable(dict(graph, nodes=new))
+    return symbol_json.reachable(dict(graph, nodes=new))
 
 
 def argmax_indices(graph: dict[str, Any], shapes: dict[str, tuple]) -> dict[str, Any]:
@@ -174,7 +175,7 @@ def argmax_indices(graph: dict[str, Any], shapes: dict[str, tuple]) -> dict[str,
 
     for i, node in enumerate(nodes):
         op, ins = node["op"], [at(e) for e in node["inputs"]]
-        if op == "argmax" and graph_json.attrs(node).get("keepdims", "False") in ("False", "0"):
+        if op == "argmax" and symbol_json.attrs(node).get("keepdims", "False") in ("False", "0"):
             integral.add((i, 0))
         elif op == "broadcast_minimum" and nodes[ins[0][0]]["op"] == "_maximum_scalar":
             m = at(nodes[ins[0][0]]["inputs"][0])
@@ -199,22 +200,22 @@ def argmax_indices(graph: dict[str, Any], shapes: dict[str, tuple]) -> dict[str,
                     break
     heads = {h[0] for h in graph["heads"]}
     alias = {i: e for i, e in alias.items() if i not in heads}
-    return graph_json.reachable(_replaced(graph, alias)) if alias else graph
+    return symbol_json.reachable(_replaced(graph, alias)) if alias else graph
 
 
 def _argmax_in_range(nodes, ins, m, shapes) -> bool:
     # ins: broadcast_minimum(_maximum_scalar(m, 0), max(arange_like(refs, axis=1))), with m
     # an argmax over an axis of length M = refs.shape[1] <= 2048
     low, high = nodes[ins[0][0]], nodes[ins[1][0]]
-    if high["op"] != "max" or graph_json.attrs(high):
+    if high["op"] != "max" or symbol_json.attrs(high):
         return False
-    if float(graph_json.attrs(low).get("scalar", "nan")) != 0:
+    if float(symbol_json.attrs(low).get("scalar", "nan")) != 0:
         return False
     count = nodes[high["inputs"][0][0]]
-    if count["op"] != "_contrib_arange_like" or graph_json.attrs(count) != {"axis": "1"}:
+    if count["op"] != "_contrib_arange_like" or symbol_json.attrs(count) != {"axis": "1"}:
         return False
     argmax = nodes[m[0]]
-    axis = graph_json.attrs(argmax).get("axis", "None")
+    axis = symbol_json.attrs(argmax).get("axis", "None")
     if axis in ("None", ""):
         return False
     found = _shapes(nodes, [argmax["inputs"][0], count["inputs"][0]], shapes)
@@ -238,8 +239,8 @@ def _within(nodes, small, big, shapes) -> bool:
 
 def _shapes(nodes, entries, shapes) -> list[tuple] | None:
     # the shapes of these entries at the settled signature (None where unknown)
-    part = graph_json.reachable({"nodes": nodes, "heads": [[e[0], e[1], 0] for e in entries]})
-    sym = graph_json.load(part)
+    part = symbol_json.reachable({"nodes": nodes, "heads": [[e[0], e[1], 0] for e in entries]})
+    sym = symbol_json.load(part)
     given = {n: tuple(shapes[n]) for n in sym.list_inputs() if n in shapes}
     try:
         _, out, _ = sym.infer_shape_partial(**given)
@@ -286,8 +287,8 @@ def _holds(nodes: list[dict[str, Any]], i: int) -> bool:
 
 def _value(nodes: list[dict[str, Any]], entry: tuple) -> np.ndarray:
     # the value of an entry computed from constants only, run once on the CPU
-    part = graph_json.reachable({"nodes": nodes, "heads": [[entry[0], entry[1], 0]]})
-    return graph_json.run(part, {})[0]
+    part = symbol_json.reachable({"nodes": nodes, "heads": [[entry[0], entry[1], 0]]})
+    return symbol_json.run(part, {})[0]
 
 
 def _replaced(graph: dict[str, Any], by: dict[int, list]) -> dict[str, Any]:
@@ -345,14 +346,14 @@ def common_subexpressions(graph: dict[str, Any]) -> dict[str, Any]:
             continue
         key = (
             op,
-            tuple(sorted(graph_json.attrs(node).items())),
+            tuple(sorted(symbol_json.attrs(node).items())),
             tuple((same.get(e[0], e[0]), e[1]) for e in node["inputs"]),
         )
         if key in seen and i not in heads:
             same[i] = seen[key]
         else:
             seen.setdefault(key, i)
-    return graph_json.reachable(_merged(graph, same)) if same else graph
+    return symbol_json.reachable(_merged(graph, same)) if same else graph
 
 
 def _exactly(value: float) -> Callable[[dict[str, str]], bool]:
@@ -391,9 +392,9 @@ def identities(graph: dict[str, Any]) -> dict[str, Any]:
         if i not in heads
         and node["op"] in IDENTITIES
         and len(node["inputs"]) == 1
-        and IDENTITIES[node["op"]](graph_json.attrs(node))
+        and IDENTITIES[node["op"]](symbol_json.attrs(node))
     }
-    return graph_json.reachable(_replaced(graph, gone)) if gone else graph
+    return symbol_json.reachable(_replaced(graph, gone)) if gone else graph
 
 
 def _gradient_comes_back(graph: dict[str, Any]) -> list[bool]:

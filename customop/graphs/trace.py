@@ -6,7 +6,7 @@ records what happened: the graph, the values of the free variables (arrays the f
 receiving them: constants it built, cached arrays, or values it computed while
 recording was paused), what it read back to Python, which random operators it
 called.  Whether the graph may stand in for the operator is decided in
-:mod:`customop.graphs.native`.  Traces run on customop's own trace thread (:func:`aside`).
+:mod:`customop.graphs.graph_verdicts`.  Traces run on customop's own trace thread (:func:`aside`).
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ import numpy as np
 from mxnet.base import _LIB, check_call, py_str
 
 from .. import kernel, value_checks
-from ..runtime import trace as hooks
-from . import closures as gradient_closures
+from ..runtime import hooks as hooks
+from . import recorded_closures as gradient_closures
 from .rules import INDEX_GUARDS, RANDOM
 
 if TYPE_CHECKING:
@@ -100,7 +100,7 @@ class Recording:
 
 
 class Log:
-    """What the trace hooks report while one forward runs (:mod:`customop.runtime.trace`).
+    """What the trace hooks report while one forward runs (:mod:`customop.runtime.hooks`).
 
     ``recorded=False``: the forward runs eagerly as traced (``is_tracing()`` true, checks
     that read values back skipped) outside ``record()``: pauses are not numbered.
@@ -195,7 +195,7 @@ def record(
     ``closures`` (a training graph's, possibly none): recorded in the same run after
     the forward, with head gradients drawn from ``seed`` as variables (appended to the
     inputs) and the closures' gradients appended to the outputs
-    (:mod:`customop.graphs.closures`; :mod:`customop.graphs.transposed` transposes them).
+    (:mod:`customop.graphs.recorded_closures`; :mod:`customop.graphs.backward` transposes them).
     """
     ctx = ctx or mx.cpu()
     xs = [mx.nd.array(v, ctx=ctx, dtype=v.dtype) for v in values]

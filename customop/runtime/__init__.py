@@ -11,16 +11,16 @@ feature then behaves as MXNet does.
 
 The index (:data:`PATCHES`: off-switch name -> module, and when it is installed):
 
-``errors`` (:mod:`.errors`)
+``errors`` (:mod:`.ffi_errors`)
     our C callbacks' failures reach the caller that reads their arrays, named;
     installed by the first call of a decorated op or the first graph that holds one.
 ``fork`` (:mod:`.fork`)
     ``fork()`` and exit never hang on a pending callback, and on Python < 3.10 ``subprocess``
     starts its children without ``fork()`` (glibc's ``posix_spawn``), so a thread that shells
     out never stops MXNet's engine under a training thread; the first call of a decorated op.
-``aux`` (:mod:`.aux`)
+``aux`` (:mod:`.aux_wait`)
     reads of our ops' aux arrays wait for their writes; the first op with aux states.
-``auxsync`` (:mod:`.auxsync`)
+``auxsync`` (:mod:`.trainer_sync`)
     every device's copy of an aux state agrees after a step; installed with ``aux``.
 ``release`` (:mod:`.release`)
     an operator MXNet deletes frees what it holds at once; the first operator MXNet creates.
@@ -33,10 +33,10 @@ The index (:data:`PATCHES`: off-switch name -> module, and when it is installed)
 ``names`` (:mod:`.names`)
     concurrent users of one Symbol read the names our props answered, not freed memory;
     the first graph node or ``mx.nd.Custom`` call.
-``binds`` (:mod:`.binds`)
+``binds`` (:mod:`.bind_lock`)
     binds of graphs holding our ops run one at a time (MXNet's subgraph pass races);
     the first graph node or ``mx.nd.Custom`` call.
-``trace`` (:mod:`.trace`)
+``trace`` (:mod:`.hooks`)
     a forward recorded as MXNet operators; in place only while one is traced.
 ``randomness`` (:mod:`.randomness`)
     a ``'numpy'``-mode forward run on placeholders (shape inference) draws from generators
@@ -65,7 +65,7 @@ The index (:data:`PATCHES`: off-switch name -> module, and when it is installed)
 Every patch is installed the same way, :func:`install` with its name: the index names
 its module, imported then if need be, whose ``install()`` runs once.  The ``inline``
 module is imported only that way (and by :func:`note_graph_op`), because it uses modules
-that use this package (:mod:`customop.graphs.binding`, :mod:`customop.graphs.native`): it
+that use this package (:mod:`customop.graphs.binding`, :mod:`customop.graphs.graph_verdicts`): it
 imports them, so every call out of this package follows an import of the module that
 makes it (``tests/customop/test_layout.py`` checks).  MXNet's C callback ABI is in
 :mod:`.callbacks`: the tables MXNet builds for our ops, which ``release``, ``deps``,
@@ -83,16 +83,16 @@ from typing import Any
 
 # off-switch name -> the module of this package that holds the patch (its reason, install())
 PATCHES = {
-    "errors": "errors",
+    "errors": "ffi_errors",
     "fork": "fork",
-    "aux": "aux",
-    "auxsync": "auxsync",
+    "aux": "aux_wait",
+    "auxsync": "trainer_sync",
     "release": "release",
     "deps": "deps",
     "shapes": "shapes",
     "names": "names",
-    "binds": "binds",
-    "trace": "trace",
+    "binds": "bind_lock",
+    "trace": "hooks",
     "randomness": "randomness",
     "inline": "inline",
     "gluonshape": "gluonshape",

@@ -3,7 +3,7 @@
 Off-switch: ``CUSTOMOP_RUNTIME_OFF=inline``; installed by the first Symbol call, or
 graph load, of an ``'mxnet'``-mode op that may inline in training: no aux,
 ``inline=True`` (``def_grad`` ops too: their closures are transposed,
-:mod:`customop.graphs.transposed`).
+:mod:`customop.graphs.backward`).
 
 Wraps ``Symbol.simple_bind``, ``Symbol.bind`` and ``CachedOp.__init__``.  A graph
 without a ``Custom`` node of such an op is bound or cached as before, after one
@@ -32,10 +32,10 @@ from typing import Any
 import mxnet as mx
 from mxnet.base import _LIB
 
-from .. import runtime
-from ..graphs import binding, graph_json, native
-from ..graphs.signatures import signature
-from . import aux
+from .. import runtime, symbol_json
+from ..graphs import binding, graph_verdicts
+from ..graphs.call_key import signature
+from . import aux_wait
 
 _plans: dict[int, Any] = {}  # id(CachedOp) -> its CachedPlan
 _inner = threading.local()  # .building: a CachedOp made for a plan (never planned itself)
@@ -43,7 +43,7 @@ _inner = threading.local()  # .building: a CachedOp made for a plan (never plann
 
 def wanted(op: Any) -> bool:
     """Whether ``op`` may inline in training graphs (then this patch is needed)."""
-    return not native.static_reason(op, native.TRAIN)
+    return not graph_verdicts.static_reason(op, graph_verdicts.TRAIN)
 
 
 class _PlannedCachedOp(mx.nd.CachedOp):
@@ -190,7 +190,7 @@ class CachedPlan:
             order = [self.names.index(n) for n in sym.list_inputs()]
             if order == list(range(len(order))):
                 order = None
-        shape = graph_json.anonymous(sym)
+        shape = symbol_json.anonymous(sym)
         built = self.by_graph.get(shape)
         if built is None:
             inner = inner_cached_op(sym, self._flags(sym.list_inputs()))
@@ -276,7 +276,7 @@ def install() -> None:
         plan = cached_plan(sym, flags)
         if plan is not None:
             plan.is_np_sym = self.is_np_sym
-            aux.forget(self)  # the graph it runs is the plan's
+            aux_wait.forget(self)  # the graph it runs is the plan's
             _plans[id(self)] = plan
             self.__class__ = _PlannedCachedOp
 

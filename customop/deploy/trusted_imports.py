@@ -21,7 +21,7 @@ from typing import Any, Iterable
 import mxnet as mx
 
 from .. import registry
-from ..graphs.graph_json import custom_op_types
+from ..symbol_json import custom_op_types
 
 # Where an op_type's first part is installed: the operator library's op types are
 # 'ops.<name>', and a wheel installs it as customop.ops (a top-level 'ops' may be Canonical's,

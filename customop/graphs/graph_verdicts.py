@@ -9,7 +9,7 @@ node stays.  The purposes:
   MXNet's gradient of the graph must be the operator's: an automatic gradient
   differentiates the forward (:mod:`customop.graphs.forward` builds it); ``def_grad``
   closures and output layers (``need_top_grad=False``) are transposed into the graph
-  (:mod:`customop.graphs.transposed`).  The graph must hold at every input shape the
+  (:mod:`customop.graphs.backward`).  The graph must hold at every input shape the
   block may see later (checked at other shapes).
 * ``'export'``: a deployed graph, inference only.  ``def_grad`` operators
   qualify too; the graph may be specialized to the exported shapes; arrays the
@@ -39,11 +39,11 @@ import numpy as np
 from .. import errors
 from ..modes import BFLOAT16
 from ..opinfo import Differentiable
-from . import budget, closure_values, rules, trace, transposed, verify
+from ..symbol_json import NativeGraph
+from . import backward, budget, closure_check, rules, trace, verify
 from .forward import ForwardGraph
-from .graph_json import NativeGraph
 from .rules import EXPORT, PURPOSES, TRAIN, NotNative  # noqa: F401 - native.EXPORT names a purpose
-from .values import placeholders
+from .sample_inputs import placeholders
 
 _lock = threading.RLock()
 _cache = budget.Table()  # verdicts by signature, least recent first (the shared budget)
@@ -170,13 +170,13 @@ def _decide(op, params, shapes, dtypes, purpose, values) -> Verdict:
     try:
         if BFLOAT16 in dtypes:
             raise NotNative.of("bfloat16")
-        if purpose == TRAIN and transposed.has_own_gradient(op):
+        if purpose == TRAIN and backward.has_own_gradient(op):
             first = (
                 list(values)
                 if values is not None
-                else closure_values.passing(op, params, placeholders(shapes, dtypes, 1))
+                else closure_check.passing(op, params, placeholders(shapes, dtypes, 1))
             )
-            builder = transposed.TransposedGraph(op, params)
+            builder = backward.TransposedGraph(op, params)
         else:
             first = list(values) if values is not None else placeholders(shapes, dtypes, 1)
             builder = ForwardGraph(op, params, purpose)

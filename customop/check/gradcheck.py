@@ -31,7 +31,7 @@ import mxnet as mx
 import numpy as np
 
 from ..dispatch import forced_path
-from ..graphs import imperative, native
+from ..graphs import graph_verdicts, imperative
 from ..operator import CustomOperator
 from .numeric import (
     bind,
@@ -183,7 +183,7 @@ def _has_imperative_graph(op: Any, arrays, params) -> bool:
     shapes, dtypes = [a.shape for a in arrays], [a.dtype for a in arrays]
     return (
         len(arrays) == len(op.signature.inputs)
-        and native.native_graph(op, params, shapes, dtypes, native.TRAIN).inlines
+        and graph_verdicts.native_graph(op, params, shapes, dtypes, graph_verdicts.TRAIN).inlines
     )
 
 
