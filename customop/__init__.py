@@ -45,10 +45,10 @@ _NO_MXNET = (
 _WITHOUT_MXNET = {"load_port", "port", "PortError"}
 
 if TYPE_CHECKING:
+    from .budget import cache_budget
     from .check import check_grad
     from .deploy.export import NotInlinedError, export, to_onnx
     from .deploy.trusted_imports import UntrustedModuleError, imports, load_checkpoint
-    from .graphs.budget import cache_budget
     from .graphs.explain import explain
     from .graphs.trace import is_tracing
     from .intermediates import residuals
@@ -97,7 +97,7 @@ _HOME = {
     "NotInlinedError": "deploy.export",
     "require": "value_checks",
     "UntrustedModuleError": "deploy.trusted_imports",
-    "cache_budget": "graphs.budget",
+    "cache_budget": "budget",
     "to_torch": "port",
     "to_jax": "port",
     "save_port": "port",

@@ -21,8 +21,7 @@ from typing import Any, Tuple  # noqa: UP035 - Tuple: see Shape
 import mxnet as mx
 import numpy as np
 
-from . import errors, kernel, opinfo, value_checks
-from .graphs import budget
+from . import budget, errors, kernel, opinfo, value_checks
 from .modes import BFLOAT16
 from .runtime import randomness
 
@@ -90,7 +89,7 @@ class Inference:
 
     def __init__(self, op: opinfo.Inferred):
         self.op = op
-        # per signature, so under the memory budget of customop.graphs.budget (an evicted
+        # per signature, so under the memory budget of customop.budget (an evicted
         # entry is found again by the same placeholder run)
         self.by_signature = budget.Table()
         self.by_shapes = budget.Table()

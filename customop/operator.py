@@ -13,10 +13,9 @@ from typing import Any
 
 import mxnet as mx
 
-from . import dispatch, errors, gradients, registry
+from . import aux_merge, dispatch, errors, gradients, registry
 from .arguments import Signature
-from .distributed import aux_merge
-from .distributed.aux_merge import AUX_RULES
+from .aux_merge import AUX_RULES
 from .inference import Inference
 from .input_shapes import InputShapes
 from .modes import MODES

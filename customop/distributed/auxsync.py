@@ -1,7 +1,7 @@
 """Keeping auxiliary states equal by hand: :class:`AuxSync`, for loops MXNet's trainers do not run.
 
 ``gluon.Trainer`` and ``Module`` keep our ops' aux states equal on every device and
-worker by themselves (see :mod:`customop.distributed.aux_merge`).  :class:`AuxSync` runs
+worker by themselves (see :mod:`customop.aux_merge`).  :class:`AuxSync` runs
 the same merge (each state's rule: ``'sum'``, ``'mean'``, ``'first'`` or ``'local'``)
 after a step that neither runs: a hand-written kvstore loop, another trainer,
 Parameters outside the Trainer's, or ``CUSTOMOP_RUNTIME_OFF=auxsync``::
@@ -29,9 +29,8 @@ from typing import Any
 
 import mxnet as mx
 
-from .. import registry
-from . import allreduce, aux_merge
-from .aux_merge import AuxStateError, AuxStateWarning
+from .. import allreduce, aux_merge, registry
+from ..aux_merge import AuxStateError, AuxStateWarning
 
 __all__ = ["AuxSync", "AuxStateError", "AuxStateWarning"]
 

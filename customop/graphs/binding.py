@@ -5,7 +5,7 @@ A model's executors and CachedOps, not one op's graph (built by
 
 MXNet builds a graph's executor at ``Symbol.bind``/``simple_bind`` (shapes
 known) and a hybridized block's ``CachedOp`` before its first call (shapes known
-at that call).  At those moments the ``inline`` patch (:mod:`customop.runtime.inline`)
+at that call).  At those moments the ``inline`` patch (:mod:`customop.graphs.inline`)
 hands the graph here: each ``Custom`` node of an operator that inlines for
 training (:mod:`customop.graphs.graph_verdicts`) is replaced by its native graph
 (:mod:`customop.graphs.splice`), and the executor or CachedOp runs that graph.  What
@@ -26,13 +26,13 @@ from typing import Any
 import mxnet as mx
 import numpy as np
 
-from .. import runtime, symbol_json
+from .. import budget, runtime, symbol_json
 from ..runtime import bind_lock
-from . import budget, graph_verdicts, splice
+from . import graph_verdicts, splice
 
 # Splices by graph, its ops, signature and the inputs that need gradients: a rebind at a
 # signature seen before (Module.reshape back, a bucket seen before, a serving process)
-# splices and tidies nothing.  Under the memory budget of customop.graphs.budget, least
+# splices and tidies nothing.  Under the memory budget of customop.budget, least
 # recently used out: an entry costs its key's graph JSON and the spliced graph (estimated
 # at SPLICE_FACTOR times that text), or a recalled entry's cost when nothing inlined.
 _splices = budget.Table()

@@ -22,7 +22,7 @@ not depend on the values, reads nothing back to Python, calls no random operator
 and, evaluated, gives the op's own outputs (and closures' gradients) at the other
 values and signatures.  Every refusal is a table entry of :mod:`customop.graphs.rules`.
 Answers are cached per operator, parameters, signature and purpose, within the memory
-budget of :mod:`customop.graphs.budget` (least recently used out); a training graph serves
+budget of :mod:`customop.budget` (least recently used out); a training graph serves
 every signature of its shape family without another trace (:func:`_family`).
 """
 
@@ -36,11 +36,11 @@ from typing import Any
 
 import numpy as np
 
-from .. import errors
+from .. import budget, errors
 from ..modes import BFLOAT16
 from ..opinfo import Differentiable
 from ..symbol_json import NativeGraph
-from . import backward, budget, closure_check, rules, trace, verify
+from . import backward, closure_check, rules, trace, verify
 from .forward import ForwardGraph
 from .rules import EXPORT, PURPOSES, TRAIN, NotNative  # noqa: F401 - native.EXPORT names a purpose
 from .sample_inputs import placeholders

@@ -21,7 +21,7 @@ and gradients NaN).
   own error there).
 
 Plans are kept per operator, parameters and signature, within the memory budget of
-:mod:`customop.graphs.budget` (least recently used out); a verified graph also serves
+:mod:`customop.budget` (least recently used out); a verified graph also serves
 the signatures that differ from its own in the size it was checked at another value of
 (:mod:`customop.graphs.graph_verdicts`), and each thread runs its own ``CachedOp`` of it.
 ``CUSTOMOP_RUNTIME_OFF=inline`` (every op keeps its ``Custom`` node in graphs) keeps
@@ -38,9 +38,9 @@ from typing import Any
 import mxnet as mx
 import numpy as np
 
-from .. import runtime, symbol_json
+from .. import budget, runtime, symbol_json
 from ..opinfo import Differentiable
-from . import budget, graph_verdicts
+from . import graph_verdicts
 from .call_key import signature
 from .rules import TRAIN
 

@@ -27,8 +27,7 @@ from typing import Any
 import mxnet as mx
 from mxnet.base import _LIB, check_call
 
-from .. import runtime, symbol_json
-from ..distributed import aux_merge
+from .. import aux_merge, runtime, symbol_json
 
 _aux_ops: dict[str, tuple[str, ...]] = {}  # op_type -> names of its aux states
 

@@ -14,7 +14,7 @@ whose graph, hold aux states of our ops ends each step with every copy
 equal to the devices' (and ``dist_sync`` workers') deltas merged by each
 state's rule: summed by default, or their mean, or the first device's, or
 none for ``'local'`` states, whose copies the first step's broadcast leaves
-as they were (:mod:`customop.distributed.aux_merge`); under ``dist_*`` with
+as they were (:mod:`customop.aux_merge`); under ``dist_*`` with
 ``update_on_kvstore=False`` such a Trainer's first step also finishes its
 broadcast of initial values before any push (MXNet's does not order the two:
 measured, a worker then starts from the summed gradient).  Any other Trainer or
@@ -30,7 +30,7 @@ import functools
 
 import mxnet as mx
 
-from ..distributed import aux_merge
+from .. import aux_merge
 
 
 def install() -> None:

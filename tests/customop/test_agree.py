@@ -9,7 +9,7 @@ import mxnet as mx
 import numpy as np
 import pytest
 
-from customop.distributed import aux_merge
+from customop import aux_merge
 from customop.distributed.auxsync import AuxStateWarning
 from tests.customop.test_auxsync import (
     BATCH,
@@ -24,7 +24,7 @@ from tests.customop.test_auxsync import (
 
 
 def test_the_mxnet_internals_we_read_are_there():
-    # If this fails, MXNet changed what customop.distributed.aux_merge reads: fix it there.
+    # If this fails, MXNet changed what customop.aux_merge reads: fix it there.
     p = mx.gluon.Parameter("w", shape=(2,), grad_req="null")
     p.initialize(ctx=TWO)
     trainer = mx.gluon.Trainer([p], "sgd", {"learning_rate": 0.1}, kvstore="device")

@@ -14,8 +14,7 @@ import mxnet as mx
 import numpy as np
 import pytest
 
-from customop import customop
-from customop.distributed import aux_merge
+from customop import aux_merge, customop
 from customop.distributed.auxsync import AuxStateWarning, AuxSync
 from tests.customop import aux_rules_worker as worker
 from tests.customop.auxops import RULE_STATES, MergedBlock, merged, merged_reference

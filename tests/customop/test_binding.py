@@ -9,8 +9,9 @@ import mxnet as mx
 import numpy as np
 import pytest
 
+from customop import budget
 from customop import customop as decorate
-from customop.graphs import binding, budget, graph_verdicts, splice
+from customop.graphs import binding, graph_verdicts, splice
 
 
 @decorate("mxnet")

@@ -1,4 +1,4 @@
-"""graphs/budget.py: the per-signature tables are bounded by memory."""
+"""budget.py: the per-signature tables are bounded by memory."""
 
 import gc
 import weakref
@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 import customop as customop_package
-from customop import customop, inference
-from customop.graphs import binding, budget, graph_verdicts, imperative
+from customop import budget, customop, inference
+from customop.graphs import binding, graph_verdicts, imperative
 
 
 @pytest.fixture

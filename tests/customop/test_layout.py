@@ -277,6 +277,11 @@ def test_runtime_calls_out_only_into_modules_it_imports():
     for caller, callee, fn in edges:
         if not in_runtime(caller) or in_runtime(callee) or (callee, fn) in protocol:
             continue
+        if module_of[callee] in _patch_modules():
+            # a wing's patch: named in the runtime's index (install, wanted), or replacing
+            # one of MXNet's functions, called by whoever calls MXNet's (another patch's
+            # wrapper of the same function, installed after it)
+            continue
         source, target = module_of[caller], module_of[callee]
         if target not in _reachable(source, graph):
             out.add(f"{source} calls {target}.{fn} without importing it")
@@ -325,11 +330,20 @@ def test_the_measurement_check_sees_a_ratio_and_a_time():
     assert _measurements("x * x, 1e3 elements, 2x50 input, max(x) ") == []
 
 
-def test_every_patch_is_a_module_of_the_runtime_with_its_reason_and_switch():
+def _patch_modules():
+    from customop import runtime
+
+    return set(runtime.PATCHES.values())
+
+
+def test_every_patch_is_a_module_with_its_reason_and_switch_in_the_runtime_or_a_wing():
+    # (a patch that only a wing's feature needs lives in that wing, named in the index by
+    # its full path: the runtime imports no wing)
     from customop import runtime
 
     for name, module in runtime.PATCHES.items():
-        path = PKG / "runtime" / f"{module}.py"
+        assert _layer(module) in ("runtime", "graphs", "deploy", "distributed", "port"), module
+        path = PKG.parent / (module.replace(".", "/") + ".py")
         text = path.read_text()
         doc = ast.get_docstring(ast.parse(text))
         assert f"CUSTOMOP_RUNTIME_OFF={name}``" in doc, name
@@ -385,7 +399,7 @@ def test_no_patch_code_lives_outside_its_module():
     }
     found = []
     for name, path in _modules():
-        if name.startswith("customop.runtime"):
+        if name.startswith("customop.runtime") or name in _patch_modules():
             continue
         for line, what in _changes_to_mxnet_or_python(ast.parse(path.read_text())):
             if (name, what) not in allowed:
@@ -427,20 +441,25 @@ def test_the_layout_in_the_developers_guide_names_every_module():
 
 
 WINGS = ("graphs", "deploy", "port")
-# Runtime patches that a wing's feature installs: imported only when installed, from above.
-WING_PATCHES = {"customop.runtime.inline": "graphs", "customop.runtime.onnxops": "deploy"}
-# The graph-JSON helpers import no customop module: the runtime patches for graphs holding
-# our ops (aux, binds) read graphs through them too.  Nor does the memory budget, which the
-# core's shape inference keeps its per-signature tables under.
-FLOOR = {"customop.graphs.budget"}
-# The one door from the core into graphs/: dispatch's graph path (imperative calls under
-# record() that run the op's native graph), imported when that path first runs.
-DOORS = {("customop.dispatch", "customop.graphs.imperative")}
+# What each layer may import: the core (customop/*.py) and the runtime sit at the bottom;
+# graphs/ on them; deploy/ and port/ on graphs/; distributed/ and check/ are features on
+# top. customop/__init__.py (the public names, each imported on first use) may import any.
+MAY_IMPORT = {
+    "core": {"core", "runtime"},
+    "runtime": {"core", "runtime"},
+    "graphs": {"core", "runtime", "graphs"},
+    "deploy": {"core", "runtime", "graphs", "deploy"},
+    "port": {"core", "runtime", "graphs", "port"},
+    "distributed": {"core", "runtime", "distributed"},
+    "check": {"core", "runtime", "graphs", "check"},
+}
 
 
-def _wing(name):
+def _layer(name):
     parts = name.split(".")
-    return parts[1] if len(parts) >= 2 and parts[1] in WINGS else None  # (its __init__ too)
+    if len(parts) == 1:
+        return None  # customop/__init__.py
+    return parts[1] if parts[1] in MAY_IMPORT and parts[1] != "core" else "core"
 
 
 def test_every_wing_names_its_entry_points():
@@ -477,36 +496,30 @@ def test_the_name_check_sees_a_suffix_and_a_repeat():
     assert _name_clashes([Path(p) for p in ("a/__init__.py", "b/__init__.py", "c.py")]) == []
 
 
-def test_nothing_below_a_wing_imports_it():
-    # graphs/ sits on the core, deploy/ on graphs/; the core, the runtime and the features
-    # below never import a wing (the two patches a wing's feature installs excepted)
-    for floor in FLOOR:
-        assert not [
-            m
-            for m, _ in _run_time_imports(floor, PKG / "graphs" / (floor.rsplit(".", 1)[1] + ".py"))
-        ], floor
+def test_every_module_imports_only_its_layer_and_the_layers_below():
     offenders = []
     for name, path in _modules():
-        mine = _wing(name) or WING_PATCHES.get(name)
+        mine = _layer(name)
         for module, _ in _run_time_imports(name, path):
-            theirs = _wing(module)
-            if (
-                theirs is None
-                or theirs == mine
-                or name == "customop"
-                or module in FLOOR
-                or (name, module) in DOORS
-            ):
-                continue
-            if mine in ("deploy", "port") and theirs == "graphs":
-                continue
-            if (
-                name.startswith(("customop.check", "customop.runtime.onnxops"))
-                and theirs == "graphs"
-            ):
-                continue
-            offenders.append(f"{name} imports {module}")
+            if mine is not None and _layer(module) not in MAY_IMPORT[mine]:
+                offenders.append(f"{name} imports {module}")
     assert offenders == []
+
+
+def test_the_layers_are_those_of_the_folders():
+    folders = {p.name for p in PKG.iterdir() if (p / "__init__.py").exists()}
+    assert folders == set(MAY_IMPORT) - {"core"}
+    assert _layer("customop.dispatch") == "core" and _layer("customop.runtime") == "runtime"
+    assert _layer("customop.graphs.inline") == "graphs" and _layer("customop") is None
+
+
+def test_the_core_reaches_the_graph_path_only_through_its_name():
+    # (dispatch names the module of its graph path as the runtime's index names a wing's
+    # patch: imported by that name when the path first runs)
+    from customop import dispatch
+
+    assert _layer(dispatch.GRAPH_PATH) == "graphs"
+    assert (PKG.parent / (dispatch.GRAPH_PATH.replace(".", "/") + ".py")).exists()
 
 
 def test_no_private_name_is_reexported_under_a_public_alias():
@@ -594,7 +607,7 @@ def test_a_def_grad_blocks_first_call_calls_back_only_through_declared_protocols
     crossed = sorted({module_of[c] for c, _, _ in edges} | {module_of[e] for _, e, _ in edges})
     assert "customop.graphs.backward" in crossed  # the transposed graph was built
     # (a patch replacing one of MXNet's functions is called by whoever calls MXNet's)
-    patches = {f"customop.runtime.{m}" for m in runtime.PATCHES.values()}
+    patches = set(runtime.PATCHES.values())
     back = sorted(
         f"{module_of[c]} calls {module_of[e]}.{fn}"
         for c, e, fn in edges

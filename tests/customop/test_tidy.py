@@ -13,8 +13,7 @@ import numpy as np
 import pytest
 
 from customop import ops, symbol_json
-from customop.graphs import binding, rules, tidy
-from customop.runtime import inline
+from customop.graphs import binding, inline, rules, tidy
 
 X = mx.sym.var("x")
 W = mx.sym.var("w")

@@ -19,7 +19,7 @@ bytes each; the C callback tables of :mod:`customop.runtime.callbacks`, one per 
 
 Example:
     >>> import os
-    >>> from customop.graphs import budget
+    >>> from customop import budget
     >>> budget.limit() == int(float(os.environ.get("CUSTOMOP_CACHE_MB", budget.DEFAULT_MB))
     ...                       * 2 ** 20)
     True

@@ -1,6 +1,6 @@
 """The one place that adds an array up over a job's workers: MXNet's kvstore or Horovod.
 
-:func:`customop.distributed.aux_merge.finish` merges each aux state's delta on this
+:func:`customop.aux_merge.finish` merges each aux state's delta on this
 process's devices, then needs three things of the engine that joins the processes:
 start every worker from worker 0's value of a state, add a delta up over the
 workers in place, and know this worker's rank.  Each engine is one small class

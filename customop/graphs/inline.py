@@ -33,9 +33,9 @@ import mxnet as mx
 from mxnet.base import _LIB
 
 from .. import runtime, symbol_json
-from ..graphs import binding, graph_verdicts
-from ..graphs.call_key import signature
-from . import aux_wait
+from ..runtime import aux_wait
+from . import binding, graph_verdicts
+from .call_key import signature
 
 _plans: dict[int, Any] = {}  # id(CachedOp) -> its CachedPlan
 _inner = threading.local()  # .building: a CachedOp made for a plan (never planned itself)
