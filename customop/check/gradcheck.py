@@ -58,7 +58,7 @@ from .report import (
     worse,
 )
 
-__all__ = ["check_grad", "GradReport", "GradRow", "Tolerance", "TOLERANCES"]
+__all__ = ["check_grad"]
 
 Loss = typing.Callable[[typing.List[np.ndarray], typing.List[np.ndarray]], float]  # noqa: UP006
 # (typing's generics: evaluated at run time, and Python 3.8 has no list[...])

@@ -63,7 +63,9 @@ The index (:data:`PATCHES`: off-switch name -> module, and when it is installed)
     not installed through :func:`install`).
 
 Every patch is installed the same way, :func:`install` with its name: the index names
-its module by its full path, imported then if need be, whose ``install()`` runs once.
+its module by its full path, imported then if need be, whose ``install()`` runs once
+(``trace`` and ``randomness``, :data:`SCOPED`, install nothing: in place only while
+their block runs).
 This package imports no wing (``graphs/``, ``deploy/``, ``distributed/``, ``port/``): a
 patch that only a wing's feature needs lives in that wing (``inline`` in
 :mod:`customop.graphs.inline`, ``onnxops`` in :mod:`customop.deploy.onnxops`), imports what
@@ -102,6 +104,11 @@ PATCHES = {
     "onnxops": "customop.deploy.onnxops",
     "backlog": "customop.runtime.backlog",
 }
+
+# Patches in place only while their block runs, for that thread (hooks.tracing,
+# randomness.placeholder_draws): nothing is installed for them, so they have no install();
+# their switch keeps the block from changing anything.
+SCOPED = ("trace", "randomness")
 
 # MXNet's own pthread_atfork handlers (src/initialize.cc), which the ``fork`` patch runs;
 # internal, C++-mangled names:
@@ -143,8 +150,9 @@ def patch(name: str) -> Any:
 
 
 def install(name: str) -> None:
-    """Install patch ``name`` unless it is installed or switched off (idempotent)."""
-    if name not in _installed:
+    """Install patch ``name`` unless it is installed or switched off (idempotent); a
+    :data:`SCOPED` patch is never installed."""
+    if name not in _installed and name not in SCOPED:
         _once(name, patch(name).install)
 
 

@@ -106,7 +106,3 @@ def tracing(log: Any) -> Iterator[None]:
 def tracing_now() -> Any:
     """The trace log of this thread's forward, or None when it is not being traced."""
     return _trace_logs.get(threading.get_ident()) if _trace_logs else None
-
-
-def install() -> None:
-    pass  # in place only inside tracing(), for the length of one trace

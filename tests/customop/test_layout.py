@@ -347,7 +347,12 @@ def test_every_patch_is_a_module_with_its_reason_and_switch_in_the_runtime_or_a_
         text = path.read_text()
         doc = ast.get_docstring(ast.parse(text))
         assert f"CUSTOMOP_RUNTIME_OFF={name}``" in doc, name
-        assert "def install() -> None:" in text, name
+        # (a scoped patch installs nothing: in place only while its block runs)
+        assert ("def install() -> None:" in text) == (name not in runtime.SCOPED), name
+        if name in runtime.SCOPED:
+            assert "in place only while" in doc, name
+        else:
+            assert not re.search(r"def install\(\) -> None:\n( .*\n)*? +pass\b", text), name
         assert f"``{name}``" in runtime.__doc__, name
 
 
