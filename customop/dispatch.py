@@ -66,6 +66,7 @@ from .outputs import OutputsSymbol
 from .runtime import aux_wait as aux_patch
 from .runtime import backlog, callbacks
 from .runtime import hooks as trace_hooks
+from .thread_state import swapped
 
 PATHS = ("direct", "function", "native", "custom", "graph")
 _forced = threading.local()
@@ -82,12 +83,8 @@ def forced_path(path: str | None) -> Iterator[None]:
     """
     if path is not None and path not in PATHS:
         raise ValueError(f"dispatch path must be one of {PATHS} or None, got {path!r}")
-    old = getattr(_forced, "path", None)
-    _forced.path = path
-    try:
+    with swapped(_forced, path=path):
         yield
-    finally:
-        _forced.path = old
 
 
 def choose(recording: bool, native: bool = False) -> str:
