@@ -15,7 +15,6 @@ import ctypes
 import json
 import os
 import random
-import threading
 import traceback
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -25,7 +24,8 @@ import numpy as np
 from mxnet.base import _LIB, check_call, py_str
 
 from .. import kernel, value_checks
-from ..runtime import hooks as hooks
+from ..runtime import hooks
+from ..side_thread import SideThread
 from . import recorded_closures as gradient_closures
 from .rules import INDEX_GUARDS, RANDOM
 
@@ -325,9 +325,7 @@ def _free_values(arrays: list[mx.nd.NDArray], wanted: set[str]) -> dict[str, np.
 
 
 # ---- the trace thread ---------------------------------------------------------------------
-_worker_lock = threading.Lock()
-_worker: Any = None  # a ThreadPoolExecutor of one thread, made on first use (per process)
-_worker_pid = 0
+_trace_thread = SideThread("customop-trace")
 
 
 def aside(fn, *args):
@@ -337,19 +335,11 @@ def aside(fn, *args):
     thread (so the caller's stream is untouched there) and NumPy's and Python's
     global ones are put back.  The caller's autograd state is untouched too.
     """
-    global _worker, _worker_pid
-    if threading.current_thread().name.startswith("customop-trace"):
+    if _trace_thread.is_current():
         return fn(*args)
-    with _worker_lock:
-        if _worker is None or _worker_pid != os.getpid():  # threads do not survive fork()
-            # imported here: on Python 3.8 importing concurrent.futures registers an atexit hook
-            from concurrent.futures import ThreadPoolExecutor
-
-            _worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="customop-trace")
-            _worker_pid = os.getpid()
     np_state, py_state = np.random.get_state(), random.getstate()
     try:
-        return _worker.submit(fn, *args).result()
+        return _trace_thread.run(fn, *args)
     finally:
         np.random.set_state(np_state)
         random.setstate(py_state)
