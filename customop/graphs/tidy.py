@@ -157,50 +157,99 @@ def argmax_indices(graph: dict[str, Any], shapes: dict[str, tuple]) -> dict[str,
     for (a hybridized block, a bind: each signature its own graph; not for exports, which
     serve other shapes).
 
-    The pattern is ``ops.box_encode``'s (a detection head's ``argmax`` of IoU as
-    ``matches``): ``broadcast_minimum(maximum(m, 0), max(arange_like(refs, axis=1)))`` is
-    ``m``, an integer in ``[0, M)``; then ``floor(m)`` is ``m``, ``where(c, m, m)`` is ``m``,
-    ``m == m`` is 1 (never NaN), so is ``ok / ok`` and its copies, and a product by them is
-    the other factor.  Up to 2048 (every float dtype counts that far exactly).
+    What each MXNet operator keeps of such an index is one entry of :data:`INDEX_FACTS`:
+    ``broadcast_minimum(maximum(m, 0), max(arange_like(refs, axis=1)))`` is ``m``, an
+    integer in ``[0, M)``; then ``floor(m)`` is ``m``, ``where(c, m, m)`` is ``m``, ``m ==
+    m`` is 1 (never NaN), so is ``ok / ok`` and its copies, and a product by them is the
+    other factor.  Up to 2048 (every float dtype counts that far exactly).  (A detection
+    head's ``argmax`` of IoU as ``matches``, as in ``ops.box_encode``, is such an index.)
     """
-    nodes = graph["nodes"]
-    alias: dict[int, list] = {}  # node -> the entry it equals
-    integral: set[tuple] = set()  # entries holding integers, never NaN (argmax outputs)
-    ones: set[int] = set()  # nodes whose every element is 1
+    facts = _IndexFacts(graph["nodes"], shapes)
+    for i, node in enumerate(facts.nodes):
+        rule = INDEX_FACTS.get(node["op"])
+        if rule is not None:
+            rule(facts, i, node, [facts.at(e) for e in node["inputs"]])
+    heads = {h[0] for h in graph["heads"]}
+    alias = {i: e for i, e in facts.alias.items() if i not in heads}
+    return symbol_json.reachable(_replaced(graph, alias)) if alias else graph
 
-    def at(e):
-        while e[0] in alias:
-            e = alias[e[0]]
+
+class _IndexFacts:
+    # what argmax_indices knows of a graph's entries, node by node
+    def __init__(self, nodes: list[dict[str, Any]], shapes: dict[str, tuple]):
+        self.nodes, self.shapes = nodes, shapes
+        self.alias: dict[int, list] = {}  # node -> the entry it equals
+        self.integral: set[tuple] = set()  # entries holding integers, never NaN (argmax's)
+        self.ones: set[int] = set()  # nodes whose every element is 1
+
+    def at(self, e):
+        while e[0] in self.alias:
+            e = self.alias[e[0]]
         return (e[0], e[1])
 
-    for i, node in enumerate(nodes):
-        op, ins = node["op"], [at(e) for e in node["inputs"]]
-        if op == "argmax" and symbol_json.attrs(node).get("keepdims", "False") in ("False", "0"):
-            integral.add((i, 0))
-        elif op == "broadcast_minimum" and nodes[ins[0][0]]["op"] == "_maximum_scalar":
-            m = at(nodes[ins[0][0]]["inputs"][0])
-            if m in integral and _argmax_in_range(nodes, ins, m, shapes):
-                alias[i] = list(m)
-        elif op == "floor" and ins[0] in integral:
-            alias[i] = list(ins[0])
-        elif op == "where" and ins[1] == ins[2]:
-            alias[i] = list(ins[1])
-        elif op in ("broadcast_equal", "_equal") and ins[0] == ins[1] and ins[0] in integral:
-            ones.add(i)
-        elif op in ("broadcast_div", "elemwise_div") and ins[0] == ins[1] and ins[0][0] in ones:
-            ones.add(i)
-        elif op in ("expand_dims", "Reshape", "Cast") and ins[0][0] in ones:
-            ones.add(i)
-        elif op in ("broadcast_mul", "elemwise_mul"):
-            for k in (0, 1):
-                if ins[1 - k][0] in ones and (
-                    op == "elemwise_mul" or _within(nodes, ins[1 - k], ins[k], shapes)
-                ):
-                    alias[i] = list(ins[k])
-                    break
-    heads = {h[0] for h in graph["heads"]}
-    alias = {i: e for i, e in alias.items() if i not in heads}
-    return symbol_json.reachable(_replaced(graph, alias)) if alias else graph
+
+def _argmax(f: _IndexFacts, i: int, node: dict, ins: list) -> None:
+    if symbol_json.attrs(node).get("keepdims", "False") in ("False", "0"):
+        f.integral.add((i, 0))
+
+
+def _clipped(f: _IndexFacts, i: int, node: dict, ins: list) -> None:
+    if f.nodes[ins[0][0]]["op"] == "_maximum_scalar":
+        m = f.at(f.nodes[ins[0][0]]["inputs"][0])
+        if m in f.integral and _argmax_in_range(f.nodes, ins, m, f.shapes):
+            f.alias[i] = list(m)
+
+
+def _floor(f: _IndexFacts, i: int, node: dict, ins: list) -> None:
+    if ins[0] in f.integral:
+        f.alias[i] = list(ins[0])
+
+
+def _where(f: _IndexFacts, i: int, node: dict, ins: list) -> None:
+    if ins[1] == ins[2]:
+        f.alias[i] = list(ins[1])
+
+
+def _equal(f: _IndexFacts, i: int, node: dict, ins: list) -> None:
+    if ins[0] == ins[1] and ins[0] in f.integral:
+        f.ones.add(i)
+
+
+def _ratio(f: _IndexFacts, i: int, node: dict, ins: list) -> None:
+    if ins[0] == ins[1] and ins[0][0] in f.ones:
+        f.ones.add(i)
+
+
+def _ones_kept(f: _IndexFacts, i: int, node: dict, ins: list) -> None:
+    if ins[0][0] in f.ones:
+        f.ones.add(i)
+
+
+def _product(f: _IndexFacts, i: int, node: dict, ins: list) -> None:
+    for k in (0, 1):
+        if ins[1 - k][0] in f.ones and (
+            node["op"] == "elemwise_mul" or _within(f.nodes, ins[1 - k], ins[k], f.shapes)
+        ):
+            f.alias[i] = list(ins[k])
+            break
+
+
+# MXNet operator -> what it keeps of an argmax index (argmax_indices), one entry an operator
+INDEX_FACTS: dict[str, Callable[..., None]] = {
+    "argmax": _argmax,
+    "broadcast_minimum": _clipped,
+    "floor": _floor,
+    "where": _where,
+    "broadcast_equal": _equal,
+    "_equal": _equal,
+    "broadcast_div": _ratio,
+    "elemwise_div": _ratio,
+    "expand_dims": _ones_kept,
+    "Reshape": _ones_kept,
+    "Cast": _ones_kept,
+    "broadcast_mul": _product,
+    "elemwise_mul": _product,
+}
 
 
 def _argmax_in_range(nodes, ins, m, shapes) -> bool:
