@@ -401,14 +401,11 @@ def call_symbol(
     """
     for name, a in zip(op.signature.arrays, arrays):
         if not isinstance(a, mx.sym.Symbol):
-            raise errors.op_error(
-                op.op_type,
-                TypeError,
-                (
-                    f"input {name!r} is a {type(a).__name__}, but other inputs are mx.sym.Symbol; "
-                    "make every input a Symbol (e.g. mx.sym.Variable)"
-                ),
+            msg = (
+                f"input {name!r} is a {type(a).__name__}, but other inputs are mx.sym.Symbol; "
+                "make every input a Symbol (e.g. mx.sym.Variable)"
             )
+            raise errors.op_error(op.op_type, TypeError, msg)
     attrs = {k: _params.encode(v) for k, v in params.items()}
     runtime.note_graph_op(op)
     if len(arrays) < len(op.signature.arrays):

@@ -714,22 +714,9 @@ def customop(
         [(4, 5), (3, 5)]
     """
 
+    options = {k: v for k, v in locals().items() if k != "mode"}  # the keywords above
+
     def wrap(fn: Callable) -> CustomOperator:
-        return CustomOperator(
-            fn,
-            mode,
-            name=name,
-            need_top_grad=need_top_grad,
-            infer_shape=infer_shape,
-            infer_type=infer_type,
-            num_outputs=num_outputs,
-            auto_grad=auto_grad,
-            aux=aux,
-            optional=optional,
-            no_grad=no_grad,
-            outputs=outputs,
-            infer_input_shape=infer_input_shape,
-            inline=inline,
-        )
+        return CustomOperator(fn, mode, **options)
 
     return wrap

@@ -134,10 +134,10 @@ def simple_bind(
     if isinstance(grad_req, (list, tuple)):
         grad_req = dict(zip(sym.list_arguments(), grad_req))
     grads = wanting(sym, grad_req)
-    found = spliced(sym, shapes, lambda: _default_dtypes(sym, type_dict), grads)
-    if found is None:
+
+    def call(symbol, shapes):
         return original(
-            sym,
+            symbol,
             ctx,
             grad_req,
             type_dict,
@@ -148,20 +148,13 @@ def simple_bind(
             shared_buffer,
             **shapes,
         )
+
+    found = spliced(sym, shapes, lambda: _default_dtypes(sym, type_dict), grads)
+    if found is None:
+        return call(sym, shapes)
     all_shapes = _all_shapes(sym, shapes)
     with bind_lock.serialized():  # MXNet's binds race (customop.runtime.bind_lock)
-        exe = original(
-            found.symbol,
-            ctx,
-            grad_req,
-            type_dict,
-            stype_dict,
-            group2ctx,
-            shared_arg_names,
-            shared_exec,
-            shared_buffer,
-            **all_shapes,
-        )
+        exe = call(found.symbol, all_shapes)
     return present(exe, sym, found.symbol, grads)
 
 

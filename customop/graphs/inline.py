@@ -229,45 +229,12 @@ def install() -> None:
     simple_bind, bind = mx.sym.Symbol.simple_bind, mx.sym.Symbol.bind
     cached_init = mx.nd.CachedOp.__init__
 
-    def simple_bind_(
-        self,
-        ctx,
-        grad_req="write",
-        type_dict=None,
-        stype_dict=None,
-        group2ctx=None,
-        shared_arg_names=None,
-        shared_exec=None,
-        shared_buffer=None,
-        **kwargs,
-    ):
-        return binding.simple_bind(
-            simple_bind,
-            self,
-            ctx,
-            grad_req,
-            type_dict,
-            stype_dict,
-            group2ctx,
-            shared_arg_names,
-            shared_exec,
-            shared_buffer,
-            **kwargs,
-        )
+    # (MXNet's signatures, which update_wrapper shows, are binding.simple_bind's and bind's)
+    def simple_bind_(self, ctx, *args, **kwargs):
+        return binding.simple_bind(simple_bind, self, ctx, *args, **kwargs)
 
-    def bind_(
-        self,
-        ctx,
-        args,
-        args_grad=None,
-        grad_req="write",
-        aux_states=None,
-        group2ctx=None,
-        shared_exec=None,
-    ):
-        return binding.bind(
-            bind, self, ctx, args, args_grad, grad_req, aux_states, group2ctx, shared_exec
-        )
+    def bind_(self, ctx, args, *rest, **kwargs):
+        return binding.bind(bind, self, ctx, args, *rest, **kwargs)
 
     def cached_init_(self, sym, flags=()):
         cached_init(self, sym, flags)
