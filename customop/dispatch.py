@@ -72,6 +72,70 @@ PATHS = ("direct", "function", "native", "custom", "graph")
 _forced = threading.local()
 
 
+_NDARRAY = NDArray
+
+
+def call(op: opinfo.Dispatched, args: tuple, kwargs: dict[str, Any]) -> Any:
+    """``op(*args, **kwargs)``: which path the call takes, by what it is given.
+
+    NDArrays go to :func:`call_ndarray`, Symbols to :func:`call_symbol`, NumPy arrays to
+    :func:`call_numpy`, an op without inputs to :func:`call_without_inputs`; ``mx.np``
+    arrays and symbols run as their legacy forms and come back in the ``mx.np`` interface;
+    optional inputs left out (None) reach the op's variant for that call.
+    """
+    if (
+        not kwargs
+        and op.plain_calls
+        and len(args) == op.arity
+        and all(type(a) is _NDARRAY for a in args)
+    ):
+        # the training loop's call: every input an NDArray, no parameter (what bind() and
+        # the checks below would find, without their cost on each step)
+        return call_ndarray(op, list(args), {})
+    node_name = kwargs.pop("name", None)
+    ctx = kwargs.pop("ctx", None)
+    arrays, params = op.signature.bind(args, kwargs)
+    if op.variants and any(a is None for a in arrays):
+        absent = frozenset(n for n, a in zip(op.signature.inputs, arrays) if a is None)
+        present = tuple(a for a in arrays if a is not None)
+        return call(op.variants[absent], present, dict(params, name=node_name, ctx=ctx))
+    if any(_is_np_interface(a) for a in arrays):
+        legacy = tuple(_as_legacy(a) for a in arrays)
+        return _as_np_interface(call(op, legacy, dict(params, name=node_name, ctx=ctx)))
+    if any(isinstance(a, mx.sym.Symbol) for a in arrays):
+        return call_symbol(op, arrays, params, node_name)
+    if not op.signature.inputs:
+        if node_name is not None:
+            raise errors.op_error(
+                op.op_type,
+                TypeError,
+                "name= names a Symbol node, but an operator "
+                "without inputs called directly returns NDArrays; build "
+                f"its Symbol with mx.sym.Custom(op_type={op.op_type!r}, "
+                "name=..., **params)",
+            )
+        return call_without_inputs(op, params, ctx or mx.current_context())
+    if any(isinstance(a, mx.nd.NDArray) for a in arrays):
+        return call_ndarray(op, arrays, params)
+    return call_numpy(op, arrays, params)
+
+
+def _is_np_interface(a: Any) -> bool:
+    return isinstance(a, mx.np.ndarray) or (
+        isinstance(a, mx.sym.Symbol) and isinstance(a, mx.sym.np._Symbol)
+    )
+
+
+def _as_legacy(a: Any) -> Any:
+    return a.as_nd_ndarray() if _is_np_interface(a) else a
+
+
+def _as_np_interface(out: Any) -> Any:
+    if isinstance(out, tuple):
+        return tuple(_as_np_interface(o) for o in out)
+    return out.as_np_ndarray() if isinstance(out, (mx.nd.NDArray, mx.sym.Symbol)) else out
+
+
 @contextlib.contextmanager
 def forced_path(path: str | None) -> Iterator[None]:
     """Within the block, send NDArray calls through ``path`` (``None``: automatic).

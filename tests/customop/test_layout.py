@@ -632,3 +632,44 @@ def test_every_subpackage_is_listed_for_the_wheel():
     listed = set(re.findall(r'"(customop(?:\.\w+)*)"', text[text.index("packages = [") :]))
     found = {".".join(p.parent.relative_to(PKG.parent).parts) for p in PKG.rglob("__init__.py")}
     assert found - {n for n in listed} == set()
+
+
+def _code_lines(node, text_lines):
+    """Lines of ``node`` that hold code: no blank line, comment or docstring."""
+    docs = set()
+    for n in ast.walk(node):
+        body = getattr(n, "body", None)
+        if (
+            isinstance(n, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef, ast.Module))
+            and body
+            and isinstance(body[0], ast.Expr)
+            and isinstance(getattr(body[0], "value", None), ast.Constant)
+            and isinstance(body[0].value.value, str)
+        ):
+            docs.update(range(body[0].lineno, body[0].end_lineno + 1))
+    return [
+        i
+        for i in range(node.lineno, node.end_lineno + 1)
+        if i not in docs
+        and text_lines[i - 1].strip()
+        and not text_lines[i - 1].strip().startswith("#")
+    ]
+
+
+def test_no_class_is_over_200_lines_of_code():
+    offenders = []
+    for name, path in _modules():
+        text = path.read_text()
+        lines = text.splitlines()
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.ClassDef):
+                count = len(_code_lines(node, lines))
+                if count > 200:
+                    offenders.append(f"{name}.{node.name}: {count}")
+    assert offenders == []
+
+
+def test_the_code_line_count_leaves_out_docstrings_comments_and_blank_lines():
+    text = 'class A:\n    """Doc.\n\n    more\n    """\n\n    # why\n    x = 1\n'
+    (node,) = ast.parse(text).body
+    assert len(_code_lines(node, text.splitlines())) == 2  # class A:, x = 1
