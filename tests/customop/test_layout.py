@@ -673,3 +673,22 @@ def test_the_code_line_count_leaves_out_docstrings_comments_and_blank_lines():
     text = 'class A:\n    """Doc.\n\n    more\n    """\n\n    # why\n    x = 1\n'
     (node,) = ast.parse(text).body
     assert len(_code_lines(node, text.splitlines())) == 2  # class A:, x = 1
+
+
+def test_the_public_paths_still_resolve():
+    # what users and saved files name: every exported name, the check and launch commands'
+    # modules, forced_path, the pickles' by_reference, and the CUSTOMOP_RUNTIME_OFF names
+    import importlib
+
+    from customop import runtime
+
+    for name in customop.__all__:
+        assert getattr(customop, name) is not None, name
+    for module in ("customop.check", "customop.check.__main__", "customop.distributed.launch"):
+        assert importlib.util.find_spec(module) is not None, module
+    assert callable(importlib.import_module("customop.check").check_grad)
+    assert callable(importlib.import_module("customop.dispatch").forced_path)
+    assert callable(importlib.import_module("customop.registry").by_reference)
+    switches = "errors fork aux auxsync release deps shapes names binds trace randomness inline"
+    switches += " gluonshape isAlive onnxops backlog"
+    assert sorted(runtime.PATCHES) == sorted(switches.split())
