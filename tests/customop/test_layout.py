@@ -678,7 +678,7 @@ def test_the_code_line_count_leaves_out_docstrings_comments_and_blank_lines():
 def test_the_public_paths_still_resolve():
     # what users and saved files name: every exported name, the check and launch commands'
     # modules, forced_path, the pickles' by_reference, and the CUSTOMOP_RUNTIME_OFF names
-    import importlib
+    import importlib.util
 
     from customop import runtime
 
