@@ -124,8 +124,8 @@ def _private_attributes(tree):
 
 def test_no_module_reads_a_private_attribute_another_module_sets():
     # (an attribute one module hangs on an object, read elsewhere, is a private name across
-    # modules: agree.py once read runtime/aux_wait.py's executor attribute; it now asks
-    # aux_merge.note_executor's record. A name two modules set for their own objects is
+    # modules: aux_merge.py (then distributed/agree.py) once read the aux patch's executor
+    # attribute; it now asks aux_merge.note_executor's record. A name two modules set for their own objects is
     # renamed in one, so that each private attribute has one owner)
     found = {name: _private_attributes(ast.parse(path.read_text())) for name, path in _modules()}
     offenders = [
@@ -583,7 +583,7 @@ def test_a_def_grad_blocks_first_call_calls_back_only_through_declared_protocols
     }  # prop.py's objects, called by the runtime
     declared |= {"of", "names", "check_params"}  # an op's parts (opinfo.Forward)
     declared |= {"install", "wanted"}  # runtime.PATCHES' modules, imported by name
-    declared |= {"invoked", "read", "pause_enter", "pause_exit"}  # runtime.trace's log
+    declared |= {"invoked", "read", "pause_enter", "pause_exit"}  # runtime.hooks' log
     # (splice.ours/foreign look operators up in registry, which they import; symbol_json,
     # which imports no customop module, took a lookup function for them once)
 
