@@ -125,8 +125,8 @@ def _private_attributes(tree):
 def test_no_module_reads_a_private_attribute_another_module_sets():
     # (an attribute one module hangs on an object, read elsewhere, is a private name across
     # modules: aux_merge.py (then distributed/agree.py) once read the aux patch's executor
-    # attribute; it now asks aux_merge.note_executor's record. A name two modules set for their own objects is
-    # renamed in one, so that each private attribute has one owner)
+    # attribute; it now asks aux_merge.note_executor's record. A name two modules set for
+    # their own objects is renamed in one, so that each private attribute has one owner)
     found = {name: _private_attributes(ast.parse(path.read_text())) for name, path in _modules()}
     offenders = [
         f"{name}:{line} reads {attr}, set in {other}"
