@@ -1,6 +1,6 @@
 """What binding a graph without our ops costs once one of our ops ran: the ``binds`` patch.
 
-The patch (customop/runtime/binds.py) wraps ``Symbol.simple_bind``/``Symbol.bind`` so that
+The patch (customop/runtime/bind_lock.py) wraps ``Symbol.simple_bind``/``Symbol.bind`` so that
 graphs holding our ops bind one at a time; any other graph pays one look at its JSON for
 a ``Custom`` node of ours, then binds as MXNet binds it.  Each row is a fresh process that
 builds ResNet-50 v1 (Gluon's model zoo, hybridized, exported as a Symbol) and binds it
@@ -71,10 +71,10 @@ for _ in range({binds} + 1):
 times = sorted(times[1:])
 check = []
 if "binds" in runtime_installed():
-    from customop.runtime import binds
+    from customop.runtime import bind_lock
     for _ in range({binds} + 1):
         start = time.perf_counter()
-        binds.holds_ours(sym)
+        bind_lock.holds_ours(sym)
         check.append(time.perf_counter() - start)
     check = sorted(check[1:])
 print(json.dumps([times[len(times) // 2] * 1e3, check[len(check) // 2] * 1e3 if check else None]))

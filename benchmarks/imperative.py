@@ -36,7 +36,10 @@ from tables import print_table  # noqa: E402
 
 from customop import customop, ops  # noqa: E402
 from customop.dispatch import forced_path  # noqa: E402
-from customop.graphs import imperative, native  # noqa: E402
+from customop.graphs import (
+    graph_verdicts,  # noqa: E402
+    imperative,  # noqa: E402
+)
 
 LENGTHS = [37 + 13 * k for k in range(60)]
 
@@ -181,7 +184,7 @@ def main(argv=None) -> None:
         rng = np.random.RandomState(0)
         for _ in range(2):
             step(LENGTHS[0], rng)  # imports, engine start and the op's registration
-        native.clear_cache()
+        graph_verdicts.clear_cache()
         imperative.clear_cache()
         total = {"graph path (default)": 0.0, "function path": 0.0}  # (unrecorded: direct)
         for _ in range(cycles):  # interleaved: load from elsewhere hits both alike

@@ -62,7 +62,7 @@ assert "inline" in runtime.installed()
     "a def_grad op inlined in a block elsewhere": """
 import customop, ops
 from customop import runtime
-from customop.graphs import transposed
+from customop.graphs import backward
 class Encode(mx.gluon.HybridBlock):  # issue 33: its closure transposed into the graph
     def hybrid_forward(self, F, s, m, a, r, means, stds):
         return ops.box_encode(s, m, a, r, means, stds)[0]

@@ -28,8 +28,15 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from tables import print_table  # noqa: E402
 
-from customop import ops  # noqa: E402
-from customop.graphs import closure_values, graph_json, native, verify  # noqa: E402
+from customop import (
+    ops,  # noqa: E402
+    symbol_json,  # noqa: E402
+)
+from customop.graphs import (
+    closure_check,  # noqa: E402
+    graph_verdicts,  # noqa: E402
+    verify,  # noqa: E402
+)
 from customop.graphs.forward import ForwardGraph  # noqa: E402
 
 
@@ -88,7 +95,7 @@ def _cases(rng):
 class _Timed:
     def __init__(self, graph, inputs):
         names = [f"input{i}" for i in range(len(inputs))]
-        sym = graph_json.load(graph_json.to_json(graph, names))
+        sym = symbol_json.load(symbol_json.to_json(graph, names))
         self.args = [mx.nd.array(inputs[names.index(n)]) for n in sym.list_inputs()]
         for a in self.args:
             a.attach_grad()
@@ -118,12 +125,14 @@ def main(argv=None):
             op = op.variants[absent]
         shapes = [a.shape for a in inputs]
         dtypes = [a.dtype for a in inputs]
-        transposed = native.native_graph(op, params, shapes, dtypes, native.TRAIN).graph
+        transposed = graph_verdicts.native_graph(
+            op, params, shapes, dtypes, graph_verdicts.TRAIN
+        ).graph
         forward = verify.verified(
-            ForwardGraph(op, params, native.TRAIN), shapes, dtypes, list(inputs)
+            ForwardGraph(op, params, graph_verdicts.TRAIN), shapes, dtypes, list(inputs)
         )
         for g in (transposed, forward):  # both give the closure's gradients here
-            wrong = closure_values.mismatch(op, params, g, list(inputs))
+            wrong = closure_check.mismatch(op, params, g, list(inputs))
             assert not wrong, (name, wrong)
         timed = {
             "closure transposed": _Timed(transposed, inputs),

@@ -7,7 +7,7 @@ The op is ``native_graphs.py``'s ``x * x`` with the closure ``lambda g: 2 * x * 
 transposed closure is written ``forward(sg(x)) + c * (x - sg(x))``, here with
 ``c = 2 * sg(x)`` (``sg``: ``BlockGrad``; docs/deploying.md, "Gradients in training
 graphs"); this closure is, operation for operation, the backward of MXNet's ``square``,
-and the library writes ``square(x)`` (``customop.graphs.transposed._own_operators``).
+and the library writes ``square(x)`` (``customop.graphs.backward._own_operators``).
 Each row is a Symbol written here by hand (one of them the library's own graph, from
 ``splice.inline``), run as
 a hybridized ``SymbolBlock`` (``static_alloc``, ``static_shape``) forward and backward

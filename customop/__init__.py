@@ -45,15 +45,15 @@ _NO_MXNET = (
 _WITHOUT_MXNET = {"load_port", "port", "PortError"}
 
 if TYPE_CHECKING:
+    from .budget import cache_budget
     from .check import check_grad
     from .deploy.export import NotInlinedError, export, to_onnx
-    from .deploy.loading import UntrustedModuleError, imports, load_checkpoint
-    from .graphs.budget import cache_budget
+    from .deploy.trusted_imports import UntrustedModuleError, imports, load_checkpoint
     from .graphs.explain import explain
     from .graphs.trace import is_tracing
+    from .intermediates import residuals
     from .operator import CustomOperator, customop
     from .port import PortError, load_port, save_port, to_jax, to_torch
-    from .saved import residuals
     from .value_checks import require
 
 __all__ = [
@@ -86,18 +86,18 @@ __version__ = "0.1.0"
 _HOME = {
     "customop": "operator",
     "CustomOperator": "operator",
-    "residuals": "saved",
+    "residuals": "intermediates",
     "check_grad": "check",
-    "imports": "deploy.loading",
-    "load_checkpoint": "deploy.loading",
+    "imports": "deploy.trusted_imports",
+    "load_checkpoint": "deploy.trusted_imports",
     "explain": "graphs.explain",
     "is_tracing": "graphs.trace",
     "export": "deploy.export",
     "to_onnx": "deploy.export",
     "NotInlinedError": "deploy.export",
     "require": "value_checks",
-    "UntrustedModuleError": "deploy.loading",
-    "cache_budget": "graphs.budget",
+    "UntrustedModuleError": "deploy.trusted_imports",
+    "cache_budget": "budget",
     "to_torch": "port",
     "to_jax": "port",
     "save_port": "port",

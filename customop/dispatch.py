@@ -47,6 +47,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import functools
+import importlib
 import itertools
 import sys
 import threading
@@ -62,12 +63,77 @@ from . import errors, kernel, opinfo, runtime
 from . import params as _params
 from .modes import BFLOAT16, NumpyMode
 from .outputs import OutputsSymbol
-from .runtime import aux as aux_patch
+from .runtime import aux_wait as aux_patch
 from .runtime import backlog, callbacks
-from .runtime import trace as trace_hooks
+from .runtime import hooks as trace_hooks
+from .thread_state import swapped
 
 PATHS = ("direct", "function", "native", "custom", "graph")
 _forced = threading.local()
+
+
+_NDARRAY = NDArray
+
+
+def call(op: opinfo.Dispatched, args: tuple, kwargs: dict[str, Any]) -> Any:
+    """``op(*args, **kwargs)``: which path the call takes, by what it is given.
+
+    NDArrays go to :func:`call_ndarray`, Symbols to :func:`call_symbol`, NumPy arrays to
+    :func:`call_numpy`, an op without inputs to :func:`call_without_inputs`; ``mx.np``
+    arrays and symbols run as their legacy forms and come back in the ``mx.np`` interface;
+    optional inputs left out (None) reach the op's variant for that call.
+    """
+    if (
+        not kwargs
+        and op.plain_calls
+        and len(args) == op.arity
+        and all(type(a) is _NDARRAY for a in args)
+    ):
+        # the training loop's call: every input an NDArray, no parameter (what bind() and
+        # the checks below would find, without their cost on each step)
+        return call_ndarray(op, list(args), {})
+    node_name = kwargs.pop("name", None)
+    ctx = kwargs.pop("ctx", None)
+    arrays, params = op.signature.bind(args, kwargs)
+    if op.variants and any(a is None for a in arrays):
+        absent = frozenset(n for n, a in zip(op.signature.inputs, arrays) if a is None)
+        present = tuple(a for a in arrays if a is not None)
+        return call(op.variants[absent], present, dict(params, name=node_name, ctx=ctx))
+    if any(_is_np_interface(a) for a in arrays):
+        legacy = tuple(_as_legacy(a) for a in arrays)
+        return _as_np_interface(call(op, legacy, dict(params, name=node_name, ctx=ctx)))
+    if any(isinstance(a, mx.sym.Symbol) for a in arrays):
+        return call_symbol(op, arrays, params, node_name)
+    if not op.signature.inputs:
+        if node_name is not None:
+            raise errors.op_error(
+                op.op_type,
+                TypeError,
+                "name= names a Symbol node, but an operator "
+                "without inputs called directly returns NDArrays; build "
+                f"its Symbol with mx.sym.Custom(op_type={op.op_type!r}, "
+                "name=..., **params)",
+            )
+        return call_without_inputs(op, params, ctx or mx.current_context())
+    if any(isinstance(a, mx.nd.NDArray) for a in arrays):
+        return call_ndarray(op, arrays, params)
+    return call_numpy(op, arrays, params)
+
+
+def _is_np_interface(a: Any) -> bool:
+    return isinstance(a, mx.np.ndarray) or (
+        isinstance(a, mx.sym.Symbol) and isinstance(a, mx.sym.np._Symbol)
+    )
+
+
+def _as_legacy(a: Any) -> Any:
+    return a.as_nd_ndarray() if _is_np_interface(a) else a
+
+
+def _as_np_interface(out: Any) -> Any:
+    if isinstance(out, tuple):
+        return tuple(_as_np_interface(o) for o in out)
+    return out.as_np_ndarray() if isinstance(out, (mx.nd.NDArray, mx.sym.Symbol)) else out
 
 
 @contextlib.contextmanager
@@ -81,12 +147,8 @@ def forced_path(path: str | None) -> Iterator[None]:
     """
     if path is not None and path not in PATHS:
         raise ValueError(f"dispatch path must be one of {PATHS} or None, got {path!r}")
-    old = getattr(_forced, "path", None)
-    _forced.path = path
-    try:
+    with swapped(_forced, path=path):
         yield
-    finally:
-        _forced.path = old
 
 
 def choose(recording: bool, native: bool = False) -> str:
@@ -201,7 +263,7 @@ def _call_ndarray(
     if op.signature.aux and path != "direct":
         path = "custom"  # the aux arrays must be inputs of MXNet's node (see the module doc)
     tracing = trace_hooks.tracing_now()
-    if tracing is not None:  # called by a forward being traced (customop.graphs.native)
+    if tracing is not None:  # called by a forward being traced (customop.graphs.graph_verdicts)
         tracing.inner.append(op)
         if op.mode == "mxnet" and not op.signature.aux:
             path = "native"  # its forward's own operators join the graph
@@ -236,11 +298,15 @@ def _call_ndarray(
     return outs
 
 
+# The graph path's module: a wing (native graphs), which the core never imports; named here
+# by its full path, as the runtime's index names a wing's patch, and imported by that name
+# when the path first runs.
+GRAPH_PATH = "customop.graphs.imperative"
+
+
 @functools.lru_cache(maxsize=None)
 def _imperative() -> Any:
-    from .graphs import imperative  # the one door from the core into graphs/ (the graph path)
-
-    return imperative
+    return importlib.import_module(GRAPH_PATH)
 
 
 def call_without_inputs(op: opinfo.Forward, params: dict[str, Any], ctx: mx.Context) -> Any:
@@ -399,14 +465,11 @@ def call_symbol(
     """
     for name, a in zip(op.signature.arrays, arrays):
         if not isinstance(a, mx.sym.Symbol):
-            raise errors.op_error(
-                op.op_type,
-                TypeError,
-                (
-                    f"input {name!r} is a {type(a).__name__}, but other inputs are mx.sym.Symbol; "
-                    "make every input a Symbol (e.g. mx.sym.Variable)"
-                ),
+            msg = (
+                f"input {name!r} is a {type(a).__name__}, but other inputs are mx.sym.Symbol; "
+                "make every input a Symbol (e.g. mx.sym.Variable)"
             )
+            raise errors.op_error(op.op_type, TypeError, msg)
     attrs = {k: _params.encode(v) for k, v in params.items()}
     runtime.note_graph_op(op)
     if len(arrays) < len(op.signature.arrays):

@@ -23,7 +23,7 @@ import mxnet as mx
 import numpy as np
 
 from . import errors, opinfo
-from .saved import residuals
+from .intermediates import residuals
 
 
 @dataclass(frozen=True, eq=False)

@@ -21,29 +21,15 @@ from typing import Any, Tuple  # noqa: UP035 - Tuple: see Shape
 import mxnet as mx
 import numpy as np
 
-from . import errors, kernel, opinfo, value_checks
-from .graphs import budget
+from . import budget, errors, kernel, opinfo, value_checks
 from .modes import BFLOAT16
 from .runtime import randomness
+from .side_thread import SideThread
 
 Shape = Tuple[int, ...]  # noqa: UP006 - evaluated at run time on Python 3.8
 INFERRED = 512  # an entry of the tables below (its key and metadata: measured 1 KiB of Python
 # objects a signature for both tables, tracemalloc over 1,000 shapes)
-_placeholder_thread: Any = None  # a ThreadPoolExecutor, made on first use
-_placeholder_pid = 0
-
-
-def _infer_thread() -> Any:
-    # Threads do not survive fork(): a child made after the parent inferred shapes would wait
-    # forever on the parent's thread, so each process makes its own on first use.
-    global _placeholder_thread, _placeholder_pid
-    if _placeholder_thread is None or _placeholder_pid != os.getpid():
-        # imported here: on Python 3.8 importing concurrent.futures registers an atexit hook
-        from concurrent.futures import ThreadPoolExecutor
-
-        _placeholder_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="customop-infer")
-        _placeholder_pid = os.getpid()
-    return _placeholder_thread
+_infer_thread = SideThread("customop-infer")  # forwards on placeholders run there
 
 
 @contextlib.contextmanager
@@ -90,7 +76,7 @@ class Inference:
 
     def __init__(self, op: opinfo.Inferred):
         self.op = op
-        # per signature, so under the memory budget of customop.graphs.budget (an evicted
+        # per signature, so under the memory budget of customop.budget (an evicted
         # entry is found again by the same placeholder run)
         self.by_signature = budget.Table()
         self.by_shapes = budget.Table()
@@ -139,7 +125,7 @@ class Inference:
         if self.op.mode == "mxnet":
             # MXNet asks for shapes from inside an imperative call; NDArray ops issued on
             # that thread (while it records) corrupt its state, so run them on our own thread.
-            return _infer_thread().submit(self._run_here, params, shapes, dtypes, seed).result()
+            return _infer_thread.run(self._run_here, params, shapes, dtypes, seed)
         return self._run_here(params, shapes, dtypes, seed)
 
     def _run_here(self, params, shapes, dtypes, seed=None) -> tuple[OutputMeta, ...]:

@@ -14,8 +14,8 @@ import mxnet as mx
 import numpy as np
 
 from . import errors, gradients, opinfo, value_checks
+from .intermediates import residuals
 from .modes import BFLOAT16, MODES
-from .saved import residuals
 
 
 def run_forward(
@@ -280,28 +280,19 @@ def check_outputs(op: opinfo.Forward, result: Any, params: dict[str, Any]) -> li
     else:
         outs = [result]
     if len(outs) != n:
-        raise errors.op_error(
-            op.op_type,
-            TypeError,
-            (
-                f"forward returned {len(outs)} output(s) but "
-                f"{op.outputs.mismatch(len(outs), params)}"
-            ),
-        )
+        msg = f"forward returned {len(outs)} output(s) but {op.outputs.mismatch(len(outs), params)}"
+        raise errors.op_error(op.op_type, TypeError, msg)
     return [_checked_array(op, o, f"output {i}") for i, o in enumerate(outs)]
 
 
 def _checked_array(op: opinfo.Forward, value: Any, what: str) -> Any:
     if op.mode == "mxnet":
         if not isinstance(value, mx.nd.NDArray):
-            raise errors.op_error(
-                op.op_type,
-                TypeError,
-                (
-                    f"{what} is a {type(value).__name__}; in 'mxnet' mode return mx.nd.NDArray "
-                    "(or decorate with 'numpy')"
-                ),
+            msg = (
+                f"{what} is a {type(value).__name__}; in 'mxnet' mode return mx.nd.NDArray "
+                "(or decorate with 'numpy')"
             )
+            raise errors.op_error(op.op_type, TypeError, msg)
         return value
     if isinstance(value, mx.nd.NDArray):
         raise errors.op_error(

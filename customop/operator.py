@@ -5,24 +5,18 @@ from __future__ import annotations
 import ast
 import functools
 import inspect
-import itertools
 import textwrap
 import typing
 from collections.abc import Callable
 from typing import Any
 
-import mxnet as mx
-
-from . import dispatch, errors, gradients, registry
-from .distributed import agree
-from .distributed.agree import AUX_RULES
+from . import aux_merge, dispatch, errors, gradients, registry, siblings
+from .arguments import Signature
+from .aux_merge import AUX_RULES
 from .inference import Inference
 from .input_shapes import InputShapes
 from .modes import MODES
 from .outputs import OutputCount
-from .signature import Signature
-
-_NDARRAY = mx.nd.NDArray
 
 Mode = str  # 'numpy' or 'mxnet'
 GradMaker = typing.Callable[..., typing.Callable[[Any], Any]]  # run-time alias (Python 3.8)
@@ -63,16 +57,14 @@ class CustomOperator:
         self.mode_impl = MODES[mode]
         self.op_type: str = name or f"{registry.module_of(fn)}.{fn.__qualname__}"
         self.aux_shape_fns, self.aux_rules = _aux_spec(self.op_type, aux)
-        agree.declare_rules(self.op_type, self.aux_rules)
+        aux_merge.declare_rules(self.op_type, self.aux_rules)
         self.signature = Signature(
             fn, errors.shown(self.op_type), tuple(self.aux_shape_fns), tuple(optional)
         )
         self.twins: dict[str, CustomOperator] = {mode: self}
         # a call with NDArrays alone skips bind(): no aux states, no required parameter
-        self._arity = len(self.signature.inputs)
-        self._plain_calls = (
-            self._arity > 0 and not self.signature.aux and not self.signature.required
-        )
+        self.arity = len(self.signature.inputs)
+        self.plain_calls = self.arity > 0 and not self.signature.aux and not self.signature.required
         self.need_top_grad = bool(need_top_grad)
         self.user_infer_shape = infer_shape
         self.user_infer_type = infer_type
@@ -102,17 +94,16 @@ class CustomOperator:
         self.grads: dict[int, GradMaker] = {}
         # Inputs whose closure returns several inputs' gradients at once (def_grad(argnum=(..)))
         self.grad_groups: dict[int, gradients.Joint] = {}
-        self._update_native()
+        self.update_native()
         self.inference = Inference(self)
         self._pkeys: dict[tuple, str] = {}
         registry.register(self, named=name is not None)
         # One registered operator per set of absent optional inputs (MXNet's argument list
         # is fixed per op_type); this op is the one with every input present.
-        self.variants: dict[frozenset[str], CustomOperator] = {}
-        opt = self.signature.optional
-        for k in range(1, len(opt) + 1):
-            for absent in itertools.combinations(opt, k):
-                self.variants[frozenset(absent)] = _Variant(self, absent)
+        self.variant_of: siblings.Variant | None = None  # (set on a variant: its full op)
+        self.variants: dict[frozenset[str], CustomOperator] = siblings.variants(
+            self, CustomOperator
+        )
 
     # ---- public API -----------------------------------------------------------------
     def def_grad(self, fn: GradMaker, argnum: int | tuple[int, ...] = 0) -> CustomOperator:
@@ -185,9 +176,8 @@ class CustomOperator:
                 self.grad_groups.pop(a, None)
             else:
                 self.grad_groups[a] = group
-        self._update_native()
-        for variant in self.variants.values():
-            variant.adopt_grads()
+        self.update_native()
+        siblings.adopt_grads(self)
         return self
 
     def _check_shape_functions(self) -> None:
@@ -204,15 +194,9 @@ class CustomOperator:
             if fn is not None:
                 sig.check_helper(fn, what, inputs)
 
-    def _output_spec(self) -> dict[str, Any]:
-        # What another operator of the same outputs (a twin, a variant) is declared with: the
-        # count as resolved here (its own forward may be a wrapper), or the names given.
-        if self.user_outputs is None:
-            return dict(num_outputs=self.num_outputs)
-        return dict(num_outputs=self.user_num_outputs, outputs=self.user_outputs)
-
-    def _update_native(self) -> None:
-        # An 'mxnet'-mode op with only automatic gradients records its own mx.nd ops.
+    def update_native(self) -> None:
+        """Whether this op records its own ``mx.nd`` operators (an ``'mxnet'``-mode op with
+        only automatic gradients), read again after its gradients changed."""
         self.records_natively = (
             self.mode == "mxnet" and not self.grads and self.auto_grad and self.need_top_grad
         )
@@ -240,70 +224,17 @@ class CustomOperator:
             >>> double.numpy(mx.nd.ones((2,))).asnumpy(), double.mxnet is double
             (array([2., 2.], dtype=float32), True)
         """
-        if mode not in MODES:
-            raise self.error(ValueError, f"twin mode must be 'numpy' or 'mxnet', got {mode!r}")
-        if mode in self.twins:
-            raise self.error(
-                ValueError,
-                f"already has a {mode!r} implementation "
-                f"({self.twins[mode].op_type!r}); a twin is in the other mode",
-            )
-        settings = dict(
-            name=f"{self.op_type}.{mode}",
-            need_top_grad=self.need_top_grad,
-            infer_shape=self.user_infer_shape,
-            infer_type=self.user_infer_type,
-            auto_grad=self.auto_grad,
-            aux={k: (f, self.aux_rules[k]) for k, f in self.aux_shape_fns.items()},
-            optional=tuple(self.signature.optional),
-            no_grad=tuple(self.no_grad),
-            inline=self.inline,
-            infer_input_shape=dict(self.input_shapes.fns),
-            **self._output_spec(),
-        )
-        settings.update(options)
-
-        def wrap(fn: Callable) -> CustomOperator:
-            other = CustomOperator(fn, mode, **settings)
-            mine, theirs = self.signature, other.signature
-            if (mine.inputs, mine.aux, mine.required, mine.defaults) != (
-                theirs.inputs,
-                theirs.aux,
-                theirs.required,
-                theirs.defaults,
-            ):
-                raise self.error(
-                    TypeError,
-                    f"twin {fn.__qualname__!r} must take the same "
-                    f"arrays and parameters: {mine.describe()}, parameters "
-                    f"{_params_text(mine)}; got {theirs.describe()}, parameters "
-                    f"{_params_text(theirs)}",
-                )
-            other.__doc__ = self.__doc__
-            self.twins[mode] = other
-            other.twins = self.twins
-            return other
-
-        return wrap
+        return siblings.twin(self, mode, options, CustomOperator)
 
     @property
     def numpy(self) -> CustomOperator:
         """The ``'numpy'``-mode implementation of this operator (see :meth:`twin`)."""
-        return self._twin("numpy")
+        return siblings.twin_of(self, "numpy")
 
     @property
     def mxnet(self) -> CustomOperator:
         """The ``'mxnet'``-mode implementation of this operator (see :meth:`twin`)."""
-        return self._twin("mxnet")
-
-    def _twin(self, mode: str) -> CustomOperator:
-        try:
-            return self.twins[mode]
-        except KeyError:
-            raise self.error(
-                AttributeError,
-                f"has no {mode!r}-mode twin; add one with @{self.__name__}.twin({mode!r})",
-            ) from None
+        return siblings.twin_of(self, "mxnet")
 
     def variant(self, present: int | list[str]) -> CustomOperator:
         """The operator registered for a call with only these inputs (names, or the first n).
@@ -311,18 +242,7 @@ class CustomOperator:
         Optional inputs left out of a call are run by a registered variant whose
         ``op_type`` is ``"<op_type>~without_<name>"``; calls pick it themselves.
         """
-        names = self.signature.inputs
-        given = names[:present] if isinstance(present, int) else list(present)
-        absent = frozenset(n for n in names if n not in given)
-        if not absent:
-            return self
-        if absent not in self.variants:
-            raise self.error(
-                TypeError,
-                f"input(s) {', '.join(sorted(absent))} cannot be left "
-                f"out (optional inputs: {', '.join(self.signature.optional)})",
-            )
-        return self.variants[absent]
+        return siblings.variant(self, present)
 
     def __repr__(self) -> str:
         names = self.signature.inputs
@@ -353,42 +273,7 @@ class CustomOperator:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Run the operator: NDArrays give NDArrays (recorded under ``mx.autograd.record()``),
         Symbols a Symbol node (``name=`` names it), NumPy arrays the forward's result."""
-        if (
-            not kwargs
-            and self._plain_calls
-            and len(args) == self._arity
-            and all(type(a) is _NDARRAY for a in args)
-        ):
-            # the training loop's call: every input an NDArray, no parameter (what bind() and
-            # the checks below would find, without their cost on each step)
-            return dispatch.call_ndarray(self, list(args), {})
-        node_name = kwargs.pop("name", None)
-        ctx = kwargs.pop("ctx", None)
-        arrays, params = self.signature.bind(args, kwargs)
-        if self.variants and any(a is None for a in arrays):
-            absent = frozenset(n for n, a in zip(self.signature.inputs, arrays) if a is None)
-            return self.variants[absent](
-                *[a for a in arrays if a is not None], name=node_name, ctx=ctx, **params
-            )
-        if any(_is_np_interface(a) for a in arrays):
-            return _as_np_interface(
-                self(*[_as_legacy(a) for a in arrays], name=node_name, ctx=ctx, **params)
-            )
-        if any(isinstance(a, mx.sym.Symbol) for a in arrays):
-            return dispatch.call_symbol(self, arrays, params, node_name)
-        if not self.signature.inputs:
-            if node_name is not None:
-                raise self.error(
-                    TypeError,
-                    "name= names a Symbol node, but an operator "
-                    "without inputs called directly returns NDArrays; build "
-                    f"its Symbol with mx.sym.Custom(op_type={self.op_type!r}, "
-                    "name=..., **params)",
-                )
-            return dispatch.call_without_inputs(self, params, ctx or mx.current_context())
-        if any(isinstance(a, mx.nd.NDArray) for a in arrays):
-            return dispatch.call_ndarray(self, arrays, params)
-        return dispatch.call_numpy(self, arrays, params)
+        return dispatch.call(self, args, kwargs)
 
     def __get__(self, instance: Any, owner: type | None = None) -> CustomOperator:
         # Stored on a class, an op stays the op (as a staticmethod would), never a bound
@@ -413,100 +298,6 @@ class CustomOperator:
             ValueError("customop 'ops.tile': reps must be positive")
         """
         return errors.op_error(self.op_type, cls, msg)
-
-
-class _Variant(CustomOperator):
-    """The operator for calls that leave some optional inputs out (they reach it as None)."""
-
-    def __init__(self, full: CustomOperator, absent: tuple[str, ...]):
-        names = full.signature.inputs
-        self.full = full
-        self.positions = [i for i, n in enumerate(names) if n not in absent]
-        self._joints: dict[int, tuple] = {}
-        sig = inspect.signature(full.fn)
-        params = [p for p in sig.parameters.values() if p.name not in absent]
-        present = [
-            p.replace(default=inspect.Parameter.empty) if p.name in names else p for p in params
-        ]
-
-        def forward(*arrays, **kw):
-            return full.fn(*self._full_args(arrays), **kw)
-
-        forward.__signature__ = sig.replace(parameters=present)
-        forward.__module__ = full.fn.__module__
-        forward.__qualname__ = f"{full.fn.__qualname__}~without_{'_'.join(absent)}"
-        forward.__doc__ = full.fn.__doc__
-        super().__init__(
-            forward,
-            full.mode,
-            name=f"{full.op_type}~without_{'_'.join(absent)}",
-            need_top_grad=full.need_top_grad,
-            infer_shape=_dropping(full.user_infer_shape, self),
-            infer_type=_dropping(full.user_infer_type, self),
-            auto_grad=full.auto_grad,
-            no_grad=tuple(n for n in full.no_grad if n not in absent),
-            inline=full.inline,
-            **full._output_spec(),
-            infer_input_shape={
-                n: _dropping(f, self) for n, f in full.input_shapes.fns.items() if n not in absent
-            },
-        )
-        self.adopt_grads()
-
-    def _full_args(self, arrays):
-        full = [None] * len(self.full.signature.inputs)
-        for i, a in zip(self.positions, arrays):
-            full[i] = a
-        return [*full, *arrays[len(self.positions) :]]
-
-    def adopt_grads(self) -> None:
-        self.grads, self.grad_groups = {}, {}
-        wrapped: dict[int, Any] = {}  # one wrapper (and one Joint) per full registration
-        for j, i in enumerate(self.positions):
-            if i not in self.full.grads:
-                continue
-            maker = self.full.grads[i]
-            if id(maker) not in wrapped:
-                wrapped[id(maker)] = self._grad_for(maker)
-            self.grads[j] = wrapped[id(maker)]
-            joint = self.full.grad_groups.get(i)
-            if joint is not None:
-                self.grad_groups[j] = self._joint_for(joint)
-        self._update_native()
-
-    def _joint_for(self, joint: gradients.Joint) -> gradients.Joint:
-        # The full op's joint closure, seen from here: only the present inputs, picked out
-        # of the full tuple.
-        cached = self._joints.get(id(joint))
-        if cached is None or cached[0] is not joint:
-            present = [
-                (self.positions.index(i), pick)
-                for i, pick in zip(joint.argnums, joint.picks)
-                if i in self.positions
-            ]
-            mine = gradients.Joint(
-                tuple(j for j, _ in present), tuple(p for _, p in present), joint.declared
-            )
-            cached = self._joints[id(joint)] = (joint, mine)
-        return cached[1]
-
-    def _grad_for(self, maker):
-        def grad(ans, *arrays, **params):
-            return maker(ans, *self._full_args(arrays), **params)
-
-        # Seen from outside, it takes by keyword what the full op's closure takes (the
-        # residuals and defaults it names reach it through **params).
-        found, var_kw = gradients.keywords(maker, 1 + len(self.full.signature.arrays))
-        P = inspect.Parameter
-        grad.__signature__ = inspect.Signature(
-            [
-                P("ans", P.POSITIONAL_ONLY),
-                P("arrays", P.VAR_POSITIONAL),
-                *[p.replace(kind=P.KEYWORD_ONLY) for p in found],
-                *([P("params", P.VAR_KEYWORD)] if var_kw else []),
-            ]
-        )
-        return grad
 
 
 def _aux_spec(
@@ -537,33 +328,6 @@ def _aux_spec(
             )
         shape_fns[key], rules[key] = shape_fn, rule
     return shape_fns, rules
-
-
-def _dropping(fn: Callable | None, variant: _Variant) -> Callable | None:
-    # infer_shape/infer_type of the full op, called with None for the absent inputs.
-    if fn is None:
-        return None
-    return lambda *values, **params: fn(*variant._full_args(values), **params)
-
-
-def _params_text(sig: Signature) -> str:
-    return ", ".join([*sig.required, *(f"{k}={v!r}" for k, v in sig.defaults.items())]) or "none"
-
-
-def _is_np_interface(a: Any) -> bool:
-    return isinstance(a, mx.np.ndarray) or (
-        isinstance(a, mx.sym.Symbol) and isinstance(a, mx.sym.np._Symbol)
-    )
-
-
-def _as_legacy(a: Any) -> Any:
-    return a.as_nd_ndarray() if _is_np_interface(a) else a
-
-
-def _as_np_interface(out: Any) -> Any:
-    if isinstance(out, tuple):
-        return tuple(_as_np_interface(o) for o in out)
-    return out.as_np_ndarray() if isinstance(out, (mx.nd.NDArray, mx.sym.Symbol)) else out
 
 
 def _count_returns(fn: Callable) -> int:
@@ -715,22 +479,9 @@ def customop(
         [(4, 5), (3, 5)]
     """
 
+    options = {k: v for k, v in locals().items() if k != "mode"}  # the keywords above
+
     def wrap(fn: Callable) -> CustomOperator:
-        return CustomOperator(
-            fn,
-            mode,
-            name=name,
-            need_top_grad=need_top_grad,
-            infer_shape=infer_shape,
-            infer_type=infer_type,
-            num_outputs=num_outputs,
-            auto_grad=auto_grad,
-            aux=aux,
-            optional=optional,
-            no_grad=no_grad,
-            outputs=outputs,
-            infer_input_shape=infer_input_shape,
-            inline=inline,
-        )
+        return CustomOperator(fn, mode, **options)
 
     return wrap

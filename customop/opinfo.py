@@ -24,7 +24,7 @@ class Forward(Named, Protocol):
 
     mode: str  # 'numpy' or 'mxnet'
     mode_impl: Any  # customop.modes.NumpyMode or MxnetMode
-    signature: Any  # customop.signature.Signature
+    signature: Any  # customop.arguments.Signature
     outputs: Any  # customop.outputs.OutputCount
     need_top_grad: bool
     aux_shape_fns: dict[str, Callable[..., Any]]
@@ -53,6 +53,9 @@ class Dispatched(Differentiable, Protocol):
     """An operator as a call is sent to its forward (:mod:`customop.dispatch`)."""
 
     records_natively: bool  # an 'mxnet'-mode forward recorded as MXNet's own operators
+    arity: int  # how many inputs
+    plain_calls: bool  # inputs only (no aux state, no required parameter): calls skip bind()
+    variants: dict[frozenset[str], Any]  # by the optional inputs left out: another operator
 
 
 class Registered(Differentiable, Protocol):

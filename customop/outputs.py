@@ -18,8 +18,8 @@ from typing import Any
 import mxnet as mx
 
 from . import errors
+from .arguments import Signature
 from .gradients import keywords
-from .signature import Signature
 
 
 class OutputCount:

@@ -23,8 +23,8 @@ from . import params as _params
 from .inference import known
 from .input_shapes import unknown_ndim
 from .modes import BFLOAT16
-from .runtime import aux as aux_patch
-from .runtime import backlog, binds, callbacks, deps, names, release, shapes
+from .runtime import aux_wait as aux_patch
+from .runtime import backlog, bind_lock, callbacks, deps, names, release, shapes
 
 _decoded: dict[tuple, dict[str, Any]] = {}
 _UNKNOWN = 2**31 - 1  # dimensions from here up are MXNet's -1 (unknown) read as unsigned
@@ -53,7 +53,7 @@ def _adopt_prop(prop: Any, refs: Any) -> None:
     deps.adopt_prop(refs, prop.n_out, len(prop.op.signature.inputs), prop.op.need_top_grad)
     shapes.adopt_prop(refs, prop)
     names.adopt_prop(refs, prop)
-    binds.adopt_prop(prop.op.op_type)
+    bind_lock.adopt_prop(prop.op.op_type)
 
 
 def _adopting(adopt: Callable[[Any, Any], None]) -> property:

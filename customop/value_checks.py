@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from .errors import shown
+from .thread_state import swapped
 
 _state = threading.local()  # .conditions: list | None (collecting); .op: the op running now
 
@@ -137,12 +138,8 @@ def _text(arg: str, message: str) -> str:
 @contextlib.contextmanager
 def running(op_type: str) -> Iterator[None]:
     """Within the block, :func:`require` failures on this thread name ``op_type``."""
-    outer = getattr(_state, "op", None)
-    _state.op = op_type
-    try:
+    with swapped(_state, op=op_type):
         yield
-    finally:
-        _state.op = outer
 
 
 @contextlib.contextmanager
@@ -154,13 +151,9 @@ def collecting(lenient: bool = False) -> Iterator[list[Condition]]:
     ``lenient``: then every condition is collected, e.g. while a forward runs on
     placeholder values only to find its output shapes.
     """
-    outer = getattr(_state, "conditions", None), getattr(_state, "lenient", False)
     found: list[Condition] = []
-    _state.conditions, _state.lenient = found, lenient
-    try:
+    with swapped(_state, conditions=found, lenient=lenient):
         yield found
-    finally:
-        _state.conditions, _state.lenient = outer
 
 
 def is_collecting() -> bool:

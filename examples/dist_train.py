@@ -122,7 +122,7 @@ def train_gluon(args, kv, ctxs, x, y):
     dist = kv is not None and "dist" in kv.type
     # dist_* with aux states: the servers only sum (the center deltas must not go through
     # the optimizer). Without, MXNet's default: its first step with update_on_kvstore=False
-    # can start a worker from the summed gradient (see customop.distributed.agree).
+    # can start a worker from the summed gradient (see customop.aux_merge).
     on_kv = False if dist and args.center_loss and not args.update_on_kvstore else None
     trainer = mx.gluon.Trainer(
         net.collect_params(),

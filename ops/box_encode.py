@@ -136,7 +136,7 @@ def _encode_nd(samples, matches, anchors, refs, means, stds, one):
 # With G = g * masks / stds (the gradient of t), per anchor and coordinate k of x1 y1 x2 y2:
 # the x (y) coordinates get G0 (G1) and G2 (G3) times coefficients of the boxes; a ref's
 # gradient is the sum over the anchors matched to it (a one-hot product, never a read-back).
-# Linear in g: training graphs transpose it (customop.graphs.transposed), and a recorded
+# Linear in g: training graphs transpose it (customop.graphs.backward), and a recorded
 # forward computes its coefficients every call. So coordinates are mixed by products with
 # 4 x 4 matrices of 0, 1 and 1/2 (_mixers), never split and concatenated on the last axis:
 # MXNet's split and Concat there took 2.2 of the graph's 5.4 ms at 8 x 768 anchors, and

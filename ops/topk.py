@@ -235,7 +235,7 @@ def _topk_grad_nd(
     flat=None,
 ):
     # The head gradient scattered back to the selected positions (``flat``, the forward's):
-    # linear in g, so training graphs transpose it into a gather (customop.graphs.transposed).
+    # linear in g, so training graphs transpose it into a gather (customop.graphs.backward).
     def grad(g):
         if ret_typ not in ("value", "both"):
             return data.zeros_like()

@@ -20,7 +20,7 @@ import numpy as np
 
 from .. import errors
 from ..operator import CustomOperator
-from .grad import check_grad
+from .gradcheck import check_grad
 
 
 def _pairs(items: list[str] | None, flag: str, parse: Callable[[str], Any]) -> dict[str, Any]:

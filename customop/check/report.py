@@ -6,7 +6,18 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-__all__ = ["Tolerance", "TOLERANCES", "GradRow", "GradReport", "COMPARISONS"]
+# what customop.check re-exports (its names, written once here)
+__all__ = [
+    "GradReport",
+    "GradRow",
+    "Tolerance",
+    "TOLERANCES",
+    "COMPARISONS",
+    "GRAPH_COMPARISON",
+    "INTEGER_SKIP",
+    "ARGNUM_SKIP",
+    "NO_GRAD_SKIP",
+]
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ Entry points:
   through :mod:`customop.deploy.batch_sizes`); ONNX translations MXNet's converter
   lacks are :mod:`customop.deploy.onnx_rules`;
 * :func:`customop.imports` / :func:`customop.load_checkpoint`
-  (:mod:`customop.deploy.loading`): saved graphs, every ``Custom`` node's op registered
+  (:mod:`customop.deploy.trusted_imports`): saved graphs, every ``Custom`` node's op registered
   first from code the caller chose (a model file never chooses what is imported).
 
 The wing sits above :mod:`customop.graphs` and the core; nothing below imports it (the

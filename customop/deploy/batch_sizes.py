@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from ..graphs import graph_json
+from .. import symbol_json
 
 EXTRA = 3  # rows added to the batch to see what depends on it
 
@@ -72,7 +72,7 @@ def batch_free(graph, constants, ops, data, inputs, retrace, rename, kept_before
     kept: dict[str, np.ndarray] = {}
     fixed = _differing(
         graph,
-        graph_json.parse(again.symbol) if again is not None else None,
+        symbol_json.parse(again.symbol) if again is not None else None,
         ops,
         batch,
         batch + EXTRA if batch else None,
@@ -130,7 +130,7 @@ def _differing(graph, other, ops, batch, longer) -> list[str]:
             continue
         if a["op"] == b["op"] == "Reshape" and _batch_reshape(a, b, batch, longer):
             continue
-        if a["op"] != b["op"] or _plain(graph_json.attrs(a)) != _plain(graph_json.attrs(b)):
+        if a["op"] != b["op"] or _plain(symbol_json.attrs(a)) != _plain(symbol_json.attrs(b)):
             host = max(
                 (h for h in ops if a["name"] == h or a["name"].startswith(h + "_")),
                 key=len,
@@ -139,8 +139,8 @@ def _differing(graph, other, ops, batch, longer) -> list[str]:
             if host is not None and host not in found:
                 found[host] = (
                     f"customop {ops[host]!r} (node {host!r}): its operator "
-                    f"{a['op']} has {_plain(graph_json.attrs(a))} here and "
-                    f"{_plain(graph_json.attrs(b))} at batch size {longer}"
+                    f"{a['op']} has {_plain(symbol_json.attrs(a))} here and "
+                    f"{_plain(symbol_json.attrs(b))} at batch size {longer}"
                 )
     return list(found.values())
 
@@ -148,7 +148,7 @@ def _differing(graph, other, ops, batch, longer) -> list[str]:
 def _batch_reshape(a, b, batch, longer) -> bool:
     """Relax ``Reshape`` node ``a`` to any batch size when ``b`` (at batch ``longer``) says
     how; False when it cannot be."""
-    attrs, other = graph_json.attrs(a), graph_json.attrs(b)
+    attrs, other = symbol_json.attrs(a), symbol_json.attrs(b)
     if set(attrs) != set(other) or _plain(attrs).keys() != {"shape"}:
         return False
     try:
@@ -280,7 +280,7 @@ def _substitute(graph, replace):
 
     Inside a list, an input ``[-j, o]`` is the j-th node before it in the list and
     ``["like", o]`` the node ``n["like"]`` of the old graph; the last node stands for the
-    old one.  Node order is fixed afterwards by :func:`customop.graphs.graph_json.toposorted`.
+    old one.  Node order is fixed afterwards by :func:`customop.symbol_json.toposorted`.
     """
     old = graph["nodes"]
     nodes: list[dict[str, Any]] = []

@@ -4,7 +4,7 @@ Gluon's ``block.export`` writes each decorated op as a ``Custom`` node: the file
 then need Python, customop and the op's module wherever they run, MXNet's C++
 predict API cannot run them and ``mx.onnx.export_model`` refuses them.  Here each
 ``'mxnet'``-mode op whose forward traces to a graph of MXNet operators (see
-:mod:`customop.graphs.native`; ``def_grad`` ops too, inference takes no gradient) is
+:mod:`customop.graphs.graph_verdicts`; ``def_grad`` ops too, inference takes no gradient) is
 written as that graph, and the files load with plain MXNet.
 """
 
@@ -21,8 +21,8 @@ from typing import Any
 import mxnet as mx
 import numpy as np
 
-from .. import runtime
-from ..graphs import graph_json, native, splice
+from .. import runtime, symbol_json
+from ..graphs import graph_verdicts, splice
 from . import batch_sizes, rewrites
 
 CHOICES = ("raise", "warn")
@@ -131,7 +131,7 @@ def export(
             "customop.export(block, path, *inputs): pass example inputs for the "
             "block's forward as NDArrays (the ops are traced at their shapes)"
         )
-    data, sym, shapes, dtypes = graph_json.block_signature(block, inputs)
+    data, sym, shapes, dtypes = symbol_json.block_signature(block, inputs)
     if len(data) != len(inputs):
         raise TypeError(
             f"customop.export: the block's forward takes {len(data)} input(s), "
@@ -142,9 +142,9 @@ def export(
     for name, param in block.collect_params().items():
         params[name] = param.data()  # raises for one never initialized
         shapes[name], dtypes[name] = param.shape, param.dtype
-    found = splice.inline(sym, shapes, dtypes, native.EXPORT)
+    found = splice.inline(sym, shapes, dtypes, graph_verdicts.EXPORT)
     kept = [str(k) for k in found.kept] if found is not None else []
-    kept += splice.foreign(graph_json.parse(sym))
+    kept += splice.foreign(symbol_json.parse(sym))
     if kept:
         text = (
             "customop.export: these Custom nodes cannot be written as MXNet operators:\n  "
@@ -160,7 +160,7 @@ def export(
         )
 
     def retrace(other: dict) -> Any:  # the splice at other data shapes
-        return splice.inline(sym, {**shapes, **other}, dtypes, native.EXPORT)
+        return splice.inline(sym, {**shapes, **other}, dtypes, graph_verdicts.EXPORT)
 
     written = rewrites.deployable(
         sym, found, [d.name for d in data], names, list(inputs), output_names, retrace
@@ -286,7 +286,7 @@ def to_onnx(exported: Exported, onnx_file: str) -> OnnxModel:
     with open(exported.symbol_file, encoding="utf-8") as f:
         graph = json.load(f)
     # the shape checks have no ONNX translation; an ONNX model of fixed shapes checks them
-    sym = graph_json.load(
+    sym = symbol_json.load(
         _one_hot_in_range(_reversed_named(_digit_free_names(rewrites.unguarded(graph))))
     )
     in_graph = [n for n in sym.list_inputs() if n in exported.inputs]  # the converter's order
@@ -374,7 +374,7 @@ def _one_hot_in_range(graph: dict) -> dict:
     for i, node in enumerate(list(nodes)):
         if node["op"] != "one_hot":
             continue
-        attrs = dict(graph_json.attrs(node))
+        attrs = dict(symbol_json.attrs(node))
         on, off = float(attrs.pop("on_value", 1.0)), float(attrs.pop("off_value", 0.0))
         nodes[i] = dict(node, attrs=attrs)
         name, dtype = node["name"], attrs.get("dtype", "float32")
@@ -426,7 +426,7 @@ def _one_hot_in_range(graph: dict) -> dict:
         if j < len(graph["nodes"]):
             node["inputs"] = [[moved.get(e[0], e[0]), e[1], 0] for e in node["inputs"]]
     heads = [[moved.get(h[0], h[0]), h[1], 0] for h in graph["heads"]]
-    return graph_json.toposorted(dict(graph, nodes=nodes, heads=heads))
+    return symbol_json.toposorted(dict(graph, nodes=nodes, heads=heads))
 
 
 def _onnx_names(model: Any, inputs: list[str], mxnet_outputs: list[str], names: list[str]) -> None:

@@ -6,7 +6,7 @@ beside its rule.  A rule has the signature of the converter's own translations
 ONNX nodes (or ``(nodes, output dtypes)``) that compute the node's outputs,
 named ``name`` (one output) or ``name0``, ``name1``, ...  They write opset-13
 operators, the opset :func:`customop.to_onnx` declares.  The ``onnxops`` patch
-(:mod:`customop.runtime.onnxops`) registers the entries the converter lacks,
+(:mod:`customop.deploy.onnxops`) registers the entries the converter lacks,
 when :func:`customop.to_onnx` first runs; an entry MXNet has is never replaced.
 
 Each rule computes what MXNet's kernel computes (``src/operator``), checked by

@@ -25,8 +25,7 @@ import mxnet as mx
 import numpy as np
 from mxnet.ndarray.ndarray import _DTYPE_NP_TO_MX
 
-from .. import errors, registry
-from ..graphs import graph_json
+from .. import errors, registry, symbol_json
 from . import batch_sizes
 
 
@@ -39,7 +38,7 @@ def hosts(graph: dict[str, Any]) -> dict[str, str]:
     """``{Custom node name: the op as its user knows it}`` for our ops in a block's graph."""
     return {
         node["name"]: errors.shown(op_type)
-        for _, node, op_type in graph_json.custom_nodes(graph)
+        for _, node, op_type in symbol_json.custom_nodes(graph)
         if registry.lookup(op_type) is not None
     }
 
@@ -194,7 +193,7 @@ def unguarded(graph: dict[str, Any]) -> dict[str, Any]:
     )
     out["heads"] = [[through.get(h[0], h[0]), h[1], 0] for h in graph["heads"]]
     out.pop("node_row_ptr", None)
-    return graph_json.toposorted(graph_json.reachable(out))
+    return symbol_json.toposorted(symbol_json.reachable(out))
 
 
 def name_outputs(graph: dict[str, Any], names: list[str]) -> None:
@@ -219,8 +218,8 @@ def name_outputs(graph: dict[str, Any], names: list[str]) -> None:
 
 def run(sym: mx.sym.Symbol, arrays: dict[str, Any]) -> list[np.ndarray]:
     """``sym``'s outputs, run on these arrays (inputs and parameters) by name."""
-    return graph_json.run(
-        graph_json.parse(sym),
+    return symbol_json.run(
+        symbol_json.parse(sym),
         {
             k: (v if isinstance(v, mx.nd.NDArray) else mx.nd.array(v, dtype=v.dtype))
             for k, v in arrays.items()
@@ -230,17 +229,17 @@ def run(sym: mx.sym.Symbol, arrays: dict[str, Any]) -> list[np.ndarray]:
 
 
 def guarded(sym: mx.sym.Symbol, inputs: dict[str, Any], why: str) -> mx.sym.Symbol:
-    graph = graph_json.parse(sym)
+    graph = symbol_json.parse(sym)
     guard_inputs(graph, inputs, why)
-    return graph_json.load(graph_json.toposorted(graph))
+    return symbol_json.load(symbol_json.toposorted(graph))
 
 
 def guarded_other_axes(
     sym: mx.sym.Symbol, inputs: dict[str, Any], batched: list[str]
 ) -> mx.sym.Symbol:
-    graph = graph_json.parse(sym)
+    graph = symbol_json.parse(sym)
     guard_other_axes(graph, inputs, batched)
-    return graph_json.load(graph_json.toposorted(graph))
+    return symbol_json.load(symbol_json.toposorted(graph))
 
 
 def fixed_by(fixed: list[str]) -> str:
@@ -288,9 +287,9 @@ def deployable(
     the splice at other data shapes (to see which constants depend on the batch size).
     """
     sym = spliced.symbol if spliced is not None else block_sym
-    graph = graph_json.parse(sym)
+    graph = symbol_json.parse(sym)
     constants = dict(spliced.constants) if spliced is not None else {}
-    ops = hosts(graph_json.parse(block_sym))
+    ops = hosts(symbol_json.parse(block_sym))
     variables = {n["name"] for n in graph["nodes"] if n["op"] == "null"} | set(names)
     if output_names is None:  # Gluon's names (a block's export lists the same)
         output_names = [
@@ -311,7 +310,7 @@ def deployable(
     if fixed:
         guard_inputs(graph, dict(zip(names, inputs)), fixed_by(fixed))
     name_outputs(graph, output_names)
-    return Deployable(graph_json.load(graph_json.toposorted(graph)), constants, fixed, batched)
+    return Deployable(symbol_json.load(symbol_json.toposorted(graph)), constants, fixed, batched)
 
 
 def _check_output_names(graph: dict[str, Any], chosen: list[str], inputs: set) -> None:

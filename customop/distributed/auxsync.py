@@ -1,7 +1,7 @@
 """Keeping auxiliary states equal by hand: :class:`AuxSync`, for loops MXNet's trainers do not run.
 
 ``gluon.Trainer`` and ``Module`` keep our ops' aux states equal on every device and
-worker by themselves (see :mod:`customop.distributed.agree`).  :class:`AuxSync` runs
+worker by themselves (see :mod:`customop.aux_merge`).  :class:`AuxSync` runs
 the same merge (each state's rule: ``'sum'``, ``'mean'``, ``'first'`` or ``'local'``)
 after a step that neither runs: a hand-written kvstore loop, another trainer,
 Parameters outside the Trainer's, or ``CUSTOMOP_RUNTIME_OFF=auxsync``::
@@ -29,9 +29,8 @@ from typing import Any
 
 import mxnet as mx
 
-from .. import registry
-from . import agree, workers
-from .agree import AuxStateError, AuxStateWarning
+from .. import allreduce, aux_merge, registry
+from ..aux_merge import AuxStateError, AuxStateWarning
 
 __all__ = ["AuxSync", "AuxStateError", "AuxStateWarning"]
 
@@ -65,7 +64,7 @@ class AuxSync:
         if isinstance(source, mx.mod.Module):
             names, copies, kv, on_kv, labels = _module_aux(source)
             kv = kvstore if kvstore is not None else kv
-            kv = workers.horovod_of(kv) or workers.horovod_of(source) or kv
+            kv = allreduce.horovod_of(kv) or allreduce.horovod_of(source) or kv
             keys: list[Any] = [f"customop_aux:{n}" for n in names]
         else:
             names, copies = _gluon_aux(source)
@@ -74,13 +73,13 @@ class AuxSync:
             labels = [None] * len(names)
         self.names = names
         self.copies = copies
-        if isinstance(kv, workers.HorovodWorkers):
+        if isinstance(kv, allreduce.HorovodWorkers):
             self.kvstore: Any = kv
         else:
             self.kvstore = kv if kv is not None and kv.num_workers > 1 else None
-            if self.kvstore is None and workers.horovod_ranks() > 1:
+            if self.kvstore is None and allreduce.horovod_ranks() > 1:
                 raise ValueError(
-                    f"customop.AuxSync: this is a Horovod job of {workers.horovod_ranks()} "
+                    f"customop.AuxSync: this is a Horovod job of {allreduce.horovod_ranks()} "
                     "ranks, and without Horovod the states would be merged on this process's "
                     "devices only; pass it: AuxSync([...], hvd) (import horovod.mxnet as hvd)"
                 )
@@ -100,11 +99,11 @@ class AuxSync:
         mx.nd.waitall()
         # Start from one value everywhere: the first device's (worker 0's, through the
         # Trainer's or Module's own broadcast of initial values).
-        self._plan = agree.Plan(names, copies, keys)
+        self._plan = aux_merge.Plan(names, copies, keys)
         for devs, label in zip(copies, labels):
             for d in devs:
-                agree.own(d, label)
-            if agree.copies_rule(devs) == "local":
+                aux_merge.own(d, label)
+            if aux_merge.copies_rule(devs) == "local":
                 continue  # each copy keeps its own
             for d in devs[1:]:
                 devs[0].copyto(d)
@@ -115,8 +114,8 @@ class AuxSync:
 
     def __call__(self, *_: Any) -> None:
         """Add every device's and worker's change since the last step to every copy."""
-        agree.begin(self._plan)
-        agree.finish(self._plan, self.kvstore)
+        aux_merge.begin(self._plan)
+        aux_merge.finish(self._plan, self.kvstore)
 
     def __repr__(self) -> str:
         engine = getattr(self.kvstore, "type", self.kvstore)
@@ -146,12 +145,12 @@ def _gluon_aux(source: Any) -> tuple[list[str], list[list[mx.nd.NDArray]]]:
 
 
 def _gluon_kvstore(kvstore: Any) -> tuple[Any, bool]:
-    horovod = workers.horovod_of(kvstore)
+    horovod = allreduce.horovod_of(kvstore)
     if horovod is not None:  # the hvd module, or Horovod's trainer
         return horovod, False
     if isinstance(kvstore, mx.gluon.Trainer):
         trainer = kvstore
-        agree.initial_broadcast(trainer)  # initial values everywhere, before any update
+        aux_merge.initial_broadcast(trainer)  # initial values everywhere, before any update
         return trainer._kvstore, bool(trainer._update_on_kvstore)
     if kvstore is None or isinstance(kvstore, mx.kv.KVStore):
         return kvstore, False

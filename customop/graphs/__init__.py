@@ -6,7 +6,7 @@ op's ``Custom`` node can be replaced by MXNet operators, and to do the replacing
 
 Entry points:
 
-* :func:`customop.graphs.native.native_graph`: the verdict for one op (trace the forward,
+* :func:`customop.graphs.graph_verdicts.native_graph`: the verdict for one op (trace the forward,
   transpose its gradient closures, or refuse by a rule of :mod:`customop.graphs.rules`),
   every graph checked by the one step of :mod:`customop.graphs.verify`;
 * :func:`customop.graphs.splice.inline`: a Symbol with every op that can inline inlined;

@@ -1,13 +1,13 @@
 """Bound and hybridized models run with our inlinable ops inlined, shown as the original.
 
 A model's executors and CachedOps, not one op's graph (built by
-:mod:`customop.graphs.forward` and :mod:`customop.graphs.transposed`).
+:mod:`customop.graphs.forward` and :mod:`customop.graphs.backward`).
 
 MXNet builds a graph's executor at ``Symbol.bind``/``simple_bind`` (shapes
 known) and a hybridized block's ``CachedOp`` before its first call (shapes known
-at that call).  At those moments the ``inline`` patch (:mod:`customop.runtime.inline`)
+at that call).  At those moments the ``inline`` patch (:mod:`customop.graphs.inline`)
 hands the graph here: each ``Custom`` node of an operator that inlines for
-training (:mod:`customop.graphs.native`) is replaced by its native graph
+training (:mod:`customop.graphs.graph_verdicts`) is replaced by its native graph
 (:mod:`customop.graphs.splice`), and the executor or CachedOp runs that graph.  What
 users see stays the same: the executor's ``arg_dict``, ``arg_arrays`` (in the
 original order, which Module relies on), ``output_dict`` and ``reshape``; the
@@ -26,13 +26,13 @@ from typing import Any
 import mxnet as mx
 import numpy as np
 
-from .. import runtime
-from ..runtime import binds
-from . import budget, graph_json, native, splice
+from .. import budget, runtime, symbol_json
+from ..runtime import bind_lock
+from . import graph_verdicts, splice
 
 # Splices by graph, its ops, signature and the inputs that need gradients: a rebind at a
 # signature seen before (Module.reshape back, a bucket seen before, a serving process)
-# splices and tidies nothing.  Under the memory budget of customop.graphs.budget, least
+# splices and tidies nothing.  Under the memory budget of customop.budget, least
 # recently used out: an entry costs its key's graph JSON and the spliced graph (estimated
 # at SPLICE_FACTOR times that text), or a recalled entry's cost when nothing inlined.
 _splices = budget.Table()
@@ -51,11 +51,11 @@ def spliced(
     """
     if runtime.disabled("inline"):
         return None
-    if "Op:Custom," not in sym.debug_str():  # graph_json.graph_of's cheap look
+    if "Op:Custom," not in sym.debug_str():  # symbol_json.graph_of's cheap look
         return None
     text = sym.tojson()
     graph = json.loads(text)
-    if not splice.candidates(graph, native.TRAIN):
+    if not splice.candidates(graph, graph_verdicts.TRAIN):
         return None
     if callable(shapes):
         shapes = shapes()
@@ -73,7 +73,7 @@ def spliced(
             _splices.move_to_end(key)
             return _splices[key]
     try:
-        found = splice.inline(sym, shapes, dtypes, native.TRAIN, graph=graph, grads=grads)
+        found = splice.inline(sym, shapes, dtypes, graph_verdicts.TRAIN, graph=graph, grads=grads)
     except Exception as exc:  # noqa: BLE001 - the graph still runs, as Custom nodes
         warnings.warn(
             f"customop: the graph keeps its Custom nodes; inlining failed with "
@@ -134,10 +134,10 @@ def simple_bind(
     if isinstance(grad_req, (list, tuple)):
         grad_req = dict(zip(sym.list_arguments(), grad_req))
     grads = wanting(sym, grad_req)
-    found = spliced(sym, shapes, lambda: _default_dtypes(sym, type_dict), grads)
-    if found is None:
+
+    def call(symbol, shapes):
         return original(
-            sym,
+            symbol,
             ctx,
             grad_req,
             type_dict,
@@ -148,20 +148,13 @@ def simple_bind(
             shared_buffer,
             **shapes,
         )
+
+    found = spliced(sym, shapes, lambda: _default_dtypes(sym, type_dict), grads)
+    if found is None:
+        return call(sym, shapes)
     all_shapes = _all_shapes(sym, shapes)
-    with binds.serialized():  # MXNet's binds race (customop.runtime.binds)
-        exe = original(
-            found.symbol,
-            ctx,
-            grad_req,
-            type_dict,
-            stype_dict,
-            group2ctx,
-            shared_arg_names,
-            shared_exec,
-            shared_buffer,
-            **all_shapes,
-        )
+    with bind_lock.serialized():  # MXNet's binds race (customop.runtime.bind_lock)
+        exe = call(found.symbol, all_shapes)
     return present(exe, sym, found.symbol, grads)
 
 
@@ -232,7 +225,7 @@ def bind(
         )
     if found is None:
         return original(sym, ctx, args, args_grad, grad_req, aux_states, group2ctx, shared_exec)
-    with binds.serialized():  # MXNet's binds race (customop.runtime.binds)
+    with bind_lock.serialized():  # MXNet's binds race (customop.runtime.bind_lock)
         exe = original(found.symbol, ctx, arg_map, grad_map, req, aux_map, group2ctx, shared_exec)
     return present(exe, sym, found.symbol, grads)
 
@@ -287,7 +280,7 @@ class _Reshape:
         checked(self.original, shapes, dtypes)
         found = spliced(self.original, shapes, dtypes, self.grads)
         if found is not None and (
-            graph_json.anonymous(found.symbol) == graph_json.anonymous(self.inlined)
+            symbol_json.anonymous(found.symbol) == symbol_json.anonymous(self.inlined)
         ):
             new = mx.executor.Executor.reshape(exe, partial_shaping, allow_up_sizing, **kwargs)
             return present(new, self.original, self.inlined, self.grads)
@@ -324,5 +317,5 @@ def checked(sym: mx.sym.Symbol, shapes: dict[str, Any], dtypes: dict[str, Any]) 
 
 def holds_inlinable(sym: mx.sym.Symbol) -> bool:
     """Whether ``sym`` holds a ``Custom`` node of ours that may inline in training."""
-    graph = graph_json.graph_of(sym)
-    return graph is not None and bool(splice.candidates(graph, native.TRAIN))
+    graph = symbol_json.graph_of(sym)
+    return graph is not None and bool(splice.candidates(graph, graph_verdicts.TRAIN))

@@ -9,7 +9,7 @@ import numpy as np
 from ..modes import BFLOAT16
 
 if TYPE_CHECKING:
-    from .graph_json import NativeGraph
+    from ..symbol_json import NativeGraph
     from .trace import Recording
 
 

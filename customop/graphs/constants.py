@@ -15,7 +15,7 @@ from typing import Any
 import mxnet as mx
 import numpy as np
 
-from . import graph_json
+from .. import symbol_json
 
 SMALL = 64  # elements: a constant up to this size may be written out node by node
 
@@ -67,7 +67,7 @@ def folded(nodes, slot, free, heads) -> tuple[list[bool], dict[tuple[int, int], 
                 )
         graph["heads"] = [[index[j], k, 0] for j, k in computed]
         args = {f"n{j}": mx.nd.array(free[j], dtype=free[j].dtype) for j in free if const[j]}
-        for e, out in zip(computed, graph_json.run(graph, args)):
+        for e, out in zip(computed, symbol_json.run(graph, args)):
             values[e] = out
     return const, values
 

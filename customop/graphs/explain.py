@@ -8,14 +8,14 @@ from typing import Any
 import mxnet as mx
 import numpy as np
 
-from .. import errors
+from .. import errors, symbol_json
 from ..modes import BFLOAT16
 from ..operator import CustomOperator
-from . import graph_json, imperative, native, splice
+from . import graph_verdicts, imperative, splice
 
 _WHERE = {
-    native.TRAIN: "training (hybridized blocks, bound graphs)",
-    native.EXPORT: "deploy export (customop.export)",
+    graph_verdicts.TRAIN: "training (hybridized blocks, bound graphs)",
+    graph_verdicts.EXPORT: "deploy export (customop.export)",
 }
 
 
@@ -26,8 +26,8 @@ class OpReport:
     op_type: str
     shapes: tuple
     dtypes: tuple
-    train: native.Verdict
-    export: native.Verdict
+    train: graph_verdicts.Verdict
+    export: graph_verdicts.Verdict
     imperative: str = ""  # which path an imperative call under record() takes, and why
 
     @property
@@ -63,9 +63,9 @@ class GraphReport:
             p: [
                 n
                 for n, _, t, e in self.nodes
-                if not (t if p == native.TRAIN else e).startswith("inlines")
+                if not (t if p == graph_verdicts.TRAIN else e).startswith("inlines")
             ]
-            for p in native.PURPOSES
+            for p in graph_verdicts.PURPOSES
         }
 
     def __repr__(self) -> str:
@@ -75,13 +75,13 @@ class GraphReport:
         for node, op_type, train, export in self.nodes:
             lines += [
                 f"node {node!r} (customop {op_type!r})",
-                f"  {_WHERE[native.TRAIN]}: {train}",
-                f"  {_WHERE[native.EXPORT]}: {export}",
+                f"  {_WHERE[graph_verdicts.TRAIN]}: {train}",
+                f"  {_WHERE[graph_verdicts.EXPORT]}: {export}",
             ]
         return "\n".join(lines)
 
 
-def _said(verdict: native.Verdict) -> str:
+def _said(verdict: graph_verdicts.Verdict) -> str:
     if verdict.graph is None:
         return f"stays a Custom node: {verdict.reason}"
     ops = verdict.graph.operators()
@@ -166,17 +166,19 @@ def _explain_op(op: CustomOperator, inputs, params) -> OpReport:
     dtypes = tuple(np.dtype(np.float32) if v is None else v.dtype for v in values)
     # The verdict graphs get at this signature (traced on placeholders, cached): the values
     # given only say the shapes and dtypes, so explain never answers otherwise than a graph.
-    verdicts = [native.native_graph(op, params, shapes, dtypes, p) for p in native.PURPOSES]
+    verdicts = [
+        graph_verdicts.native_graph(op, params, shapes, dtypes, p) for p in graph_verdicts.PURPOSES
+    ]
     imperative = _imperative_path(op, verdicts[0])
     if BFLOAT16 in dtypes:  # an imperative call casts them to float32 first (dispatch)
         wide = tuple(np.dtype(np.float32) if d == BFLOAT16 else d for d in dtypes)
         imperative = "bfloat16 inputs cast to float32, then " + _imperative_path(
-            op, native.native_graph(op, params, shapes, wide, native.TRAIN)
+            op, graph_verdicts.native_graph(op, params, shapes, wide, graph_verdicts.TRAIN)
         )
     return OpReport(errors.shown(op.op_type), shapes, dtypes, *verdicts, imperative=imperative)
 
 
-def _imperative_path(op: CustomOperator, train: native.Verdict) -> str:
+def _imperative_path(op: CustomOperator, train: graph_verdicts.Verdict) -> str:
     if op.signature.aux:
         usual = "the custom path (mx.nd.Custom, its aux states inputs of MXNet's node)"
     elif op.records_natively:
@@ -202,14 +204,14 @@ def _block_graph(block: mx.gluon.HybridBlock, inputs) -> tuple:
             "customop.explain(block, *inputs): pass example inputs for the "
             "block's forward (their shapes and dtypes are what is traced)"
         )
-    _, out, shapes, dtypes = graph_json.block_signature(block, inputs)
+    _, out, shapes, dtypes = symbol_json.block_signature(block, inputs)
     return out, shapes, dtypes
 
 
 def _explain_graph(sym: mx.sym.Symbol, shapes, dtypes) -> GraphReport:
     report = GraphReport()
-    found = {p: splice.inline(sym, shapes, dtypes, p) for p in native.PURPOSES}
-    if found[native.TRAIN] is None:
+    found = {p: splice.inline(sym, shapes, dtypes, p) for p in graph_verdicts.PURPOSES}
+    if found[graph_verdicts.TRAIN] is None:
         return report
     said = {}
     for purpose, result in found.items():
@@ -218,16 +220,16 @@ def _explain_graph(sym: mx.sym.Symbol, shapes, dtypes) -> GraphReport:
             said[(name, purpose)] = _said(verdict) if verdict is not None else "inlines"
         for kept in result.kept:
             said[(kept.node, purpose)] = f"stays a Custom node: {kept.reason}"
-    graph = graph_json.graph_of(sym)
+    graph = symbol_json.graph_of(sym)
     for node in graph["nodes"] if graph else []:
-        if (node["name"], native.TRAIN) in said:
-            op_type = graph_json.attrs(node).get("op_type", "?")
+        if (node["name"], graph_verdicts.TRAIN) in said:
+            op_type = symbol_json.attrs(node).get("op_type", "?")
             report.nodes.append(
                 (
                     node["name"],
                     errors.shown(op_type),
-                    said[(node["name"], native.TRAIN)],
-                    said.get((node["name"], native.EXPORT), "?"),
+                    said[(node["name"], graph_verdicts.TRAIN)],
+                    said.get((node["name"], graph_verdicts.EXPORT), "?"),
                 )
             )
     return report

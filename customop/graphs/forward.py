@@ -4,7 +4,7 @@
 an operator whose gradient MXNet takes through its forward (and for every op in an
 export): it records the forward (:mod:`customop.graphs.trace`), refuses a recording
 that a table of :mod:`customop.graphs.rules` refuses, and writes the recording as a
-:class:`~customop.graphs.graph_json.NativeGraph` (constants folded or written as
+:class:`~customop.symbol_json.NativeGraph` (constants folded or written as
 operators, inputs that get no gradient stopped, values computed inside
 ``autograd.pause()`` cut from the gradient).
 """
@@ -17,11 +17,11 @@ import mxnet as mx
 import numpy as np
 
 from ..opinfo import Differentiable
+from ..symbol_json import NativeGraph, evaluate
 from . import compare, guards, rules, trace
 from . import constants as consts
-from .graph_json import NativeGraph, evaluate
 from .rules import EXPORT, TRAIN, NotNative
-from .values import resized
+from .sample_inputs import resized
 
 
 class ForwardGraph:

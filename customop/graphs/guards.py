@@ -30,7 +30,9 @@ from typing import Any, Callable  # noqa: UP035 - Callable[...] evaluated at run
 
 import numpy as np
 
-Ref = tuple  # ("in", i) | ("const", name) | ("node", k, output), as in customop.graphs.native
+Ref = (
+    tuple  # ("in", i) | ("const", name) | ("node", k, output), as in customop.graphs.graph_verdicts
+)
 Add = Callable[[str, dict, list], Ref]  # adds one node (op, attrs, inputs) -> its entry
 
 
@@ -148,7 +150,7 @@ def box_encode(
 
 
 def guarded(graph: Any, dtypes: dict[str, list], table: dict[str, Callable[..., Any]]) -> Any:
-    """``graph`` (a :class:`customop.graphs.native.NativeGraph`) with the index guards of ``table``
+    """``graph`` (a :class:`customop.symbol_json.NativeGraph`) with the index guards of ``table``
     (``customop.graphs.rules.INDEX_GUARDS``) around the kernels they name.
 
     Applied once the graph is verified (a guard turns an out-of-range index into NaN

@@ -1,7 +1,7 @@
 """Imperative calls that run the op's native training graph.
 
 An ``'mxnet'``-mode operator whose forward (and ``def_grad`` closures) inlines in
-training graphs (:func:`customop.graphs.native.native_graph`) has a native graph that
+training graphs (:func:`customop.graphs.graph_verdicts.native_graph`) has a native graph that
 MXNet differentiates itself.  Called on NDArrays under ``mx.autograd.record()``, such an
 op runs that graph as a ``CachedOp``, recorded by MXNet's autograd like any operator: its
 backward runs no Python.  Not recording, it runs the same graph's forward alone, a
@@ -21,9 +21,9 @@ and gradients NaN).
   own error there).
 
 Plans are kept per operator, parameters and signature, within the memory budget of
-:mod:`customop.graphs.budget` (least recently used out); a verified graph also serves
+:mod:`customop.budget` (least recently used out); a verified graph also serves
 the signatures that differ from its own in the size it was checked at another value of
-(:mod:`customop.graphs.native`), and each thread runs its own ``CachedOp`` of it.
+(:mod:`customop.graphs.graph_verdicts`), and each thread runs its own ``CachedOp`` of it.
 ``CUSTOMOP_RUNTIME_OFF=inline`` (every op keeps its ``Custom`` node in graphs) keeps
 imperative calls on their Python paths too.
 """
@@ -38,11 +38,11 @@ from typing import Any
 import mxnet as mx
 import numpy as np
 
-from .. import runtime
+from .. import budget, runtime, symbol_json
 from ..opinfo import Differentiable
-from . import budget, graph_json, native
+from . import graph_verdicts
+from .call_key import signature
 from .rules import TRAIN
-from .signatures import signature
 
 # A graph's Symbol and CachedOp, run once: 35 KiB of resident memory for a 2-operator graph
 # (7 nodes with its variables), 137 KiB for ops.focal_loss's (52 nodes): about 16 KiB and
@@ -65,9 +65,9 @@ _never: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # op -> (switch
 class _Runner:
     """One graph as a Symbol, and a ``CachedOp`` of it per thread."""
 
-    def __init__(self, graph: graph_json.NativeGraph, n: int):
+    def __init__(self, graph: symbol_json.NativeGraph, n: int):
         names = [f"input{i}" for i in range(n)]
-        self.symbol = graph_json.load(graph_json.to_json(graph, names))
+        self.symbol = symbol_json.load(symbol_json.to_json(graph, names))
         self.used = set(self.symbol.list_inputs())
         self.order = [names.index(u) for u in self.symbol.list_inputs()]
         self.local = threading.local()
@@ -85,7 +85,7 @@ class _Graph:
     op's ``forward_only``), which calls that are not recorded run: nothing can need their
     coefficients there."""
 
-    def __init__(self, graph: graph_json.NativeGraph, n: int):
+    def __init__(self, graph: symbol_json.NativeGraph, n: int):
         self.graph, self.n = graph, n
         self.full = _Runner(graph, n)
         self._alone: _Runner | None = None
@@ -116,7 +116,7 @@ class _Graph:
 def eligible(op: Differentiable) -> str:
     """Why ``op`` never runs a native graph imperatively ("" when it may): the reason of the
     first entry of ``rules.OP_REFUSALS`` that refuses it for training."""
-    return native.static_reason(op, TRAIN)
+    return graph_verdicts.static_reason(op, TRAIN)
 
 
 def call(
@@ -193,7 +193,7 @@ def seen(key: Pending) -> None:
 def _planned(op: Differentiable, params: dict[str, Any], inputs: list[mx.nd.NDArray]) -> Any:
     # (call() has asked eligible(op) already; native_graph applies the same rules)
     shapes, dtypes = tuple(a.shape for a in inputs), tuple(np.dtype(a.dtype) for a in inputs)
-    verdict = native.native_graph(op, params, shapes, dtypes, TRAIN)
+    verdict = graph_verdicts.native_graph(op, params, shapes, dtypes, TRAIN)
     if verdict.graph is None:
         return _REFUSED
     with _lock:

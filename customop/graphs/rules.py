@@ -1,7 +1,7 @@
 """The native-graph rules: which ops and recorded forwards stay ``Custom`` nodes, and rewrites.
 
 An ``'mxnet'``-mode op stands in a graph as the MXNet operators its forward
-records (:mod:`customop.graphs.native`) unless a refusal below applies.  A rule is one
+records (:mod:`customop.graphs.graph_verdicts`) unless a refusal below applies.  A rule is one
 entry of a table; :func:`customop.explain` shows the reason of the first entry
 that applies (its ``name`` is on the verdict, ``Verdict.rule``).  Adding a rule:
 one entry here and one test (tests/customop/test_rules.py: a case of its name).
@@ -14,7 +14,7 @@ one entry here and one test (tests/customop/test_rules.py: a case of its name).
   test returns what it found ("" or None when the rule does not apply), which
   fills the ``{}`` of the reason.
 * :data:`TRACE_REFUSALS`: name -> reason, for what the method itself finds (a
-  recording that does not stand for the forward: see :mod:`customop.graphs.native`).
+  recording that does not stand for the forward: see :mod:`customop.graphs.graph_verdicts`).
 * :data:`NODE_REFUSALS`: name -> reason, for a ``Custom`` node of a graph whose input
   shapes and dtypes the graph does not tell (:mod:`customop.graphs.splice`; its op is not
   asked).
@@ -197,7 +197,7 @@ OP_REFUSALS = (
     ),
 )
 # (def_grad and need_top_grad=False ops inline in training too: their closures are traced and
-# transposed by customop.graphs.transposed, whose refusals are the "closure-*" TRACE_REFUSALS.)
+# transposed by customop.graphs.backward, whose refusals are the "closure-*" TRACE_REFUSALS.)
 
 
 def op_refusal(op: Any, purpose: str) -> Refusal | None:
@@ -274,8 +274,8 @@ def recorded_refusal(rec: Any, purpose: str) -> tuple[Refusal, str] | None:
     return None
 
 
-# What the method of customop.graphs.native finds when a recording does not stand for the forward
-# (two traces compared, the graph evaluated at other values and shapes, constants written):
+# What the method of customop.graphs.graph_verdicts finds when a recording does not stand for the
+# forward (two traces compared, the graph evaluated at other values and shapes, constants written):
 # name -> reason, its {} filled with what was found.
 TRACE_REFUSALS = {
     "forward-failed": "its forward failed while being traced on placeholder inputs: {}",
@@ -298,7 +298,7 @@ TRACE_REFUSALS = {
     "without a parameter; pass it in as an input",
     "constant-inexact": "it builds a constant array of shape {} ({}) that the graph cannot "
     "write exactly; pass it in as an input",
-    # an op with its own gradient (customop.graphs.transposed; transposition rules by MXNet
+    # an op with its own gradient (customop.graphs.backward; transposition rules by MXNet
     # operator: customop.graphs.transpose.TRANSPOSE)
     "closure-failed": "its forward or a gradient closure failed while being traced on "
     "placeholder inputs: {}",

@@ -2,7 +2,7 @@
 
 :func:`inline` takes a Symbol and the shapes and dtypes of its inputs, finds each
 ``Custom`` node of one of our ``'mxnet'``-mode operators, asks
-:mod:`customop.graphs.native` for that operator's graph at the node's own input
+:mod:`customop.graphs.graph_verdicts` for that operator's graph at the node's own input
 signature, and writes the graph in the node's place (a new Symbol; the input
 Symbol is unchanged).  Nodes it cannot inline stay, each with its reason.
 """
@@ -15,9 +15,9 @@ from typing import Any, NamedTuple
 import mxnet as mx
 import numpy as np
 
-from .. import errors, registry
+from .. import errors, registry, symbol_json
 from .. import params as _params
-from . import graph_json, native, rules, tidy
+from . import graph_verdicts, rules, tidy
 
 
 @dataclass
@@ -74,7 +74,7 @@ def gradient_sources(graph: dict[str, Any], entries: list) -> set[str]:
 def ours(graph: dict[str, Any]) -> list[tuple[int, Any]]:
     """``(index, operator)`` of the ``Custom`` nodes of decorated operators."""
     found = []
-    for i, _, op_type in graph_json.custom_nodes(graph):
+    for i, _, op_type in symbol_json.custom_nodes(graph):
         op = registry.lookup(op_type)
         if op is not None:
             found.append((i, op))
@@ -84,16 +84,16 @@ def ours(graph: dict[str, Any]) -> list[tuple[int, Any]]:
 def foreign(graph: dict[str, Any]) -> list[str]:
     """The ``Custom`` nodes no decorated operator stands behind (hand-written CustomOps)."""
     return [
-        f"node {node['name']!r} (op_type {graph_json.attrs(node).get('op_type')!r}): not "
+        f"node {node['name']!r} (op_type {symbol_json.attrs(node).get('op_type')!r}): not "
         "a customop operator (a hand-written mx.operator.CustomOp)"
-        for _, node, op_type in graph_json.custom_nodes(graph)
+        for _, node, op_type in symbol_json.custom_nodes(graph)
         if registry.lookup(op_type) is None
     ]
 
 
 def candidates(graph: dict[str, Any], purpose: str) -> list[int]:
     """Nodes of ``graph`` that are ``Custom`` nodes of ours that may inline for ``purpose``."""
-    return [i for i, op in ours(graph) if not native.static_reason(op, purpose)]
+    return [i for i, op in ours(graph) if not graph_verdicts.static_reason(op, purpose)]
 
 
 def inline(
@@ -108,11 +108,11 @@ def inline(
 
     ``shapes``/``dtypes``: by input (argument and aux state) name.  None when
     the graph holds no ``Custom`` node of ours.  ``purpose``: ``'train'`` or
-    ``'export'`` (see :mod:`customop.graphs.native`).  ``grads``: the inputs that can need a
+    ``'export'`` (see :mod:`customop.graphs.graph_verdicts`).  ``grads``: the inputs that can need a
     gradient (None: any); a ``def_grad`` op none of whose differentiated inputs is reached
     from one runs its forward alone (``NativeGraph.forward_only``).
     """
-    graph = graph if graph is not None else graph_json.graph_of(sym)
+    graph = graph if graph is not None else symbol_json.graph_of(sym)
     if graph is None:
         return None
     nodes = graph["nodes"]
@@ -130,10 +130,10 @@ def inline(
     if not wanted:
         return result
     signatures = _input_signatures(sym, graph, wanted, shapes, dtypes)
-    graphs: dict[int, native.NativeGraph] = {}
+    graphs: dict[int, graph_verdicts.NativeGraph] = {}
     for i in wanted:
         node = nodes[i]
-        op = registry.lookup(graph_json.attrs(node)["op_type"])
+        op = registry.lookup(symbol_json.attrs(node)["op_type"])
         found = signatures.get(i)
         if isinstance(found, _Refused):
             result.kept.append(
@@ -141,9 +141,9 @@ def inline(
             )
             continue
         params = _params.decode_attrs(
-            {k: v for k, v in graph_json.attrs(node).items() if k != "op_type"}
+            {k: v for k, v in symbol_json.attrs(node).items() if k != "op_type"}
         )
-        verdict = native.native_graph(op, params, found[0], found[1], purpose)
+        verdict = graph_verdicts.native_graph(op, params, found[0], found[1], purpose)
         if verdict.graph is None:
             result.kept.append(Kept(node["name"], verdict.op_type, verdict.reason, verdict.rule))
         else:
@@ -159,8 +159,8 @@ def inline(
                     graphs[i] = verdict.graph.forward_only
     if graphs:
         new, result.constants = _spliced(graph, graphs)
-        result.symbol = graph_json.load(
-            tidy.tidied(new, shapes if purpose == native.TRAIN else None)
+        result.symbol = symbol_json.load(
+            tidy.tidied(new, shapes if purpose == graph_verdicts.TRAIN else None)
         )
         result.inlined = [nodes[i]["name"] for i in graphs]
     return result
@@ -221,7 +221,7 @@ def _input_signatures(sym, graph, wanted, shapes, dtypes) -> dict[int, Any]:
 
 
 def _spliced(
-    graph: dict[str, Any], graphs: dict[int, native.NativeGraph]
+    graph: dict[str, Any], graphs: dict[int, graph_verdicts.NativeGraph]
 ) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     old = graph["nodes"]
     nodes: list[dict[str, Any]] = []
@@ -248,7 +248,7 @@ def _spliced(
             inputs,
             graphs[i],
             constants,
-            graph_json.attrs(node).get("__ctx_group__"),
+            symbol_json.attrs(node).get("__ctx_group__"),
         )
         for k, h in enumerate(heads):
             where[(i, k)] = h
@@ -260,7 +260,7 @@ def _place(
     nodes: list[dict[str, Any]],
     host: str,
     inputs: list[list[int]],
-    frag: native.NativeGraph,
+    frag: graph_verdicts.NativeGraph,
     constants: dict[str, np.ndarray],
     group: str | None,
 ) -> list[list[int]]:

@@ -29,7 +29,8 @@ from typing import Any, Callable, NamedTuple
 
 import numpy as np
 
-from . import graph_json, rules
+from .. import symbol_json
+from . import rules
 
 # MXNet operators without inputs whose output is a function of their attributes
 _CONSTANT_SOURCES = frozenset({"_full", "_zeros", "_ones", "_arange"})
@@ -93,7 +94,7 @@ def constant_checks(graph: dict[str, Any]) -> dict[str, Any]:
                 if one in ones and (node["op"] == "elemwise_mul" or ones[one]):
                     gone[i] = ins[k]
                     break
-    return graph_json.reachable(_replaced(graph, gone)) if gone else graph
+    return symbol_json.reachable(_replaced(graph, gone)) if gone else graph
 
 
 # broadcast operator -> (scalar operator with the constant on the right, on the left)
@@ -129,7 +130,7 @@ def constant_scalars(graph: dict[str, Any]) -> dict[str, Any]:
                     )
                 if values[key] is not None:
                     scalar = repr(float(values[key].reshape(-1)[0]))
-                    kept = {a: v for a, v in graph_json.attrs(node).items() if a[:2] == "__"}
+                    kept = {a: v for a, v in symbol_json.attrs(node).items() if a[:2] == "__"}
                     changed.append(
                         (
                             i,
@@ -147,7 +148,7 @@ def constant_scalars(graph: dict[str, Any]) -> dict[str, Any]:
     new = list(nodes)
     for i, node in changed:
         new[i] = node
-    return graph_json.reachable(dict(graph, nodes=new))
+    return symbol_json.reachable(dict(graph, nodes=new))
 
 
 def argmax_indices(graph: dict[str, Any], shapes: dict[str, tuple]) -> dict[str, Any]:
@@ -156,65 +157,114 @@ def argmax_indices(graph: dict[str, Any], shapes: dict[str, tuple]) -> dict[str,
     for (a hybridized block, a bind: each signature its own graph; not for exports, which
     serve other shapes).
 
-    The pattern is ``ops.box_encode``'s (a detection head's ``argmax`` of IoU as
-    ``matches``): ``broadcast_minimum(maximum(m, 0), max(arange_like(refs, axis=1)))`` is
-    ``m``, an integer in ``[0, M)``; then ``floor(m)`` is ``m``, ``where(c, m, m)`` is ``m``,
-    ``m == m`` is 1 (never NaN), so is ``ok / ok`` and its copies, and a product by them is
-    the other factor.  Up to 2048 (every float dtype counts that far exactly).
+    What each MXNet operator keeps of such an index is one entry of :data:`INDEX_FACTS`:
+    ``broadcast_minimum(maximum(m, 0), max(arange_like(refs, axis=1)))`` is ``m``, an
+    integer in ``[0, M)``; then ``floor(m)`` is ``m``, ``where(c, m, m)`` is ``m``, ``m ==
+    m`` is 1 (never NaN), so is ``ok / ok`` and its copies, and a product by them is the
+    other factor.  Up to 2048 (every float dtype counts that far exactly).  (A detection
+    head's ``argmax`` of IoU as ``matches``, as in ``ops.box_encode``, is such an index.)
     """
-    nodes = graph["nodes"]
-    alias: dict[int, list] = {}  # node -> the entry it equals
-    integral: set[tuple] = set()  # entries holding integers, never NaN (argmax outputs)
-    ones: set[int] = set()  # nodes whose every element is 1
+    facts = _IndexFacts(graph["nodes"], shapes)
+    for i, node in enumerate(facts.nodes):
+        rule = INDEX_FACTS.get(node["op"])
+        if rule is not None:
+            rule(facts, i, node, [facts.at(e) for e in node["inputs"]])
+    heads = {h[0] for h in graph["heads"]}
+    alias = {i: e for i, e in facts.alias.items() if i not in heads}
+    return symbol_json.reachable(_replaced(graph, alias)) if alias else graph
 
-    def at(e):
-        while e[0] in alias:
-            e = alias[e[0]]
+
+class _IndexFacts:
+    # what argmax_indices knows of a graph's entries, node by node
+    def __init__(self, nodes: list[dict[str, Any]], shapes: dict[str, tuple]):
+        self.nodes, self.shapes = nodes, shapes
+        self.alias: dict[int, list] = {}  # node -> the entry it equals
+        self.integral: set[tuple] = set()  # entries holding integers, never NaN (argmax's)
+        self.ones: set[int] = set()  # nodes whose every element is 1
+
+    def at(self, e):
+        while e[0] in self.alias:
+            e = self.alias[e[0]]
         return (e[0], e[1])
 
-    for i, node in enumerate(nodes):
-        op, ins = node["op"], [at(e) for e in node["inputs"]]
-        if op == "argmax" and graph_json.attrs(node).get("keepdims", "False") in ("False", "0"):
-            integral.add((i, 0))
-        elif op == "broadcast_minimum" and nodes[ins[0][0]]["op"] == "_maximum_scalar":
-            m = at(nodes[ins[0][0]]["inputs"][0])
-            if m in integral and _argmax_in_range(nodes, ins, m, shapes):
-                alias[i] = list(m)
-        elif op == "floor" and ins[0] in integral:
-            alias[i] = list(ins[0])
-        elif op == "where" and ins[1] == ins[2]:
-            alias[i] = list(ins[1])
-        elif op in ("broadcast_equal", "_equal") and ins[0] == ins[1] and ins[0] in integral:
-            ones.add(i)
-        elif op in ("broadcast_div", "elemwise_div") and ins[0] == ins[1] and ins[0][0] in ones:
-            ones.add(i)
-        elif op in ("expand_dims", "Reshape", "Cast") and ins[0][0] in ones:
-            ones.add(i)
-        elif op in ("broadcast_mul", "elemwise_mul"):
-            for k in (0, 1):
-                if ins[1 - k][0] in ones and (
-                    op == "elemwise_mul" or _within(nodes, ins[1 - k], ins[k], shapes)
-                ):
-                    alias[i] = list(ins[k])
-                    break
-    heads = {h[0] for h in graph["heads"]}
-    alias = {i: e for i, e in alias.items() if i not in heads}
-    return graph_json.reachable(_replaced(graph, alias)) if alias else graph
+
+def _argmax(f: _IndexFacts, i: int, node: dict, ins: list) -> None:
+    if symbol_json.attrs(node).get("keepdims", "False") in ("False", "0"):
+        f.integral.add((i, 0))
+
+
+def _clipped(f: _IndexFacts, i: int, node: dict, ins: list) -> None:
+    if f.nodes[ins[0][0]]["op"] == "_maximum_scalar":
+        m = f.at(f.nodes[ins[0][0]]["inputs"][0])
+        if m in f.integral and _argmax_in_range(f.nodes, ins, m, f.shapes):
+            f.alias[i] = list(m)
+
+
+def _floor(f: _IndexFacts, i: int, node: dict, ins: list) -> None:
+    if ins[0] in f.integral:
+        f.alias[i] = list(ins[0])
+
+
+def _where(f: _IndexFacts, i: int, node: dict, ins: list) -> None:
+    if ins[1] == ins[2]:
+        f.alias[i] = list(ins[1])
+
+
+def _equal(f: _IndexFacts, i: int, node: dict, ins: list) -> None:
+    if ins[0] == ins[1] and ins[0] in f.integral:
+        f.ones.add(i)
+
+
+def _ratio(f: _IndexFacts, i: int, node: dict, ins: list) -> None:
+    if ins[0] == ins[1] and ins[0][0] in f.ones:
+        f.ones.add(i)
+
+
+def _ones_kept(f: _IndexFacts, i: int, node: dict, ins: list) -> None:
+    if ins[0][0] in f.ones:
+        f.ones.add(i)
+
+
+def _product(f: _IndexFacts, i: int, node: dict, ins: list) -> None:
+    for k in (0, 1):
+        if ins[1 - k][0] in f.ones and (
+            node["op"] == "elemwise_mul" or _within(f.nodes, ins[1 - k], ins[k], f.shapes)
+        ):
+            f.alias[i] = list(ins[k])
+            break
+
+
+# MXNet operator -> what it keeps of an argmax index (argmax_indices), one entry an operator
+INDEX_FACTS: dict[str, Callable[..., None]] = {
+    "argmax": _argmax,
+    "broadcast_minimum": _clipped,
+    "floor": _floor,
+    "where": _where,
+    "broadcast_equal": _equal,
+    "_equal": _equal,
+    "broadcast_div": _ratio,
+    "elemwise_div": _ratio,
+    "expand_dims": _ones_kept,
+    "Reshape": _ones_kept,
+    "Cast": _ones_kept,
+    "broadcast_mul": _product,
+    "elemwise_mul": _product,
+}
 
 
 def _argmax_in_range(nodes, ins, m, shapes) -> bool:
     # ins: broadcast_minimum(_maximum_scalar(m, 0), max(arange_like(refs, axis=1))), with m
     # an argmax over an axis of length M = refs.shape[1] <= 2048
     low, high = nodes[ins[0][0]], nodes[ins[1][0]]
-    if high["op"] != "max" or graph_json.attrs(high):
+    if high["op"] != "max" or symbol_json.attrs(high):
         return False
-    if float(graph_json.attrs(low).get("scalar", "nan")) != 0:
+    if float(symbol_json.attrs(low).get("scalar", "nan")) != 0:
         return False
     count = nodes[high["inputs"][0][0]]
-    if count["op"] != "_contrib_arange_like" or graph_json.attrs(count) != {"axis": "1"}:
+    if count["op"] != "_contrib_arange_like" or symbol_json.attrs(count) != {"axis": "1"}:
         return False
     argmax = nodes[m[0]]
-    axis = graph_json.attrs(argmax).get("axis", "None")
+    axis = symbol_json.attrs(argmax).get("axis", "None")
     if axis in ("None", ""):
         return False
     found = _shapes(nodes, [argmax["inputs"][0], count["inputs"][0]], shapes)
@@ -238,8 +288,8 @@ def _within(nodes, small, big, shapes) -> bool:
 
 def _shapes(nodes, entries, shapes) -> list[tuple] | None:
     # the shapes of these entries at the settled signature (None where unknown)
-    part = graph_json.reachable({"nodes": nodes, "heads": [[e[0], e[1], 0] for e in entries]})
-    sym = graph_json.load(part)
+    part = symbol_json.reachable({"nodes": nodes, "heads": [[e[0], e[1], 0] for e in entries]})
+    sym = symbol_json.load(part)
     given = {n: tuple(shapes[n]) for n in sym.list_inputs() if n in shapes}
     try:
         _, out, _ = sym.infer_shape_partial(**given)
@@ -286,8 +336,8 @@ def _holds(nodes: list[dict[str, Any]], i: int) -> bool:
 
 def _value(nodes: list[dict[str, Any]], entry: tuple) -> np.ndarray:
     # the value of an entry computed from constants only, run once on the CPU
-    part = graph_json.reachable({"nodes": nodes, "heads": [[entry[0], entry[1], 0]]})
-    return graph_json.run(part, {})[0]
+    part = symbol_json.reachable({"nodes": nodes, "heads": [[entry[0], entry[1], 0]]})
+    return symbol_json.run(part, {})[0]
 
 
 def _replaced(graph: dict[str, Any], by: dict[int, list]) -> dict[str, Any]:
@@ -345,14 +395,14 @@ def common_subexpressions(graph: dict[str, Any]) -> dict[str, Any]:
             continue
         key = (
             op,
-            tuple(sorted(graph_json.attrs(node).items())),
+            tuple(sorted(symbol_json.attrs(node).items())),
             tuple((same.get(e[0], e[0]), e[1]) for e in node["inputs"]),
         )
         if key in seen and i not in heads:
             same[i] = seen[key]
         else:
             seen.setdefault(key, i)
-    return graph_json.reachable(_merged(graph, same)) if same else graph
+    return symbol_json.reachable(_merged(graph, same)) if same else graph
 
 
 def _exactly(value: float) -> Callable[[dict[str, str]], bool]:
@@ -391,9 +441,9 @@ def identities(graph: dict[str, Any]) -> dict[str, Any]:
         if i not in heads
         and node["op"] in IDENTITIES
         and len(node["inputs"]) == 1
-        and IDENTITIES[node["op"]](graph_json.attrs(node))
+        and IDENTITIES[node["op"]](symbol_json.attrs(node))
     }
-    return graph_json.reachable(_replaced(graph, gone)) if gone else graph
+    return symbol_json.reachable(_replaced(graph, gone)) if gone else graph
 
 
 def _gradient_comes_back(graph: dict[str, Any]) -> list[bool]:

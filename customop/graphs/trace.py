@@ -6,7 +6,7 @@ records what happened: the graph, the values of the free variables (arrays the f
 receiving them: constants it built, cached arrays, or values it computed while
 recording was paused), what it read back to Python, which random operators it
 called.  Whether the graph may stand in for the operator is decided in
-:mod:`customop.graphs.native`.  Traces run on customop's own trace thread (:func:`aside`).
+:mod:`customop.graphs.graph_verdicts`.  Traces run on customop's own trace thread (:func:`aside`).
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ import ctypes
 import json
 import os
 import random
-import threading
 import traceback
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -25,8 +24,9 @@ import numpy as np
 from mxnet.base import _LIB, check_call, py_str
 
 from .. import kernel, value_checks
-from ..runtime import trace as hooks
-from . import closures as gradient_closures
+from ..runtime import hooks
+from ..side_thread import SideThread
+from . import recorded_closures as gradient_closures
 from .rules import INDEX_GUARDS, RANDOM
 
 if TYPE_CHECKING:
@@ -100,7 +100,7 @@ class Recording:
 
 
 class Log:
-    """What the trace hooks report while one forward runs (:mod:`customop.runtime.trace`).
+    """What the trace hooks report while one forward runs (:mod:`customop.runtime.hooks`).
 
     ``recorded=False``: the forward runs eagerly as traced (``is_tracing()`` true, checks
     that read values back skipped) outside ``record()``: pauses are not numbered.
@@ -195,7 +195,7 @@ def record(
     ``closures`` (a training graph's, possibly none): recorded in the same run after
     the forward, with head gradients drawn from ``seed`` as variables (appended to the
     inputs) and the closures' gradients appended to the outputs
-    (:mod:`customop.graphs.closures`; :mod:`customop.graphs.transposed` transposes them).
+    (:mod:`customop.graphs.recorded_closures`; :mod:`customop.graphs.backward` transposes them).
     """
     ctx = ctx or mx.cpu()
     xs = [mx.nd.array(v, ctx=ctx, dtype=v.dtype) for v in values]
@@ -325,9 +325,7 @@ def _free_values(arrays: list[mx.nd.NDArray], wanted: set[str]) -> dict[str, np.
 
 
 # ---- the trace thread ---------------------------------------------------------------------
-_worker_lock = threading.Lock()
-_worker: Any = None  # a ThreadPoolExecutor of one thread, made on first use (per process)
-_worker_pid = 0
+_trace_thread = SideThread("customop-trace")
 
 
 def aside(fn, *args):
@@ -337,19 +335,11 @@ def aside(fn, *args):
     thread (so the caller's stream is untouched there) and NumPy's and Python's
     global ones are put back.  The caller's autograd state is untouched too.
     """
-    global _worker, _worker_pid
-    if threading.current_thread().name.startswith("customop-trace"):
+    if _trace_thread.is_current():
         return fn(*args)
-    with _worker_lock:
-        if _worker is None or _worker_pid != os.getpid():  # threads do not survive fork()
-            # imported here: on Python 3.8 importing concurrent.futures registers an atexit hook
-            from concurrent.futures import ThreadPoolExecutor
-
-            _worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="customop-trace")
-            _worker_pid = os.getpid()
     np_state, py_state = np.random.get_state(), random.getstate()
     try:
-        return _worker.submit(fn, *args).result()
+        return _trace_thread.run(fn, *args)
     finally:
         np.random.set_state(np_state)
         random.setstate(py_state)

@@ -53,7 +53,7 @@ ZEROS = frozenset({"zeros_like", "_zeros", "_npi_zeros", "_zeros_without_dtype"}
 
 class Entries(Protocol):
     """What the rules ask about the traced graph's entries (the graph being transposed
-    answers: :mod:`customop.graphs.transposed`)."""
+    answers: :mod:`customop.graphs.backward`)."""
 
     def shape(self, ref: Ref) -> tuple: ...  # of any entry
 

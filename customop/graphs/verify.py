@@ -1,7 +1,7 @@
 """The one check every native graph passes, whoever builds it: :func:`verified`.
 
 A builder (:class:`customop.graphs.forward.ForwardGraph`, or
-:class:`customop.graphs.transposed.TransposedGraph` for an op with its own gradient)
+:class:`customop.graphs.backward.TransposedGraph` for an op with its own gradient)
 records the operator; here the recording is trusted only when two recordings on
 different values of one signature have one structure and the same free values, the
 graph built from the first gives the operator's results at the second (outputs, and
@@ -15,11 +15,11 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from ..symbol_json import NativeGraph
 from . import compare, trace
 from . import constants as consts
-from .graph_json import NativeGraph
 from .rules import TRAIN, NotNative
-from .values import other_dtypes, other_shapes, perturbed, shapes_text
+from .sample_inputs import other_dtypes, other_shapes, perturbed, shapes_text
 
 
 class Builder(Protocol):
@@ -72,7 +72,7 @@ def generality(builder: Builder, graph: NativeGraph, shapes, first) -> str:
     """ "" when the graph is the same at the first other shape the op accepts; else what
     differs (or that no other shape was accepted).  The sizes grown where it is the same
     go to ``graph.generic`` (the first accepted one decides; the others are tried too, so
-    that a graph verified once serves other values of each: customop.graphs.native)."""
+    that a graph verified once serves other values of each: customop.graphs.graph_verdicts)."""
     tried: list[str] = []
     generic: list[int] = []
     for other in other_shapes(shapes):

@@ -2,7 +2,7 @@
 
 An ``'mxnet'``-mode op that inlines is two graphs of MXNet operators: its forward, and
 its training graph, whose gradient by the framework's own autograd is the op's (its
-``def_grad`` closures, transposed: :mod:`customop.graphs.transposed`).  ``to_torch`` and
+``def_grad`` closures, transposed: :mod:`customop.graphs.backward`).  ``to_torch`` and
 ``to_jax`` translate both node by node with one rule table per framework
 (:mod:`.torch_rules`, :mod:`.jax_rules`); ``save_port`` writes them to one JSON file that
 ``load_port`` reads where MXNet is not installed.
@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .graph import PortError, framework_module
 from .loading import load_port  # the MXNet-free entry point
+from .runner import PortError, framework_module
 
 __all__ = ["to_torch", "to_jax", "save_port", "load_port", "PortError"]
 

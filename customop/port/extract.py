@@ -1,11 +1,11 @@
 """An op's port record, read from its native graphs (this module needs MXNet).
 
 For one call signature (shapes, dtypes, parameters) :func:`record_for` asks
-:func:`customop.graphs.native.native_graph` for the op's training graph, the one hybridized
+:func:`customop.graphs.graph_verdicts.native_graph` for the op's training graph, the one hybridized
 blocks run: its value is the forward, its gradient by autograd the op's own (the
 ``def_grad`` closures transposed, or the forward's gradient for an op without them).  Its
 ``forward_only`` graph, when it has one, is the forward without the closures' terms.
-What has no such graph is a :class:`~customop.port.graph.PortError` saying why.
+What has no such graph is a :class:`~customop.port.runner.PortError` saying why.
 """
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ from typing import Any
 
 import numpy as np
 
-from ..graphs import native
+from ..graphs import graph_verdicts
 from . import portfile
-from .graph import PortError, port_error
 from .portfile import Record
+from .runner import PortError, port_error
 
 _lock = threading.Lock()
 # a verdict whose trace failed in the op's own checks (customop.errors' "customop 'op': ...")
@@ -76,7 +76,7 @@ def record_for(
     why = why_not_native(op)
     if why:
         raise port_error(op.op_type, f"cannot be ported as graphs: {why}")
-    verdict = native.native_graph(op, params, shapes, dtypes, native.TRAIN)
+    verdict = graph_verdicts.native_graph(op, params, shapes, dtypes, graph_verdicts.TRAIN)
     if verdict.graph is None:
         bad = _BAD_INPUT.search(verdict.reason)
         if bad:  # the op's own input check failed: a shape or dtype error, not a trace's

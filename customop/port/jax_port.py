@@ -1,7 +1,7 @@
 """Ports as JAX functions: ``jax.custom_vjp`` over the forward graph, its backward the VJP of
 the training graph.
 
-Where the training graph splits (:func:`customop.port.graph.split_linear`), the forward
+Where the training graph splits (:func:`customop.port.runner.split_linear`), the forward
 rule of the ``custom_vjp`` runs the split's primal graph (the outputs and the closures'
 coefficients, kept as residuals) and the backward rule only the linear part on them.
 Elsewhere the forward rule runs the training graph under ``jax.vjp`` (its value is the
@@ -23,8 +23,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import jax_rules
-from .graph import compile_graph, port_error, split_linear
 from .portfile import Record
+from .runner import compile_graph, port_error, split_linear
 
 _lock = threading.Lock()
 

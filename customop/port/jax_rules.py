@@ -12,8 +12,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from .graph import Attrs, mx_reshape
-from .graph import reduce_axes as _axes
+from .runner import Attrs, mx_reshape
+from .runner import reduce_axes as _axes
 
 _NARROW = {"float64": "float32", "int64": "int32", "uint64": "uint32"}
 

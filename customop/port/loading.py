@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from . import portfile
-from .graph import framework_module
+from .runner import framework_module
 
 
 def load_port(path: Any, framework: str) -> Any:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .graph import Attrs
+from .runner import Attrs
 
 
 def _params(a: Attrs) -> dict[str, Any]:

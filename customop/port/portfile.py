@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from .graph import PortError, port_error
+from .runner import PortError, port_error
 
 FORMAT = "customop-port"
 VERSION = 1
@@ -117,7 +117,7 @@ class Record:
 
 def serves(saved: list[tuple], generic: tuple, shapes: list[tuple]) -> bool:
     """Whether a graph checked at ``saved`` with sizes ``generic`` grown holds at ``shapes``
-    (the rule of :func:`customop.graphs.native._serves`)."""
+    (the rule of :func:`customop.graphs.graph_verdicts._serves`)."""
     if [tuple(s) for s in saved] == [tuple(s) for s in shapes]:
         return True
     allowed = set(generic)

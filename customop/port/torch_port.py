@@ -3,7 +3,7 @@ gradient as its backward.
 
 The op's kernel runs the forward graph, translated by
 :data:`customop.port.torch_rules.RULES`, one torch call per node.  Where the training graph
-splits (:func:`customop.port.graph.split_linear`: each output ``F + h(x - stop(x))``, ``h``
+splits (:func:`customop.port.runner.split_linear`: each output ``F + h(x - stop(x))``, ``h``
 linear, as every op whose gradient is its closures'), an eager call whose inputs require
 grad runs the split's primal graph instead: the outputs and the closures' coefficients,
 which ``setup_context`` saves as residuals (under ``torch.compile`` it computes them
@@ -29,8 +29,8 @@ from typing import Any
 import torch
 
 from . import torch_rules
-from .graph import compile_graph, port_error, split_linear
 from .portfile import Record
+from .runner import compile_graph, port_error, split_linear
 
 _made: dict[Any, Any] = {}
 _count = itertools.count()
@@ -47,7 +47,7 @@ def _run(record: Record, which: str) -> Callable:
 
 
 def _split(record: Record) -> Any:
-    """The record's training graph split (:func:`customop.port.graph.split_linear`) and its
+    """The record's training graph split (:func:`customop.port.runner.split_linear`) and its
     compiled parts, or None where it does not split (the whole graph then runs under
     autograd)."""
     runs = record.__dict__.setdefault("_torch_runs", {})

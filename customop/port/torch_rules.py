@@ -1,6 +1,6 @@
 """MXNet operator -> PyTorch: one rule per operator of the native graphs.
 
-Each rule takes the node's :class:`~customop.port.graph.Attrs` and its input tensors and
+Each rule takes the node's :class:`~customop.port.runner.Attrs` and its input tensors and
 returns a tensor (or a tuple, for several outputs), computing what MXNet 1.9.1's operator
 computes (comparisons give the input's dtype, indices come as floats unless ``dtype``
 says otherwise, ``take``/``pick`` clip their indices).  ``tests/port/test_rules.py`` checks
@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import torch
 
-from .graph import Attrs, mx_reshape
-from .graph import reduce_axes as _axes
+from .runner import Attrs, mx_reshape
+from .runner import reduce_axes as _axes
 
 # Where tensors made from attributes alone (``_full``, ``_arange``) go: the device of the
 # call's inputs, set by the port before it runs a graph (customop.port.torch_port).
@@ -72,7 +72,7 @@ def _prod(x, axes, keep):
 
 def _bound(bind):
     """A rule with ``bind(attrs) -> fn(*tensors)``: the graph compiler reads the node's
-    attributes once (:func:`customop.port.graph.compile_graph`); a call costs no reads."""
+    attributes once (:func:`customop.port.runner.compile_graph`); a call costs no reads."""
 
     def rule(a: Attrs, *xs):
         return bind(a)(*xs)

@@ -11,16 +11,16 @@ feature then behaves as MXNet does.
 
 The index (:data:`PATCHES`: off-switch name -> module, and when it is installed):
 
-``errors`` (:mod:`.errors`)
+``errors`` (:mod:`.ffi_errors`)
     our C callbacks' failures reach the caller that reads their arrays, named;
     installed by the first call of a decorated op or the first graph that holds one.
 ``fork`` (:mod:`.fork`)
     ``fork()`` and exit never hang on a pending callback, and on Python < 3.10 ``subprocess``
     starts its children without ``fork()`` (glibc's ``posix_spawn``), so a thread that shells
     out never stops MXNet's engine under a training thread; the first call of a decorated op.
-``aux`` (:mod:`.aux`)
+``aux`` (:mod:`.aux_wait`)
     reads of our ops' aux arrays wait for their writes; the first op with aux states.
-``auxsync`` (:mod:`.auxsync`)
+``auxsync`` (:mod:`.trainer_sync`)
     every device's copy of an aux state agrees after a step; installed with ``aux``.
 ``release`` (:mod:`.release`)
     an operator MXNet deletes frees what it holds at once; the first operator MXNet creates.
@@ -33,16 +33,16 @@ The index (:data:`PATCHES`: off-switch name -> module, and when it is installed)
 ``names`` (:mod:`.names`)
     concurrent users of one Symbol read the names our props answered, not freed memory;
     the first graph node or ``mx.nd.Custom`` call.
-``binds`` (:mod:`.binds`)
+``binds`` (:mod:`.bind_lock`)
     binds of graphs holding our ops run one at a time (MXNet's subgraph pass races);
     the first graph node or ``mx.nd.Custom`` call.
-``trace`` (:mod:`.trace`)
+``trace`` (:mod:`.hooks`)
     a forward recorded as MXNet operators; in place only while one is traced.
 ``randomness`` (:mod:`.randomness`)
     a ``'numpy'``-mode forward run on placeholders (shape inference) draws from generators
     of its own, and no other thread's random stream moves or rolls back; in place only
     while one runs.
-``inline`` (:mod:`.inline`)
+``inline`` (:mod:`customop.graphs.inline`)
     bound and hybridized graphs run inlinable ops as MXNet's operators; the first
     Symbol call, or graph load, of an op that may inline in training.
 ``gluonshape`` (:mod:`.gluonshape`)
@@ -54,7 +54,7 @@ The index (:data:`PATCHES`: off-switch name -> module, and when it is installed)
     never pile up (each pile-up starts threads that stay); the first call of a decorated op.
 ``isAlive`` (:mod:`.isalive`)
     ``Thread.isAlive`` for MXNet's ``tools/launch.py``; ``launch --launcher ssh|mpi|...``.
-``onnxops`` (:mod:`.onnxops`)
+``onnxops`` (:mod:`customop.deploy.onnxops`)
     MXNet's ONNX converter translates the operators our exports hold that it lacks
     (:data:`customop.deploy.onnx_rules.RULES`); the first :func:`customop.to_onnx`.
 ``excepthook`` (:func:`customop.distributed.launch.exit_on_error`)
@@ -63,11 +63,14 @@ The index (:data:`PATCHES`: off-switch name -> module, and when it is installed)
     not installed through :func:`install`).
 
 Every patch is installed the same way, :func:`install` with its name: the index names
-its module, imported then if need be, whose ``install()`` runs once.  The ``inline``
-module is imported only that way (and by :func:`note_graph_op`), because it uses modules
-that use this package (:mod:`customop.graphs.binding`, :mod:`customop.graphs.native`): it
-imports them, so every call out of this package follows an import of the module that
-makes it (``tests/customop/test_layout.py`` checks).  MXNet's C callback ABI is in
+its module by its full path, imported then if need be, whose ``install()`` runs once
+(``trace`` and ``randomness``, :data:`SCOPED`, install nothing: in place only while
+their block runs).
+This package imports no wing (``graphs/``, ``deploy/``, ``distributed/``, ``port/``): a
+patch that only a wing's feature needs lives in that wing (``inline`` in
+:mod:`customop.graphs.inline`, ``onnxops`` in :mod:`customop.deploy.onnxops`), imports what
+it uses there, and is reached from here only through its name in the index
+(``tests/customop/test_layout.py`` checks).  MXNet's C callback ABI is in
 :mod:`.callbacks`: the tables MXNet builds for our ops, which ``release``, ``deps``,
 ``shapes``, ``names`` and the recorded function path of :mod:`customop.dispatch` write,
 the callbacks' arguments and answers, and the guard every C entry of ours runs under.
@@ -81,25 +84,31 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-# off-switch name -> the module of this package that holds the patch (its reason, install())
+# off-switch name -> the module that holds the patch (its reason, install()): this package's,
+# or a wing's for a patch only that wing's feature needs (imported by this name, never above)
 PATCHES = {
-    "errors": "errors",
-    "fork": "fork",
-    "aux": "aux",
-    "auxsync": "auxsync",
-    "release": "release",
-    "deps": "deps",
-    "shapes": "shapes",
-    "names": "names",
-    "binds": "binds",
-    "trace": "trace",
-    "randomness": "randomness",
-    "inline": "inline",
-    "gluonshape": "gluonshape",
-    "isAlive": "isalive",
-    "onnxops": "onnxops",
-    "backlog": "backlog",
+    "errors": "customop.runtime.ffi_errors",
+    "fork": "customop.runtime.fork",
+    "aux": "customop.runtime.aux_wait",
+    "auxsync": "customop.runtime.trainer_sync",
+    "release": "customop.runtime.release",
+    "deps": "customop.runtime.deps",
+    "shapes": "customop.runtime.shapes",
+    "names": "customop.runtime.names",
+    "binds": "customop.runtime.bind_lock",
+    "trace": "customop.runtime.hooks",
+    "randomness": "customop.runtime.randomness",
+    "inline": "customop.graphs.inline",
+    "gluonshape": "customop.runtime.gluonshape",
+    "isAlive": "customop.runtime.isalive",
+    "onnxops": "customop.deploy.onnxops",
+    "backlog": "customop.runtime.backlog",
 }
+
+# Patches in place only while their block runs, for that thread (hooks.tracing,
+# randomness.placeholder_draws): nothing is installed for them, so they have no install();
+# their switch keeps the block from changing anything.
+SCOPED = ("trace", "randomness")
 
 # MXNet's own pthread_atfork handlers (src/initialize.cc), which the ``fork`` patch runs;
 # internal, C++-mangled names:
@@ -137,12 +146,13 @@ def _once(name: str, install: Callable[[], None]) -> None:
 
 def patch(name: str) -> Any:
     """The module of patch ``name`` (see :data:`PATCHES`), imported on first use."""
-    return importlib.import_module(f"{__name__}.{PATCHES[name]}")
+    return importlib.import_module(PATCHES[name])
 
 
 def install(name: str) -> None:
-    """Install patch ``name`` unless it is installed or switched off (idempotent)."""
-    if name not in _installed:
+    """Install patch ``name`` unless it is installed or switched off (idempotent); a
+    :data:`SCOPED` patch is never installed."""
+    if name not in _installed and name not in SCOPED:
         _once(name, patch(name).install)
 
 

@@ -22,6 +22,7 @@ import itertools
 import sys
 import threading
 import traceback
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -214,13 +215,31 @@ def entries() -> dict[str, Callable]:
     return {name: found[2] for name, found in list(_entries.items())}
 
 
-def adopting(patch: str, refs: Any, n: int) -> tuple[Any, Any] | None:
-    """Install ``patch`` (a prop or operator of ours was created); then :func:`slots` of
-    ``refs``, or None when ``patch`` is switched off or MXNet's table differs."""
+def adopt(patch: str, refs: Any, entries: dict, context: Callable[[], int]) -> None:
+    """A prop or operator of ours was created: install ``patch``, then point slots of the
+    table MXNet keeps for it in ``refs`` at our C callbacks, ``entries`` (slot -> the
+    :func:`entry` arguments ``(name, ctype, fn)``), each handed ``context()`` (made once,
+    only when the slots are taken).  Nothing when ``patch`` is switched off or MXNet's
+    table differs."""
     from .. import runtime  # (the package imports this module's users, not this module)
 
     runtime.install(patch)
-    return slots(refs, n) if runtime.is_installed(patch) else None
+    found = slots(refs, max(entries) + 1) if runtime.is_installed(patch) else None
+    if found is None:
+        return  # switched off, or another MXNet
+    slots_, contexts = found
+    key = context()
+    for slot, (name, ctype, fn) in entries.items():
+        contexts[slot] = key
+        slots_[slot] = entry(name, ctype, fn)
+
+
+def weak_key(table: dict, obj: Any) -> int:
+    """A new context key for ``obj``, held in ``table`` by a weak reference that drops the
+    key with ``obj``."""
+    key = next(keys)
+    table[key] = weakref.ref(obj, lambda _, key=key: table.pop(key, None))
+    return key
 
 
 def slots(refs: Any, n: int) -> tuple[Any, Any] | None:

@@ -93,17 +93,21 @@ def adopt_prop(refs: Any, n_out: int, n_in: int, need_top_grad: bool) -> None:
     ``refs``: what MXNet's ``creator`` callback stores as the prop's ``_ref_holder``.  Its
     dependencies are declared without touching MXNet's ``_registry.result_deps``.
     """
-    found = callbacks.adopting("deps", refs, callbacks.PROP_DECLARE_DEPS + 1)
-    if found is None:
-        return  # switched off, or another MXNet
-    slots, contexts = found
     kind = (n_out, n_in, bool(need_top_grad))
-    with _lock:
-        if kind not in _dep_kinds:
-            _dep_kinds.append(kind)
-    contexts[callbacks.PROP_DECLARE_DEPS] = _dep_kinds.index(kind) + 1
-    slots[callbacks.PROP_DECLARE_DEPS] = callbacks.entry("declare", callbacks.DEPS_TYPE, _declare)
+
+    def context() -> int:
+        with _lock:
+            if kind not in _dep_kinds:
+                _dep_kinds.append(kind)
+        return _dep_kinds.index(kind) + 1
+
+    callbacks.adopt("deps", refs, _SLOTS, context)
+
+
+_SLOTS = {callbacks.PROP_DECLARE_DEPS: ("declare", callbacks.DEPS_TYPE, _declare)}
 
 
 def install() -> None:
-    pass  # acts per prop and operator (adopt_*): nothing global to install
+    """Make the C callbacks (declare dependencies, backward) props and operators of ours get."""
+    callbacks.entry(*_SLOTS[callbacks.PROP_DECLARE_DEPS])
+    callbacks.entry("backward", callbacks.FB_TYPE, backward)

@@ -22,7 +22,6 @@ concurrent users of one Symbol share MXNet's slots again.
 
 from __future__ import annotations
 
-import weakref
 from typing import Any
 
 from . import callbacks
@@ -49,12 +48,15 @@ def _entry(method: str) -> Any:
     return list_entry
 
 
-_METHODS = (
-    (callbacks.PROP_LIST_ARGUMENTS, "list_arguments"),
-    (callbacks.PROP_LIST_OUTPUTS, "list_outputs"),
-    (callbacks.PROP_LIST_AUX, "list_auxiliary_states"),
-)
-_ENTRIES = {method: _entry(method) for _, method in _METHODS}
+# slot -> (entry name, C type, function): the C callbacks install() makes
+_SLOTS = {
+    slot: (method, callbacks.LIST_TYPE, _entry(method))
+    for slot, method in (
+        (callbacks.PROP_LIST_ARGUMENTS, "list_arguments"),
+        (callbacks.PROP_LIST_OUTPUTS, "list_outputs"),
+        (callbacks.PROP_LIST_AUX, "list_auxiliary_states"),
+    )
+}
 
 
 def adopt_prop(refs: Any, prop: Any) -> None:
@@ -62,16 +64,10 @@ def adopt_prop(refs: Any, prop: Any) -> None:
 
     ``refs``: what MXNet's ``creator`` callback stores as the prop's ``_ref_holder``.
     """
-    found = callbacks.adopting("names", refs, callbacks.PROP_LIST_AUX + 1)
-    if found is None:
-        return  # switched off, or another MXNet
-    slots, contexts = found
-    key = next(callbacks.keys)
-    _props[key] = weakref.ref(prop, lambda _, key=key: _props.pop(key, None))
-    for slot, method in _METHODS:
-        contexts[slot] = key
-        slots[slot] = callbacks.entry(method, callbacks.LIST_TYPE, _ENTRIES[method])
+    callbacks.adopt("names", refs, _SLOTS, lambda: callbacks.weak_key(_props, prop))
 
 
 def install() -> None:
-    pass  # acts per prop (adopt_prop): nothing global to install
+    """Make the three C callbacks (list arguments, outputs, aux states) props of ours get."""
+    for name, ctype, fn in _SLOTS.values():
+        callbacks.entry(name, ctype, fn)

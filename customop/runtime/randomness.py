@@ -95,7 +95,3 @@ def placeholder_draws() -> Iterator[None]:
                 del _private[me]
                 if not _private:
                     _swap_out()
-
-
-def install() -> None:
-    pass  # in place only inside placeholder_draws(), for the length of one run

@@ -69,4 +69,5 @@ def adopt_operator(op: Any, refs: Any) -> None:
 
 
 def install() -> None:
-    pass  # acts per operator (adopt_operator): nothing global to install
+    """Make the C callback (delete) operators of ours get."""
+    callbacks.entry("delete", callbacks.DELETE_TYPE, _delete)

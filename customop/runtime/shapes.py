@@ -18,7 +18,6 @@ Switched off, concurrent binds of our ops share MXNet's slot again.
 from __future__ import annotations
 
 import threading
-import weakref
 from typing import Any
 
 from . import callbacks
@@ -59,17 +58,12 @@ def adopt_prop(refs: Any, prop: Any) -> None:
 
     ``refs``: what MXNet's ``creator`` callback stores as the prop's ``_ref_holder``.
     """
-    found = callbacks.adopting("shapes", refs, callbacks.PROP_INFER_SHAPE + 1)
-    if found is None:
-        return  # switched off, or another MXNet
-    slots, contexts = found
-    key = next(callbacks.keys)
-    _props[key] = weakref.ref(prop, lambda _, key=key: _props.pop(key, None))
-    contexts[callbacks.PROP_INFER_SHAPE] = key
-    slots[callbacks.PROP_INFER_SHAPE] = callbacks.entry(
-        "infer_shape", callbacks.INFER_SHAPE_TYPE, infer_shape
-    )
+    callbacks.adopt("shapes", refs, _SLOTS, lambda: callbacks.weak_key(_props, prop))
+
+
+_SLOTS = {callbacks.PROP_INFER_SHAPE: ("infer_shape", callbacks.INFER_SHAPE_TYPE, infer_shape)}
 
 
 def install() -> None:
-    pass  # acts per prop (adopt_prop): nothing global to install
+    """Make the C callback (infer shape) props of ours get."""
+    callbacks.entry(*_SLOTS[callbacks.PROP_INFER_SHAPE])

@@ -9,7 +9,7 @@ import mxnet as mx
 import numpy as np
 import pytest
 
-from customop.distributed import agree
+from customop import aux_merge
 from customop.distributed.auxsync import AuxStateWarning
 from tests.customop.test_auxsync import (
     BATCH,
@@ -24,7 +24,7 @@ from tests.customop.test_auxsync import (
 
 
 def test_the_mxnet_internals_we_read_are_there():
-    # If this fails, MXNet changed what customop.distributed.agree reads: fix it there.
+    # If this fails, MXNet changed what customop.aux_merge reads: fix it there.
     p = mx.gluon.Parameter("w", shape=(2,), grad_req="null")
     p.initialize(ctx=TWO)
     trainer = mx.gluon.Trainer([p], "sgd", {"learning_rate": 0.1}, kvstore="device")
@@ -43,8 +43,8 @@ def test_the_mxnet_internals_we_read_are_there():
         "mod.Module": mod,
         "DataParallelExecutorGroup": mod._exec_group,
     }
-    assert sorted(owners) == sorted(agree.MXNET_INTERNALS)
-    for owner, names in agree.MXNET_INTERNALS.items():
+    assert sorted(owners) == sorted(aux_merge.MXNET_INTERNALS)
+    for owner, names in aux_merge.MXNET_INTERNALS.items():
         for name in names:
             assert hasattr(owners[owner], name), f"MXNet's {owner} has no {name}"
     assert not trainer._kv_initialized and trainer._params == [p]
@@ -67,7 +67,7 @@ def test_the_mxnet_internals_we_read_are_there():
 def test_where_the_trainer_will_update_is_read_as_mxnet_decides_it(
     update_on_kvstore, variable, monkeypatch
 ):
-    # agree._updates_on_workers answers before the Trainer's kvstore exists (the hook finishes
+    # aux_merge._updates_on_workers answers before the Trainer's kvstore exists (the hook finishes
     # the first-step broadcast early only where no optimizer goes to the servers).
     if variable is None:
         monkeypatch.delenv("MXNET_UPDATE_ON_KVSTORE", raising=False)
@@ -76,7 +76,7 @@ def test_where_the_trainer_will_update_is_read_as_mxnet_decides_it(
     p = mx.gluon.Parameter("w", shape=(2,))
     p.initialize(ctx=TWO)
     trainer = mx.gluon.Trainer([p], "sgd", kvstore="local", update_on_kvstore=update_on_kvstore)
-    predicted = agree._updates_on_workers(trainer)
+    predicted = aux_merge._updates_on_workers(trainer)
     trainer._init_kvstore()
     assert predicted == (not trainer._update_on_kvstore)
 
@@ -86,7 +86,7 @@ def test_the_first_step_broadcast_run_early_is_mxnets_own():
     p.initialize(ctx=TWO)
     trainer = mx.gluon.Trainer([p], "sgd", kvstore="local", update_on_kvstore=False)
     p.list_data()[1][:] = 5
-    agree.initial_broadcast(trainer)
+    aux_merge.initial_broadcast(trainer)
     assert trainer._kv_initialized and trainer._params_to_init == []
     for copy in p.list_data():
         assert copy.asnumpy().tolist() == [1, 1]  # device 0's value everywhere
@@ -167,7 +167,7 @@ def _shards(net, x, y, step):
 
 
 def _caught(fn):
-    agree._warned.clear()
+    aux_merge._warned.clear()
     with warnings.catch_warnings(record=True) as got:
         warnings.simplefilter("always")
         result = fn()
@@ -193,7 +193,7 @@ def test_a_custom_loop_without_any_trainer_is_named():
                 w[:] -= 0.05 * g
 
     (_, _), got = _caught(
-        lambda: _two_device_loop(lambda net: None, agree.UNSYNCED_PASSES + 2, call=sgd)
+        lambda: _two_device_loop(lambda net: None, aux_merge.UNSYNCED_PASSES + 2, call=sgd)
     )
     assert len(got) == 1
     assert "(aux state 'centers')" in str(got[0].message)

@@ -14,8 +14,7 @@ import mxnet as mx
 import numpy as np
 import pytest
 
-from customop import customop
-from customop.distributed import agree
+from customop import aux_merge, customop
 from customop.distributed.auxsync import AuxStateWarning, AuxSync
 from tests.customop import aux_rules_worker as worker
 from tests.customop.auxops import RULE_STATES, MergedBlock, merged, merged_reference
@@ -47,8 +46,8 @@ def test_declaring_rules_and_repr():
         "own": "local",
         "steps": "first",
     }
-    assert agree.rule_of(merged.op_type, "own") == "local"
-    assert agree.rule_of(merged.op_type, "total") == "sum"
+    assert aux_merge.rule_of(merged.op_type, "own") == "local"
+    assert aux_merge.rule_of(merged.op_type, "total") == "sum"
     with pytest.raises(
         ValueError,
         match=r"customop 'tests.bad_rule': aux=\{'s': \(\.\.\., "
@@ -68,7 +67,7 @@ def test_declaring_rules_and_repr():
         return x
 
     assert with_state.mxnet.aux_rules == {"s": "mean"}
-    assert agree.rule_of("tests.twin_rules.mxnet", "s") == "mean"
+    assert aux_merge.rule_of("tests.twin_rules.mxnet", "s") == "mean"
 
 
 @pytest.mark.parametrize(
@@ -119,11 +118,11 @@ only_sum.def_grad(lambda ans, x, mine: lambda g: g)
 def test_local_states_are_never_warned_about(op, warned):
     # Copies updated with nothing keeping them equal warn (see test_agree.py); 'local' ones
     # are meant to differ.
-    agree._warned.clear()
+    aux_merge._warned.clear()
     mine = [mx.nd.zeros((1,), ctx=c) for c in TWO]
     with warnings.catch_warnings(record=True) as got:
         warnings.simplefilter("always")
-        for _ in range(agree.UNSYNCED_PASSES + 2):
+        for _ in range(aux_merge.UNSYNCED_PASSES + 2):
             for c, state in zip(TWO, mine):
                 x = mx.nd.ones((2,), ctx=c)
                 x.attach_grad()

@@ -9,8 +9,9 @@ import mxnet as mx
 import numpy as np
 import pytest
 
+from customop import budget
 from customop import customop as decorate
-from customop.graphs import binding, budget, native, splice
+from customop.graphs import binding, graph_verdicts, splice
 
 
 @decorate("mxnet")
@@ -46,7 +47,7 @@ def _expected(x, w):  # the op's formula, its closure for x and the derivative f
 @pytest.fixture
 def counted(monkeypatch):
     calls = {"splice": 0, "trace": 0}
-    inline, decide = splice.inline, native._decide
+    inline, decide = splice.inline, graph_verdicts._decide
 
     def counting_inline(*a, **k):
         calls["splice"] += 1
@@ -57,8 +58,8 @@ def counted(monkeypatch):
         return decide(*a, **k)
 
     monkeypatch.setattr(splice, "inline", counting_inline)
-    monkeypatch.setattr(native, "_decide", counting_decide)
-    native.clear_cache()
+    monkeypatch.setattr(graph_verdicts, "_decide", counting_decide)
+    graph_verdicts.clear_cache()
     binding.clear_cache()
     return calls
 
@@ -92,16 +93,16 @@ def test_new_sizes_of_one_family_give_the_ops_numbers(counted):
 
 
 def test_an_empty_axis_is_never_served_by_a_family():
-    key = (_rebound, "[]", ((0, 3), (1, 3)), (np.dtype("float32"),) * 2, native.TRAIN)
-    assert native._family(key) is None
-    assert native._family(key[:4] + (native.EXPORT,)) is None
-    assert native._family((_rebound, "[]", ((2, 3), (1, 3)), key[3], native.TRAIN))
+    key = (_rebound, "[]", ((0, 3), (1, 3)), (np.dtype("float32"),) * 2, graph_verdicts.TRAIN)
+    assert graph_verdicts._family(key) is None
+    assert graph_verdicts._family(key[:4] + (graph_verdicts.EXPORT,)) is None
+    assert graph_verdicts._family((_rebound, "[]", ((2, 3), (1, 3)), key[3], graph_verdicts.TRAIN))
 
 
 def test_two_graphs_never_share_a_splice(counted):
     a = _sym(_rebound).simple_bind(mx.cpu(), x=(4, 3), w=(1, 3))
     b = _sym(_other).simple_bind(mx.cpu(), x=(4, 3), w=(1, 3))
-    assert binding.graph_json.anonymous(a.customop_inlined) != binding.graph_json.anonymous(
+    assert binding.symbol_json.anonymous(a.customop_inlined) != binding.symbol_json.anonymous(
         b.customop_inlined
     )
     x, w = np.ones((4, 3)), np.full((1, 3), 0.5)
@@ -135,7 +136,7 @@ def test_the_splice_cache_is_bounded_by_the_budget_and_frees_what_it_let_go(coun
 
 
 def test_threads_rebinding_one_symbol_agree():
-    native.clear_cache()
+    graph_verdicts.clear_cache()
     binding.clear_cache()
     sym = _sym()
     x, w = np.random.RandomState(2).randn(6, 3), np.full((1, 3), 0.25)

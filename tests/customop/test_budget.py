@@ -1,4 +1,4 @@
-"""graphs/budget.py: the per-signature tables are bounded by memory."""
+"""budget.py: the per-signature tables are bounded by memory."""
 
 import gc
 import weakref
@@ -8,20 +8,20 @@ import numpy as np
 import pytest
 
 import customop as customop_package
-from customop import customop, inference
-from customop.graphs import binding, budget, imperative, native
+from customop import budget, customop, inference
+from customop.graphs import binding, graph_verdicts, imperative
 
 
 @pytest.fixture
 def tiny_budget(monkeypatch):
-    for module in (imperative, native, binding):  # their tables empty
+    for module in (imperative, graph_verdicts, binding):  # their tables empty
         module.clear_cache()
     # 200 KiB (three traced verdicts) more than what the tables left hold (operators' shape
     # inference, kept by earlier tests)
     held = budget.total()
     monkeypatch.setenv(budget.ENV, str((held + 200 * 1024) / 2**20))
     yield held
-    for module in (imperative, native, binding):
+    for module in (imperative, graph_verdicts, binding):
         module.clear_cache()
 
 
@@ -69,7 +69,7 @@ def test_many_signatures_keep_what_the_budget_holds_and_evicted_ones_come_back_r
     for n in range(5, 25):
         check(n)
         check(n)  # its second call asks for its graph: a trace
-    assert 1 <= len(native._cache) <= 3  # (the caches were empty: every verdict is its own)
+    assert 1 <= len(graph_verdicts._cache) <= 3  # (the caches were empty: every verdict is its own)
     assert len(imperative._plans) < 20
     assert budget.total() <= tiny_budget + 200 * 1024
     check(5)  # evicted long ago: planned again, same numbers
@@ -97,14 +97,14 @@ def test_families_and_their_cached_ops_are_under_the_budget_and_freed_when_let_g
 
     check(1)
     check(1)  # its second call builds its graph: a family, and a graph with its CachedOps
-    (family,) = native._families.values()
+    (family,) = graph_verdicts._families.values()
     (graph,) = imperative._graphs.values()
     families, graphs = weakref.ref(family[0]), weakref.ref(graph)
     del family, graph
     for k in range(2, 14):  # a parameter value each: a family each
         check(k)
         check(k)
-    assert 1 <= len(native._families) <= 3 and 1 <= len(imperative._graphs) <= 3
+    assert 1 <= len(graph_verdicts._families) <= 3 and 1 <= len(imperative._graphs) <= 3
     assert budget.total() <= tiny_budget + 200 * 1024
     gc.collect()
     assert families() is None and graphs() is None  # evicted: nothing else held them

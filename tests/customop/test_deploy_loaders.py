@@ -301,7 +301,7 @@ DATA_ONLY = """
 import json, sys
 import mxnet as mx
 import customop
-from customop.deploy import loading  # noqa: F401  (customop's own modules, imported first)
+from customop.deploy import trusted_imports  # noqa: F401  (customop's own modules, imported first)
 from tests.deploy import models
 name, block, inputs, options, _ = next(models.models())
 prefix = sys.argv[1]

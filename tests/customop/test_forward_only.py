@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from customop import customop as decorate
-from customop.runtime import inline
+from customop.graphs import inline
 
 
 @decorate("mxnet", name="test_forward_only.surrogate")

@@ -129,7 +129,7 @@ def test_the_custom_path_still_runs_with_inlining_switched_off(monkeypatch):
 
 
 def test_def_grad_ops_inline_with_their_own_gradient(monkeypatch):
-    # Issue 33: the closure is transposed into the graph (customop.graphs.transposed).
+    # Issue 33: the closure is transposed into the graph (customop.graphs.backward).
     inlined, net = trained(lambda F, h: cubed(h), [[ROWS]], monkeypatch)
     calls["cubed"] = 0
     step(net, ROWS)

@@ -1,4 +1,5 @@
-"""customop.graphs.native and trace: when a recorded forward may stand in for the op, and why not.
+"""customop.graphs.graph_verdicts and trace: when a recorded forward may stand in for the op, and
+why not.
 
 Each faithfulness rule of issue 28 item 1 has an op that breaks it and a test that
 reads the reason; the graphs that pass are evaluated against the forward itself
@@ -11,8 +12,9 @@ import pytest
 
 import customop
 from customop import customop as decorate
-from customop.graphs import graph_json, native
-from customop.graphs.native import EXPORT, TRAIN
+from customop import symbol_json
+from customop.graphs import graph_verdicts
+from customop.graphs.graph_verdicts import EXPORT, TRAIN
 
 calls = {"square": 0}
 
@@ -127,7 +129,7 @@ def calls_cubed(x):
 
 def verdicts(op, shapes, dtypes=None, **params):
     dtypes = dtypes or ["float32"] * len(shapes)
-    return [native.native_graph(op, params, shapes, dtypes, p) for p in (TRAIN, EXPORT)]
+    return [graph_verdicts.native_graph(op, params, shapes, dtypes, p) for p in (TRAIN, EXPORT)]
 
 
 def test_box_decode_traces_to_its_operators_in_both_purposes():
@@ -140,18 +142,20 @@ def test_box_decode_traces_to_its_operators_in_both_purposes():
         assert "Custom" not in ops_used and not v.graph.constants
         rng = np.random.RandomState(5)
         d, a = rng.randn(2, 6, 4).astype("f"), rng.rand(1, 6, 4).astype("f") * 9
-        got = graph_json.evaluate(v.graph, [d, a])[0]
+        got = symbol_json.evaluate(v.graph, [d, a])[0]
         want = ops.box_decode(mx.nd.array(d), mx.nd.array(a), format="corner", clip=1.0)
         np.testing.assert_array_equal(got, want.asnumpy())
 
 
 def test_the_graph_computes_the_formula_at_other_values_and_shapes():
-    v = native.native_graph(scaled_sum, {"scale": 3.0}, [(4, 5), (1, 5)], ["float32"] * 2, TRAIN)
+    v = graph_verdicts.native_graph(
+        scaled_sum, {"scale": 3.0}, [(4, 5), (1, 5)], ["float32"] * 2, TRAIN
+    )
     assert v.inlines and v.graph.specialized == ""
     rng = np.random.RandomState(1)
     for rows in (4, 7):  # a graph traced at 4 rows holds at 7
         x, w = rng.randn(rows, 5).astype("f"), rng.randn(1, 5).astype("f")
-        got = graph_json.evaluate(v.graph, [x, w])[0]
+        got = symbol_json.evaluate(v.graph, [x, w])[0]
         np.testing.assert_allclose(got, x.astype(np.float64) * w * 3 + 1, rtol=1e-5, atol=1e-6)
 
 
@@ -198,17 +202,17 @@ def test_ops_that_never_inline_say_why(op, words):
 
 
 def test_def_grad_and_output_layers_inline_for_training_and_export():
-    # Issue 33: training graphs transpose the closure (customop.graphs.transposed).
+    # Issue 33: training graphs transpose the closure (customop.graphs.backward).
     for op in (cubed, as_loss):
         train, export = verdicts(op, [(3,)])
         assert train.inlines, train.reason
         assert export.inlines, export.reason
         np.testing.assert_array_equal(
-            graph_json.evaluate(export.graph, [np.full(3, 2, "f")])[0],
+            symbol_json.evaluate(export.graph, [np.full(3, 2, "f")])[0],
             op(mx.nd.full(3, 2)).asnumpy(),
         )
         np.testing.assert_array_equal(
-            graph_json.evaluate(train.graph, [np.full(3, 2, "f")])[0],
+            symbol_json.evaluate(train.graph, [np.full(3, 2, "f")])[0],
             op(mx.nd.full(3, 2)).asnumpy(),
         )
 
@@ -218,7 +222,7 @@ def test_an_op_calling_ops_inlines_them_as_the_purpose_allows():
     assert not train.inlines and "calls customop" in train.reason and "def_grad" in train.reason
     assert export.inlines, export.reason
     x = np.array([1.0, 2.0, -3.0], "f")
-    np.testing.assert_array_equal(graph_json.evaluate(export.graph, [x])[0], x**3 + x**2)
+    np.testing.assert_array_equal(symbol_json.evaluate(export.graph, [x])[0], x**3 + x**2)
 
 
 def test_shape_specialized_graphs_still_export_at_their_shapes():
@@ -232,11 +236,11 @@ def test_constants_are_captured_in_the_graph_not_left_as_inputs():
     assert {"_full", "broadcast_like"} <= set(train.graph.operators())
     x = np.random.RandomState(2).randn(5, 4).astype("f")  # another batch size than traced
     np.testing.assert_array_equal(
-        graph_json.evaluate(train.graph, [x])[0], x + 3 + np.array([1, 2, 3, 4], "f")
+        symbol_json.evaluate(train.graph, [x])[0], x + 3 + np.array([1, 2, 3, 4], "f")
     )
     assert export.inlines and export.graph.constants  # an export saves them as parameters
     np.testing.assert_array_equal(
-        graph_json.evaluate(export.graph, [x[:3]])[0], x[:3] + 3 + np.array([1, 2, 3, 4], "f")
+        symbol_json.evaluate(export.graph, [x[:3]])[0], x[:3] + 3 + np.array([1, 2, 3, 4], "f")
     )
 
 
@@ -247,16 +251,16 @@ def test_values_computed_under_pause_carry_no_gradient_in_the_graph():
 
 
 def test_traces_are_cached_per_op_params_and_signature():
-    native.clear_cache()
+    graph_verdicts.clear_cache()
     calls["square"] = 0
-    first = native.native_graph(square, {}, [(2, 3)], ["float32"], TRAIN)
+    first = graph_verdicts.native_graph(square, {}, [(2, 3)], ["float32"], TRAIN)
     traced = calls["square"]
     assert traced >= 2  # two values, then other shapes and dtypes
-    assert native.native_graph(square, {}, [(2, 3)], ["float32"], TRAIN) is first
+    assert graph_verdicts.native_graph(square, {}, [(2, 3)], ["float32"], TRAIN) is first
     assert calls["square"] == traced
-    native.native_graph(square, {}, [(5, 7)], ["float32"], TRAIN)  # other sizes
+    graph_verdicts.native_graph(square, {}, [(5, 7)], ["float32"], TRAIN)  # other sizes
     assert calls["square"] == traced  # (checked at other values of both: it serves these)
-    native.native_graph(square, {}, [(2, 1)], ["float32"], TRAIN)  # an axis of size 1
+    graph_verdicts.native_graph(square, {}, [(2, 1)], ["float32"], TRAIN)  # an axis of size 1
     assert calls["square"] > traced
 
 
@@ -268,7 +272,7 @@ def test_is_tracing_is_true_inside_a_traced_forward_only():
         seen.append(customop.is_tracing())
         return x + 1
 
-    native.native_graph(spy, {}, [(2,)], ["float32"], EXPORT)
+    graph_verdicts.native_graph(spy, {}, [(2,)], ["float32"], EXPORT)
     spy(mx.nd.ones(2))
     assert seen[0] is True and seen[-1] is False
 
@@ -280,7 +284,7 @@ def test_a_failing_forward_is_the_reason():
             raise ValueError("three rows, please")
         return x
 
-    v = native.native_graph(picky, {}, [(4,)], ["float32"], EXPORT)
+    v = graph_verdicts.native_graph(picky, {}, [(4,)], ["float32"], EXPORT)
     assert not v.inlines and "three rows, please" in v.reason
 
 
@@ -290,7 +294,7 @@ def test_the_trace_leaves_mxnet_as_it_was():
         mx.autograd._RecordingStateScope.__enter__,
         mx.ndarray.register._imperative_invoke,
     )
-    native.native_graph(paused_mask, {}, [(3,)], ["float32"], EXPORT)
+    graph_verdicts.native_graph(paused_mask, {}, [(3,)], ["float32"], EXPORT)
     assert (
         mx.nd.NDArray.asnumpy,
         mx.autograd._RecordingStateScope.__enter__,

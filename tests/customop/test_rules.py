@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 
 import customop
-from customop.graphs import forward, native, rules, transposed
-from customop.graphs.native import EXPORT, TRAIN
+from customop.graphs import backward, forward, graph_verdicts, rules
+from customop.graphs.graph_verdicts import EXPORT, TRAIN
 
 
 @customop.customop("mxnet")
@@ -67,7 +67,7 @@ def test_every_refusal_has_one_name_and_a_reason():
     ],
 )
 def test_a_verdict_names_the_entry_that_refused_and_explain_says_its_reason(op, purpose, rule):
-    verdict = native.native_graph(op, {}, [(3,)], ["float32"], purpose)
+    verdict = graph_verdicts.native_graph(op, {}, [(3,)], ["float32"], purpose)
     assert verdict.graph is None and verdict.rule == rule
     reasons = {r.name: r.reason for r in (*rules.OP_REFUSALS, *rules.RECORDED_REFUSALS)}
     reasons.update(rules.TRACE_REFUSALS)
@@ -126,7 +126,7 @@ def test_every_refusal_raised_in_the_graphs_wing_is_a_table_entry():
                 if not (isinstance(name, ast.Constant) and name.value in rules.TRACE_REFUSALS):
                     unknown.append(f"{path.name}:{node.lineno}")
     assert literal == [] and unknown == []
-    assert {forward.ForwardGraph.DIFFERS, transposed.TransposedGraph.DIFFERS} <= set(
+    assert {forward.ForwardGraph.DIFFERS, backward.TransposedGraph.DIFFERS} <= set(
         rules.TRACE_REFUSALS
     )
 
@@ -167,7 +167,7 @@ def test_index_guards_are_keyed_by_mxnet_operator():
 
 def test_a_bfloat16_signature_is_refused_by_its_entry():
     # NumPy has no bfloat16: such a Custom node computes in float32 itself (modes.widened)
-    verdict = native.native_graph(
+    verdict = graph_verdicts.native_graph(
         rules_detached, {}, [(3,)], [np.dtype([("bfloat16", np.uint16)])], TRAIN
     )
     assert verdict.graph is None and verdict.rule == "bfloat16"

@@ -373,3 +373,17 @@ def test_mxnets_fork_steps_that_the_fork_patch_runs_are_exported():
 
     missing = [name for name in runtime.MXNET_FORK_STEPS if not hasattr(_LIB, name)]
     assert missing == [], f"libmxnet.so no longer exports {missing}: the fork patch cannot run"
+
+
+def test_the_design_page_names_every_switch():
+    # docs/design.md's CUSTOMOP_RUNTIME_OFF list and its table: every patch of the index,
+    # and only those (excepthook, the launcher's, has a row but no switch)
+    import re
+
+    from customop import runtime
+
+    page = (ROOT / "docs" / "design.md").read_text()
+    (listed,) = re.findall(r"`CUSTOMOP_RUNTIME_OFF=([\w,]+)`", page)
+    assert sorted(listed.split(",")) == sorted(runtime.PATCHES)
+    rows = set(re.findall(r"^\| `(\w+)` \|", page, re.M))
+    assert rows == set(runtime.PATCHES) | {"excepthook"}

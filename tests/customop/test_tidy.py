@@ -12,9 +12,8 @@ import mxnet as mx
 import numpy as np
 import pytest
 
-from customop import ops
-from customop.graphs import binding, graph_json, rules, tidy
-from customop.runtime import inline
+from customop import ops, symbol_json
+from customop.graphs import binding, inline, rules, tidy
 
 X = mx.sym.var("x")
 W = mx.sym.var("w")
@@ -169,7 +168,7 @@ def test_a_block_grad_above_values_no_gradient_reaches_is_dropped_and_others_sta
     cleaned = tidy.idle_block_grads(graph)
     ops = [n["op"] for n in cleaned["nodes"]]
     assert ops.count("BlockGrad") == 3
-    before, after = graph_json.load(graph), graph_json.load(cleaned)
+    before, after = symbol_json.load(graph), symbol_json.load(cleaned)
     assert after.list_arguments() == before.list_arguments()
     assert after.list_outputs() == before.list_outputs()
     x = mx.nd.array(np.arange(8).reshape(2, 4) - 3.5)
@@ -302,7 +301,7 @@ def test_argmax_matches_over_the_boxes_axis_need_no_clipping_and_no_check(column
 
 def _run(graph, x, w, head_grads=None):
     # outputs, and the gradients of x and w, of a graph of x and w (one forward, one backward)
-    sym = graph_json.load(graph)
+    sym = symbol_json.load(graph)
     exe = sym.bind(
         mx.cpu(),
         {"x": mx.nd.array(x), "w": mx.nd.array(w)},
@@ -349,7 +348,7 @@ def test_repeated_nodes_no_gradient_passes_through_are_computed_once():
     assert ops_before.count("broadcast_mul") == ops_after.count("broadcast_mul") == 6
     assert len(ops_before) - len(ops_after) == 4
     assert tidy.tidied(graph)["nodes"] == tidy.tidied(merged)["nodes"]  # the rule runs there
-    before, after = graph_json.load(graph), graph_json.load(merged)
+    before, after = symbol_json.load(graph), symbol_json.load(merged)
     assert after.list_outputs() == before.list_outputs()
     assert after.list_arguments() == before.list_arguments()
     x, w = _xw()

@@ -1,7 +1,7 @@
 """Issue 33 item 1: def_grad closures are traced with g as a variable and transposed into graphs.
 
 References are written from the formula in float64 NumPy (never from our output);
-the training graph is run by MXNet (``closure_values.run_graph``: a CachedOp under
+the training graph is run by MXNet (``closure_check.run_graph``: a CachedOp under
 ``autograd.record``) and its gradients compared with them.
 """
 
@@ -11,10 +11,10 @@ import pytest
 
 import customop
 from customop import customop as decorate
-from customop import residuals
-from customop.graphs import closure_values, graph_json, native, transpose, transposed, verify
+from customop import residuals, symbol_json
+from customop.graphs import backward, closure_check, graph_verdicts, transpose, verify
 
-TRAIN = native.TRAIN
+TRAIN = graph_verdicts.TRAIN
 rng = np.random.RandomState(0)
 
 
@@ -90,19 +90,19 @@ shaped.def_grad(_shaped_grad)
 
 
 def graph(op, *shapes, **params):
-    verdict = native.native_graph(op, params, shapes, ["float32"] * len(shapes), TRAIN)
+    verdict = graph_verdicts.native_graph(op, params, shapes, ["float32"] * len(shapes), TRAIN)
     assert verdict.inlines, verdict.reason
     return verdict.graph
 
 
 def graph_at(op, shape, dtype):
-    verdict = native.native_graph(op, {}, [shape], [dtype], TRAIN)
+    verdict = graph_verdicts.native_graph(op, {}, [shape], [dtype], TRAIN)
     assert verdict.inlines, verdict.reason
     return verdict.graph
 
 
 def mx_grads(op, inputs, heads, **params):
-    return closure_values.run_graph(graph(op, *[x.shape for x in inputs], **params), inputs, heads)
+    return closure_check.run_graph(graph(op, *[x.shape for x in inputs], **params), inputs, heads)
 
 
 def test_a_single_closure_is_transposed():
@@ -139,7 +139,7 @@ def test_a_closure_that_is_a_native_operators_backward_is_that_operator(dtype):
     assert found.operators() == ["square"] and "transposed" in found.note
     assert "MXNet's square" in repr(customop.explain(square, mx.nd.ones(10, dtype=dtype)))
     x, g = _special(dtype)
-    outs, grads = closure_values.run_graph(found, [x], [g])
+    outs, grads = closure_check.run_graph(found, [x], [g])
     with np.errstate(over="ignore", invalid="ignore"):
         want_y, want_g = x * x, (x * np.array(2, dtype)) * g
     assert (_bits(outs[0]) == _bits(want_y)).all() and (_bits(grads[0]) == _bits(want_g)).all()
@@ -165,7 +165,7 @@ def test_a_closure_in_another_order_than_the_operators_backward_stays_transposed
         ops = graph_at(op, (10,), "float32").operators()
         assert "square" not in ops and "elemwise_sub" in ops
     x, g = _special("float32")
-    _, grads = closure_values.run_graph(graph_at(square_g_first, (10,), "float32"), [x], [g])
+    _, grads = closure_check.run_graph(graph_at(square_g_first, (10,), "float32"), [x], [g])
     with np.errstate(over="ignore", invalid="ignore"):
         want = (g * np.float32(2)) * x
     assert (_bits(grads[0]) == _bits(want)).all()
@@ -173,7 +173,7 @@ def test_a_closure_in_another_order_than_the_operators_backward_stays_transposed
 
 def _written(scalar="2.0", order=(3, 2)):
     # x * x + (2 * x) * (x - x), stopped as the transposition writes it
-    return graph_json.NativeGraph(
+    return symbol_json.NativeGraph(
         [
             {"op": "BlockGrad", "name": "s", "attrs": {}, "inputs": [("in", 0)]},
             {"op": "broadcast_mul", "name": "f", "attrs": {}, "inputs": [("node", 0, 0)] * 2},
@@ -202,10 +202,10 @@ def _written(scalar="2.0", order=(3, 2)):
 
 
 def test_square_is_written_for_float_inputs_and_twice_x_only():
-    assert transposed._own_operators(_written(), ["float32"]).operators() == ["square"]
-    assert transposed._own_operators(_written(order=(2, 3)), ["float16"]).operators() == ["square"]
+    assert backward._own_operators(_written(), ["float32"]).operators() == ["square"]
+    assert backward._own_operators(_written(order=(2, 3)), ["float16"]).operators() == ["square"]
     for graph, dtype in ((_written(), "int32"), (_written(scalar="3.0"), "float32")):
-        assert len(transposed._own_operators(graph, [dtype]).operators()) == 6
+        assert len(backward._own_operators(graph, [dtype]).operators()) == 6
     # MXNet's square computes 2 * x in float32 for integer inputs (2**24 + 1 loses its 1)
     x = mx.nd.array([2**24 + 1], dtype="int32")
     x.attach_grad()
@@ -228,7 +228,7 @@ def test_a_closure_that_differs_only_on_large_values_is_transposed():
     assert "transposed" in found.note
     x = np.array([[-9, -3, -1, 0], [0.5, 2, 2.6, 4], [10, 20, -30, 1]], "f")
     g = rng.randn(3, 4).astype("f")
-    _, grads = closure_values.run_graph(found, [x], [g])
+    _, grads = closure_check.run_graph(found, [x], [g])
     np.testing.assert_allclose(grads[0], np.clip(2 * x.astype("f8"), -5, 5) * g, rtol=1e-5)
 
 
@@ -259,7 +259,7 @@ def test_an_output_layer_ignores_the_head_gradient():
     ops = graph(xent, (4, 3), (4,)).operators()
     assert "make_loss" in ops  # MakeLoss ignores its head gradient (measured on MXNet 1.9.1)
     for heads in ([np.ones((4, 3), "f")], [rng.randn(4, 3).astype("f") * 7]):
-        outs, grads = closure_values.run_graph(graph(xent, (4, 3), (4,)), [data, label], heads)
+        outs, grads = closure_check.run_graph(graph(xent, (4, 3), (4,)), [data, label], heads)
         np.testing.assert_allclose(outs[0], p, rtol=1e-5)
         np.testing.assert_allclose(grads[0], want, rtol=1e-5, atol=1e-6)
 
@@ -427,21 +427,20 @@ def test_hybridized_training_runs_neither_forward_nor_closure_in_python(monkeypa
 
 
 def test_the_graph_is_traced_once_per_shape_family(monkeypatch):
-    native.clear_cache()
+    graph_verdicts.clear_cache()
     seen = []
     original = verify.verified
     monkeypatch.setattr(
         verify,
         "verified",
         lambda *a, **k: (
-            (isinstance(a[0], transposed.TransposedGraph) and seen.append(a[1]))
-            or original(*a, **k)
+            (isinstance(a[0], backward.TransposedGraph) and seen.append(a[1])) or original(*a, **k)
         ),
     )
     for _ in range(3):
-        native.native_graph(surrogate, {}, [(2, 3)], ["float32"], TRAIN)
-    native.native_graph(surrogate, {}, [(4, 3)], ["float32"], TRAIN)  # the same family
-    native.native_graph(surrogate, {}, [(1, 3)], ["float32"], TRAIN)  # an axis of size 1
+        graph_verdicts.native_graph(surrogate, {}, [(2, 3)], ["float32"], TRAIN)
+    graph_verdicts.native_graph(surrogate, {}, [(4, 3)], ["float32"], TRAIN)  # the same family
+    graph_verdicts.native_graph(surrogate, {}, [(1, 3)], ["float32"], TRAIN)  # an axis of size 1
     assert seen == [((2, 3),), ((1, 3),)]
 
 
@@ -475,18 +474,18 @@ def test_the_verdict_depends_on_the_signature_only():
     # Placeholder labels (uniform in [0.1, 1)) fail the check: the closure is compared on
     # labels that pass it, so a graph inlines whether or not explain (with the user's
     # values) ran first, and a verdict traced on given values is never the cached one.
-    native.clear_cache()
+    graph_verdicts.clear_cache()
     shapes, dtypes = [(4, 3), (4,)], ["float32"] * 2
     given = [rng.randn(4, 3).astype("f"), np.array([0, 2, 1, 1], "f")]
-    on_values = native.native_graph(labelled, {}, shapes, dtypes, TRAIN, given)
-    cached = native.native_graph(labelled, {}, shapes, dtypes, TRAIN)
+    on_values = graph_verdicts.native_graph(labelled, {}, shapes, dtypes, TRAIN, given)
+    cached = graph_verdicts.native_graph(labelled, {}, shapes, dtypes, TRAIN)
     assert cached is not on_values and cached.inlines and on_values.inlines, cached.reason
     assert customop.explain(labelled, *given).train is cached
     g = rng.randn(4, 3).astype("f")
-    outs, grads = closure_values.run_graph(cached.graph, given, [g])
+    outs, grads = closure_check.run_graph(cached.graph, given, [g])
     np.testing.assert_allclose(outs[0], 2 * given[0].astype("f8"), rtol=1e-6)
     np.testing.assert_allclose(grads[0], 3 * g.astype("f8"), rtol=1e-6)
-    outs, grads = closure_values.run_graph(
+    outs, grads = closure_check.run_graph(
         cached.graph, [given[0], np.array([0, 3, 1, 1], "f")], [g]
     )
     assert np.isnan(outs[0]).all() and np.isnan(grads[0]).all()

@@ -13,8 +13,8 @@ import pytest
 import customop
 from customop import customop as decorate
 from customop import dispatch, runtime, value_checks
-from customop.graphs import imperative, native
-from customop.graphs.native import EXPORT, TRAIN
+from customop.graphs import graph_verdicts, imperative
+from customop.graphs.graph_verdicts import EXPORT, TRAIN
 from tests import fresh
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -127,7 +127,9 @@ def test_the_gradient_of_a_failed_check_is_nan_too_and_valid_gradients_are_uncha
 
 def test_an_op_written_to_the_old_advice_keeps_its_custom_node_and_its_check():
     for purpose in (TRAIN, EXPORT):
-        verdict = native.native_graph(old_advice, {}, [(2, 3), (2,)], ["float32"] * 2, purpose)
+        verdict = graph_verdicts.native_graph(
+            old_advice, {}, [(2, 3), (2,)], ["float32"] * 2, purpose
+        )
         assert not verdict.inlines
         assert "is_tracing()" in verdict.reason and "customop.require" in verdict.reason
     net = Block(old_advice)
@@ -162,7 +164,7 @@ def test_take_in_a_native_graph_gives_nan_for_an_index_outside_never_a_clipped_r
     np.testing.assert_array_equal(net(x, mx.nd.array([0, 4, 2])).asnumpy(), x.asnumpy()[[0, 4, 2]])
     for idx in ([0, 5, 2], [-1, 0, 0]):
         assert np.isnan(net(x, mx.nd.array(idx)).asnumpy()).all()
-    ops = native.native_graph(
+    ops = graph_verdicts.native_graph(
         take_rows, {}, [(5, 3), (3,)], ["float32"] * 2, TRAIN
     ).graph.operators()
     assert "take" in ops and "shape_array" in ops
@@ -195,7 +197,7 @@ def test_box_encode_whose_forward_clips_its_matches_itself_is_not_guarded_twice(
 
     for op, clips in ((encode, 0), (ops.box_encode, 1)):
         for purpose in (TRAIN, EXPORT):
-            graph = native.native_graph(op, {}, shapes, ["float32"] * 6, purpose).graph
+            graph = graph_verdicts.native_graph(op, {}, shapes, ["float32"] * 6, purpose).graph
             assert graph.guards == ["_contrib_box_encode"]
             assert graph.operators().count("shape_array") == 1 - clips
             assert graph.operators().count("broadcast_minimum") == 1
@@ -395,11 +397,11 @@ FORK_WHILE_BINDING = textwrap.dedent("""
     import os, signal, threading
     import mxnet as mx
     import ops
-    from customop.runtime import binds
+    from customop.runtime import bind_lock
     sym = ops.focal_loss(mx.sym.var("p"), mx.sym.var("lab"))
     held, release = threading.Event(), threading.Event()
     def bind_in_parent():  # holds the bind lock across the fork, as a bind would
-        with binds._lock:
+        with bind_lock._lock:
             held.set()
             release.wait(60)
     thread = threading.Thread(target=bind_in_parent)

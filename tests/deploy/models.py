@@ -20,8 +20,7 @@ import mxnet as mx
 import numpy as np
 
 import customop
-from customop import ops
-from customop.graphs import graph_json
+from customop import ops, symbol_json
 
 
 class PostProcess(mx.gluon.HybridBlock):
@@ -301,7 +300,7 @@ def write(outdir: str, onnx: bool = True) -> list[dict]:
         want = _outputs(block, [a.asnumpy() for a in inputs])
         done = customop.export(block, str(out / name), *inputs, **options)
         names = options.get("input_names") or [
-            d.name for d in graph_json.block_graph(block, inputs)[0]
+            d.name for d in symbol_json.block_graph(block, inputs)[0]
         ]
         read = list(done.inputs)
         cases = {"exported": ([a.asnumpy() for a in inputs], want)}

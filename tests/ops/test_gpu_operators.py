@@ -13,7 +13,7 @@ import pytest
 from mxnet.base import _LIB, check_call
 
 import customop
-from customop.graphs import native, trace
+from customop.graphs import graph_verdicts, trace
 from tests.deploy import models
 
 DATA = Path(__file__).parent / "data" / "mxnet_1.9.1_gpu_ops.txt"
@@ -53,4 +53,4 @@ def test_every_operator_of_the_inlined_graphs_has_a_gpu_implementation(row):
             continue
         missing = sorted({o for o in verdict.graph.operators() if not names(o) & GPU_OPS})
         assert not missing, f"{row} ({verdict.purpose}): no GPU implementation: {missing}"
-    assert native.PURPOSES == ("train", "export")
+    assert graph_verdicts.PURPOSES == ("train", "export")

@@ -1,7 +1,7 @@
 """Issue 33 items 2 and 4: the library's ops train as MXNet's own operators, with the same numbers.
 
 Every differentiable operator whose math allows it inlines in training graphs:
-its ``def_grad`` closure is transposed into the graph (``customop.graphs.transposed``).
+its ``def_grad`` closure is transposed into the graph (``customop.graphs.backward``).
 On every training path (hybridized, bound, ``Module``, exported then reloaded
 with ``customop.imports``) its outputs and input gradients equal those of the
 same graph with ``Custom`` nodes (``CUSTOMOP_RUNTIME_OFF=inline``), float32

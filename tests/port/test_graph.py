@@ -1,9 +1,9 @@
-"""customop.port.graph: the simplification pass and the runner, on NumPy rules (no torch/jax)."""
+"""customop.port.runner: the simplification pass and the runner, on NumPy rules (no torch/jax)."""
 
 import numpy as np
 import pytest
 
-from customop.port.graph import PortError, compile_graph, simplify, split_linear
+from customop.port.runner import PortError, compile_graph, simplify, split_linear
 
 RULES = {
     "neg": lambda a, x: -x,

@@ -16,7 +16,7 @@ jax = pytest.importorskip("jax", reason="the port tests need jax (pip install 'c
 import mxnet as mx  # noqa: E402
 
 from customop.port import jax_rules, torch_rules  # noqa: E402
-from customop.port.graph import Attrs  # noqa: E402
+from customop.port.runner import Attrs  # noqa: E402
 
 r = np.random.RandomState(0)
 

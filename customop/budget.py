@@ -2,7 +2,7 @@
 
 Every new input signature of an op leaves entries behind: a plan of the imperative path
 and the ``CachedOp`` objects of its graph (:mod:`customop.graphs.imperative`), a verdict of
-:func:`customop.graphs.native.native_graph` (its graph, or why there is none) and its shape
+:func:`customop.graphs.graph_verdicts.native_graph` (its graph, or why there is none) and its shape
 family's graphs, a spliced model graph per bind (:mod:`customop.graphs.binding`), and the
 output shapes and dtypes found by running the forward on placeholders
 (:mod:`customop.inference`).
@@ -19,7 +19,7 @@ bytes each; the C callback tables of :mod:`customop.runtime.callbacks`, one per 
 
 Example:
     >>> import os
-    >>> from customop.graphs import budget
+    >>> from customop import budget
     >>> budget.limit() == int(float(os.environ.get("CUSTOMOP_CACHE_MB", budget.DEFAULT_MB))
     ...                       * 2 ** 20)
     True

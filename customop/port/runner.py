@@ -1,6 +1,6 @@
 """Running a port's graph: MXNet operator nodes evaluated through one framework's rule table.
 
-A graph here is the JSON form of :class:`customop.graphs.graph_json.NativeGraph`: ``nodes``
+A graph here is the JSON form of :class:`customop.symbol_json.NativeGraph`: ``nodes``
 in topological order (``{"op", "attrs", "inputs"}``, each input ``["in", i]`` or
 ``["node", k, output]``) and ``heads``.  :func:`compile_graph` turns it into a Python
 function of the framework's arrays: one call of a rule per node, looked up once.  The
@@ -362,7 +362,7 @@ def _is_seed(nodes: list, nd: dict, grads: Sequence[int]) -> bool:
 
 
 def split_linear(graph: dict[str, Any], grads: Sequence[int]) -> Split | None:
-    """``graph`` (a training graph as :mod:`customop.graphs.transposed` builds it: each
+    """``graph`` (a training graph as :mod:`customop.graphs.backward` builds it: each
     output ``F_k(stop(x)) + h_k(x - stop(x))``, ``h_k`` linear) as a :class:`Split`, or
     None where it is not of that form (a ``make_loss``, an input whose gradient flows
     through the forward itself, an output not written ``F + h``).

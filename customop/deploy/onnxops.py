@@ -29,7 +29,7 @@ def install() -> None:
     from mxnet.onnx.mx2onnx import _op_translations  # noqa: F401 - fills the registry
     from mxnet.onnx.mx2onnx._export_onnx import MXNetGraph
 
-    from ..deploy import onnx_rules
+    from . import onnx_rules
 
     known = set().union(*MXNetGraph.registry_.values())
     for op, rule in onnx_rules.RULES.items():

@@ -1,6 +1,6 @@
 """The one place that adds an array up over a job's workers: MXNet's kvstore or Horovod.
 
-:func:`customop.distributed.agree.finish` merges each aux state's delta on this
+:func:`customop.aux_merge.finish` merges each aux state's delta on this
 process's devices, then needs three things of the engine that joins the processes:
 start every worker from worker 0's value of a state, add a delta up over the
 workers in place, and know this worker's rank.  Each engine is one small class
@@ -42,7 +42,7 @@ class KVStoreWorkers:
         # MXNet does not order this pull with the push that follows (another array, the
         # same key): sent after every worker's push, it returns their sum (measured:
         # Module's centers 3.05 apart on 2 workers in 9 runs of 14; see
-        # agree.initial_broadcast). Wait for it, once per key.
+        # aux_merge.initial_broadcast). Wait for it, once per key.
         value.wait_to_read()
 
     def sum(self, key: Any, value: mx.nd.NDArray, priority: int, first: bool) -> None:

@@ -3,7 +3,7 @@
 Off-switch: ``CUSTOMOP_RUNTIME_OFF=inline``; installed by the first Symbol call, or
 graph load, of an ``'mxnet'``-mode op that may inline in training: no aux,
 ``inline=True`` (``def_grad`` ops too: their closures are transposed,
-:mod:`customop.graphs.transposed`).
+:mod:`customop.graphs.backward`).
 
 Wraps ``Symbol.simple_bind``, ``Symbol.bind`` and ``CachedOp.__init__``.  A graph
 without a ``Custom`` node of such an op is bound or cached as before, after one
@@ -32,10 +32,10 @@ from typing import Any
 import mxnet as mx
 from mxnet.base import _LIB
 
-from .. import runtime
-from ..graphs import binding, graph_json, native
-from ..graphs.signatures import signature
-from . import aux
+from .. import runtime, symbol_json
+from ..runtime import aux_wait
+from . import binding, graph_verdicts
+from .call_key import signature
 
 _plans: dict[int, Any] = {}  # id(CachedOp) -> its CachedPlan
 _inner = threading.local()  # .building: a CachedOp made for a plan (never planned itself)
@@ -43,7 +43,7 @@ _inner = threading.local()  # .building: a CachedOp made for a plan (never plann
 
 def wanted(op: Any) -> bool:
     """Whether ``op`` may inline in training graphs (then this patch is needed)."""
-    return not native.static_reason(op, native.TRAIN)
+    return not graph_verdicts.static_reason(op, graph_verdicts.TRAIN)
 
 
 class _PlannedCachedOp(mx.nd.CachedOp):
@@ -190,7 +190,7 @@ class CachedPlan:
             order = [self.names.index(n) for n in sym.list_inputs()]
             if order == list(range(len(order))):
                 order = None
-        shape = graph_json.anonymous(sym)
+        shape = symbol_json.anonymous(sym)
         built = self.by_graph.get(shape)
         if built is None:
             inner = inner_cached_op(sym, self._flags(sym.list_inputs()))
@@ -229,45 +229,12 @@ def install() -> None:
     simple_bind, bind = mx.sym.Symbol.simple_bind, mx.sym.Symbol.bind
     cached_init = mx.nd.CachedOp.__init__
 
-    def simple_bind_(
-        self,
-        ctx,
-        grad_req="write",
-        type_dict=None,
-        stype_dict=None,
-        group2ctx=None,
-        shared_arg_names=None,
-        shared_exec=None,
-        shared_buffer=None,
-        **kwargs,
-    ):
-        return binding.simple_bind(
-            simple_bind,
-            self,
-            ctx,
-            grad_req,
-            type_dict,
-            stype_dict,
-            group2ctx,
-            shared_arg_names,
-            shared_exec,
-            shared_buffer,
-            **kwargs,
-        )
+    # (MXNet's signatures, which update_wrapper shows, are binding.simple_bind's and bind's)
+    def simple_bind_(self, ctx, *args, **kwargs):
+        return binding.simple_bind(simple_bind, self, ctx, *args, **kwargs)
 
-    def bind_(
-        self,
-        ctx,
-        args,
-        args_grad=None,
-        grad_req="write",
-        aux_states=None,
-        group2ctx=None,
-        shared_exec=None,
-    ):
-        return binding.bind(
-            bind, self, ctx, args, args_grad, grad_req, aux_states, group2ctx, shared_exec
-        )
+    def bind_(self, ctx, args, *rest, **kwargs):
+        return binding.bind(bind, self, ctx, args, *rest, **kwargs)
 
     def cached_init_(self, sym, flags=()):
         cached_init(self, sym, flags)
@@ -276,7 +243,7 @@ def install() -> None:
         plan = cached_plan(sym, flags)
         if plan is not None:
             plan.is_np_sym = self.is_np_sym
-            aux.forget(self)  # the graph it runs is the plan's
+            aux_wait.forget(self)  # the graph it runs is the plan's
             _plans[id(self)] = plan
             self.__class__ = _PlannedCachedOp
 

@@ -27,9 +27,7 @@ from typing import Any
 import mxnet as mx
 from mxnet.base import _LIB, check_call
 
-from .. import runtime
-from ..distributed import agree
-from ..graphs import graph_json
+from .. import aux_merge, runtime, symbol_json
 
 _aux_ops: dict[str, tuple[str, ...]] = {}  # op_type -> names of its aux states
 
@@ -46,7 +44,7 @@ def use_aux(op_type: str, aux: tuple[str, ...] | list[str]) -> None:
 def touch_aux(arrays, op_type: str) -> None:
     """A recorded training call of ``op_type`` is about to update its aux arrays."""
     if runtime.is_installed("auxsync") and mx.autograd.is_training():
-        agree.touch(arrays, [(op_type, s) for s in _aux_ops.get(op_type, ())])
+        aux_merge.touch(arrays, [(op_type, s) for s in _aux_ops.get(op_type, ())])
 
 
 def _wait_to_write(arrays) -> None:
@@ -90,7 +88,7 @@ def aux_variables(sym: Any) -> list[tuple[str, tuple[str, str]]]:
     graph = json.loads(text)
     nodes = graph["nodes"]
     found = []
-    for _, node, op_type in graph_json.custom_nodes(graph):
+    for _, node, op_type in symbol_json.custom_nodes(graph):
         states = _aux_ops.get(op_type, ())
         if states:
             found += [
@@ -108,7 +106,7 @@ class _AuxExecutor(mx.executor.Executor):
 
     def forward(self, is_train=False, **kwargs):
         if is_train and runtime.is_installed("auxsync"):
-            agree.touch([self.aux_dict[n] for n in self._customop_aux], self._customop_aux_ops)
+            aux_merge.touch([self.aux_dict[n] for n in self._customop_aux], self._customop_aux_ops)
         out = super().forward(is_train, **kwargs)
         _wait_to_write([self.aux_dict[n] for n in self._customop_aux])
         return out
@@ -136,7 +134,7 @@ class _AuxCachedOp(mx.nd.CachedOp):
         positions, labels = _cached_aux.get(id(self), ((), ()))
         arrays = [args[i] for i in positions]
         if runtime.is_installed("auxsync") and mx.autograd.is_training():
-            agree.touch(arrays, labels)
+            aux_merge.touch(arrays, labels)
         out = super().__call__(*args, **kwargs)
         _wait_to_write(arrays)
         note_recorded_aux(arrays)
@@ -160,7 +158,7 @@ def install() -> None:
             self.__class__ = _AuxExecutor
             self._customop_aux = [n for n, _ in found]
             self._customop_aux_ops = [label for _, label in found]
-            agree.note_executor(self, self._customop_aux)
+            aux_merge.note_executor(self, self._customop_aux)
 
     def cached_init_(self, sym, *args, **kwargs):
         cached_init(self, sym, *args, **kwargs)

@@ -4,7 +4,7 @@
 closure) in input order; :func:`record` calls them inside the forward's recording
 (:func:`customop.graphs.trace.record`) with a random head gradient ``g`` that is
 itself recorded, so that the graph read back holds each closure as a function of ``g``
-(:mod:`customop.graphs.transposed` transposes it).
+(:mod:`customop.graphs.backward` transposes it).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Off-switch: ``CUSTOMOP_RUNTIME_OFF=trace``; in place only while a forward is traced into
 a native graph, for that thread.
 
-Recording an op's forward as MXNet operators (:mod:`customop.graphs.native`) needs what
+Recording an op's forward as MXNet operators (:mod:`customop.graphs.graph_verdicts`) needs what
 MXNet has no hook for: the arrays each operator reads (``mx.autograd.get_symbol``
 names the forward's free variables ``nullN`` but gives no way to read their
 values: the constants it built), every read of a value back to Python
@@ -106,7 +106,3 @@ def tracing(log: Any) -> Iterator[None]:
 def tracing_now() -> Any:
     """The trace log of this thread's forward, or None when it is not being traced."""
     return _trace_logs.get(threading.get_ident()) if _trace_logs else None
-
-
-def install() -> None:
-    pass  # in place only inside tracing(), for the length of one trace

@@ -9,7 +9,7 @@ node stays.  The purposes:
   MXNet's gradient of the graph must be the operator's: an automatic gradient
   differentiates the forward (:mod:`customop.graphs.forward` builds it); ``def_grad``
   closures and output layers (``need_top_grad=False``) are transposed into the graph
-  (:mod:`customop.graphs.transposed`).  The graph must hold at every input shape the
+  (:mod:`customop.graphs.backward`).  The graph must hold at every input shape the
   block may see later (checked at other shapes).
 * ``'export'``: a deployed graph, inference only.  ``def_grad`` operators
   qualify too; the graph may be specialized to the exported shapes; arrays the
@@ -22,7 +22,7 @@ not depend on the values, reads nothing back to Python, calls no random operator
 and, evaluated, gives the op's own outputs (and closures' gradients) at the other
 values and signatures.  Every refusal is a table entry of :mod:`customop.graphs.rules`.
 Answers are cached per operator, parameters, signature and purpose, within the memory
-budget of :mod:`customop.graphs.budget` (least recently used out); a training graph serves
+budget of :mod:`customop.budget` (least recently used out); a training graph serves
 every signature of its shape family without another trace (:func:`_family`).
 """
 
@@ -36,14 +36,14 @@ from typing import Any
 
 import numpy as np
 
-from .. import errors
+from .. import budget, errors
 from ..modes import BFLOAT16
 from ..opinfo import Differentiable
-from . import budget, closure_values, rules, trace, transposed, verify
+from ..symbol_json import NativeGraph
+from . import backward, closure_check, rules, trace, verify
 from .forward import ForwardGraph
-from .graph_json import NativeGraph
 from .rules import EXPORT, PURPOSES, TRAIN, NotNative  # noqa: F401 - native.EXPORT names a purpose
-from .values import placeholders
+from .sample_inputs import placeholders
 
 _lock = threading.RLock()
 _cache = budget.Table()  # verdicts by signature, least recent first (the shared budget)
@@ -170,13 +170,13 @@ def _decide(op, params, shapes, dtypes, purpose, values) -> Verdict:
     try:
         if BFLOAT16 in dtypes:
             raise NotNative.of("bfloat16")
-        if purpose == TRAIN and transposed.has_own_gradient(op):
+        if purpose == TRAIN and backward.has_own_gradient(op):
             first = (
                 list(values)
                 if values is not None
-                else closure_values.passing(op, params, placeholders(shapes, dtypes, 1))
+                else closure_check.passing(op, params, placeholders(shapes, dtypes, 1))
             )
-            builder = transposed.TransposedGraph(op, params)
+            builder = backward.TransposedGraph(op, params)
         else:
             first = list(values) if values is not None else placeholders(shapes, dtypes, 1)
             builder = ForwardGraph(op, params, purpose)

@@ -25,7 +25,7 @@ pull, so MXNet's engine orders them with the reads and writes of the arrays;
 ``'mean'`` also sums the copy counts, ``'first'`` pushes zeros on workers other
 than rank 0), or over Horovod's ranks (``hvd.allreduce_``, where
 ``hvd.DistributedTrainer`` or ``hvd.DistributedOptimizer`` trains; the engines:
-:mod:`customop.distributed.workers`), and ``value before the step + merged delta`` is
+:mod:`customop.allreduce`), and ``value before the step + merged delta`` is
 written into every copy.  All copies then hold the same value.  In a Horovod job a
 Trainer or Module that Horovod does not drive merges nothing: ``AuxSync(..., hvd)``
 does, and a training pass after a step without it raises :class:`AuxStateError`.
@@ -62,7 +62,7 @@ from typing import Any
 
 import mxnet as mx
 
-from . import workers as workers_mod
+from . import allreduce as workers_mod
 
 _AUTO_KEY = 1 << 25  # + the parameter's index in its Trainer: the same on every worker
 
@@ -343,7 +343,7 @@ def _count_key(key: Any) -> Any:
 
 def finish(plan: Plan, kv: Any, priority_base: int = 0) -> None:
     """Merge the pending deltas over the workers (``kv``: a kvstore, or the engine of
-    :mod:`customop.distributed.workers`; None: this process's devices only), write every
+    :mod:`customop.allreduce`; None: this process's devices only), write every
     copy, reset bases."""
     pending, plan.pending = plan.pending, None
     if pending is None:

@@ -31,7 +31,7 @@ import mxnet as mx
 import numpy as np
 
 from ..dispatch import forced_path
-from ..graphs import imperative, native
+from ..graphs import graph_verdicts, imperative
 from ..operator import CustomOperator
 from .numeric import (
     bind,
@@ -58,7 +58,7 @@ from .report import (
     worse,
 )
 
-__all__ = ["check_grad", "GradReport", "GradRow", "Tolerance", "TOLERANCES"]
+__all__ = ["check_grad"]
 
 Loss = typing.Callable[[typing.List[np.ndarray], typing.List[np.ndarray]], float]  # noqa: UP006
 # (typing's generics: evaluated at run time, and Python 3.8 has no list[...])
@@ -183,7 +183,7 @@ def _has_imperative_graph(op: Any, arrays, params) -> bool:
     shapes, dtypes = [a.shape for a in arrays], [a.dtype for a in arrays]
     return (
         len(arrays) == len(op.signature.inputs)
-        and native.native_graph(op, params, shapes, dtypes, native.TRAIN).inlines
+        and graph_verdicts.native_graph(op, params, shapes, dtypes, graph_verdicts.TRAIN).inlines
     )
 
 

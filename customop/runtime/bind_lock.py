@@ -36,8 +36,7 @@ from typing import Any
 
 import mxnet as mx
 
-from .. import runtime
-from ..graphs import graph_json
+from .. import runtime, symbol_json
 
 _lock = threading.RLock()  # held around MXNet's bind of a graph of ours
 _ours: set[str] = set()  # the op_types of our props MXNet has created
@@ -59,9 +58,9 @@ def serialized() -> Any:
 
 def holds_ours(sym: mx.sym.Symbol) -> bool:
     """Whether ``sym`` holds a ``Custom`` node of one of our ops."""
-    graph = graph_json.graph_of(sym)
+    graph = symbol_json.graph_of(sym)
     return graph is not None and any(
-        op_type in _ours for _, _, op_type in graph_json.custom_nodes(graph)
+        op_type in _ours for _, _, op_type in symbol_json.custom_nodes(graph)
     )
 
 

@@ -1,7 +1,7 @@
 """An NDArray call's input signature, read with two C calls an array.
 
 The per-call key of the graphs that run a call's inputs (a hybridized block's inlined
-``CachedOp`` in :mod:`customop.runtime.inline`, an imperative call's native graph in
+``CachedOp`` in :mod:`customop.graphs.inline`, an imperative call's native graph in
 :mod:`customop.graphs.imperative`): half what ``.shape`` and ``.dtype`` cost.
 """
 

@@ -1,6 +1,6 @@
 """Comparing an operator's training graph with its gradient closures, on values.
 
-:mod:`customop.graphs.transposed` builds a ``def_grad`` op's training graph; this
+:mod:`customop.graphs.backward` builds a ``def_grad`` op's training graph; this
 module says whether MXNet's gradients of it are the closures': it runs the
 graph (:func:`run_graph`) and the closures (:func:`closure_gradients`) on the
 same values and compares them (:func:`mismatch`), and picks values on which the
@@ -12,10 +12,10 @@ from __future__ import annotations
 import mxnet as mx
 import numpy as np
 
-from .. import kernel
-from ..runtime import trace as hooks
-from . import compare, graph_json, trace
-from .graph_json import NativeGraph
+from .. import kernel, symbol_json
+from ..runtime import hooks
+from ..symbol_json import NativeGraph
+from . import compare, trace
 
 
 def run_graph(
@@ -23,7 +23,7 @@ def run_graph(
 ) -> tuple[list[np.ndarray], list[np.ndarray | None]]:
     """The graph's outputs and MXNet's gradients of its inputs for these head gradients."""
     names = [f"input{i}" for i in range(len(inputs))]
-    sym = graph_json.load(graph_json.to_json(graph, names))
+    sym = symbol_json.load(symbol_json.to_json(graph, names))
     arrays = {nm: mx.nd.array(v, dtype=v.dtype) for nm, v in zip(names, inputs)}
     for a in arrays.values():
         if np.issubdtype(a.dtype, np.floating):

@@ -21,7 +21,7 @@ from typing import Any, Iterable
 import mxnet as mx
 
 from .. import registry
-from ..graphs.graph_json import custom_op_types
+from ..symbol_json import custom_op_types
 
 # Where an op_type's first part is installed: the operator library's op types are
 # 'ops.<name>', and a wheel installs it as customop.ops (a top-level 'ops' may be Canonical's,
@@ -145,14 +145,7 @@ def imports(
         >>> net = customop.imports('model-symbol.json', ['data'], 'model-0000.params',
         ...                        modules=['my_ops'])  # doctest: +SKIP
     """
-    with open(symbol_file, encoding="utf-8") as f:
-        ensure_registered(
-            custom_op_types(f.read()),
-            repr(symbol_file),
-            modules,
-            trust_op_modules,
-            "customop.imports",
-        )
+    _register_file(symbol_file, modules, trust_op_modules, "customop.imports")
     return mx.gluon.SymbolBlock.imports(symbol_file, input_names, param_file, ctx, **kwargs)
 
 
@@ -170,16 +163,15 @@ def load_checkpoint(
         >>> sym, args, auxs = customop.load_checkpoint('model', 1,
         ...                                            modules=['my_ops'])  # doctest: +SKIP
     """
-    symbol_file = f"{prefix}-symbol.json"
+    _register_file(f"{prefix}-symbol.json", modules, trust_op_modules, "customop.load_checkpoint")
+    return mx.model.load_checkpoint(prefix, epoch)
+
+
+def _register_file(symbol_file: str, modules: Any, trust_op_modules: bool, caller: str) -> None:
     with open(symbol_file, encoding="utf-8") as f:
         ensure_registered(
-            custom_op_types(f.read()),
-            repr(symbol_file),
-            modules,
-            trust_op_modules,
-            "customop.load_checkpoint",
+            custom_op_types(f.read()), repr(symbol_file), modules, trust_op_modules, caller
         )
-    return mx.model.load_checkpoint(prefix, epoch)
 
 
 def _module_names(modules: Any, caller: str) -> list[str]:

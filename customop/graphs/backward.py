@@ -4,7 +4,7 @@ The builder of that piece of graph (:class:`TransposedGraph`), for one operator 
 signature; :mod:`customop.graphs.binding` runs whole models' graphs with such pieces
 spliced in.  A ``def_grad`` closure ``grad(g)`` is linear in the head gradient ``g``.  The
 forward and every closure are recorded together (:func:`customop.graphs.trace.record`
-with :mod:`customop.graphs.closures`) with ``g`` as a variable; each closure's graph
+with :mod:`customop.graphs.recorded_closures`) with ``g`` as a variable; each closure's graph
 is transposed (:mod:`customop.graphs.transpose`) into ``h(v) = J v``, whose
 coefficients are the closure's ``g``-free values.  The operator's output ``k``
 becomes::
@@ -28,7 +28,7 @@ head gradient.
 
 :class:`TransposedGraph` is the builder :func:`customop.graphs.verify.verified`
 checks: MXNet's backward of the graph must give the closures' gradients on other
-values and shapes (:mod:`customop.graphs.closure_values`).  What does not trace or
+values and shapes (:mod:`customop.graphs.closure_check`).  What does not trace or
 transpose raises :class:`~customop.graphs.rules.NotNative` with a rule of
 ``TRACE_REFUSALS`` naming the closure and the operator (or the read) that stopped it.
 """
@@ -40,15 +40,15 @@ from typing import Any
 import mxnet as mx
 import numpy as np
 
-from .. import errors
+from .. import errors, symbol_json
 from ..opinfo import Differentiable
-from . import closure_values, graph_json, trace
-from .closures import Closure, closures_of
+from ..symbol_json import NativeGraph
+from . import closure_check, trace
 from .forward import ForwardGraph
-from .graph_json import NativeGraph
+from .recorded_closures import Closure, closures_of
 from .rules import TRAIN, NotNative
+from .sample_inputs import grown, placeholders
 from .transpose import ZEROS, NotLinear, Transposer, nonlinear_use, transpose
-from .values import grown, placeholders
 
 
 def has_own_gradient(op: Differentiable) -> bool:
@@ -116,7 +116,7 @@ class TransposedGraph(ForwardGraph):
             v if name in self.op.no_grad or not np.issubdtype(v.dtype, np.floating) else w
             for name, v, w in zip(self.op.signature.inputs, first, third)
         ]
-        return closure_values.mismatch(self.op, self.params, graph, others)
+        return closure_check.mismatch(self.op, self.params, graph, others)
 
     def other_values(self, first, shapes) -> list[np.ndarray]:
         return grown(first, shapes)
@@ -126,7 +126,7 @@ class TransposedGraph(ForwardGraph):
         return self.build(rec, shapes), rec
 
     def differs_at(self, graph: NativeGraph, inputs, rec: trace.Recording, alt: NativeGraph) -> str:
-        return closure_values.mismatch(self.op, self.params, graph, inputs)
+        return closure_check.mismatch(self.op, self.params, graph, inputs)
 
     def guarded(self, graph: NativeGraph, rec: trace.Recording) -> NativeGraph:
         if graph.forward_only is not None:
@@ -166,7 +166,7 @@ class _Assembly:
                     for r in nd["inputs"]
                 )
             )
-        self.known = graph_json.entry_signatures(
+        self.known = symbol_json.entry_signatures(
             frag, [*shapes, *self.out_shapes], [*b.in_dtypes, *self.out_dtypes]
         )
         self.fwd_heads = list(frag.heads[: self.n_out])

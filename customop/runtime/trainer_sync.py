@@ -14,7 +14,7 @@ whose graph, hold aux states of our ops ends each step with every copy
 equal to the devices' (and ``dist_sync`` workers') deltas merged by each
 state's rule: summed by default, or their mean, or the first device's, or
 none for ``'local'`` states, whose copies the first step's broadcast leaves
-as they were (:mod:`customop.distributed.agree`); under ``dist_*`` with
+as they were (:mod:`customop.aux_merge`); under ``dist_*`` with
 ``update_on_kvstore=False`` such a Trainer's first step also finishes its
 broadcast of initial values before any push (MXNet's does not order the two:
 measured, a worker then starts from the summed gradient).  Any other Trainer or
@@ -30,7 +30,7 @@ import functools
 
 import mxnet as mx
 
-from ..distributed import agree
+from .. import aux_merge
 
 
 def install() -> None:
@@ -39,7 +39,7 @@ def install() -> None:
     module_update = module.update
 
     def _run(method, begin, finish, self, args, kwargs):
-        agree.note_step()
+        aux_merge.note_step()
         plan = begin(self)
         if plan is None:
             return method(self, *args, **kwargs)
@@ -53,17 +53,19 @@ def install() -> None:
         return out
 
     def step_(self, *args, **kwargs):
-        return _run(step, agree.trainer_begin, agree.trainer_finish, self, args, kwargs)
+        return _run(step, aux_merge.trainer_begin, aux_merge.trainer_finish, self, args, kwargs)
 
     def allreduce_grads_(self, *args, **kwargs):
         # reads the deltas before the first call's broadcast; update() then finishes
-        return _run(allreduce_grads, agree.trainer_begin, None, self, args, kwargs)
+        return _run(allreduce_grads, aux_merge.trainer_begin, None, self, args, kwargs)
 
     def update_(self, *args, **kwargs):
-        return _run(update, agree.trainer_begin, agree.trainer_finish, self, args, kwargs)
+        return _run(update, aux_merge.trainer_begin, aux_merge.trainer_finish, self, args, kwargs)
 
     def module_update_(self, *args, **kwargs):
-        return _run(module_update, agree.module_begin, agree.module_finish, self, args, kwargs)
+        return _run(
+            module_update, aux_merge.module_begin, aux_merge.module_finish, self, args, kwargs
+        )
 
     functools.update_wrapper(step_, step)
     functools.update_wrapper(allreduce_grads_, allreduce_grads)
@@ -71,4 +73,4 @@ def install() -> None:
     functools.update_wrapper(module_update_, module_update)
     trainer.step, trainer.allreduce_grads, trainer.update = step_, allreduce_grads_, update_
     module.update = module_update_
-    agree.start_tracking()
+    aux_merge.start_tracking()

@@ -39,7 +39,7 @@ class NativeGraph:
     guards: list[str] = field(default_factory=list)  # operators given index guards
     dtype_generic: bool = True
     generic: tuple = ()  # the sizes the graph was checked to hold at another value of
-    note: str = ""  # how a def_grad op's gradient is carried (customop.graphs.transposed)
+    note: str = ""  # how a def_grad op's gradient is carried (customop.graphs.backward)
     # A def_grad op's graph without its transposed closures, for graphs where none of the
     # inputs ``differentiates`` (by index) can need a gradient (customop.graphs.splice).
     forward_only: NativeGraph | None = None
@@ -264,7 +264,7 @@ def reachable(graph: dict[str, Any]) -> dict[str, Any]:
 
 def entry_signatures(frag: Any, shapes, dtypes) -> dict:
     """(shape, dtype) of every node output of ``frag`` (a
-    :class:`customop.graphs.native.NativeGraph`) at these input shapes and dtypes, by
+    :class:`customop.graphs.graph_verdicts.NativeGraph`) at these input shapes and dtypes, by
     ``(node, output)``."""
     names = [f"input{i}" for i in range(len(shapes))]
     graph = to_json(frag, names)
