@@ -24,12 +24,14 @@ gradient where is read from :data:`customop.graphs.rules.NO_GRADIENT` and
 
 from __future__ import annotations
 
+import json
 import math
+import threading
 from typing import Any, Callable, NamedTuple
 
 import numpy as np
 
-from . import graph_json, rules
+from . import budget, graph_json, rules
 
 # MXNet operators without inputs whose output is a function of their attributes
 _CONSTANT_SOURCES = frozenset({"_full", "_zeros", "_ones", "_arange"})
@@ -39,13 +41,50 @@ _KNOWN = rules.PASS_GRADIENT | frozenset(rules.NO_GRADIENT)
 
 def tidied(graph: dict[str, Any], shapes: dict[str, tuple] | None = None) -> dict[str, Any]:
     """``graph`` rewritten by each rule of :data:`RULES` in turn (``shapes``: by input name,
-    the signature the graph is settled for; the rules that need one are skipped without)."""
-    for rule in RULES:
+    the signature the graph is settled for; the rules that need one are skipped without).
+
+    The rules before the first settled one read the graph alone, so their result is kept
+    per graph (:func:`unsettled`): a new signature of a shape family, whose spliced graph
+    is the same, runs only the settled rules.
+    """
+    first = next((k for k, rule in enumerate(RULES) if rule.settled), len(RULES))
+    graph = unsettled(graph, first)
+    for rule in RULES[first:]:
         if not rule.settled:
             graph = rule.rewrite(graph)
         elif shapes is not None:
             graph = rule.rewrite(graph, shapes)
     return graph
+
+
+# Graphs rewritten by RULES[:count] (no settled rule among them), by the graph's text and
+# count, under the memory budget of customop.graphs.budget: an entry costs its key's text
+# and the rewritten graph (estimated at that text again).
+_unsettled = budget.Table()
+_unsettled_lock = threading.Lock()
+
+
+def unsettled(graph: dict[str, Any], count: int) -> dict[str, Any]:
+    """``graph`` rewritten by the first ``count`` rules of :data:`RULES` (none settled),
+    computed once per graph: the rules read nothing but the graph (constants they evaluate
+    are made inside it), and return new graphs without changing the ones they read."""
+    text = json.dumps(graph, sort_keys=True)
+    key = (text, RULES[:count])
+    with _unsettled_lock:
+        found = _unsettled.recall(key)
+    if found is not None:
+        return found
+    for rule in RULES[:count]:
+        graph = rule.rewrite(graph)
+    with _unsettled_lock:
+        _unsettled.keep(key, graph, budget.RECALLED + 2 * len(text))
+    return graph
+
+
+def clear_cache() -> None:
+    """Forget every tidied graph (tests)."""
+    with _unsettled_lock:
+        _unsettled.clear()
 
 
 def idle_block_grads(graph: dict[str, Any]) -> dict[str, Any]:
