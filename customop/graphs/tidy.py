@@ -68,23 +68,32 @@ def unsettled(graph: dict[str, Any], count: int) -> dict[str, Any]:
     """``graph`` rewritten by the first ``count`` rules of :data:`RULES` (none settled),
     computed once per graph: the rules read nothing but the graph (constants they evaluate
     are made inside it), and return new graphs without changing the ones they read."""
+    rules_run = RULES[:count]
+    with _unsettled_lock:  # the same graph object (customop.graphs.splice keeps one a family)
+        same = _unsettled.recall((id(graph), rules_run))
+    if same is not None and same[0] is graph:
+        return same[1]
     text = json.dumps(graph, sort_keys=True)
-    key = (text, RULES[:count])
+    key = (text, rules_run)
     with _unsettled_lock:
         found = _unsettled.recall(key)
-    if found is not None:
-        return found
-    for rule in RULES[:count]:
-        graph = rule.rewrite(graph)
+    if found is None:
+        found = graph
+        for rule in rules_run:
+            found = rule.rewrite(found)
+        with _unsettled_lock:
+            _unsettled.keep(key, found, budget.RECALLED + 2 * len(text))
     with _unsettled_lock:
-        _unsettled.keep(key, graph, budget.RECALLED + 2 * len(text))
-    return graph
+        _unsettled.keep((id(graph), rules_run), (graph, found), budget.RECALLED + 2 * len(text))
+    return found
 
 
 def clear_cache() -> None:
-    """Forget every tidied graph (tests)."""
+    """Forget every tidied graph and plan (tests)."""
     with _unsettled_lock:
         _unsettled.clear()
+    with _plans_lock:
+        _plans.clear()
 
 
 def idle_block_grads(graph: dict[str, Any]) -> dict[str, Any]:
@@ -201,7 +210,69 @@ def argmax_indices(graph: dict[str, Any], shapes: dict[str, tuple]) -> dict[str,
     ``m == m`` is 1 (never NaN), so is ``ok / ok`` and its copies, and a product by them is
     the other factor.  Up to 2048 (every float dtype counts that far exactly).
     """
-    nodes = graph["nodes"]
+    plan = _argmax_plan(graph)
+    if not plan.asked:
+        return plan.result
+    known = _entry_shapes(plan, shapes)
+
+    def holds(entries, test):
+        found = [known[e] if e in known else _shape(graph["nodes"], e, shapes) for e in entries]
+        return all(f is not None for f in found) and test(found)
+
+    if all(holds(entries, test) for entries, test in plan.asked):
+        return plan.result  # the scan takes the plan's path
+    return _aliased(graph, _argmax_aliases(graph["nodes"], holds))
+
+
+class _ArgmaxPlan(NamedTuple):
+    graph: dict[str, Any]  # the graph planned for (kept: its id is the plan's key)
+    asked: list  # (entries, test of their shapes) of each question the scan asked
+    part: Any  # a Symbol whose outputs are the asked entries (None: none asked)
+    result: dict[str, Any]  # the graph rewritten where every question holds
+
+
+# argmax_indices' plans by graph: the graph the unsettled rules leave is one object per spliced
+# graph (unsettled's table), so a shape family's new signature finds its plan.  Under the
+# memory budget of customop.graphs.budget.
+_plans = budget.Table()
+_plans_lock = threading.Lock()
+
+
+def _argmax_plan(graph: dict[str, Any]) -> _ArgmaxPlan:
+    # The scan with every question about shapes answered "it holds": the entries whose shapes
+    # it asks about, and the graph it gives when they hold (at a signature where every one
+    # does, the scan takes the same path).
+    with _plans_lock:
+        found = _plans.recall(id(graph))
+    if found is not None and found.graph is graph:
+        return found
+    asked: list = []
+
+    def assume(entries, test):
+        asked.append((tuple(entries), test))
+        return True
+
+    result = _aliased(graph, _argmax_aliases(graph["nodes"], assume))
+    wanted = list(dict.fromkeys(e for entries, _ in asked for e in entries))
+    part = None
+    if wanted:
+        heads = [[e[0], e[1], 0] for e in wanted]
+        part = graph_json.load(graph_json.reachable({"nodes": graph["nodes"], "heads": heads}))
+    plan = _ArgmaxPlan(graph, asked, part, result)
+    with _plans_lock:
+        _plans.keep(id(graph), plan, budget.RECALLED + 400 * len(graph["nodes"]))
+    return plan
+
+
+def _aliased(graph: dict[str, Any], alias: dict[int, list]) -> dict[str, Any]:
+    heads = {h[0] for h in graph["heads"]}
+    alias = {i: e for i, e in alias.items() if i not in heads}
+    return graph_json.reachable(_replaced(graph, alias)) if alias else graph
+
+
+def _argmax_aliases(nodes, holds) -> dict[int, list]:
+    # argmax_indices' scan: node -> the entry it equals.  ``holds(entries, test)``: whether
+    # these entries' shapes are known and pass ``test`` (a list of shapes -> bool).
     alias: dict[int, list] = {}  # node -> the entry it equals
     integral: set[tuple] = set()  # entries holding integers, never NaN (argmax outputs)
     ones: set[int] = set()  # nodes whose every element is 1
@@ -217,7 +288,7 @@ def argmax_indices(graph: dict[str, Any], shapes: dict[str, tuple]) -> dict[str,
             integral.add((i, 0))
         elif op == "broadcast_minimum" and nodes[ins[0][0]]["op"] == "_maximum_scalar":
             m = at(nodes[ins[0][0]]["inputs"][0])
-            if m in integral and _argmax_in_range(nodes, ins, m, shapes):
+            if m in integral and _argmax_in_range(nodes, ins, m, holds):
                 alias[i] = list(m)
         elif op == "floor" and ins[0] in integral:
             alias[i] = list(ins[0])
@@ -232,16 +303,14 @@ def argmax_indices(graph: dict[str, Any], shapes: dict[str, tuple]) -> dict[str,
         elif op in ("broadcast_mul", "elemwise_mul"):
             for k in (0, 1):
                 if ins[1 - k][0] in ones and (
-                    op == "elemwise_mul" or _within(nodes, ins[1 - k], ins[k], shapes)
+                    op == "elemwise_mul" or holds([ins[1 - k], ins[k]], _broadcasts_to)
                 ):
                     alias[i] = list(ins[k])
                     break
-    heads = {h[0] for h in graph["heads"]}
-    alias = {i: e for i, e in alias.items() if i not in heads}
-    return graph_json.reachable(_replaced(graph, alias)) if alias else graph
+    return alias
 
 
-def _argmax_in_range(nodes, ins, m, shapes) -> bool:
+def _argmax_in_range(nodes, ins, m, holds) -> bool:
     # ins: broadcast_minimum(_maximum_scalar(m, 0), max(arange_like(refs, axis=1))), with m
     # an argmax over an axis of length M = refs.shape[1] <= 2048
     low, high = nodes[ins[0][0]], nodes[ins[1][0]]
@@ -256,23 +325,40 @@ def _argmax_in_range(nodes, ins, m, shapes) -> bool:
     axis = graph_json.attrs(argmax).get("axis", "None")
     if axis in ("None", ""):
         return False
-    found = _shapes(nodes, [argmax["inputs"][0], count["inputs"][0]], shapes)
-    if found is None:
-        return False
-    scores, refs = found
-    length = scores[int(axis)]
-    return len(refs) > 1 and length == refs[1] and length <= 2048
+
+    def in_range(found):
+        scores, refs = found
+        length = scores[int(axis)]
+        return len(refs) > 1 and length == refs[1] and length <= 2048
+
+    return holds([tuple(argmax["inputs"][0][:2]), tuple(count["inputs"][0][:2])], in_range)
 
 
-def _within(nodes, small, big, shapes) -> bool:
-    # whether broadcasting ``small`` against ``big`` gives big's shape
-    found = _shapes(nodes, [small, big], shapes)
-    if found is None:
-        return False
+def _broadcasts_to(found) -> bool:
+    # whether broadcasting the first shape against the second gives the second
     a, b = found
     if len(a) > len(b):
         return False
     return all(x in (1, y) for x, y in zip(a[::-1], b[::-1]))
+
+
+def _entry_shapes(plan: _ArgmaxPlan, shapes) -> dict[tuple, tuple | None]:
+    # the shapes of the plan's entries at the settled signature (None where unknown), from one
+    # shape pass of the part of the graph that computes them
+    wanted = list(dict.fromkeys(e for entries, _ in plan.asked for e in entries))
+    given = {n: tuple(shapes[n]) for n in plan.part.list_inputs() if n in shapes}
+    try:
+        _, out, _ = plan.part.infer_shape_partial(**given)
+    except Exception:  # noqa: BLE001 - unknown: each is asked alone (_shape)
+        return {}
+    if not out or len(out) != len(wanted):
+        return {}
+    return {e: tuple(s) if s and all(d > 0 for d in s) else None for e, s in zip(wanted, out)}
+
+
+def _shape(nodes, entry, shapes) -> tuple | None:
+    found = _shapes(nodes, [entry], shapes)
+    return None if found is None else found[0]
 
 
 def _shapes(nodes, entries, shapes) -> list[tuple] | None:
