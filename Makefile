@@ -94,6 +94,7 @@ bench-fork: $(STAMP)
 
 bench-binds: $(STAMP)
 	$(PY) benchmarks/bind_cost.py
+	$(PY) benchmarks/first_steps.py
 
 bench-composed: $(STAMP)
 	$(PY) benchmarks/composed.py

@@ -113,7 +113,7 @@ class Inference:
         elif dtypes is not None:
             metas = self._run(params, shapes, dtypes)
         else:
-            metas = self._guess_dtypes(params, shapes)
+            metas = self._guess_dtypes(params, shapes, pkey)
             dtypes = None
         if dtypes is not None:
             self.record(pkey, shapes, dtypes, metas)
@@ -182,13 +182,18 @@ class Inference:
             for ints in itertools.combinations(range(n), k):
                 yield tuple(np.dtype(np.int32 if i in ints else np.float32) for i in range(n))
 
-    def _guess_dtypes(self, params, shapes) -> tuple[OutputMeta, ...]:
+    def _guess_dtypes(self, params, shapes, pkey=None) -> tuple[OutputMeta, ...]:
         first_error = None
         for dtypes in self._guesses(len(shapes)):
             try:
-                return self._run(params, shapes, dtypes)
+                metas = self._run(params, shapes, dtypes)
             except Exception as exc:  # noqa: BLE001 - any failure means "try the next guess"
                 first_error = first_error or exc
+                continue
+            if pkey is not None:  # the run these dtypes would make: MXNet's type pass, which
+                # follows its shape pass with the graph's dtypes (most often these), reads it
+                self.by_signature.keep((pkey, shapes, dtypes), metas, INFERRED)
+            return metas
         if not errors.is_own_check(first_error, self.op.op_type) and not (
             _users_raise(first_error) and not self._passes_elsewhere(params, shapes)
         ):

@@ -132,6 +132,7 @@ class CachedPlan:
         self.params = frozenset(dict(self.flags).get("param_indices") or ())
         self.built: dict[Any, tuple[Any, list[int] | None]] = {}  # signature -> (CachedOp, order)
         self.by_graph: dict[str, tuple[Any, list[int] | None]] = {}  # anonymous graph -> same
+        self.by_symbol: dict[int, tuple[Any, Any]] = {}  # id of a spliced Symbol -> it, same
         self.lock = threading.Lock()
 
     def call(self, outer, args, kwargs):
@@ -185,6 +186,9 @@ class CachedPlan:
 
     def _cached(self, found):
         sym, order = self.sym, None
+        known = self.by_symbol.get(id(found.symbol)) if found is not None else None
+        if known is not None and known[0] is found.symbol:
+            return known[1]  # a shape family's signatures share the spliced Symbol
         if found is not None:
             sym = found.symbol.as_np_ndarray() if self.is_np_sym else found.symbol
             order = [self.names.index(n) for n in sym.list_inputs()]
@@ -195,6 +199,10 @@ class CachedPlan:
         if built is None:
             inner = inner_cached_op(sym, self._flags(sym.list_inputs()))
             built = self.by_graph[shape] = (inner, order)
+        if found is not None:
+            if len(self.by_symbol) >= 8:  # (a few: a new Symbol a signature would pile up)
+                del self.by_symbol[next(iter(self.by_symbol))]
+            self.by_symbol[id(found.symbol)] = (found.symbol, built)
         return built
 
     def _flags(self, names: list[str]) -> list:

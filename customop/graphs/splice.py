@@ -9,13 +9,15 @@ Symbol is unchanged).  Nodes it cannot inline stay, each with its reason.
 
 from __future__ import annotations
 
+import json
+import threading
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import mxnet as mx
 import numpy as np
 
-from .. import errors, registry, symbol_json
+from .. import budget, errors, registry, symbol_json
 from .. import params as _params
 from . import graph_verdicts, rules, tidy
 
@@ -40,7 +42,7 @@ class Spliced:
 
     symbol: mx.sym.Symbol
     inlined: list[str] = field(default_factory=list)  # the nodes replaced
-    verdicts: dict[str, Any] = field(default_factory=dict)  # node -> its native.Verdict
+    verdicts: dict[str, Any] = field(default_factory=dict)  # node -> its graph_verdicts.Verdict
     kept: list[Kept] = field(default_factory=list)
     constants: dict[str, np.ndarray] = field(default_factory=dict)  # new variables (export)
     dtype_generic: bool = True
@@ -158,12 +160,54 @@ def inline(
                 if not sources & grads:
                     graphs[i] = verdict.graph.forward_only
     if graphs:
-        new, result.constants = _spliced(graph, graphs)
-        result.symbol = symbol_json.load(
+        new, result.constants = _spliced_once(graph, graphs)
+        result.symbol = _loaded(
             tidy.tidied(new, shapes if purpose == graph_verdicts.TRAIN else None)
         )
         result.inlined = [nodes[i]["name"] for i in graphs]
     return result
+
+
+# Spliced graphs by the graph and the native graphs put in: a shape family's signatures get
+# the same native graphs (customop.graphs.native's families), so one spliced graph object,
+# which tidying then finds (its tables are by graph object first).  The native graphs are kept
+# with it (their ids are in the key).  Under the memory budget of customop.budget.
+_splices = budget.Table()
+_splices_lock = threading.Lock()
+
+
+def _spliced_once(
+    graph: dict[str, Any], graphs: dict[int, graph_verdicts.NativeGraph]
+) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    text = json.dumps(graph, sort_keys=True)
+    key = (text, tuple(sorted((i, id(g)) for i, g in graphs.items())))
+    with _splices_lock:
+        found = _splices.recall(key)
+    if found is None or any(found[0].get(i) is not g for i, g in graphs.items()):
+        new, constants = _spliced(graph, graphs)
+        found = (dict(graphs), new, constants)
+        with _splices_lock:
+            _splices.keep(key, found, budget.RECALLED + 400 * len(new["nodes"]) + len(text))
+    return found[1], dict(found[2])
+
+
+# Symbols by the graph they were loaded from: tidying gives a shape family's signatures one
+# graph object (customop.graphs.tidy keeps it), so they share one Symbol (nothing changes a
+# spliced Symbol: binds and CachedOps read it).  The graph is kept with its Symbol (its id
+# is the key); under the memory budget of customop.budget.
+_symbols = budget.Table()
+_symbols_lock = threading.Lock()
+
+
+def _loaded(graph: dict[str, Any]) -> mx.sym.Symbol:
+    with _symbols_lock:
+        found = _symbols.recall(id(graph))
+    if found is not None and found[0] is graph:
+        return found[1]
+    sym = symbol_json.load(graph)
+    with _symbols_lock:
+        _symbols.keep(id(graph), (graph, sym), budget.RECALLED + 400 * len(graph["nodes"]))
+    return sym
 
 
 class _Refused(NamedTuple):

@@ -24,12 +24,14 @@ gradient where is read from :data:`customop.graphs.rules.NO_GRADIENT` and
 
 from __future__ import annotations
 
+import json
 import math
+import threading
 from typing import Any, Callable, NamedTuple
 
 import numpy as np
 
-from .. import symbol_json
+from .. import budget, symbol_json
 from . import rules
 
 # MXNet operators without inputs whose output is a function of their attributes
@@ -40,13 +42,59 @@ _KNOWN = rules.PASS_GRADIENT | frozenset(rules.NO_GRADIENT)
 
 def tidied(graph: dict[str, Any], shapes: dict[str, tuple] | None = None) -> dict[str, Any]:
     """``graph`` rewritten by each rule of :data:`RULES` in turn (``shapes``: by input name,
-    the signature the graph is settled for; the rules that need one are skipped without)."""
-    for rule in RULES:
+    the signature the graph is settled for; the rules that need one are skipped without).
+
+    The rules before the first settled one read the graph alone, so their result is kept
+    per graph (:func:`unsettled`): a new signature of a shape family, whose spliced graph
+    is the same, runs only the settled rules.
+    """
+    first = next((k for k, rule in enumerate(RULES) if rule.settled), len(RULES))
+    graph = unsettled(graph, first)
+    for rule in RULES[first:]:
         if not rule.settled:
             graph = rule.rewrite(graph)
         elif shapes is not None:
             graph = rule.rewrite(graph, shapes)
     return graph
+
+
+# Graphs rewritten by RULES[:count] (no settled rule among them), by the graph's text and
+# count, under the memory budget of customop.budget: an entry costs its key's text
+# and the rewritten graph (estimated at that text again).
+_unsettled = budget.Table()
+_unsettled_lock = threading.Lock()
+
+
+def unsettled(graph: dict[str, Any], count: int) -> dict[str, Any]:
+    """``graph`` rewritten by the first ``count`` rules of :data:`RULES` (none settled),
+    computed once per graph: the rules read nothing but the graph (constants they evaluate
+    are made inside it), and return new graphs without changing the ones they read."""
+    rules_run = RULES[:count]
+    with _unsettled_lock:  # the same graph object (customop.graphs.splice keeps one a family)
+        same = _unsettled.recall((id(graph), rules_run))
+    if same is not None and same[0] is graph:
+        return same[1]
+    text = json.dumps(graph, sort_keys=True)
+    key = (text, rules_run)
+    with _unsettled_lock:
+        found = _unsettled.recall(key)
+    if found is None:
+        found = graph
+        for rule in rules_run:
+            found = rule.rewrite(found)
+        with _unsettled_lock:
+            _unsettled.keep(key, found, budget.RECALLED + 2 * len(text))
+    with _unsettled_lock:
+        _unsettled.keep((id(graph), rules_run), (graph, found), budget.RECALLED + 2 * len(text))
+    return found
+
+
+def clear_cache() -> None:
+    """Forget every tidied graph and plan (tests)."""
+    with _unsettled_lock:
+        _unsettled.clear()
+    with _plans_lock:
+        _plans.clear()
 
 
 def idle_block_grads(graph: dict[str, Any]) -> dict[str, Any]:
@@ -164,20 +212,82 @@ def argmax_indices(graph: dict[str, Any], shapes: dict[str, tuple]) -> dict[str,
     other factor.  Up to 2048 (every float dtype counts that far exactly).  (A detection
     head's ``argmax`` of IoU as ``matches``, as in ``ops.box_encode``, is such an index.)
     """
-    facts = _IndexFacts(graph["nodes"], shapes)
-    for i, node in enumerate(facts.nodes):
+    plan = _argmax_plan(graph)
+    if not plan.asked:
+        return plan.result
+    known = _entry_shapes(plan, shapes)
+
+    def holds(entries, test):
+        found = [known[e] if e in known else _shape(graph["nodes"], e, shapes) for e in entries]
+        return all(f is not None for f in found) and test(found)
+
+    if all(holds(entries, test) for entries, test in plan.asked):
+        return plan.result  # the scan takes the plan's path
+    return _aliased(graph, _argmax_aliases(graph["nodes"], holds))
+
+
+class _ArgmaxPlan(NamedTuple):
+    graph: dict[str, Any]  # the graph planned for (kept: its id is the plan's key)
+    asked: list  # (entries, test of their shapes) of each question the scan asked
+    part: Any  # a Symbol whose outputs are the asked entries (None: none asked)
+    result: dict[str, Any]  # the graph rewritten where every question holds
+
+
+# argmax_indices' plans by graph: the graph the unsettled rules leave is one object per spliced
+# graph (unsettled's table), so a shape family's new signature finds its plan.  Under the
+# memory budget of customop.budget.
+_plans = budget.Table()
+_plans_lock = threading.Lock()
+
+
+def _argmax_plan(graph: dict[str, Any]) -> _ArgmaxPlan:
+    # The scan with every question about shapes answered "it holds": the entries whose shapes
+    # it asks about, and the graph it gives when they hold (at a signature where every one
+    # does, the scan takes the same path).
+    with _plans_lock:
+        found = _plans.recall(id(graph))
+    if found is not None and found.graph is graph:
+        return found
+    asked: list = []
+
+    def assume(entries, test):
+        asked.append((tuple(entries), test))
+        return True
+
+    result = _aliased(graph, _argmax_aliases(graph["nodes"], assume))
+    wanted = list(dict.fromkeys(e for entries, _ in asked for e in entries))
+    part = None
+    if wanted:
+        heads = [[e[0], e[1], 0] for e in wanted]
+        part = symbol_json.load(symbol_json.reachable({"nodes": graph["nodes"], "heads": heads}))
+    plan = _ArgmaxPlan(graph, asked, part, result)
+    with _plans_lock:
+        _plans.keep(id(graph), plan, budget.RECALLED + 400 * len(graph["nodes"]))
+    return plan
+
+
+def _aliased(graph: dict[str, Any], alias: dict[int, list]) -> dict[str, Any]:
+    heads = {h[0] for h in graph["heads"]}
+    alias = {i: e for i, e in alias.items() if i not in heads}
+    return symbol_json.reachable(_replaced(graph, alias)) if alias else graph
+
+
+def _argmax_aliases(nodes, holds) -> dict[int, list]:
+    # argmax_indices' scan: node -> the entry it equals.  ``holds(entries, test)``: whether
+    # these entries' shapes are known and pass ``test`` (a list of shapes -> bool).
+    facts = _IndexFacts(nodes, holds)
+    for i, node in enumerate(nodes):
         rule = INDEX_FACTS.get(node["op"])
         if rule is not None:
             rule(facts, i, node, [facts.at(e) for e in node["inputs"]])
-    heads = {h[0] for h in graph["heads"]}
-    alias = {i: e for i, e in facts.alias.items() if i not in heads}
-    return symbol_json.reachable(_replaced(graph, alias)) if alias else graph
+    return facts.alias
 
 
 class _IndexFacts:
     # what argmax_indices knows of a graph's entries, node by node
-    def __init__(self, nodes: list[dict[str, Any]], shapes: dict[str, tuple]):
-        self.nodes, self.shapes = nodes, shapes
+    def __init__(self, nodes: list[dict[str, Any]], holds: Callable[..., bool]):
+        # holds(entries, test): whether these entries' shapes are known and pass test
+        self.nodes, self.holds = nodes, holds
         self.alias: dict[int, list] = {}  # node -> the entry it equals
         self.integral: set[tuple] = set()  # entries holding integers, never NaN (argmax's)
         self.ones: set[int] = set()  # nodes whose every element is 1
@@ -196,7 +306,7 @@ def _argmax(f: _IndexFacts, i: int, node: dict, ins: list) -> None:
 def _clipped(f: _IndexFacts, i: int, node: dict, ins: list) -> None:
     if f.nodes[ins[0][0]]["op"] == "_maximum_scalar":
         m = f.at(f.nodes[ins[0][0]]["inputs"][0])
-        if m in f.integral and _argmax_in_range(f.nodes, ins, m, f.shapes):
+        if m in f.integral and _argmax_in_range(f.nodes, ins, m, f.holds):
             f.alias[i] = list(m)
 
 
@@ -228,7 +338,7 @@ def _ones_kept(f: _IndexFacts, i: int, node: dict, ins: list) -> None:
 def _product(f: _IndexFacts, i: int, node: dict, ins: list) -> None:
     for k in (0, 1):
         if ins[1 - k][0] in f.ones and (
-            node["op"] == "elemwise_mul" or _within(f.nodes, ins[1 - k], ins[k], f.shapes)
+            node["op"] == "elemwise_mul" or f.holds([ins[1 - k], ins[k]], _broadcasts_to)
         ):
             f.alias[i] = list(ins[k])
             break
@@ -252,7 +362,7 @@ INDEX_FACTS: dict[str, Callable[..., None]] = {
 }
 
 
-def _argmax_in_range(nodes, ins, m, shapes) -> bool:
+def _argmax_in_range(nodes, ins, m, holds) -> bool:
     # ins: broadcast_minimum(_maximum_scalar(m, 0), max(arange_like(refs, axis=1))), with m
     # an argmax over an axis of length M = refs.shape[1] <= 2048
     low, high = nodes[ins[0][0]], nodes[ins[1][0]]
@@ -267,23 +377,40 @@ def _argmax_in_range(nodes, ins, m, shapes) -> bool:
     axis = symbol_json.attrs(argmax).get("axis", "None")
     if axis in ("None", ""):
         return False
-    found = _shapes(nodes, [argmax["inputs"][0], count["inputs"][0]], shapes)
-    if found is None:
-        return False
-    scores, refs = found
-    length = scores[int(axis)]
-    return len(refs) > 1 and length == refs[1] and length <= 2048
+
+    def in_range(found):
+        scores, refs = found
+        length = scores[int(axis)]
+        return len(refs) > 1 and length == refs[1] and length <= 2048
+
+    return holds([tuple(argmax["inputs"][0][:2]), tuple(count["inputs"][0][:2])], in_range)
 
 
-def _within(nodes, small, big, shapes) -> bool:
-    # whether broadcasting ``small`` against ``big`` gives big's shape
-    found = _shapes(nodes, [small, big], shapes)
-    if found is None:
-        return False
+def _broadcasts_to(found) -> bool:
+    # whether broadcasting the first shape against the second gives the second
     a, b = found
     if len(a) > len(b):
         return False
     return all(x in (1, y) for x, y in zip(a[::-1], b[::-1]))
+
+
+def _entry_shapes(plan: _ArgmaxPlan, shapes) -> dict[tuple, tuple | None]:
+    # the shapes of the plan's entries at the settled signature (None where unknown), from one
+    # shape pass of the part of the graph that computes them
+    wanted = list(dict.fromkeys(e for entries, _ in plan.asked for e in entries))
+    given = {n: tuple(shapes[n]) for n in plan.part.list_inputs() if n in shapes}
+    try:
+        _, out, _ = plan.part.infer_shape_partial(**given)
+    except Exception:  # noqa: BLE001 - unknown: each is asked alone (_shape)
+        return {}
+    if not out or len(out) != len(wanted):
+        return {}
+    return {e: tuple(s) if s and all(d > 0 for d in s) else None for e, s in zip(wanted, out)}
+
+
+def _shape(nodes, entry, shapes) -> tuple | None:
+    found = _shapes(nodes, [entry], shapes)
+    return None if found is None else found[0]
 
 
 def _shapes(nodes, entries, shapes) -> list[tuple] | None:

@@ -200,3 +200,63 @@ def test_a_new_box_count_reuses_the_verified_graph(counted):
         want = mx.nd.contrib.box_iou(mx.nd.array(anchors), mx.nd.array(gt)).asnumpy()
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6, err_msg=str(count))
     assert counted["trace"] == traced and counted["splice"] == 4
+
+
+def _retinanet_head():
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
+    import retinanet_head
+
+    return retinanet_head
+
+
+def test_a_new_box_count_of_a_verified_family_tidies_only_at_its_signature(counted, monkeypatch):
+    # the rules that read the graph alone ran once for the family's spliced graph; at a new
+    # box count only the settled one runs again, and the graph is the one tidying anew gives
+    from customop.graphs import tidy
+
+    R = _retinanet_head()
+
+    ran = []
+    monkeypatch.setattr(
+        tidy,
+        "RULES",
+        tuple(
+            r._replace(rewrite=lambda *a, _r=r: ran.append(_r.name) or _r.rewrite(*a))
+            for r in tidy.RULES
+        ),
+    )
+    tidy.clear_cache()
+    head = R.make_block()
+    head.initialize()
+    sym = head(*[mx.sym.var(n) for n in ("feat", "gt_boxes", "gt_labels")])
+    fixed = {"feat": (R.BATCH, R.CHANNELS, R.HEIGHT, R.WIDTH)}
+    fixed.update(
+        (n, tuple(p.shape))
+        for n, p in head.collect_params().items()
+        if n in sym.list_arguments() and p.shape and all(p.shape)
+    )
+
+    def bind(count):
+        return sym.simple_bind(
+            mx.cpu(), gt_boxes=(R.BATCH, count, 4), gt_labels=(R.BATCH, count), **fixed
+        )
+
+    graphs = []
+    for count in (3, 4, 6):
+        exe = bind(count)
+        graphs.append(binding.symbol_json.anonymous(exe.customop_inlined))
+        if count == 3:
+            traced, first = counted["trace"], list(ran)
+            assert [r.name for r in tidy.RULES] == first
+            ran.clear()
+        else:
+            assert ran == [r.name for r in tidy.RULES if r.settled]
+            ran.clear()
+    assert counted["trace"] == traced and counted["splice"] == 3
+    tidy.clear_cache()  # tidied anew: the same graph
+    exe = bind(7)
+    assert ran == first
+    assert binding.symbol_json.anonymous(exe.customop_inlined) == graphs[-1]

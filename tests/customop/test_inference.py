@@ -115,3 +115,30 @@ def test_threads_drawing_meanwhile_lose_and_repeat_no_draw():
     assert got_np == sorted(seeded.random_sample(len(got_np)).tolist())
     seeded_py = random.Random(11)
     assert got_py == sorted(seeded_py.random() for _ in got_py)
+
+
+@customop("mxnet")
+def _rows_sum(x, labels):
+    return mx.nd.sum(x, axis=1) + labels.astype(x.dtype)
+
+
+@pytest.mark.parametrize("label_dtype", ["float32", "int32"])
+def test_a_new_signature_runs_the_forward_once_for_shapes_and_dtypes(monkeypatch, label_dtype):
+    # MXNet's shape pass has no dtypes (the forward runs at guessed ones), then its type pass
+    # asks at the graph's: where they are the guessed ones, that run answers both
+    runs = []
+    inference = _rows_sum.inference
+    run = inference._run
+
+    def counted(params, shapes, dtypes, seed=None):
+        runs.append(dtypes)
+        return run(params, shapes, dtypes, seed)
+
+    monkeypatch.setattr(inference, "_run", counted)
+    sym = _rows_sum(mx.sym.var("x"), mx.sym.var("labels"))
+    rows = 3 if label_dtype == "float32" else 4  # (each parameter a signature of its own)
+    _, outs, _ = sym.infer_shape(x=(rows, 5), labels=(rows,))
+    _, types, _ = sym.infer_type(x="float32", labels=label_dtype)
+    assert outs == [(rows,)] and types == [np.float32]
+    assert runs[0] == (np.dtype("float32"),) * 2  # the shape pass's guess
+    assert len(runs) == (1 if label_dtype == "float32" else 2)  # int32 labels: run again

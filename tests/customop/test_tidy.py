@@ -299,6 +299,33 @@ def test_argmax_matches_over_the_boxes_axis_need_no_clipping_and_no_check(column
         np.testing.assert_allclose(targets[ok], want[ok], rtol=1e-5, atol=1e-6)
 
 
+def test_a_graph_tidied_at_one_signature_is_tidied_alike_at_others():
+    # the unsettled rules' graph and argmax_indices' plan are kept per spliced graph: at
+    # signatures where the plan holds (3 columns) and where it does not (4), the graph is the
+    # one tidying from nothing gives
+    net = _Encode()
+    net.hybridize()
+    rng = np.random.RandomState(9)
+    arrays = [
+        mx.nd.array(a) for a in (rng.rand(2, 5, 3), _boxes(rng, (2, 5, 4)), _boxes(rng, (2, 3, 4)))
+    ]
+    net(*arrays)
+    plan = inline._plans[id(net._cached_op)]
+    for columns in (3, 4, 3, 4):
+        shapes = {n: a.shape for n, a in zip(plan.names, arrays)}
+        shapes[plan.names[0]] = (2, 5, columns)
+        dtypes = {n: a.dtype for n, a in zip(plan.names, arrays)}
+        graphs = []
+        for cold in (False, True):
+            binding.clear_cache()
+            if cold:
+                tidy.clear_cache()
+            graphs.append(binding.spliced(plan.sym, shapes, dtypes, set()).symbol.tojson())
+        assert graphs[0] == graphs[1], columns
+        ran = [n["op"] for n in json.loads(graphs[0])["nodes"]]
+        assert ("broadcast_minimum" in ran) == (columns == 4)
+
+
 def _run(graph, x, w, head_grads=None):
     # outputs, and the gradients of x and w, of a graph of x and w (one forward, one backward)
     sym = symbol_json.load(graph)
