@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from . import torch_rules
+from . import logistic, torch_rules
 from .graph import compile_graph, port_error, split_linear
 from .portfile import Record
 
@@ -36,12 +36,15 @@ _made: dict[Any, Any] = {}
 _count = itertools.count()
 
 
-def _run(record: Record, which: str) -> Callable:
+def _run(record: Record, which: str, fused: bool = False) -> Callable:
+    """The record's graph ``which`` compiled; ``fused``: as :func:`logistic.rewrite` writes
+    it, for inductor, which fuses it (eager torch runs the graph as extracted)."""
     runs = record.__dict__.setdefault("_torch_runs", {})  # kept by the record it runs
-    found = runs.get(which)
+    found = runs.get((which, fused))
     if found is None:
-        found = runs[which] = compile_graph(
-            getattr(record, which), torch_rules.RULES, record.op_type
+        graph = getattr(record, which)
+        found = runs[(which, fused)] = compile_graph(
+            logistic.rewrite(graph) if fused else graph, torch_rules.RULES, record.op_type
         )
     return found
 
@@ -64,6 +67,7 @@ def _split(record: Record) -> Any:
                 None
                 if split.mul is not None
                 else compile_graph(split.linear, torch_rules.RULES, record.op_type),
+                compile_graph(logistic.rewrite(coefficients), torch_rules.RULES, record.op_type),
             )
         runs["split"] = split
     return runs["split"]
@@ -83,7 +87,12 @@ _pending: dict[int, tuple] = {}
 # require grad: the kernel cannot tell, grad mode is off inside it either way) are dropped,
 # oldest first, past this many.
 _PENDING_MAX = 4
-_AUTOGRAD_KEY = getattr(torch._C.DispatchKey, "AutogradFunctionality", None)
+# (private API: a torch without it runs the graph again in the backward instead)
+_AUTOGRAD_KEY = (
+    getattr(torch._C.DispatchKey, "AutogradFunctionality", None)
+    if hasattr(torch._C, "_ForceDispatchKeyGuard")
+    else None
+)
 
 
 def _recordable(record: Record, tensors: Sequence[torch.Tensor], key: bool = True) -> bool:
@@ -110,7 +119,7 @@ def run_forward(
     record: Record, tensors: Sequence[torch.Tensor], found: Any = None
 ) -> list[torch.Tensor]:
     """The outputs; ``found``: what setup_context would look up again (kept with the graph)."""
-    torch_rules.DEVICE[0] = tensors[0].device if tensors else None
+    torch_rules.DEVICE.value = tensors[0].device if tensors else None
     split = _split(record)
     if split is not None:
         if not _recordable(record, tensors, key=False):
@@ -143,11 +152,56 @@ def _keep(out: list[torch.Tensor], graph: Any, found: Any) -> None:
 
 def coefficients(record: Record, tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
     """The split graph's coefficients at ``tensors`` (where the kernel kept none: under
-    ``torch.compile`` this runs traced, beside the op)."""
-    torch_rules.DEVICE[0] = tensors[0].device if tensors else None
+    ``torch.compile`` this runs traced, beside the op, in the form inductor fuses)."""
+    torch_rules.DEVICE.value = tensors[0].device if tensors else None
+    run = _split(record).runs[3 if _traced(tensors) else 1]
     with torch.no_grad():
-        found, _ = _split(record).runs[1](list(tensors))
+        found, _ = run(list(tensors))
     return found
+
+
+def _traced(tensors: Sequence[torch.Tensor]) -> bool:
+    """Whether ``tensors`` are being traced (``torch.compile``), not computed."""
+    return torch.compiler.is_compiling() or not all(
+        type(t) is torch.Tensor or type(t) is torch.nn.Parameter for t in tensors
+    )
+
+
+def run_fused(record: Record, tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """The outputs by the forward graph in :func:`logistic.rewrite`'s form: the op's
+    decomposition, which ``torch.compile`` traces (see :func:`_decompose`)."""
+    torch_rules.DEVICE.value = tensors[0].device if tensors else None
+    with torch.no_grad():
+        heads, _ = _run(record, "forward", fused=True)(list(tensors))
+    return [_own(h, tensors) for h in heads]
+
+
+def _decompose(custom: Any, find: Callable, host: bool) -> None:
+    """Under ``torch.compile`` the op is its forward graph's torch operators, which inductor
+    fuses with the code around it, instead of one opaque call; its gradient stays the
+    ``register_autograd`` one.  This is what ``torch.library.triton_op`` does (torch
+    2.14): a rule for ``FunctionalTensorMode``, the mode AOTAutograd traces under, below
+    autograd.  A ``'numpy'``-mode op (host code) stays one call."""
+    try:
+        from torch._subclasses.fake_tensor import FakeTensor
+        from torch._subclasses.functional_tensor import FunctionalTensor, FunctionalTensorMode
+    except ImportError:  # a torch without it: the op stays opaque, as it was
+        return
+    if host:
+        return
+
+    def rule(mode, op, types, args, kwargs):
+        if any(
+            not issubclass(t, (FakeTensor, FunctionalTensor)) and t is not torch.Tensor
+            for t in types
+        ):
+            return NotImplemented
+        with mode:
+            record, tensors, _ = find(args, kwargs)
+            out = run_fused(record, tensors)
+        return out[0] if record.n_out == 1 else tuple(out)
+
+    custom.register_torch_dispatch(FunctionalTensorMode, rule)
 
 
 def linear_backward(
@@ -170,7 +224,7 @@ def linear_backward(
             part = g.to(c.dtype) * c
             found[pos] = part if found[pos] is None else found[pos] + part
     else:
-        torch_rules.DEVICE[0] = tensors[0].device if tensors else None
+        torch_rules.DEVICE.value = tensors[0].device if tensors else None
         seeds = [torch.zeros_like(w).requires_grad_(True) for w in wrt]
         with torch.enable_grad():
             heads, _ = split.runs[2](seeds + list(coefficients))
@@ -223,7 +277,7 @@ def run_backward(
         from . import host
 
         return host.torch_backward(record, list(tensors), list(grads))
-    torch_rules.DEVICE[0] = tensors[0].device if tensors else None
+    torch_rules.DEVICE.value = tensors[0].device if tensors else None
     leaves, heads, losses = graph if graph is not None else _graph(record, tensors)
     with torch.enable_grad():
         outs, cots = [], []
@@ -304,6 +358,11 @@ def from_record(record: Record) -> Any:
     custom = torch.library.custom_op(name, impl, mutates_args=(), schema=f"({args}) -> {outs}")
     custom.register_fake(impl)
     _attach_autograd(custom, n, lambda inputs, kw: (record, list(inputs), list(range(n))))
+    _decompose(
+        custom,
+        lambda inputs, kw: (record, list(inputs), list(range(n))),
+        getattr(record, "host", False),
+    )
     custom.record = record
     return custom
 
@@ -436,5 +495,6 @@ def to_torch(op: Any, **fixed: Any) -> Any:
     )
     custom.register_fake(fake)
     _attach_autograd(custom, len(names), find)
+    _decompose(custom, find, numpy_mode)
     _made[key] = custom
     return custom
