@@ -16,7 +16,9 @@ in a second backward, the backward runs it again from the saved inputs.  Both gi
 backward of that graph, which is the op's ``def_grad`` closures'.  A kernel's dispatch
 excludes the autograd keys (gradients taken there came back wrong, torch 2.14): the
 recording lifts that exclusion for the graph's own operators only.  The fake kernel runs the
-forward graph on fake tensors, so ``torch.compile`` traces the op with its shapes.
+forward graph on fake tensors, so ``torch.compile`` traces the op with its shapes; below
+autograd, AOTAutograd then decomposes the op into the forward graph's torch operators
+(:func:`_decompose`, in :func:`customop.port.logistic.rewrite`'s form), which inductor fuses.
 """
 
 from __future__ import annotations
