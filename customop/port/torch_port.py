@@ -314,12 +314,15 @@ def _check_inputs(record: Record, tensors: Sequence[torch.Tensor]) -> None:
     record.check([tuple(t.shape) for t in tensors], [_dtype_name(t) for t in tensors])
 
 
-def _attach_autograd(custom: Any, n_in: int, find: Callable) -> None:
-    """``find(inputs, kwargs) -> (record, present tensors, their positions)``."""
+def _attach_autograd(custom: Any, n_in: int, find: Callable, host_backward: Any = None) -> None:
+    """``find(inputs, kwargs) -> (record, present tensors, their positions)``;
+    ``host_backward``: a ``'numpy'``-mode op's backward as a custom op of its own (see
+    :func:`_host_backward_op`)."""
 
     def setup_context(ctx, inputs, output, keyword_only_inputs=None):
         ctx.graph, found = recorded_graph(output)
-        record, tensors, where = found or find(inputs, keyword_only_inputs or {})
+        ctx.kwargs = dict(keyword_only_inputs or {})
+        record, tensors, where = found or find(inputs, ctx.kwargs)
         ctx.record, ctx.where, ctx.n = record, where, len(tensors)
         ctx.split = _split(record) is not None
         if ctx.split:  # the coefficients are residuals: the backward only multiplies
@@ -332,7 +335,12 @@ def _attach_autograd(custom: Any, n_in: int, find: Callable) -> None:
     def backward(ctx, *grads):
         saved = ctx.saved_tensors
         tensors = saved[: ctx.n]
-        if ctx.split:
+        if host_backward is not None:
+            full: list[Any] = [None] * n_in
+            for t, pos in zip(tensors, ctx.where):
+                full[pos] = t
+            found = host_backward(full, list(grads), **ctx.kwargs)
+        elif ctx.split:
             found = linear_backward(ctx.record, list(tensors), list(saved[ctx.n :]), list(grads))
         else:
             graph, ctx.graph = ctx.graph, None  # (used once: a second backward runs it again)
@@ -343,6 +351,29 @@ def _attach_autograd(custom: Any, n_in: int, find: Callable) -> None:
         return tuple(out)
 
     custom.register_autograd(backward, setup_context=setup_context)
+
+
+def _host_backward_op(name: str, kw: list[str], find: Callable) -> Any:
+    """A ``'numpy'``-mode op's backward as a custom op: ``(inputs, head gradients,
+    parameters) -> the gradients of record.grads``.  One opaque call, so that
+    ``torch.compile`` traces the backward with its shapes (the host code cannot read traced
+    tensors)."""
+    from . import host
+
+    def impl(inputs, grads, **kwargs):
+        record, tensors, _ = find(inputs, kwargs)
+        return host.torch_backward(record, tensors, list(grads))
+
+    def fake(inputs, grads, **kwargs):
+        record, tensors, _ = find(inputs, kwargs)
+        return [torch.empty_like(tensors[i]) for i in record.grads]
+
+    args = ", ".join(["Tensor?[] inputs", "Tensor?[] grads"] + (["*"] + kw if kw else []))
+    custom = torch.library.custom_op(
+        f"{name}_host_backward", impl, mutates_args=(), schema=f"({args}) -> Tensor[]"
+    )
+    custom.register_fake(fake)
+    return custom
 
 
 def from_record(record: Record) -> Any:
@@ -496,7 +527,9 @@ def to_torch(op: Any, **fixed: Any) -> Any:
         name, impl, mutates_args=(), schema=f"({schema_args}) -> {outs}"
     )
     custom.register_fake(fake)
-    _attach_autograd(custom, len(names), find)
+    _attach_autograd(
+        custom, len(names), find, _host_backward_op(name, kw, find) if numpy_mode else None
+    )
     _decompose(custom, find, numpy_mode)
     _made[key] = custom
     return custom

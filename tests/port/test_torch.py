@@ -134,20 +134,21 @@ def test_compile_traces_the_op_as_torch_operators_and_keeps_its_own_gradient():
     torch.testing.assert_close(g, torch.full_like(x, 3.0), rtol=0, atol=0)
 
 
-def test_compile_keeps_a_numpy_mode_op_one_call():
-    """(Its gradient under ``torch.compile`` is not supported: the host backward would
-    read traced tensors.)"""
+def test_compile_keeps_a_numpy_mode_op_one_call_and_its_gradient():
+    """The host code runs as two opaque calls, the forward and its own backward op (the
+    backward cannot read traced tensors)."""
     from customop import customop
 
     @customop("numpy", name="tests.port.np_cube")
-    def cube(x):
-        return x * x * x
+    def cube(x, *, scale=1.0):
+        return scale * x * x * x
 
     port = to_torch(cube)
     x = torch.tensor([0.5, -2.0, 3.0])
-    out, _, ops_seen = _compiled_graphs(lambda v: port(v), x, grad=False)
+    out, g, ops_seen = _compiled_graphs(lambda v: port(v, scale=2.0), x)
     assert any("np_cube" in t for t in ops_seen), ops_seen
-    torch.testing.assert_close(out, x**3)
+    torch.testing.assert_close(out, 2 * x**3)
+    torch.testing.assert_close(g, 6 * x**2)
 
 
 def test_the_device_of_made_tensors_is_per_thread():
