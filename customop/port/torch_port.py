@@ -19,6 +19,8 @@ recording lifts that exclusion for the graph's own operators only.  The fake ker
 forward graph on fake tensors, so ``torch.compile`` traces the op with its shapes; below
 autograd, AOTAutograd then decomposes the op into the forward graph's torch operators
 (:func:`_decompose`, in :func:`customop.port.logistic.rewrite`'s form), which inductor fuses.
+A ``'numpy'``-mode op has no graphs: its kernel and its backward (a custom op of its own)
+call the host code, and both stay opaque.
 """
 
 from __future__ import annotations
