@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import jax_rules
+from . import jax_rules, logistic
 from .portfile import Record
 from .runner import compile_graph, port_error, split_linear
 
@@ -46,7 +46,8 @@ def _vjp_fn(record: Record) -> Callable:
 
 
 def _graph_fn(record: Record) -> Callable:
-    forward = compile_graph(record.forward, jax_rules.RULES, record.op_type)
+    # XLA fuses: the graphs no one differentiates share one exp per logistic family
+    forward = compile_graph(logistic.rewrite(record.forward), jax_rules.RULES, record.op_type)
     train = compile_graph(record.train, jax_rules.RULES, record.op_type)
     diff = list(record.grads)
     single = record.n_out == 1
@@ -89,7 +90,7 @@ def _graph_fn(record: Record) -> Callable:
 def _split_rules(record: Record, split: Any, forward: Callable, shaped: Callable) -> tuple:
     """``custom_vjp`` rules from a split training graph: the forward computes the outputs
     and the coefficients (the residuals), the backward only the linear part on them."""
-    primal = compile_graph(split.primal, jax_rules.RULES, record.op_type)
+    primal = compile_graph(logistic.rewrite(split.primal), jax_rules.RULES, record.op_type)
     linear = (
         None
         if split.mul is not None

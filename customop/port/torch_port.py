@@ -16,7 +16,11 @@ in a second backward, the backward runs it again from the saved inputs.  Both gi
 backward of that graph, which is the op's ``def_grad`` closures'.  A kernel's dispatch
 excludes the autograd keys (gradients taken there came back wrong, torch 2.14): the
 recording lifts that exclusion for the graph's own operators only.  The fake kernel runs the
-forward graph on fake tensors, so ``torch.compile`` traces the op with its shapes.
+forward graph on fake tensors, so ``torch.compile`` traces the op with its shapes; below
+autograd, AOTAutograd then decomposes the op into the forward graph's torch operators
+(:func:`_decompose`, in :func:`customop.port.logistic.rewrite`'s form), which inductor fuses.
+A ``'numpy'``-mode op has no graphs: its kernel and its backward (a custom op of its own)
+call the host code, and both stay opaque.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from typing import Any
 
 import torch
 
-from . import torch_rules
+from . import logistic, torch_rules
 from .portfile import Record
 from .runner import compile_graph, port_error, split_linear
 
@@ -36,12 +40,15 @@ _made: dict[Any, Any] = {}
 _count = itertools.count()
 
 
-def _run(record: Record, which: str) -> Callable:
+def _run(record: Record, which: str, fused: bool = False) -> Callable:
+    """The record's graph ``which`` compiled; ``fused``: as :func:`logistic.rewrite` writes
+    it, for inductor, which fuses it (eager torch runs the graph as extracted)."""
     runs = record.__dict__.setdefault("_torch_runs", {})  # kept by the record it runs
-    found = runs.get(which)
+    found = runs.get((which, fused))
     if found is None:
-        found = runs[which] = compile_graph(
-            getattr(record, which), torch_rules.RULES, record.op_type
+        graph = getattr(record, which)
+        found = runs[(which, fused)] = compile_graph(
+            logistic.rewrite(graph) if fused else graph, torch_rules.RULES, record.op_type
         )
     return found
 
@@ -64,6 +71,7 @@ def _split(record: Record) -> Any:
                 None
                 if split.mul is not None
                 else compile_graph(split.linear, torch_rules.RULES, record.op_type),
+                compile_graph(logistic.rewrite(coefficients), torch_rules.RULES, record.op_type),
             )
         runs["split"] = split
     return runs["split"]
@@ -83,7 +91,12 @@ _pending: dict[int, tuple] = {}
 # require grad: the kernel cannot tell, grad mode is off inside it either way) are dropped,
 # oldest first, past this many.
 _PENDING_MAX = 4
-_AUTOGRAD_KEY = getattr(torch._C.DispatchKey, "AutogradFunctionality", None)
+# (private API: a torch without it runs the graph again in the backward instead)
+_AUTOGRAD_KEY = (
+    getattr(torch._C.DispatchKey, "AutogradFunctionality", None)
+    if hasattr(torch._C, "_ForceDispatchKeyGuard")
+    else None
+)
 
 
 def _recordable(record: Record, tensors: Sequence[torch.Tensor], key: bool = True) -> bool:
@@ -110,7 +123,7 @@ def run_forward(
     record: Record, tensors: Sequence[torch.Tensor], found: Any = None
 ) -> list[torch.Tensor]:
     """The outputs; ``found``: what setup_context would look up again (kept with the graph)."""
-    torch_rules.DEVICE[0] = tensors[0].device if tensors else None
+    torch_rules.DEVICE.value = tensors[0].device if tensors else None
     split = _split(record)
     if split is not None:
         if not _recordable(record, tensors, key=False):
@@ -143,11 +156,56 @@ def _keep(out: list[torch.Tensor], graph: Any, found: Any) -> None:
 
 def coefficients(record: Record, tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
     """The split graph's coefficients at ``tensors`` (where the kernel kept none: under
-    ``torch.compile`` this runs traced, beside the op)."""
-    torch_rules.DEVICE[0] = tensors[0].device if tensors else None
+    ``torch.compile`` this runs traced, beside the op, in the form inductor fuses)."""
+    torch_rules.DEVICE.value = tensors[0].device if tensors else None
+    run = _split(record).runs[3 if _traced(tensors) else 1]
     with torch.no_grad():
-        found, _ = _split(record).runs[1](list(tensors))
+        found, _ = run(list(tensors))
     return found
+
+
+def _traced(tensors: Sequence[torch.Tensor]) -> bool:
+    """Whether ``tensors`` are being traced (``torch.compile``), not computed."""
+    return torch.compiler.is_compiling() or not all(
+        type(t) is torch.Tensor or type(t) is torch.nn.Parameter for t in tensors
+    )
+
+
+def run_fused(record: Record, tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """The outputs by the forward graph in :func:`logistic.rewrite`'s form: the op's
+    decomposition, which ``torch.compile`` traces (see :func:`_decompose`)."""
+    torch_rules.DEVICE.value = tensors[0].device if tensors else None
+    with torch.no_grad():
+        heads, _ = _run(record, "forward", fused=True)(list(tensors))
+    return [_own(h, tensors) for h in heads]
+
+
+def _decompose(custom: Any, find: Callable, host: bool) -> None:
+    """Under ``torch.compile`` the op is its forward graph's torch operators, which inductor
+    fuses with the code around it, instead of one opaque call; its gradient stays the
+    ``register_autograd`` one.  This is what ``torch.library.triton_op`` does (torch
+    2.14): a rule for ``FunctionalTensorMode``, the mode AOTAutograd traces under, below
+    autograd.  A ``'numpy'``-mode op (host code) stays one call."""
+    try:
+        from torch._subclasses.fake_tensor import FakeTensor
+        from torch._subclasses.functional_tensor import FunctionalTensor, FunctionalTensorMode
+    except ImportError:  # a torch without it: the op stays opaque, as it was
+        return
+    if host:
+        return
+
+    def rule(mode, op, types, args, kwargs):
+        if any(
+            not issubclass(t, (FakeTensor, FunctionalTensor)) and t is not torch.Tensor
+            for t in types
+        ):
+            return NotImplemented
+        with mode:
+            record, tensors, _ = find(args, kwargs)
+            out = run_fused(record, tensors)
+        return out[0] if record.n_out == 1 else tuple(out)
+
+    custom.register_torch_dispatch(FunctionalTensorMode, rule)
 
 
 def linear_backward(
@@ -170,7 +228,7 @@ def linear_backward(
             part = g.to(c.dtype) * c
             found[pos] = part if found[pos] is None else found[pos] + part
     else:
-        torch_rules.DEVICE[0] = tensors[0].device if tensors else None
+        torch_rules.DEVICE.value = tensors[0].device if tensors else None
         seeds = [torch.zeros_like(w).requires_grad_(True) for w in wrt]
         with torch.enable_grad():
             heads, _ = split.runs[2](seeds + list(coefficients))
@@ -223,7 +281,7 @@ def run_backward(
         from . import host
 
         return host.torch_backward(record, list(tensors), list(grads))
-    torch_rules.DEVICE[0] = tensors[0].device if tensors else None
+    torch_rules.DEVICE.value = tensors[0].device if tensors else None
     leaves, heads, losses = graph if graph is not None else _graph(record, tensors)
     with torch.enable_grad():
         outs, cots = [], []
@@ -258,12 +316,15 @@ def _check_inputs(record: Record, tensors: Sequence[torch.Tensor]) -> None:
     record.check([tuple(t.shape) for t in tensors], [_dtype_name(t) for t in tensors])
 
 
-def _attach_autograd(custom: Any, n_in: int, find: Callable) -> None:
-    """``find(inputs, kwargs) -> (record, present tensors, their positions)``."""
+def _attach_autograd(custom: Any, n_in: int, find: Callable, host_backward: Any = None) -> None:
+    """``find(inputs, kwargs) -> (record, present tensors, their positions)``;
+    ``host_backward``: a ``'numpy'``-mode op's backward as a custom op of its own (see
+    :func:`_host_backward_op`)."""
 
     def setup_context(ctx, inputs, output, keyword_only_inputs=None):
         ctx.graph, found = recorded_graph(output)
-        record, tensors, where = found or find(inputs, keyword_only_inputs or {})
+        ctx.kwargs = dict(keyword_only_inputs or {})
+        record, tensors, where = found or find(inputs, ctx.kwargs)
         ctx.record, ctx.where, ctx.n = record, where, len(tensors)
         ctx.split = _split(record) is not None
         if ctx.split:  # the coefficients are residuals: the backward only multiplies
@@ -276,7 +337,12 @@ def _attach_autograd(custom: Any, n_in: int, find: Callable) -> None:
     def backward(ctx, *grads):
         saved = ctx.saved_tensors
         tensors = saved[: ctx.n]
-        if ctx.split:
+        if host_backward is not None:
+            full: list[Any] = [None] * n_in
+            for t, pos in zip(tensors, ctx.where):
+                full[pos] = t
+            found = host_backward(full, list(grads), **ctx.kwargs)
+        elif ctx.split:
             found = linear_backward(ctx.record, list(tensors), list(saved[ctx.n :]), list(grads))
         else:
             graph, ctx.graph = ctx.graph, None  # (used once: a second backward runs it again)
@@ -287,6 +353,29 @@ def _attach_autograd(custom: Any, n_in: int, find: Callable) -> None:
         return tuple(out)
 
     custom.register_autograd(backward, setup_context=setup_context)
+
+
+def _host_backward_op(name: str, kw: list[str], find: Callable) -> Any:
+    """A ``'numpy'``-mode op's backward as a custom op: ``(inputs, head gradients,
+    parameters) -> the gradients of record.grads``.  One opaque call, so that
+    ``torch.compile`` traces the backward with its shapes (the host code cannot read traced
+    tensors)."""
+    from . import host
+
+    def impl(inputs, grads, **kwargs):
+        record, tensors, _ = find(inputs, kwargs)
+        return host.torch_backward(record, tensors, list(grads))
+
+    def fake(inputs, grads, **kwargs):
+        record, tensors, _ = find(inputs, kwargs)
+        return [torch.empty_like(tensors[i]) for i in record.grads]
+
+    args = ", ".join(["Tensor?[] inputs", "Tensor?[] grads"] + (["*"] + kw if kw else []))
+    custom = torch.library.custom_op(
+        f"{name}_host_backward", impl, mutates_args=(), schema=f"({args}) -> Tensor[]"
+    )
+    custom.register_fake(fake)
+    return custom
 
 
 def from_record(record: Record) -> Any:
@@ -304,6 +393,11 @@ def from_record(record: Record) -> Any:
     custom = torch.library.custom_op(name, impl, mutates_args=(), schema=f"({args}) -> {outs}")
     custom.register_fake(impl)
     _attach_autograd(custom, n, lambda inputs, kw: (record, list(inputs), list(range(n))))
+    _decompose(
+        custom,
+        lambda inputs, kw: (record, list(inputs), list(range(n))),
+        getattr(record, "host", False),
+    )
     custom.record = record
     return custom
 
@@ -435,6 +529,9 @@ def to_torch(op: Any, **fixed: Any) -> Any:
         name, impl, mutates_args=(), schema=f"({schema_args}) -> {outs}"
     )
     custom.register_fake(fake)
-    _attach_autograd(custom, len(names), find)
+    _attach_autograd(
+        custom, len(names), find, _host_backward_op(name, kw, find) if numpy_mode else None
+    )
+    _decompose(custom, find, numpy_mode)
     _made[key] = custom
     return custom

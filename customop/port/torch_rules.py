@@ -10,14 +10,24 @@ in :mod:`customop.port.jax_rules`.
 
 from __future__ import annotations
 
+import threading
+
 import torch
 
 from .runner import Attrs, mx_reshape
 from .runner import reduce_axes as _axes
 
-# Where tensors made from attributes alone (``_full``, ``_arange``) go: the device of the
-# call's inputs, set by the port before it runs a graph (customop.port.torch_port).
-DEVICE = [None]
+
+class _Device(threading.local):
+    """Where tensors made from attributes alone (``_full``, ``_arange``) go: the device of
+    the call's inputs, set by the port before it runs a graph (customop.port.torch_port).
+    One per thread, so that two threads calling ports on different devices do not race."""
+
+    def __init__(self):
+        self.value = None
+
+
+DEVICE = _Device()
 
 DTYPES = {
     "float16": torch.float16,
@@ -249,22 +259,22 @@ def _swapaxes(a: Attrs, x):
 
 
 def _full(a: Attrs):
-    return torch.full(a.shape("shape"), a.float("value"), dtype=_dtype(a), device=DEVICE[0])
+    return torch.full(a.shape("shape"), a.float("value"), dtype=_dtype(a), device=DEVICE.value)
 
 
 def _zeros(a: Attrs):
-    return torch.zeros(a.shape("shape"), dtype=_dtype(a), device=DEVICE[0])
+    return torch.zeros(a.shape("shape"), dtype=_dtype(a), device=DEVICE.value)
 
 
 def _ones(a: Attrs):
-    return torch.ones(a.shape("shape"), dtype=_dtype(a), device=DEVICE[0])
+    return torch.ones(a.shape("shape"), dtype=_dtype(a), device=DEVICE.value)
 
 
 def _arange(a: Attrs):
     start, stop, step = a.float("start", 0.0), a.float("stop"), a.float("step", 1.0)
     if stop is None:
         start, stop = 0.0, start
-    out = torch.arange(start, stop, step, dtype=torch.float64, device=DEVICE[0])
+    out = torch.arange(start, stop, step, dtype=torch.float64, device=DEVICE.value)
     rep = a.int("repeat", 1)
     if rep > 1:
         out = out.repeat_interleave(rep)

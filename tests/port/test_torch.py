@@ -92,6 +92,81 @@ def test_compile_fullgraph_gives_eager_values_and_gradients():
     torch.testing.assert_close(g_comp, g_eager)
 
 
+def _compiled_graphs(step, *args, grad=True):
+    """``step`` compiled (AOTAutograd, no inductor, no cache) on ``args``: its value, the
+    gradient of its sum wrt ``args[0]`` (``grad``), and the forward graph's operators."""
+    from torch._functorch.aot_autograd import aot_module_simplified
+
+    seen = []
+
+    def keep(gm, _):
+        seen.extend(str(n.target) for n in gm.graph.nodes if n.op == "call_function")
+        return gm
+
+    def backend(gm, example):
+        return aot_module_simplified(gm, example, fw_compiler=keep, bw_compiler=lambda g, _: g)
+
+    x = args[0].detach().requires_grad_(grad)
+    torch._dynamo.reset()
+    out = torch.compile(step, fullgraph=True, backend=backend)(x, *args[1:])
+    return out, torch.autograd.grad(out.sum(), x)[0] if grad else None, seen
+
+
+def test_compile_traces_the_op_as_torch_operators_and_keeps_its_own_gradient():
+    """Inductor sees the forward graph's operators, not one opaque call; the gradient is
+    still the closure's (a surrogate here: 3, where the forward's derivative is not)."""
+    import mxnet as mx
+
+    from customop import customop
+
+    @customop("mxnet", name="tests.port.soft_surrogate")
+    def soft(x):
+        return mx.nd.Activation(x, act_type="softrelu") + mx.nd.sigmoid(-x)
+
+    soft.def_grad(lambda ans, x: lambda g: g * 3.0)
+    port = to_torch(soft)
+    x = torch.tensor(np.random.RandomState(0).randn(4, 5).astype(np.float32))
+    out, g, ops_seen = _compiled_graphs(lambda v: port(v), x)
+    assert not any("customop" in t for t in ops_seen), ops_seen
+    assert "aten.exp.default" in ops_seen
+    want = np.logaddexp(0, x.double().numpy()) + 1 / (1 + np.exp(x.double().numpy()))
+    np.testing.assert_allclose(out.detach().numpy(), want, rtol=2e-5)
+    torch.testing.assert_close(g, torch.full_like(x, 3.0), rtol=0, atol=0)
+
+
+def test_compile_keeps_a_numpy_mode_op_one_call_and_its_gradient():
+    """The host code runs as two opaque calls, the forward and its own backward op (the
+    backward cannot read traced tensors)."""
+    from customop import customop
+
+    @customop("numpy", name="tests.port.np_cube")
+    def cube(x, *, scale=1.0):
+        return scale * x * x * x
+
+    port = to_torch(cube)
+    x = torch.tensor([0.5, -2.0, 3.0])
+    out, g, ops_seen = _compiled_graphs(lambda v: port(v, scale=2.0), x)
+    assert any("np_cube" in t for t in ops_seen), ops_seen
+    torch.testing.assert_close(out, 2 * x**3)
+    torch.testing.assert_close(g, 6 * x**2)
+
+
+def test_the_device_of_made_tensors_is_per_thread():
+    import threading
+
+    from customop.port import torch_rules
+
+    torch_rules.DEVICE.value = torch.device("meta")
+    try:
+        seen = []
+        t = threading.Thread(target=lambda: seen.append(torch_rules.DEVICE.value))
+        t.start()
+        t.join()
+        assert seen == [None]
+    finally:
+        torch_rules.DEVICE.value = None
+
+
 def test_integer_labels_get_no_gradient_and_optional_input_may_be_none():
     port = to_torch(ops.focal_loss)
     pred, label = (torch.tensor(a) for a in CASES[0][2](R(4)))
