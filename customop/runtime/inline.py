@@ -35,7 +35,7 @@ from mxnet.base import _LIB
 from .. import runtime
 from ..graphs import binding, graph_json, native
 from ..graphs.signatures import signature
-from . import aux
+from . import aux, runahead
 
 _plans: dict[int, Any] = {}  # id(CachedOp) -> its CachedPlan
 _inner = threading.local()  # .building: a CachedOp made for a plan (never planned itself)
@@ -150,7 +150,10 @@ class CachedPlan:
         inner, order = found
         if order is not None:
             args = [args[i] for i in order]
-        return inner(*args, **kwargs)
+        outs = inner(*args, **kwargs)
+        if runtime.is_installed("runahead"):
+            runahead.step(outs)
+        return outs
 
     def _build(self, key, args, by_grads=None, mask=None):
         if not all(d > 0 for i in self.data for d in args[i].shape) and self.by_graph:
