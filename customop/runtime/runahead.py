@@ -50,7 +50,7 @@ from mxnet.base import _LIB
 
 from . import trace
 
-EVERY = 16  # our calls between two markers of a thread (measured: BENCHMARKS.md, runahead)
+EVERY = 8  # our calls between two markers of a thread (measured: BENCHMARKS.md, runahead)
 _NAME = b"customop_runahead"
 
 
