@@ -32,8 +32,9 @@ engine frees a marker when it completes, failed dependency or not, and the threa
 on the semaphore (``sem_wait``, without the GIL).  No Python runs on MXNet's threads, and a
 failure still reaches the user's read (or the next ``waitall``) exactly as without the fix.
 
-Nothing waits on a daemon thread (MXNet's workers are), inside a trace, or in a thread
-that does not call our ops; code that does not use our ops never gets here.
+Nothing waits on a daemon thread (MXNet's workers are), on customop's own helper threads
+(``customop-trace``, ``customop-infer``: their caller waits for them), inside a trace, or
+in a thread that does not call our ops; code that does not use our ops never gets here.
 """
 
 from __future__ import annotations
@@ -89,11 +90,14 @@ class _Semaphore:
 
 
 class _Thread:
-    __slots__ = ("calls", "daemon", "semaphore", "__weakref__")
+    __slots__ = ("calls", "exempt", "semaphore", "__weakref__")
 
     def __init__(self) -> None:
         self.calls = 0
-        self.daemon = threading.current_thread().daemon
+        thread = threading.current_thread()
+        # MXNet's workers are daemon threads; ours (customop-trace, customop-infer) run
+        # forwards for a caller that waits for them
+        self.exempt = thread.daemon or thread.name.startswith("customop-")
         self.semaphore: _Semaphore | None = None
 
 
@@ -122,7 +126,7 @@ def step(outs: Any) -> None:
     if mine.calls < EVERY:
         return
     mine.calls = 0
-    if mine.daemon or _libc is None or trace.tracing_now() is not None:
+    if mine.exempt or _libc is None or trace.tracing_now() is not None:
         return
     semaphore = mine.semaphore
     if semaphore is None:
