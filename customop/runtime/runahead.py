@@ -44,7 +44,6 @@ import ctypes.util
 import errno
 import sys
 import threading
-import weakref
 from typing import Any
 
 from mxnet.base import _LIB
@@ -90,7 +89,7 @@ class _Semaphore:
 
 
 class _Thread:
-    __slots__ = ("calls", "exempt", "semaphore", "__weakref__")
+    __slots__ = ("calls", "exempt", "semaphore")
 
     def __init__(self) -> None:
         self.calls = 0
@@ -99,6 +98,13 @@ class _Thread:
         # forwards for a caller that waits for them
         self.exempt = thread.daemon or thread.name.startswith("customop-")
         self.semaphore: _Semaphore | None = None
+
+    def __del__(self) -> None:  # the thread ended: its semaphore goes to the spares (not
+        try:  # weakref.finalize, which would register an atexit hook)
+            if self.semaphore is not None:
+                _give_back(self.semaphore)
+        except (AttributeError, TypeError):  # pragma: no cover - interpreter shutdown
+            pass
 
 
 def install() -> None:
@@ -130,7 +136,7 @@ def step(outs: Any) -> None:
         return
     semaphore = mine.semaphore
     if semaphore is None:
-        semaphore = mine.semaphore = _semaphore(mine)
+        semaphore = mine.semaphore = _semaphore()
     elif semaphore.pending:
         semaphore.wait()
     arrays = [outs] if hasattr(outs, "handle") else list(outs)
@@ -146,7 +152,7 @@ def step(outs: Any) -> None:
         semaphore.pending = False
 
 
-def _semaphore(mine: _Thread) -> _Semaphore:
+def _semaphore() -> _Semaphore:
     # A thread's semaphore goes back to the spares when the thread ends; a spare still
     # held by a marker (its thread ended first) is taken once the marker has run.
     with _spare_lock:
@@ -154,11 +160,8 @@ def _semaphore(mine: _Thread) -> _Semaphore:
             if not spare.pending or _libc.sem_trywait(spare.address) == 0:
                 spare.pending = False
                 del _spare[i]
-                break
-        else:
-            spare = _Semaphore()
-    weakref.finalize(mine, _give_back, spare)
-    return spare
+                return spare
+    return _Semaphore()
 
 
 def _give_back(semaphore: _Semaphore) -> None:

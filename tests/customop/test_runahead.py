@@ -135,3 +135,15 @@ def test_a_daemon_thread_never_waits_and_others_do():
         pytest.skip("CUSTOMOP_RUNTIME_OFF=runahead")
     assert _marks_on(daemon=False)
     assert not _marks_on(daemon=True)  # MXNet's workers are daemon threads
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the fix is Linux-only")
+def test_a_thread_that_ends_gives_its_semaphore_to_the_next():
+    from customop import runtime
+    from customop.runtime import runahead
+
+    if runtime.disabled("runahead"):
+        pytest.skip("CUSTOMOP_RUNTIME_OFF=runahead")
+    for _ in range(3):
+        assert _marks_on(daemon=False)
+    assert 1 <= len(runahead._spare) <= 2  # one thread at a time: no semaphore per thread
