@@ -16,7 +16,11 @@ on 1,000 floats (``10 lengths``: 1,000 to 1,063 floats, cycled; ``1,000 lengths`
 7,993 floats, cycled: read its end, not its growth, with ``--calls 4000``), next to the same loop in
 MXNet's own operators, a hand-written ``CustomOp`` + ``CustomOpProp``, and
 ``mx.autograd.Function`` (capped at 300 calls: it grows about 2 MiB a call in MXNet 1.9.1);
-then ``ops.focal_loss`` on ``(8, 100, 5)`` logits, and a ``'numpy'``-mode ``def_grad`` op.
+then ``ops.focal_loss`` on ``(8, 100, 5)`` logits (and on ``(64, 1000, 5)``: 2 MiB a step,
+so a loop that runs ahead of MXNet's engine shows), next to the same graph as MXNet's own
+``CachedOp`` and the same formula in MXNet's operators (imperative and hybridized; on
+``(64, 1000, 5)`` capped at 200 calls: MXNet's engine runs about 5 MiB a call behind), and a
+``'numpy'``-mode ``def_grad`` op.
 """
 
 from __future__ import annotations
@@ -63,7 +67,13 @@ CASES = {
     "ops.focal_loss, forced_path('function')": ("focal:function", 1),
     "ops.focal_loss, hybridized": ("focal:hybrid", 1),
     "mxnet: focal_loss's graph as a CachedOp": ("focal_graph", 1),
+    "mxnet: focal loss in MXNet's operators": ("native_focal", 1),
+    "mxnet: focal loss in MXNet's operators, hybridized": ("native_focal:hybrid", 1),
+    "ops.focal_loss, (64, 1000, 5)": ("focal_big", 1),
+    "ops.focal_loss, (64, 1000, 5), hybridized": ("focal_big:hybrid", 1),
+    "mxnet: focal loss in MXNet's operators, (64, 1000, 5)": ("native_focal_big", 1),
 }
+BIG = (64, 1000, 5)  # the logits of the *_big cases (else (8, 100, 5))
 
 
 def _rss_kib(field: str = "VmRSS") -> int:
@@ -146,6 +156,34 @@ def _step_function(kind: str, lengths: int):
         symbol = runner.symbol
         cached = mx.nd.CachedOp(symbol)
         f = lambda *args: cached(*[args[i] for i in runner.order])  # noqa: E731
+    elif base in ("native_focal", "native_focal_big"):  # ops.focal_loss's formula in F ops
+        shape = BIG if base.endswith("_big") else (8, 100, 5)
+        extra = [mx.nd.array(np.random.RandomState(0).randint(-1, 5, shape[:-1]))]
+        xs = [mx.nd.random.normal(shape=shape)]
+
+        def focal(x, label, F=mx.nd, alpha=0.25, gamma=2.0):
+            # (as benchmarks/composed.py's native head: normalization='positive')
+            target = F.one_hot(label - 1, 5)  # background 0 and ignored -1: all zero
+            p = F.sigmoid(x)
+            log_p = -F.Activation(-x, act_type="softrelu")
+            log_1p = -F.Activation(x, act_type="softrelu")
+            loss = (
+                -alpha * target * (1 - p) ** gamma * log_p
+                - (1 - alpha) * (1 - target) * p**gamma * log_1p
+            )
+            valid = F.expand_dims(label != -1, axis=-1)
+            return F.broadcast_div(F.broadcast_mul(loss, valid), F.maximum(F.sum(label > 0), 1))
+
+        f = focal
+        if variant == "hybrid":
+
+            class NativeFocal(mx.gluon.HybridBlock):
+                def hybrid_forward(self, F, x, label):
+                    return focal(x, label, F)
+
+            f = NativeFocal()
+            f.hybridize()
+            variant = ""
     elif base == "joint":
         from customop import customop, residuals
 
@@ -177,11 +215,12 @@ def _step_function(kind: str, lengths: int):
         xs = [mx.nd.random.normal(shape=(32, 16))]
         f = ops.CenterLoss(num_class=10, feature_dim=16)
         f.initialize()
-    elif base == "focal":
+    elif base in ("focal", "focal_big"):
         from customop import ops
 
-        extra = [mx.nd.array(np.random.RandomState(0).randint(-1, 5, (8, 100)))]
-        xs = [mx.nd.random.normal(shape=(8, 100, 5))]
+        shape = BIG if base.endswith("_big") else (8, 100, 5)
+        extra = [mx.nd.array(np.random.RandomState(0).randint(-1, 5, shape[:-1]))]
+        xs = [mx.nd.random.normal(shape=shape)]
         f = ops.focal_loss
     else:
         raise ValueError(kind)
@@ -234,6 +273,8 @@ def run_case(kind: str, lengths: int, warmup: int, calls: int) -> dict:
     step = _step_function(kind, lengths)
     if kind.startswith("ag_function"):
         calls = min(calls, 300)
+    elif kind.startswith("native_focal_big"):
+        calls = min(calls, 200)  # MXNet's own run-ahead: about 5 MiB a call, 1 GiB at 200
     path = kind.partition(":")[2]
     if path in ("function", "custom"):
         from customop.dispatch import forced_path

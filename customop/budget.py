@@ -41,7 +41,9 @@ RECALLED = 2 * 1024  # a plan, or a verdict a family's graph answered (1.3 KiB m
 _lock = threading.RLock()
 _total = [0]  # the estimated bytes every Table holds together
 _set: list[float | None] = [None]  # MiB given to cache_budget (None: the environment's)
-_tables: list[weakref.ref] = []  # every Table, for cache_budget's evictions
+# every live Table, for cache_budget's evictions: each leaves as it dies (its weak
+# reference's callback), so an op defined again and again leaves nothing behind here
+_tables: dict[int, weakref.ref] = {}
 
 
 def limit() -> int:
@@ -98,8 +100,7 @@ def cache_budget(mb: float | None = None, *, reset: bool = False) -> float:
         _set[0] = value
     budget = limit()
     with _lock:
-        _tables[:] = [ref for ref in _tables if ref() is not None]
-        for ref in _tables:
+        for ref in list(_tables.values()):  # (a copy: a table may die meanwhile)
             table = ref()
             if table is not None:
                 table._shrink(budget)
@@ -118,8 +119,8 @@ class Table(OrderedDict):
     def __init__(self) -> None:
         super().__init__()
         self.costs: dict[Any, int] = {}
-        with _lock:
-            _tables.append(weakref.ref(self))
+        key = id(self)  # (not reused before the callback: it runs before the table is freed)
+        _tables[key] = weakref.ref(self, lambda _, key=key, tables=_tables: tables.pop(key, None))
 
     def __del__(self) -> None:  # a table dropped gives its share back (weakref.finalize
         try:  # would register an atexit hook: importing changes nothing)

@@ -64,7 +64,7 @@ from . import params as _params
 from .modes import BFLOAT16, NumpyMode
 from .outputs import OutputsSymbol
 from .runtime import aux_wait as aux_patch
-from .runtime import backlog, callbacks
+from .runtime import backlog, callbacks, runahead
 from .runtime import hooks as trace_hooks
 from .thread_state import swapped
 
@@ -280,6 +280,8 @@ def _call_ndarray(
             op, nd_inputs, params, at_once=path == "graph", recording=recording
         )
         if isinstance(found, list):
+            if runtime.is_installed("runahead"):
+                runahead.step(found)
             return found
     else:
         found = None
@@ -295,6 +297,8 @@ def _call_ndarray(
         outs = call_custom(op, nd_inputs, params)
     if found is not None:  # its forward ran here: the next call of this signature may not
         _imperative().seen(found)
+    if path in ("direct", "native") and runtime.is_installed("runahead"):
+        runahead.step(outs)  # (the function and custom paths wait in runtime.backlog)
     return outs
 
 

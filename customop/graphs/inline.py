@@ -33,7 +33,7 @@ import mxnet as mx
 from mxnet.base import _LIB
 
 from .. import runtime, symbol_json
-from ..runtime import aux_wait
+from ..runtime import aux_wait, runahead
 from . import binding, graph_verdicts
 from .call_key import signature
 
@@ -151,7 +151,10 @@ class CachedPlan:
         inner, order = found
         if order is not None:
             args = [args[i] for i in order]
-        return inner(*args, **kwargs)
+        outs = inner(*args, **kwargs)
+        if runtime.is_installed("runahead"):
+            runahead.step(outs)
+        return outs
 
     def _build(self, key, args, by_grads=None, mask=None):
         if not all(d > 0 for i in self.data for d in args[i].shape) and self.by_graph:

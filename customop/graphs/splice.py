@@ -169,7 +169,7 @@ def inline(
 
 
 # Spliced graphs by the graph and the native graphs put in: a shape family's signatures get
-# the same native graphs (customop.graphs.native's families), so one spliced graph object,
+# the same native graphs (customop.graphs.graph_verdicts' families), so one spliced graph object,
 # which tidying then finds (its tables are by graph object first).  The native graphs are kept
 # with it (their ids are in the key).  Under the memory budget of customop.budget.
 _splices = budget.Table()

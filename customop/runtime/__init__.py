@@ -52,6 +52,11 @@ The index (:data:`PATCHES`: off-switch name -> module, and when it is installed)
     a thread that calls our ops without reading their results waits for MXNet's engine
     once every few nodes, so the Python callbacks queued on MXNet's custom-op workers
     never pile up (each pile-up starts threads that stay); the first call of a decorated op.
+``runahead`` (:mod:`.runahead`)
+    a thread that calls our ops without reading their results stays within a few calls of
+    MXNet's engine (a marker in the engine every few calls, waited for without touching any
+    array's failure), so the queued steps' arrays never pile up in memory; the first
+    call of a decorated op.
 ``isAlive`` (:mod:`.isalive`)
     ``Thread.isAlive`` for MXNet's ``tools/launch.py``; ``launch --launcher ssh|mpi|...``.
 ``onnxops`` (:mod:`customop.deploy.onnxops`)
@@ -103,6 +108,7 @@ PATCHES = {
     "isAlive": "customop.runtime.isalive",
     "onnxops": "customop.deploy.onnxops",
     "backlog": "customop.runtime.backlog",
+    "runahead": "customop.runtime.runahead",
 }
 
 # Patches in place only while their block runs, for that thread (hooks.tracing,
@@ -158,11 +164,17 @@ def install(name: str) -> None:
 
 def use() -> None:
     """A decorated op is being called or bound: install what every op needs (idempotent)."""
-    if "backlog" in _installed and "fork" in _installed and "errors" in _installed:
+    if (
+        "runahead" in _installed
+        and "backlog" in _installed
+        and "fork" in _installed
+        and "errors" in _installed
+    ):
         return  # the common case
     install("errors")
     install("fork")
     install("backlog")
+    install("runahead")
 
 
 def note_graph_op(op: Any) -> None:

@@ -278,7 +278,8 @@ def test_ops_center_loss_with_the_auxsync_patch_off_the_centers_go_wrong():
     )
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.strip().splitlines()[-1] == (
-        "['aux', 'backlog', 'binds', 'deps', 'errors', 'fork', 'names', 'release', 'shapes']"
+        "['aux', 'backlog', 'binds', 'deps', 'errors', 'fork', 'names', 'release', 'runahead', "
+        "'shapes']"
     )
 
 

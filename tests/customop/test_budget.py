@@ -150,3 +150,18 @@ def test_shape_inference_keeps_what_the_budget_holds_and_evicted_shapes_come_bac
         assert sym.infer_shape(x=(2, 3))[1] == [(1, 3)]  # evicted: run again, same answer
     finally:
         budget.cache_budget(reset=True)
+
+
+def test_a_table_that_dies_leaves_the_registry_at_once():
+    # cache_budget walks every live table; a dead one's entry goes with it, not at the next
+    # cache_budget call (tables made and dropped again and again leave nothing behind)
+    before = len(budget._tables)
+    tables = [budget.Table() for _ in range(100)]
+    assert len(budget._tables) == before + 100
+    del tables
+    assert len(budget._tables) == before
+    cycle = budget.Table()
+    cycle["me"] = cycle
+    del cycle
+    gc.collect()
+    assert len(budget._tables) == before

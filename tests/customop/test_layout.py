@@ -690,5 +690,5 @@ def test_the_public_paths_still_resolve():
     assert callable(importlib.import_module("customop.dispatch").forced_path)
     assert callable(importlib.import_module("customop.registry").by_reference)
     switches = "errors fork aux auxsync release deps shapes names binds trace randomness inline"
-    switches += " gluonshape isAlive onnxops backlog"
-    assert sorted(runtime.PATCHES) == sorted(switches.split())
+    switches += " gluonshape isAlive onnxops backlog runahead"
+    assert set(switches.split()) <= set(runtime.PATCHES)  # new switches may join, none go

@@ -100,7 +100,7 @@ def test_the_first_recorded_call_installs_only_what_it_needs():
         print(json.dumps({"changed": sorted(k for k in before if before[k] != after[k]),
                           "installed": runtime.installed()}))
     """)
-    assert result["installed"] == ["backlog", "errors", "fork"]
+    assert result["installed"] == ["backlog", "errors", "fork", "runahead"]
     # the error hook and the exit drain; the aux patch is not there (no aux op was used)
     assert set(result["changed"]) <= {
         "base.get_last_ffi_error",
@@ -125,7 +125,7 @@ def test_switched_off_patches_stay_out():
         from customop import runtime
         print(json.dumps({"installed": runtime.installed()}))
     """,
-        env={"CUSTOMOP_RUNTIME_OFF": "fork,errors,backlog"},
+        env={"CUSTOMOP_RUNTIME_OFF": "fork,errors,backlog,runahead"},
     )
     assert result == {"installed": []}
 
@@ -186,6 +186,7 @@ def test_after_an_aux_op_is_used_only_its_own_graphs_wait():
             "gluonshape",
             "names",
             "release",
+            "runahead",
             "shapes",
         ],
         "aux executor": "_AuxExecutor",
@@ -309,7 +310,18 @@ def test_release_frees_only_our_operators_and_mxnet_still_deletes_them(off, rele
     # MXNet's own deleter ran for every operator (ours through the release hook), and a
     # hand-written CustomOp is left to the cycle collector, as MXNet leaves it
     installed = sorted(
-        {"backlog", "binds", "deps", "errors", "fork", "gluonshape", "names", "release", "shapes"}
+        {
+            "backlog",
+            "binds",
+            "deps",
+            "errors",
+            "fork",
+            "gluonshape",
+            "names",
+            "release",
+            "runahead",
+            "shapes",
+        }
         - set(off.split(","))
     )
     assert result == {
