@@ -67,6 +67,7 @@ def compute_all(
     auto = []
     names = op.signature.inputs
     joint_found: dict[int, tuple] = {}  # id(Joint) -> its closure's tuple, once per backward
+    call = Backward(op, ans, args, g, params, saved)
     for i, (arg, want) in enumerate(zip(args, wanted)):
         if (
             not want
@@ -77,10 +78,10 @@ def compute_all(
         joint = op.grad_groups.get(i)
         if joint is not None:
             if id(joint) not in joint_found:
-                joint_found[id(joint)] = from_joint(op, joint, i, ans, args, g, params, saved)
+                joint_found[id(joint)] = from_joint(call, joint, i)
             grads[i] = joint_found[id(joint)][joint.picks[joint.argnums.index(i)]]
         elif i in op.grads:
-            grads[i] = from_closure(op, i, ans, args, g, params, saved)
+            grads[i] = from_closure(call, i)
         elif op.auto_grad:
             auto.append(i)
     if auto:
@@ -144,23 +145,38 @@ def closure_kwargs(
     return kw
 
 
-def from_closure(
-    op: opinfo.Differentiable,
-    i: int,
-    ans: Any,
-    args: list[Any],
-    g: Any,
-    params: dict[str, Any],
-    saved: Callable[[], dict[str, Any]],
-) -> Any:
-    """Input ``i``'s gradient from its ``def_grad`` closure, given upstream gradient ``g``;
-    a failure names the op and the input, and a closure returning None is an error."""
+@dataclass(frozen=True)
+class Backward:
+    """What one backward pass calls an op's ``def_grad`` closures with: the outputs
+    ``ans``, the input arrays ``args``, the upstream gradient ``g``, the call's
+    parameters, and ``saved()``, the forward's residuals (called only for a closure
+    that names one)."""
+
+    op: opinfo.Differentiable
+    ans: Any
+    args: list
+    g: Any
+    params: dict
+    saved: Callable[[], dict]
+
+    def run(self, i: int, where: str) -> Any:
+        """What the closure registered for input ``i`` returns; a failure names the op and
+        ``where``."""
+        op, args = self.op, self.args
+        try:
+            maker = op.grads[i]
+            kw = closure_kwargs(op, maker, len(args), self.params, self.saved)
+            return maker(self.ans, *args, **kw)(self.g)
+        except Exception as exc:
+            errors.reraise(exc, op.op_type, where)
+
+
+def from_closure(call: Backward, i: int) -> Any:
+    """Input ``i``'s gradient from its ``def_grad`` closure; a closure returning None is an
+    error."""
+    op = call.op
     name = op.signature.inputs[i]
-    try:
-        maker = op.grads[i]
-        grad = maker(ans, *args, **closure_kwargs(op, maker, len(args), params, saved))(g)
-    except Exception as exc:
-        errors.reraise(exc, op.op_type, f"gradient for input {name!r}")
+    grad = call.run(i, f"gradient for input {name!r}")
     if grad is None:  # a forgotten `return`, not a zero gradient
         raise TypeError(
             f"customop {errors.shown(op.op_type)!r} (gradient for input {name!r}): the gradient "
@@ -169,25 +185,13 @@ def from_closure(
     return grad
 
 
-def from_joint(
-    op: opinfo.Differentiable,
-    joint: Joint,
-    i: int,
-    ans: Any,
-    args: list[Any],
-    g: Any,
-    params: dict[str, Any],
-    saved: Callable[[], dict[str, Any]],
-) -> tuple:
+def from_joint(call: Backward, joint: Joint, i: int) -> tuple:
     """The gradients of ``joint``'s inputs (``i`` among them) from their one ``def_grad``
     closure, as the tuple it returned (checked: as many as ``argnum=`` declared)."""
+    op = call.op
     names = [op.signature.inputs[k] for k in joint.argnums]
     where = f"gradient for inputs {', '.join(map(repr, names))}"
-    try:
-        maker = op.grads[i]
-        found = maker(ans, *args, **closure_kwargs(op, maker, len(args), params, saved))(g)
-    except Exception as exc:
-        errors.reraise(exc, op.op_type, where)
+    found = call.run(i, where)
     if not isinstance(found, (tuple, list)) or len(found) != joint.size:
         got = (
             f"a {type(found).__name__} of {len(found)}"

@@ -6,6 +6,7 @@ import ast
 import functools
 import inspect
 import textwrap
+import types
 import typing
 from collections.abc import Callable
 from typing import Any
@@ -31,57 +32,42 @@ class CustomOperator:
     ``mx.sym`` symbols a Symbol, with NumPy arrays it just runs the forward.
     """
 
-    def __init__(
-        self,
-        fn: Callable,
-        mode: Mode,
-        *,
-        name: str | None = None,
-        need_top_grad: bool = True,
-        infer_shape: Callable | None = None,
-        infer_type: Callable | None = None,
-        num_outputs: CountSpec | None = None,
-        auto_grad: bool = True,
-        aux: dict[str, Any] | None = None,
-        optional: tuple[str, ...] | list[str] = (),
-        no_grad: tuple[str, ...] | list[str] = (),
-        outputs: Any = None,
-        infer_input_shape: dict[str, Callable] | None = None,
-        inline: bool = True,
-    ):
+    def __init__(self, fn: Callable, mode: Mode, **options: Any):
+        # ``options``: the keywords of :func:`customop`, whose signature owns their list and
+        # defaults.
         if mode not in MODES:
             raise ValueError(f"customop mode must be 'numpy' or 'mxnet', got {mode!r}")
+        o = _settings(options)
         functools.update_wrapper(self, fn)
         self.fn = fn
         self.mode = mode
         self.mode_impl = MODES[mode]
-        self.op_type: str = name or f"{registry.module_of(fn)}.{fn.__qualname__}"
-        self.aux_shape_fns, self.aux_rules = _aux_spec(self.op_type, aux)
+        self.op_type: str = o.name or f"{registry.module_of(fn)}.{fn.__qualname__}"
+        self.aux_shape_fns, self.aux_rules = _aux_spec(self.op_type, o.aux)
         aux_merge.declare_rules(self.op_type, self.aux_rules)
         self.signature = Signature(
-            fn, errors.shown(self.op_type), tuple(self.aux_shape_fns), tuple(optional)
+            fn, errors.shown(self.op_type), tuple(self.aux_shape_fns), tuple(o.optional)
         )
         self.twins: dict[str, CustomOperator] = {mode: self}
         # a call with NDArrays alone skips bind(): no aux states, no required parameter
         self.arity = len(self.signature.inputs)
         self.plain_calls = self.arity > 0 and not self.signature.aux and not self.signature.required
-        self.need_top_grad = bool(need_top_grad)
-        self.user_infer_shape = infer_shape
-        self.user_infer_type = infer_type
+        self.need_top_grad = bool(o.need_top_grad)
+        self.user_infer_shape = o.infer_shape
+        self.user_infer_type = o.infer_type
         self.input_shapes = InputShapes(
-            infer_input_shape, self.signature.inputs, self.signature.aux, self.op_type
+            o.infer_input_shape, self.signature.inputs, self.signature.aux, self.op_type
         )
         self._check_shape_functions()
         # As declared (an int, or a function of the parameters); op.outputs.of(params) counts.
-        self.user_num_outputs, self.user_outputs = num_outputs, outputs
-        counted = _count_returns(fn) if num_outputs is None and outputs is None else 1
+        self.user_num_outputs, self.user_outputs = o.num_outputs, o.outputs
+        counted = _count_returns(fn) if o.num_outputs is None and o.outputs is None else 1
         self.outputs = OutputCount(
-            num_outputs, self.signature, self.op_type, names=outputs, counted=counted
+            o.num_outputs, self.signature, self.op_type, names=o.outputs, counted=counted
         )
         self.num_outputs: CountSpec = self.outputs.declared
-        self.auto_grad = bool(auto_grad)
-        if isinstance(no_grad, str):
-            no_grad = (no_grad,)
+        self.auto_grad = bool(o.auto_grad)
+        no_grad = (o.no_grad,) if isinstance(o.no_grad, str) else o.no_grad
         unknown = [n for n in no_grad if n not in self.signature.inputs]
         if unknown:
             raise TypeError(
@@ -90,14 +76,14 @@ class CustomOperator:
                 f"{', '.join(self.signature.inputs) or 'none'}"
             )
         self.no_grad: frozenset[str] = frozenset(no_grad)
-        self.inline = bool(inline)
+        self.inline = bool(o.inline)
         self.grads: dict[int, GradMaker] = {}
         # Inputs whose closure returns several inputs' gradients at once (def_grad(argnum=(..)))
         self.grad_groups: dict[int, gradients.Joint] = {}
         self.update_native()
         self.inference = Inference(self)
         self._pkeys: dict[tuple, str] = {}
-        registry.register(self, named=name is not None)
+        registry.register(self, named=o.name is not None)
         # One registered operator per set of absent optional inputs (MXNet's argument list
         # is fixed per op_type); this op is the one with every input present.
         self.variant_of: siblings.Variant | None = None  # (set on a variant: its full op)
@@ -485,3 +471,14 @@ def customop(
         return CustomOperator(fn, mode, **options)
 
     return wrap
+
+
+def _settings(options: dict[str, Any]) -> types.SimpleNamespace:
+    # The operator's settings: ``options`` checked against the decorator's keywords, the
+    # others at their defaults (a twin or a variant passes them all; a user the ones given).
+    try:
+        bound = inspect.signature(customop).bind_partial(**options)
+    except TypeError as e:  # an unknown keyword, said as Python says it of a call
+        raise TypeError(f"customop() {e}") from None
+    bound.apply_defaults()
+    return types.SimpleNamespace(**bound.arguments)

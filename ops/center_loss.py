@@ -154,9 +154,8 @@ class CenterLoss(mx.gluon.loss.Loss):
         The length of a feature vector.
     alpha, scale
         As :func:`ops.center_loss`.
-    weight : float or None
-        Global scalar weight for the loss.
-    batch_axis : int, default 0
+    weight, batch_axis
+        As :class:`mxnet.gluon.loss.Loss`: the loss's scale, the mini-batch axis.
 
     Notes
     -----

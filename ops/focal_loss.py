@@ -260,10 +260,8 @@ class FocalLoss(mx.gluon.loss.Loss):
     ----------
     alpha, gamma, normalization, ignore_label
         As :func:`ops.focal_loss`.
-    weight : float or None
-        Global scalar weight for the loss.
-    batch_axis : int, default 0
-        The axis that represents the mini-batch.
+    weight, batch_axis
+        As :class:`mxnet.gluon.loss.Loss`: the loss's scale, the mini-batch axis.
 
     Notes
     -----

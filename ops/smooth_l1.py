@@ -105,10 +105,8 @@ class SmoothL1Loss(mx.gluon.loss.Loss):
     ----------
     sigma : float, default 1
         The ``sigma`` used when the call passes none.
-    weight : float or None
-        Global scalar weight for the loss.
-    batch_axis : int, default 0
-        The axis that represents the mini-batch.
+    weight, batch_axis
+        As :class:`mxnet.gluon.loss.Loss`: the loss's scale, the mini-batch axis.
 
     Notes
     -----

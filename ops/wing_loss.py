@@ -143,10 +143,8 @@ class WingLoss(mx.gluon.loss.Loss):
     ----------
     w : float > 0, default 10
     epsilon : float > 0, default 2
-    weight : float or None
-        Global scalar weight for the loss.
-    batch_axis : int, default 0
-        The axis that represents the mini-batch.
+    weight, batch_axis
+        As :class:`mxnet.gluon.loss.Loss`: the loss's scale, the mini-batch axis.
 
     Notes
     -----

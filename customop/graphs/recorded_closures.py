@@ -43,11 +43,10 @@ class Closure:
 
     def gradients(self, op: Differentiable, ans, xs, g, params, saved) -> list:
         """The closure's gradients, one per input of :attr:`inputs`."""
+        call = gradients.Backward(op, ans, list(xs), g, params, lambda: saved)
         if self.joint is None:
-            return [gradients.from_closure(op, self.first, ans, list(xs), g, params, lambda: saved)]
-        got = gradients.from_joint(
-            op, self.joint, self.first, ans, list(xs), g, params, lambda: saved
-        )
+            return [gradients.from_closure(call, self.first)]
+        got = gradients.from_joint(call, self.joint, self.first)
         return [got[self.joint.picks[k]] for k in range(len(self.inputs))]
 
 

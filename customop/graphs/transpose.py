@@ -164,20 +164,27 @@ def _div(t, node, ct, linear):
     return [(0, t.unbroadcast(t.add(op, [ct, other]), node["out"], node["inputs"][0]))]
 
 
+def _g_terms(t, node: dict, linear: list, why: str, among: Any = None) -> list[int]:
+    """The positions (``among`` them, default all) of the node's inputs that depend on ``g``.
+    Any other must be zero: a value that does not depend on ``g`` makes the node affine in
+    ``g``, and ``why`` says how."""
+    among = range(len(node["inputs"])) if among is None else among
+    for i in among:
+        if not linear[i] and not t.is_zero(node["inputs"][i]):
+            raise NotLinear(node["op"], why)
+    return [i for i in among if linear[i]]
+
+
 def _sum_of_terms(sign: int):
     def rule(t, node, ct, linear):
         out = []
-        for i, r in enumerate(node["inputs"]):
-            if not linear[i]:
-                if not t.is_zero(r):
-                    raise NotLinear(
-                        node["op"],
-                        "adds a term that does not depend on the head "
-                        "gradient g: the closure is affine, not linear, in g",
-                    )
-                continue
+        why = (
+            "adds a term that does not depend on the head "
+            "gradient g: the closure is affine, not linear, in g"
+        )
+        for i in _g_terms(t, node, linear, why):
             c = t.add("negative", [ct]) if (sign < 0 and i == 1) else ct
-            out.append((i, t.unbroadcast(c, node["out"], r)))
+            out.append((i, t.unbroadcast(c, node["out"], node["inputs"][i])))
         return out
 
     return rule
@@ -287,16 +294,11 @@ def _where(t, node, ct, linear):
     cond = t.coefficient(node["inputs"][0])
     zeros = None
     out = []
-    for i in (1, 2):
-        r = node["inputs"][i]
-        if not linear[i]:
-            if not t.is_zero(r):
-                raise NotLinear(
-                    node["op"],
-                    "chooses between the head gradient g and a value "
-                    "that does not depend on it: the closure is affine in g",
-                )
-            continue
+    why = (
+        "chooses between the head gradient g and a value "
+        "that does not depend on it: the closure is affine in g"
+    )
+    for i in _g_terms(t, node, linear, why, among=(1, 2)):
         zeros = zeros or t.add("zeros_like", [ct])
         pick = [cond, ct, zeros] if i == 1 else [cond, zeros, ct]
         out.append((i, t.add("where", pick)))
@@ -350,19 +352,16 @@ def _concat(t, node, ct, linear):
     # concatenate <-> slice the cotangent back into the parts
     ndim = len(t.shape(node["out"]))
     axis = int(node["attrs"].get("dim", 1)) % ndim
-    out, begin = [], 0
-    for i, r in enumerate(node["inputs"]):
-        end = begin + t.shape(r)[axis]
-        if linear[i]:
-            out.append((i, t.add("slice_axis", [ct], axis=axis, begin=begin, end=end)))
-        elif not t.is_zero(r):
-            raise NotLinear(
-                node["op"],
-                "joins the head gradient g with a value that does not "
-                "depend on it: the closure is affine in g",
-            )
-        begin = end
-    return out
+    sizes = [t.shape(r)[axis] for r in node["inputs"]]
+    begins = [sum(sizes[:i]) for i in range(len(sizes))]
+    why = (
+        "joins the head gradient g with a value that does not "
+        "depend on it: the closure is affine in g"
+    )
+    return [
+        (i, t.add("slice_axis", [ct], axis=axis, begin=begins[i], end=begins[i] + sizes[i]))
+        for i in _g_terms(t, node, linear, why)
+    ]
 
 
 def _flag(node: dict, name: str) -> bool:

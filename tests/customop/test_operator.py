@@ -70,6 +70,20 @@ def test_name_override_and_clash():
             return x
 
 
+def test_the_class_takes_the_decorators_keywords_and_defaults_and_refuses_others():
+    # customop()'s signature owns the keyword list: the class reads its defaults from there.
+    def double(x):
+        return 2 * x
+
+    op = CustomOperator(double, "numpy", name="tests.class_keywords", no_grad="x")
+    assert (op.need_top_grad, op.auto_grad, op.inline) == (True, True, True)
+    assert op.no_grad == {"x"} and op.user_infer_shape is None
+    with pytest.raises(TypeError, match="unexpected keyword argument 'no_grads'"):
+        CustomOperator(double, "numpy", name="tests.class_keywords_bad", no_grads="x")
+    with pytest.raises(TypeError, match="unexpected keyword argument 'inlined'"):
+        op.twin("mxnet", inlined=False)(double)
+
+
 def test_redefining_the_same_function_replaces_it():
     def make(k):
         @customop("numpy", name="tests.redefined")
