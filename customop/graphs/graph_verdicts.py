@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import budget, errors
+from .. import budget, errors, families
 from ..modes import BFLOAT16
 from ..opinfo import Differentiable
 from ..symbol_json import NativeGraph
@@ -134,23 +134,11 @@ def _family(key: tuple) -> tuple | None:
 
 
 def _serves(verdict: Verdict, shapes: tuple) -> bool:
-    """Whether ``verdict``'s graph holds at ``shapes``: it was checked at its own signature
-    and with each of its sizes ``generic`` grown by one (customop.graphs.verify.generality),
-    so it serves the signatures that differ from its own in those sizes alone, each taking
-    one other value (not 0 or 1) on every axis that had it (a rebind at another batch size
-    or box count, a bucket)."""
-    generic = set(verdict.graph.generic)
-    if not generic or len(verdict.shapes) != len(shapes):
-        return False
-    new: dict[int, int] = {}
-    for s, t in zip(verdict.shapes, shapes):
-        for d, e in zip(s, t):
-            if d not in generic or d < 2:
-                if e != d:
-                    return False
-            elif new.setdefault(d, e) != e or e < 2:
-                return False
-    return True
+    """Whether ``verdict``'s graph holds at ``shapes``: a signature of its shape family
+    (:func:`customop.families.serves`; a graph without sizes that may change serves
+    none but its own, which the table finds by key)."""
+    generic = verdict.graph.generic
+    return bool(generic) and families.serves(verdict.shapes, generic, shapes)
 
 
 def _recalled(table: OrderedDict, key: tuple) -> Verdict | None:

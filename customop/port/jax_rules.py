@@ -12,7 +12,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from .runner import Attrs, mx_reshape
+from .box_deltas import center_deltas
+from .runner import SCALAR_ARITHMETIC, Attrs, mx_reshape
 from .runner import reduce_axes as _axes
 
 _NARROW = {"float64": "float32", "int64": "int32", "uint64": "uint32"}
@@ -309,15 +310,8 @@ def box_iou(lhs, rhs, fmt: str):
 
 def _box_encode(a: Attrs, samples, matches, anchors, refs, means, stds):
     m = jnp.take_along_axis(refs, matches.astype(jnp.int32)[..., None], axis=1)
-    aw = anchors[..., 2] - anchors[..., 0]
-    ah = anchors[..., 3] - anchors[..., 1]
-    ax = anchors[..., 0] + aw * 0.5
-    ay = anchors[..., 1] + ah * 0.5
-    gw = m[..., 2] - m[..., 0]
-    gh = m[..., 3] - m[..., 1]
-    gx = m[..., 0] + gw * 0.5
-    gy = m[..., 1] + gh * 0.5
-    t = jnp.stack([(gx - ax) / aw, (gy - ay) / ah, jnp.log(gw / aw), jnp.log(gh / ah)], -1)
+    dx, dy, rw, rh = center_deltas(m, anchors)
+    t = jnp.stack([dx, dy, jnp.log(rw), jnp.log(rh)], -1)
     t = (t - means) / stds
     pos = (samples > 0.5)[..., None]
     return jnp.where(pos, t, 0).astype(t.dtype), jnp.broadcast_to(pos, t.shape).astype(
@@ -360,14 +354,7 @@ RULES = {
     "zeros_like": _unary(jnp.zeros_like),
     "ones_like": _unary(jnp.ones_like),
     "smooth_l1": _smooth_l1,
-    "_plus_scalar": _scalar(lambda x, s: x + s),
-    "_minus_scalar": _scalar(lambda x, s: x - s),
-    "_rminus_scalar": _scalar(lambda x, s: s - x),
-    "_mul_scalar": _scalar(lambda x, s: x * s),
-    "_div_scalar": _scalar(lambda x, s: x / s),
-    "_rdiv_scalar": _scalar(lambda x, s: s / x),
-    "_power_scalar": _scalar(lambda x, s: x**s),
-    "_rpower_scalar": _scalar(lambda x, s: s**x),
+    **{name: _scalar(fn) for name, fn in SCALAR_ARITHMETIC.items()},
     "_maximum_scalar": _scalar(jnp.maximum),
     "_minimum_scalar": _scalar(jnp.minimum),
     "_equal_scalar": _cmp_scalar(jnp.equal),

@@ -78,6 +78,17 @@ def _torch_keep(valid, over):
     return keep
 
 
+def _candidates(sb, p: dict, rank):
+    # the score-sorted boxes NMS may keep: above valid_thresh, not background, within topk
+    # (rank: the running count of a boolean vector, in the framework's own cumsum)
+    valid = sb[:, p["score"]] > p["valid"]
+    if p["cls"] >= 0 and p["bg"] >= 0:
+        valid = valid & (sb[:, p["cls"]] != p["bg"])
+    if p["topk"] > 0:
+        valid = valid & (rank(valid) <= p["topk"])
+    return valid
+
+
 def torch_box_nms(a: Attrs, data):
     import torch
 
@@ -91,13 +102,7 @@ def torch_box_nms(a: Attrs, data):
         score = boxes[:, p["score"]]
         order = torch.sort(-score, stable=True)[1]
         sb = boxes[order]
-        s = sb[:, p["score"]]
-        valid = s > p["valid"]
-        if p["cls"] >= 0 and p["bg"] >= 0:
-            valid = valid & (sb[:, p["cls"]] != p["bg"])
-        if p["topk"] > 0:
-            rank = torch.cumsum(valid.to(torch.int64), 0)
-            valid = valid & (rank <= p["topk"])
+        valid = _candidates(sb, p, lambda v: torch.cumsum(v.to(torch.int64), 0))
         corners = _convert(
             torch, sb[:, p["lo"] : p["lo"] + 4].to(torch.float64), p["fin"], "corner"
         )
@@ -132,12 +137,7 @@ def jax_box_nms(a: Attrs, data):
         score = boxes[:, p["score"]]
         order = jnp.argsort(-score, stable=True)
         sb = boxes[order]
-        s = sb[:, p["score"]]
-        valid = s > p["valid"]
-        if p["cls"] >= 0 and p["bg"] >= 0:
-            valid = valid & (sb[:, p["cls"]] != p["bg"])
-        if p["topk"] > 0:
-            valid = valid & (jnp.cumsum(valid.astype(jnp.int32)) <= p["topk"])
+        valid = _candidates(sb, p, lambda v: jnp.cumsum(v.astype(jnp.int32)))
         corners = _convert(jnp, sb[:, p["lo"] : p["lo"] + 4], p["fin"], "corner")
         over = _iou_matrix(jnp, corners) > p["thresh"]
         if p["cls"] >= 0 and not p["force"]:

@@ -5,8 +5,8 @@ A port file is JSON only (no pickle, no code, no import named by the file): what
 and dtypes, the sizes that may change, the fixed parameters) and its two graphs, forward
 and training.  :class:`Record` is that content in memory; the live ports
 (:func:`customop.to_torch` with MXNet at hand) build the same records.  This module
-imports neither MXNet nor the rest of customop: ``load_port`` runs where neither is
-installed, with NumPy 2.
+imports neither MXNet nor the rest of customop (but :mod:`customop.families`, which
+imports nothing): ``load_port`` runs where neither is installed, with NumPy 2.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..families import serves
 from .runner import PortError, port_error
 
 FORMAT = "customop-port"
@@ -113,25 +114,6 @@ class Record:
                 ),
                 ValueError,
             )
-
-
-def serves(saved: list[tuple], generic: tuple, shapes: list[tuple]) -> bool:
-    """Whether a graph checked at ``saved`` with sizes ``generic`` grown holds at ``shapes``
-    (the rule of :func:`customop.graphs.graph_verdicts._serves`)."""
-    if [tuple(s) for s in saved] == [tuple(s) for s in shapes]:
-        return True
-    allowed = set(generic)
-    new: dict[int, int] = {}
-    for s, t in zip(saved, shapes):
-        if len(s) != len(t):
-            return False
-        for d, e in zip(s, t):
-            if d not in allowed or d < 2:
-                if e != d:
-                    return False
-            elif new.setdefault(d, e) != e or e < 2:
-                return False
-    return True
 
 
 def _invalid(data: Any) -> str:

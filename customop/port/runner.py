@@ -108,6 +108,20 @@ class Attrs:
 Rule = Callable[..., Any]
 
 
+# MXNet's scalar arithmetic: the same Python operators on torch tensors and jax arrays
+# (each table wraps them with its own way of making the scalar)
+SCALAR_ARITHMETIC: dict[str, Callable[[Any, Any], Any]] = {
+    "_plus_scalar": lambda x, s: x + s,
+    "_minus_scalar": lambda x, s: x - s,
+    "_rminus_scalar": lambda x, s: s - x,
+    "_mul_scalar": lambda x, s: x * s,
+    "_div_scalar": lambda x, s: x / s,
+    "_rdiv_scalar": lambda x, s: s / x,
+    "_power_scalar": lambda x, s: x**s,
+    "_rpower_scalar": lambda x, s: s**x,
+}
+
+
 def reduce_axes(a: Attrs, ndim: int, exclude: bool = False) -> tuple | None:
     """A reduction's ``axis`` attribute as non-negative axes (None: all of them);
     ``exclude``: the axes not named, as MXNet's ``exclude=True``."""

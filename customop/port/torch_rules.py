@@ -14,7 +14,8 @@ import threading
 
 import torch
 
-from .runner import Attrs, mx_reshape
+from .box_deltas import center_deltas
+from .runner import SCALAR_ARITHMETIC, Attrs, mx_reshape
 from .runner import reduce_axes as _axes
 
 
@@ -435,15 +436,8 @@ def box_iou(lhs, rhs, fmt: str):
 def _box_encode(a: Attrs, samples, matches, anchors, refs, means, stds):
     b = torch.arange(refs.shape[0], device=refs.device).unsqueeze(1)
     m = refs[b, matches.to(torch.int64)]
-    aw = anchors[..., 2] - anchors[..., 0]
-    ah = anchors[..., 3] - anchors[..., 1]
-    ax = anchors[..., 0] + aw * 0.5
-    ay = anchors[..., 1] + ah * 0.5
-    gw = m[..., 2] - m[..., 0]
-    gh = m[..., 3] - m[..., 1]
-    gx = m[..., 0] + gw * 0.5
-    gy = m[..., 1] + gh * 0.5
-    t = torch.stack([(gx - ax) / aw, (gy - ay) / ah, torch.log(gw / aw), torch.log(gh / ah)], -1)
+    dx, dy, rw, rh = center_deltas(m, anchors)
+    t = torch.stack([dx, dy, torch.log(rw), torch.log(rh)], -1)
     t = (t - means) / stds
     pos = (samples > 0.5).unsqueeze(-1)
     targets = torch.where(pos, t, torch.zeros_like(t))
@@ -486,14 +480,7 @@ RULES = {
     "zeros_like": _unary(torch.zeros_like),
     "ones_like": _unary(torch.ones_like),
     "smooth_l1": _smooth_l1,
-    "_plus_scalar": _scalar(lambda x, s: x + s),
-    "_minus_scalar": _scalar(lambda x, s: x - s),
-    "_rminus_scalar": _scalar(lambda x, s: s - x),
-    "_mul_scalar": _scalar(lambda x, s: x * s),
-    "_div_scalar": _scalar(lambda x, s: x / s),
-    "_rdiv_scalar": _scalar(lambda x, s: s / x),
-    "_power_scalar": _scalar(lambda x, s: x**s),
-    "_rpower_scalar": _scalar(lambda x, s: s**x),
+    **{name: _scalar(fn) for name, fn in SCALAR_ARITHMETIC.items()},
     "_maximum_scalar": _scalar(lambda x, s: x.clamp(min=s)),
     "_minimum_scalar": _scalar(lambda x, s: x.clamp(max=s)),
     "_equal_scalar": _cmp_scalar(torch.eq),
