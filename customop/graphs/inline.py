@@ -160,8 +160,9 @@ class CachedPlan:
             return next(iter(self.by_graph.values()))
         shapes = {n: a.shape for n, a in zip(self.names, args)}
         dtypes = {n: a.dtype for n, a in zip(self.names, args)}
+        known = None
         if by_grads is None:
-            binding.checked(self.sym, shapes, dtypes)
+            known = binding.checked(self.sym, shapes, dtypes)
             everything = range(len(self.names))
             grads = {
                 self.names[i]
@@ -170,7 +171,7 @@ class CachedPlan:
             }
         else:
             grads = {self.names[i] for i, m in zip(by_grads.inputs, mask) if m}
-        found = binding.spliced(self.sym, shapes, dtypes, grads)
+        found = binding.spliced(self.sym, shapes, dtypes, grads, known)
         built = self._cached(found)
         if by_grads is not None:
             by_grads.built[mask] = built
