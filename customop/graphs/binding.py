@@ -46,6 +46,7 @@ def spliced(
     dtypes: Any,
     grads: set[str] | None = None,
     known: splice.Inferred | None = None,
+    text: str | None = None,
 ) -> splice.Spliced | None:
     """``sym`` inlined for training, or None when nothing in it inlines.
 
@@ -53,13 +54,15 @@ def spliced(
     graph holds an op that may inline: a graph without one costs one ``debug_str``).
     ``grads``: the inputs that can need a gradient (None: any; see :func:`splice.inline`).
     ``known``: what :func:`checked` returned at these shapes and dtypes (its passes are
-    not run again).
+    not run again).  ``text``: ``sym.tojson()``, from a caller that keeps it (a Symbol
+    nothing changes).
     """
     if runtime.disabled("inline"):
         return None
-    if "Op:Custom," not in sym.debug_str():  # symbol_json.graph_of's cheap look
-        return None
-    text = sym.tojson()
+    if text is None:
+        if "Op:Custom," not in sym.debug_str():  # symbol_json.graph_of's cheap look
+            return None
+        text = sym.tojson()
     graph = json.loads(text)
     if not splice.candidates(graph, graph_verdicts.TRAIN):
         return None
@@ -80,7 +83,14 @@ def spliced(
             return _splices[key]
     try:
         found = splice.inline(
-            sym, shapes, dtypes, graph_verdicts.TRAIN, graph=graph, grads=grads, known=known
+            sym,
+            shapes,
+            dtypes,
+            graph_verdicts.TRAIN,
+            graph=graph,
+            grads=grads,
+            known=known,
+            text=text,
         )
     except Exception as exc:  # noqa: BLE001 - the graph still runs, as Custom nodes
         warnings.warn(

@@ -141,6 +141,7 @@ def inline(
     graph: dict[str, Any] | None = None,
     grads: set[str] | None = None,
     known: Inferred | None = None,
+    text: str | None = None,
 ) -> Spliced | None:
     """``sym`` with native graphs in place of its inlinable ``Custom`` nodes.
 
@@ -149,7 +150,8 @@ def inline(
     ``'export'`` (see :mod:`customop.graphs.graph_verdicts`).  ``grads``: the inputs that can need a
     gradient (None: any); a ``def_grad`` op none of whose differentiated inputs is reached
     from one runs its forward alone (``NativeGraph.forward_only``).  ``known``: the graph's
-    :func:`inferred` at these shapes and dtypes, when the caller ran it already.
+    :func:`inferred` at these shapes and dtypes, when the caller ran it already; ``text``:
+    ``graph`` as ``sym.tojson()`` wrote it, when the caller has it.
     """
     graph = graph if graph is not None else symbol_json.graph_of(sym)
     if graph is None:
@@ -197,7 +199,7 @@ def inline(
                 if not sources & grads:
                     graphs[i] = verdict.graph.forward_only
     if graphs:
-        new, result.constants = _spliced_once(graph, graphs)
+        new, result.constants = _spliced_once(graph, graphs, text)
         result.symbol = _loaded(
             tidy.tidied(new, shapes if purpose == graph_verdicts.TRAIN else None)
         )
@@ -214,9 +216,10 @@ _splices_lock = threading.Lock()
 
 
 def _spliced_once(
-    graph: dict[str, Any], graphs: dict[int, graph_verdicts.NativeGraph]
+    graph: dict[str, Any], graphs: dict[int, graph_verdicts.NativeGraph], text: str | None = None
 ) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-    text = json.dumps(graph, sort_keys=True)
+    # (the key: the graph as MXNet wrote it, or written here; one graph can sit under both)
+    text = text if text is not None else json.dumps(graph, sort_keys=True)
     key = (text, tuple(sorted((i, id(g)) for i, g in graphs.items())))
     with _splices_lock:
         found = _splices.recall(key)
