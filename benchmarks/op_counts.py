@@ -1,13 +1,22 @@
-"""How many operators the RetinaNet-style head runs: ours (inlined) against native.
+"""How many operators the three example heads run: ours (inlined) against native.
 
-For ``benchmarks/composed.py``'s two heads (``examples/retinanet_head.py``'s ``RetinaHead``,
-four of our ops, and ``NativeRetinaHead``, the same head in MXNet's operators) at the
-example's sizes (batch 2, 3 ground-truth boxes), with Gluon's gradient requests (the
-parameters written, the data and the ``Constant`` anchors, means and stds not):
+Each example head of ``examples/`` against the same head in MXNet's own operators, at the
+example's sizes, with Gluon's gradient requests (the parameters written; the data, the
+``Constant`` anchors, means and stds, and the center loss's centers not):
+
+* RetinaNet-style (``examples/retinanet_head.py``'s ``RetinaHead``, four of our ops, batch
+  2, 3 ground-truth boxes) against ``benchmarks/composed.py``'s ``NativeRetinaHead``;
+* Faster R-CNN-style (``examples/faster_rcnn_head.py``: ``ohem_sampler``, ``softmax_ce``,
+  ``smooth_l1`` and the user's NumPy sampler) against ``benchmarks/native_heads.py``'s
+  ``NativeRCNNHead`` (the sampler stays a ``Custom`` node in both);
+* face embedding (``examples/face_embedding.py``: ``softmax_ce``, ``CenterLoss``) against
+  ``NativeFaceHead``.
+
+Counted:
 
 * forward: the operator nodes of the graph that runs (ours: spliced, our ops inlined and
   tidied by ``customop.graphs.tidy`` at the training signature, as a bind or a hybridized
-  block gets it);
+  block gets it; an op that does not inline stays one ``Custom`` node);
 * bound for training: the operator nodes of ``simple_bind``'s executor, forward and
   backward (read from ``Executor.debug_str``), after MXNet's own passes (its common
   subexpression elimination among them: ``MXNET_ELIMINATE_COMMON_EXPR=0`` turns it off).
@@ -28,31 +37,32 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "examples"))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+import face_embedding as FE  # noqa: E402
+import faster_rcnn_head as FR  # noqa: E402
 import mxnet as mx  # noqa: E402
+import native_heads  # noqa: E402
 import retinanet_head as R  # noqa: E402
 from composed import NativeRetinaHead  # noqa: E402
 from tables import print_table  # noqa: E402
 
 from customop.graphs import binding  # noqa: E402
 
-NUM_GT = 3
-INPUTS = ("feat", "gt_boxes", "gt_labels")
+RETINA_GT = 3
 
 
 def _operators(sym: mx.sym.Symbol) -> int:
     return sum(n["op"] != "null" for n in json.loads(sym.tojson())["nodes"])
 
 
-def counts(head: mx.gluon.HybridBlock, ours: bool) -> tuple[int, int]:
-    """(forward operators, operators bound for training) of ``head``."""
+def counts(head: mx.gluon.HybridBlock, data: dict, ours: bool) -> tuple[int, int]:
+    """(forward operators, operators bound for training) of ``head`` called on ``data``
+    (``{input name: shape}``, in the order ``hybrid_forward`` takes them)."""
     head.initialize()
-    sym = head(*[mx.sym.var(n) for n in INPUTS])
+    sym = head(*[mx.sym.var(n) for n in data])
+    if isinstance(sym, (list, tuple)):
+        sym = mx.sym.Group(list(sym))
     params = head.collect_params()
-    shapes = {
-        "feat": (R.BATCH, R.CHANNELS, R.HEIGHT, R.WIDTH),
-        "gt_boxes": (R.BATCH, NUM_GT, 4),
-        "gt_labels": (R.BATCH, NUM_GT),
-    }
+    shapes = dict(data)
     shapes.update(
         (n, tuple(p.shape))
         for n, p in params.items()
@@ -62,31 +72,57 @@ def counts(head: mx.gluon.HybridBlock, ours: bool) -> tuple[int, int]:
     forward = sym
     if ours:
         dtypes = {n: "float32" for n in sym.list_arguments()}
-        forward = binding.spliced(sym, shapes, dtypes, written & set(sym.list_arguments())).symbol
+        found = binding.spliced(sym, shapes, dtypes, written & set(sym.list_arguments()))
+        forward = sym if found is None else found.symbol
     req = {n: "write" if n in written else "null" for n in sym.list_arguments()}
     exe = sym.simple_bind(mx.cpu(), grad_req=req, **shapes)
     bound = len(re.findall(r"^Op:\S+, Name=", exe.debug_str(), re.M))
     return _operators(forward), bound
 
 
+def heads() -> list:
+    """``[(row name, ours, native, {input: shape})]`` for the three example heads."""
+    anchors = R.make_anchors(R.HEIGHT, R.WIDTH)
+    retina = {
+        "feat": (R.BATCH, R.CHANNELS, R.HEIGHT, R.WIDTH),
+        "gt_boxes": (R.BATCH, RETINA_GT, 4),
+        "gt_labels": (R.BATCH, RETINA_GT),
+    }
+    rcnn = {
+        "roi_feat": (FR.BATCH, FR.PROPOSALS, FR.FEATURE),
+        "proposals": (FR.BATCH, FR.PROPOSALS, 4),
+        "gt_boxes": (FR.BATCH, FR.NUM_GT, 4),
+        "gt_labels": (FR.BATCH, FR.NUM_GT),
+    }
+    face = {"descriptor": (FE.BATCH, FE.DESCRIPTOR), "identity": (FE.BATCH,)}
+    return [
+        (
+            "RetinaNet-style",
+            R.make_block,
+            lambda: NativeRetinaHead(anchors, channels=R.CHANNELS, prefix="head_"),
+            retina,
+        ),
+        ("Faster R-CNN-style", FR.make_block, native_heads.make_rcnn_head, rcnn),
+        ("face embedding", FE.make_block, native_heads.make_face_head, face),
+    ]
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--markdown", action="store_true")
     args = parser.parse_args(argv)
-    anchors = R.make_anchors(R.HEIGHT, R.WIDTH)
-    found = {
-        "ours (inlined)": counts(R.make_block(), True),
-        "native": counts(NativeRetinaHead(anchors, channels=R.CHANNELS, prefix="head_"), False),
-    }
-    base = found["native"]
-    rows = [
-        [name, f"{f} ({f / base[0]:.2f}x)", f"{b} ({b / base[1]:.2f}x)"]
-        for name, (f, b) in found.items()
-    ]
+    rows = []
+    for name, make_ours, make_native, data in heads():
+        ours = counts(make_ours(), data, True)
+        native = counts(make_native(), data, False)
+        for who, (f, b) in (("ours (inlined)", ours), ("native", native)):
+            rows.append(
+                [f"{name}, {who}", f"{f} ({f / native[0]:.2f}x)", f"{b} ({b / native[1]:.2f}x)"]
+            )
     cse = os.environ.get("MXNET_ELIMINATE_COMMON_EXPR", "1")
     print_table(
         [
-            "RetinaNet-style head",
+            "head",
             "forward operators",
             f"bound for training (MXNET_ELIMINATE_COMMON_EXPR={cse})",
         ],

@@ -148,6 +148,59 @@ def test_the_retinanet_head_equals_the_same_head_in_native_operators():
     ]
 
 
+def _step_outputs_and_grads(make_block, params, batch, hybridize):
+    # one step's outputs and gradients, on the second call (imperatively the first call
+    # of a signature runs the op, the second the traced graph); the centers (an aux state
+    # ours moves in backward) are set back before each call, NumPy's generator seeded
+    net = make_block()
+    net.initialize()
+    for name, p in net.collect_params().items():
+        p.set_data(mx.nd.array(params[name]))
+    if hybridize:
+        net.hybridize()
+    for _ in range(2):
+        for name, p in net.collect_params().items():
+            if name.endswith("centers"):
+                p.set_data(mx.nd.array(params[name]))
+        np.random.seed(7)
+        with mx.autograd.record():
+            outs = list(net(*[mx.nd.array(a) for a in batch]))
+        mx.autograd.backward(outs)
+    grads = {n: p.grad().asnumpy() for n, p in net.collect_params().items() if p.grad_req != "null"}
+    return [o.asnumpy() for o in outs], grads
+
+
+@pytest.mark.parametrize("name", ["faster_rcnn_head", "face_embedding"])
+@pytest.mark.parametrize("hybridize", [False, True])
+def test_the_other_heads_equal_the_same_heads_in_native_operators(name, hybridize, numpy_rng_kept):
+    # Issue 55 item 1: benchmarks/op_counts.py counts these native heads' operators
+    # against ours; they must be the same model (outputs and gradients)
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    native_heads = importlib.import_module("native_heads")
+    module = importlib.import_module(name)
+    make_native = {
+        "faster_rcnn_head": native_heads.make_rcnn_head,
+        "face_embedding": native_heads.make_face_head,
+    }[name]
+    params = four_paths.initial_params(module.make_block)
+    for key in params:
+        if key.endswith("centers"):  # away from zero: the center loss's gradient reads them
+            params[key] = np.random.RandomState(1).randn(*params[key].shape).astype(np.float32)
+    batch = module.make_batches(1)[0]
+    got, got_grads = _step_outputs_and_grads(module.make_block, params, batch, hybridize)
+    want, want_grads = _step_outputs_and_grads(make_native, params, batch, hybridize)
+    assert len(got) == len(want)
+    for i, (a, b) in enumerate(zip(got, want)):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6, err_msg=f"output {i}")
+    assert sorted(got_grads) == sorted(want_grads)
+    for key, b in want_grads.items():
+        scale = np.abs(b).max()
+        assert scale > 0, f"{key}: zero gradient, nothing compared"
+        np.testing.assert_allclose(got_grads[key], b, rtol=1e-4, atol=1e-5 * scale, err_msg=key)
+    if name == "faster_rcnn_head":  # OHEM kept some negatives and dropped others
+        assert 0 < want[3].sum() < want[3].size, want[3]
+
+
 AMP_CHILD = r"""
 import json, sys
 import numpy as np

@@ -41,19 +41,28 @@ SPLICE_FACTOR = 3
 
 
 def spliced(
-    sym: mx.sym.Symbol, shapes: Any, dtypes: Any, grads: set[str] | None = None
+    sym: mx.sym.Symbol,
+    shapes: Any,
+    dtypes: Any,
+    grads: set[str] | None = None,
+    known: splice.Inferred | None = None,
+    text: str | None = None,
 ) -> splice.Spliced | None:
     """``sym`` inlined for training, or None when nothing in it inlines.
 
     ``shapes``, ``dtypes``: by input name, or functions giving them (called only when the
     graph holds an op that may inline: a graph without one costs one ``debug_str``).
     ``grads``: the inputs that can need a gradient (None: any; see :func:`splice.inline`).
+    ``known``: what :func:`checked` returned at these shapes and dtypes (its passes are
+    not run again).  ``text``: ``sym.tojson()``, from a caller that keeps it (a Symbol
+    nothing changes).
     """
     if runtime.disabled("inline"):
         return None
-    if "Op:Custom," not in sym.debug_str():  # symbol_json.graph_of's cheap look
-        return None
-    text = sym.tojson()
+    if text is None:
+        if "Op:Custom," not in sym.debug_str():  # symbol_json.graph_of's cheap look
+            return None
+        text = sym.tojson()
     graph = json.loads(text)
     if not splice.candidates(graph, graph_verdicts.TRAIN):
         return None
@@ -73,7 +82,16 @@ def spliced(
             _splices.move_to_end(key)
             return _splices[key]
     try:
-        found = splice.inline(sym, shapes, dtypes, graph_verdicts.TRAIN, graph=graph, grads=grads)
+        found = splice.inline(
+            sym,
+            shapes,
+            dtypes,
+            graph_verdicts.TRAIN,
+            graph=graph,
+            grads=grads,
+            known=known,
+            text=text,
+        )
     except Exception as exc:  # noqa: BLE001 - the graph still runs, as Custom nodes
         warnings.warn(
             f"customop: the graph keeps its Custom nodes; inlining failed with "
@@ -152,7 +170,12 @@ def simple_bind(
     found = spliced(sym, shapes, lambda: _default_dtypes(sym, type_dict), grads)
     if found is None:
         return call(sym, shapes)
-    all_shapes = _all_shapes(sym, shapes)
+    # (the shape pass that found the ops' input signatures found every input's shape too)
+    all_shapes = (
+        {**found.input_shapes, **shapes}
+        if found.input_shapes is not None
+        else _all_shapes(sym, shapes)
+    )
     with bind_lock.serialized():  # MXNet's binds race (customop.runtime.bind_lock)
         exe = call(found.symbol, all_shapes)
     return present(exe, sym, found.symbol, grads)
@@ -277,8 +300,8 @@ class _Reshape:
             for n, s in zip([*names, *aux_names], [*(args or []), *(aux or [])])
         }
         dtypes = {n: a.dtype for n, a in current.items()}
-        checked(self.original, shapes, dtypes)
-        found = spliced(self.original, shapes, dtypes, self.grads)
+        known = checked(self.original, shapes, dtypes)
+        found = spliced(self.original, shapes, dtypes, self.grads, known)
         if found is not None and (
             symbol_json.anonymous(found.symbol) == symbol_json.anonymous(self.inlined)
         ):
@@ -303,16 +326,15 @@ class _Reshape:
         )
 
 
-def checked(sym: mx.sym.Symbol, shapes: dict[str, Any], dtypes: dict[str, Any]) -> None:
+def checked(sym: mx.sym.Symbol, shapes: dict[str, Any], dtypes: dict[str, Any]) -> splice.Inferred:
     """Run ``sym``'s shape and type passes at this signature: its ops' checks raise here.
 
     The ``Custom`` nodes of our ops run their shape inference (the forward on
-    placeholders, with its checks), so a bad signature raises the op's own
-    named error, as a graph of ``Custom`` nodes would at its first call.
+    placeholders, or their ``infer_shape=``, with their checks), so a bad signature raises
+    the op's own named error, as a graph of ``Custom`` nodes would at its first call.
+    Returns what the passes found, for :func:`spliced`'s ``known``.
     """
-    names = set(sym.list_inputs())
-    sym.infer_shape_partial(**{k: tuple(v) for k, v in shapes.items() if k in names})
-    sym.infer_type_partial(**{k: np.dtype(v) for k, v in dtypes.items() if k in names})
+    return splice.inferred(sym, shapes, dtypes)
 
 
 def holds_inlinable(sym: mx.sym.Symbol) -> bool:

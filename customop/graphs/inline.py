@@ -133,6 +133,7 @@ class CachedPlan:
         self.built: dict[Any, tuple[Any, list[int] | None]] = {}  # signature -> (CachedOp, order)
         self.by_graph: dict[str, tuple[Any, list[int] | None]] = {}  # anonymous graph -> same
         self.by_symbol: dict[int, tuple[Any, Any]] = {}  # id of a spliced Symbol -> it, same
+        self.text: str | None = None  # self.sym.tojson(), once (nothing changes the Symbol)
         self.lock = threading.Lock()
 
     def call(self, outer, args, kwargs):
@@ -163,8 +164,9 @@ class CachedPlan:
             return next(iter(self.by_graph.values()))
         shapes = {n: a.shape for n, a in zip(self.names, args)}
         dtypes = {n: a.dtype for n, a in zip(self.names, args)}
+        known = None
         if by_grads is None:
-            binding.checked(self.sym, shapes, dtypes)
+            known = binding.checked(self.sym, shapes, dtypes)
             everything = range(len(self.names))
             grads = {
                 self.names[i]
@@ -173,7 +175,9 @@ class CachedPlan:
             }
         else:
             grads = {self.names[i] for i, m in zip(by_grads.inputs, mask) if m}
-        found = binding.spliced(self.sym, shapes, dtypes, grads)
+        if self.text is None:
+            self.text = self.sym.tojson()
+        found = binding.spliced(self.sym, shapes, dtypes, grads, known, self.text)
         built = self._cached(found)
         if by_grads is not None:
             by_grads.built[mask] = built

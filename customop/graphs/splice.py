@@ -49,6 +49,41 @@ class Spliced:
     # inputs of the graph whose need of a gradient chose a node's forward-only graph or its
     # full one (see inline's grads=)
     switches: set[str] = field(default_factory=set)
+    # every input's shape the graph's shape pass found at this signature (None: not run)
+    input_shapes: dict[str, tuple] | None = None
+
+
+@dataclass
+class Inferred:
+    """MXNet's shape and type passes over a graph at one signature: every node's outputs
+    (rows of the graph's internals) and every input whose shape they found."""
+
+    out_shapes: list
+    out_types: list
+    input_shapes: dict[str, tuple]
+
+
+def inferred(sym: mx.sym.Symbol, shapes: dict[str, Any], dtypes: dict[str, Any]) -> Inferred:
+    """:class:`Inferred` of ``sym`` at these input shapes and dtypes (by name; names the
+    graph lacks are ignored).  Raises what the passes raise: the ``Custom`` nodes of our
+    ops answer them with their checks (a bad signature raises the op's named error)."""
+    internals = sym.get_internals()
+    names = set(sym.list_arguments()) | set(sym.list_auxiliary_states())
+    args, out_shapes, aux = internals.infer_shape_partial(
+        **{k: tuple(v) for k, v in shapes.items() if k in names}
+    )
+    _, out_types, _ = internals.infer_type_partial(
+        **{k: np.dtype(v) for k, v in dtypes.items() if k in names}
+    )
+    found = {
+        n: tuple(s)
+        for n, s in zip(
+            [*internals.list_arguments(), *internals.list_auxiliary_states()],
+            [*(args or []), *(aux or [])],
+        )
+        if s and all(d > 0 for d in s)
+    }
+    return Inferred(out_shapes, out_types, found)
 
 
 def gradient_sources(graph: dict[str, Any], entries: list) -> set[str]:
@@ -105,6 +140,8 @@ def inline(
     purpose: str,
     graph: dict[str, Any] | None = None,
     grads: set[str] | None = None,
+    known: Inferred | None = None,
+    text: str | None = None,
 ) -> Spliced | None:
     """``sym`` with native graphs in place of its inlinable ``Custom`` nodes.
 
@@ -112,7 +149,9 @@ def inline(
     the graph holds no ``Custom`` node of ours.  ``purpose``: ``'train'`` or
     ``'export'`` (see :mod:`customop.graphs.graph_verdicts`).  ``grads``: the inputs that can need a
     gradient (None: any); a ``def_grad`` op none of whose differentiated inputs is reached
-    from one runs its forward alone (``NativeGraph.forward_only``).
+    from one runs its forward alone (``NativeGraph.forward_only``).  ``known``: the graph's
+    :func:`inferred` at these shapes and dtypes, when the caller ran it already; ``text``:
+    ``graph`` as ``sym.tojson()`` wrote it, when the caller has it.
     """
     graph = graph if graph is not None else symbol_json.graph_of(sym)
     if graph is None:
@@ -131,7 +170,7 @@ def inline(
             )
     if not wanted:
         return result
-    signatures = _input_signatures(sym, graph, wanted, shapes, dtypes)
+    signatures = _input_signatures(sym, graph, wanted, shapes, dtypes, known, result)
     graphs: dict[int, graph_verdicts.NativeGraph] = {}
     for i in wanted:
         node = nodes[i]
@@ -160,7 +199,7 @@ def inline(
                 if not sources & grads:
                     graphs[i] = verdict.graph.forward_only
     if graphs:
-        new, result.constants = _spliced_once(graph, graphs)
+        new, result.constants = _spliced_once(graph, graphs, text)
         result.symbol = _loaded(
             tidy.tidied(new, shapes if purpose == graph_verdicts.TRAIN else None)
         )
@@ -177,9 +216,10 @@ _splices_lock = threading.Lock()
 
 
 def _spliced_once(
-    graph: dict[str, Any], graphs: dict[int, graph_verdicts.NativeGraph]
+    graph: dict[str, Any], graphs: dict[int, graph_verdicts.NativeGraph], text: str | None = None
 ) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-    text = json.dumps(graph, sort_keys=True)
+    # (the key: the graph as MXNet wrote it, or written here; one graph can sit under both)
+    text = text if text is not None else json.dumps(graph, sort_keys=True)
     key = (text, tuple(sorted((i, id(g)) for i, g in graphs.items())))
     with _splices_lock:
         found = _splices.recall(key)
@@ -219,8 +259,9 @@ class _Refused(NamedTuple):
         return cls(rule, rules.NODE_REFUSALS[rule].format(*found))
 
 
-def _input_signatures(sym, graph, wanted, shapes, dtypes) -> dict[int, Any]:
-    """(shapes, dtypes) of each wanted node's inputs, or the refusal saying they are unknown."""
+def _input_signatures(sym, graph, wanted, shapes, dtypes, known, result) -> dict[int, Any]:
+    """(shapes, dtypes) of each wanted node's inputs, or the refusal saying they are unknown
+    (``result.input_shapes``: what the shape pass found for the graph's inputs)."""
     nodes = graph["nodes"]
     rows = graph.get("node_row_ptr")
     if rows is None:  # pragma: no cover - MXNet 1.9 always writes it
@@ -233,21 +274,17 @@ def _input_signatures(sym, graph, wanted, shapes, dtypes) -> dict[int, Any]:
         return {i: ([], []) for i in wanted}
     # Every node's outputs, inferred over the whole graph: a Custom node may tell its own
     # inputs' shapes (infer_input_shape=), which a part of the graph would not know.
-    internals = sym.get_internals()
-    names = set(sym.list_arguments()) | set(sym.list_auxiliary_states())
-    try:
-        _, out_shapes, _ = internals.infer_shape_partial(
-            **{k: tuple(v) for k, v in shapes.items() if k in names}
-        )
-        _, out_types, _ = internals.infer_type_partial(
-            **{k: np.dtype(v) for k, v in dtypes.items() if k in names}
-        )
-    except Exception as exc:  # noqa: BLE001 - binding the graph as it is raises it again
-        refused = _Refused.of("signature-uninferable", errors.mxnet_text(exc))
-        return {i: refused for i in wanted}
+    if known is None:
+        try:
+            known = inferred(sym, shapes, dtypes)
+        except Exception as exc:  # noqa: BLE001 - binding the graph as it is raises it again
+            refused = _Refused.of("signature-uninferable", errors.mxnet_text(exc))
+            return {i: refused for i in wanted}
+    out_shapes, out_types = known.out_shapes, known.out_types
+    result.input_shapes = known.input_shapes
     if len(out_shapes) != rows[-1]:  # pragma: no cover - MXNet lists every node's outputs
         return {i: _Refused.of("rows-unmatched") for i in wanted}
-    known = {
+    at = {
         (j, k): (
             tuple(out_shapes[rows[j] + k]) if out_shapes[rows[j] + k] else None,
             out_types[rows[j] + k],
@@ -256,7 +293,7 @@ def _input_signatures(sym, graph, wanted, shapes, dtypes) -> dict[int, Any]:
     }
     found: dict[int, Any] = {}
     for i in wanted:
-        sig = [known[(e[0], e[1])] for e in nodes[i]["inputs"]]
+        sig = [at[(e[0], e[1])] for e in nodes[i]["inputs"]]
         if any(s is None or not all(d > 0 for d in s) or t is None for s, t in sig):
             found[i] = _Refused.of("input-shapes-unknown")
         else:

@@ -106,3 +106,34 @@ def test_bad_input_raises_and_the_next_call_works(op):
     ):
         op(mx.nd.ones((2, 4)), mx.nd.ones((2, 4)), format="xywh")
     assert op(mx.nd.ones((2, 4)), mx.nd.ones((3, 4))).shape == (2, 3)
+
+
+def test_a_graph_infers_its_shape_without_a_forward_and_keeps_the_checks(monkeypatch):
+    # Issue 55: a bind at a new box count asks for box_iou's output shape; it comes from
+    # the shapes (lhs[:-1] + rhs[:-1]) with the forward's own checks, not from a forward on
+    # placeholder inputs (none runs: the Inference._run below would count it)
+    from customop import inference
+
+    runs = []
+    monkeypatch.setattr(inference.Inference, "_run", lambda *a, **k: runs.append(a))
+    sym = ops.box_iou(mx.sym.var("a"), mx.sym.var("b"), format="center")
+    for m in (3, 5, 7):
+        _, out, _ = sym.infer_shape(a=(6, 4), b=(2, m, 4))
+        assert out == [(6, 2, m)]
+        assert sym.infer_type(a="float16", b="float16")[1] == [np.float16]
+    exe = sym.simple_bind(mx.cpu(), a=(6, 4), b=(2, 9, 4), grad_req="null")
+    a, b = (
+        np.random.RandomState(0).uniform(1, 5, (6, 4)),
+        np.random.RandomState(1).uniform(1, 5, (2, 9, 4)),
+    )
+    got = exe.forward(a=mx.nd.array(a), b=mx.nd.array(b))[0].asnumpy()
+    want = mx.nd.contrib.box_iou(mx.nd.array(a), mx.nd.array(b), format="center").asnumpy()
+    np.testing.assert_array_equal(got, want)
+    assert runs == []
+    with pytest.raises(ValueError, match="ops.box_iou': lhs must be .* last axis 4"):
+        sym.simple_bind(mx.cpu(), a=(6, 3), b=(2, 9, 4), grad_req="null")
+    with pytest.raises(TypeError, match="ops.box_iou': rhs must be a float array"):
+        sym.simple_bind(mx.cpu(), a=(6, 4), b=(2, 9, 4), type_dict={"b": "int32"}, grad_req="null")
+    bad = ops.box_iou(mx.sym.var("a"), mx.sym.var("b"), format="xywh")
+    with pytest.raises(ValueError, match="ops.box_iou': format must be one of"):
+        bad.infer_shape(a=(6, 4), b=(2, 9, 4))
