@@ -70,7 +70,7 @@ _AUTO_KEY = 1 << 25  # + the parameter's index in its Trainer: the same on every
 AUX_RULES = ("sum", "mean", "first", "local")
 
 # What customop reads of MXNet's internals to keep aux states equal, the one list
-# (tests/customop/test_agree.py::test_the_mxnet_internals_we_read_are_there fails loudly when
+# (tests/customop/test_aux_merge.py::test_the_mxnet_internals_we_read_are_there fails loudly when
 # MXNet changes them).
 MXNET_INTERNALS = {
     "gluon.Trainer": (

@@ -341,7 +341,7 @@ def _own_operators(graph: NativeGraph, dtypes) -> NativeGraph:
     and its backward is ``g * (2 * x)`` (``_backward_square``), the closure's two operations
     in the closure's order (a product's operands commute exactly).  Measured bit for bit on
     MXNet 1.9.1 in float16, float32 and float64, zeros, subnormals, infinities and NaNs
-    included (``tests/customop/test_transposed.py``); not in integer dtypes, where MXNet
+    included (``tests/customop/test_backward.py``); not in integer dtypes, where MXNet
     computes ``2 * x`` in float32, so only float inputs.  The written form is also NaN where
     ``2 * x`` overflows (``inf * 0``); ``square`` is the forward's ``inf`` there."""
     nodes, heads = graph.nodes, list(graph.heads)

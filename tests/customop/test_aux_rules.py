@@ -116,7 +116,7 @@ only_sum.def_grad(lambda ans, x, mine: lambda g: g)
 
 @pytest.mark.parametrize("op, warned", [(only_sum, 1), (only_local, 0)], ids=["sum", "local"])
 def test_local_states_are_never_warned_about(op, warned):
-    # Copies updated with nothing keeping them equal warn (see test_agree.py); 'local' ones
+    # Copies updated with nothing keeping them equal warn (see test_aux_merge.py); 'local' ones
     # are meant to differ.
     aux_merge._warned.clear()
     mine = [mx.nd.zeros((1,), ctx=c) for c in TWO]

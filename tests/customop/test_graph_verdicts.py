@@ -172,7 +172,7 @@ def test_the_graph_computes_the_formula_at_other_values_and_shapes():
         (looped, "holds only at the traced input shapes (10 operators, 13"),
         (
             calls_numpy_op,
-            "calls customop 'tests.customop.test_native.numpy_square', which "
+            "calls customop 'tests.customop.test_graph_verdicts.numpy_square', which "
             "cannot be inlined: a 'numpy'-mode operator",
         ),
     ],
@@ -185,7 +185,7 @@ def test_an_unfaithful_trace_keeps_the_custom_node_with_its_reason(op, words):
 
 def test_a_read_names_the_line_of_the_forward():
     reason = verdicts(reads_a_value, [(3,)])[0].reason
-    assert "test_native.py" in reason and "asscalar() > 0" in reason
+    assert "test_graph_verdicts.py" in reason and "asscalar() > 0" in reason
 
 
 @pytest.mark.parametrize(
