@@ -9,9 +9,8 @@ RetinaNet-style head, batch 2, 8 channels, a 4 x 4 map): ``ours`` (four of our o
   splice of our ops; imperatively our ops' forwards run in Python);
 * ``second``: the next step at the same shapes (imperatively: the signature's native graph,
   its trace when no graph of its family is known);
-* ``first new box count``: the first step at 4 boxes, the process's second signature (ours:
-  the checks of the first signature's graphs at other shapes, which wait until a second
-  signature of their family comes, run here; no trace);
+* ``first new box count``: the first step at 4 boxes, the process's second signature (shapes
+  of the family verified at the first step: no trace, no verification);
 * ``new box count``: the median of the first steps at 4 to 9 boxes, each new (shapes of a
   verified family: no trace, no verification);
 * ``epoch of new box counts``: 60 steps at box counts 10 to 69 (``--quick``: 10), each
