@@ -203,29 +203,10 @@ def peak_child(variant, steps):
 
 def _heap():
     """glibc's ``mallinfo2()`` in MiB: heap in use, live mmapped allocations, free heap."""
-    import ctypes
-
-    class MallInfo2(ctypes.Structure):
-        _fields_ = [
-            (n, ctypes.c_size_t)
-            for n in (
-                "arena",
-                "ordblks",
-                "smblks",
-                "hblks",
-                "hblkhd",
-                "usmblks",
-                "fsmblks",
-                "uordblks",
-                "fordblks",
-                "keepcost",
-            )
-        ]
+    import mallinfo
 
     try:
-        libc = ctypes.CDLL("libc.so.6")
-        libc.mallinfo2.restype = MallInfo2
-        info = libc.mallinfo2()
+        info = mallinfo.glibc().mallinfo2()
     except (OSError, AttributeError):  # not glibc 2.33+
         return {}
     return {

@@ -34,7 +34,6 @@ bound: the engine never falls behind, the fix only checks).
 from __future__ import annotations
 
 import argparse
-import ctypes
 import datetime
 import gc
 import json
@@ -63,24 +62,6 @@ SETTINGS = {  # name -> (environment, wait for the engine every N calls or 0)
     ),
     "OMP_NUM_THREADS=1": ({"OMP_NUM_THREADS": "1"}, 0),
 }
-
-
-class _MallInfo2(ctypes.Structure):
-    _fields_ = [
-        (n, ctypes.c_size_t)
-        for n in (
-            "arena",
-            "ordblks",
-            "smblks",
-            "hblks",
-            "hblkhd",
-            "usmblks",
-            "fsmblks",
-            "uordblks",
-            "fordblks",
-            "keepcost",
-        )
-    ]
 
 
 def _readings(libc) -> dict:
@@ -136,10 +117,10 @@ def _step_function(case: str):
 
 def run_case(case: str, wait_every: int, warmup: int, calls: int) -> dict:
     """One case in this process: the readings after warm-up, at the end and after a trim."""
+    import mallinfo
     import mxnet as mx
 
-    libc = ctypes.CDLL("libc.so.6")
-    libc.mallinfo2.restype = _MallInfo2
+    libc = mallinfo.glibc()
     step = _step_function(case)
     for _ in range(warmup):
         step()

@@ -17,7 +17,6 @@ the RetinaNet-style head*).
 from __future__ import annotations
 
 import argparse
-import ctypes
 import datetime
 import gc
 import json
@@ -30,31 +29,13 @@ import threading
 WORK = ["x * x", "random numbers", "sum, convolution, topk"]
 
 
-class _MallInfo2(ctypes.Structure):
-    _fields_ = [
-        (n, ctypes.c_size_t)
-        for n in (
-            "arena",
-            "ordblks",
-            "smblks",
-            "hblks",
-            "hblkhd",
-            "usmblks",
-            "fsmblks",
-            "uordblks",
-            "fordblks",
-            "keepcost",
-        )
-    ]
-
-
 def child(work: str) -> dict:
     from concurrent.futures import ThreadPoolExecutor
 
+    import mallinfo
     import mxnet as mx
 
-    libc = ctypes.CDLL("libc.so.6")
-    libc.mallinfo2.restype = _MallInfo2
+    libc = mallinfo.glibc()
 
     def run() -> None:
         x = mx.nd.ones((8, 64, 16, 16))
