@@ -98,20 +98,29 @@ def clear_cache() -> None:
 
 
 def idle_block_grads(graph: dict[str, Any]) -> dict[str, Any]:
-    """``graph`` without the ``BlockGrad`` nodes that stop no gradient (heads stay)."""
-    nodes = graph["nodes"]
-    free = _free(nodes)
-    heads = {h[0] for h in graph["heads"]}
+    """``graph`` without the ``BlockGrad`` nodes that stop no gradient (heads stay).
+
+    Two passes, the second on what the first leaves: first those above values no variable's
+    gradient can reach (dropping them leaves every value as free as it was), then those no
+    gradient comes back to (dropping them leaves every gradient where it was).  Judged at
+    once, each kind can vouch for dropping the other: an output layer's stopped coefficient
+    above its stopped label would then hand the label a gradient.
+    """
+    free = _free(graph["nodes"])
+    graph = _replaced(graph, _block_grads(graph, lambda i, node: free[node["inputs"][0][0]]))
     # (make_loss, SoftmaxOutput, a Custom output layer: any unknown operator makes a gradient)
     back = _gradient_comes_back(graph)
-    idle = {
+    return _replaced(graph, _block_grads(graph, lambda i, node: not back[i]))
+
+
+def _block_grads(graph: dict[str, Any], idle: Callable[[int, dict], bool]) -> dict[int, list]:
+    # the BlockGrad nodes (not heads) that idle(i, node) names, each to the entry it passes on
+    heads = {h[0] for h in graph["heads"]}
+    return {
         i: node["inputs"][0]
-        for i, node in enumerate(nodes)
-        if node["op"] == "BlockGrad"
-        and i not in heads
-        and (free[node["inputs"][0][0]] or not back[i])
+        for i, node in enumerate(graph["nodes"])
+        if node["op"] == "BlockGrad" and i not in heads and idle(i, node)
     }
-    return _replaced(graph, idle)
 
 
 def constant_checks(graph: dict[str, Any]) -> dict[str, Any]:

@@ -12,8 +12,8 @@ import mxnet as mx
 import numpy as np
 import pytest
 
-from customop import ops, symbol_json
-from customop.graphs import binding, inline, rules, tidy
+from customop import customop, ops, symbol_json
+from customop.graphs import binding, graph_verdicts, inline, rules, tidy
 
 X = mx.sym.var("x")
 W = mx.sym.var("w")
@@ -483,3 +483,67 @@ def test_the_retinanet_heads_graph_loses_repeats_with_the_same_bits(monkeypatch)
     assert merged < kept
     assert np.isfinite(got[0]).all()
     _same_bits(got, want)
+
+
+def test_block_grads_that_vouch_for_each_other_are_not_both_dropped():
+    # An output layer's term make_loss(x * stop(c)), its coefficient c made of a stopped label:
+    # each BlockGrad alone is idle (c reaches no variable; no gradient comes back to the
+    # label's), but without both the label would get x * dc/dlabel.
+    label = mx.sym.Variable("label")
+    c = mx.sym.sigmoid(mx.sym.BlockGrad(X)) - mx.sym.BlockGrad(label)
+    term = mx.sym.make_loss(X * mx.sym.BlockGrad(c * 2))
+    out = mx.sym.BlockGrad(mx.sym.sigmoid(X)) + mx.sym.zeros_like(term)
+    graph = _graph(out)
+    x = mx.nd.array(np.arange(8).reshape(2, 4) / 4 - 1)
+    y = mx.nd.array(np.eye(2, 4))
+    grads = []
+    for g in (graph, tidy.idle_block_grads(graph)):
+        exe = symbol_json.load(g).bind(
+            mx.cpu(),
+            {"x": x, "label": y},
+            args_grad={"x": mx.nd.zeros((2, 4)), "label": mx.nd.zeros((2, 4))},
+        )
+        exe.forward(is_train=True)
+        exe.backward([mx.nd.ones((2, 4))])
+        grads.append((exe.grad_dict["x"].asnumpy(), exe.grad_dict["label"].asnumpy()))
+    sig = 1 / (1 + np.exp(-x.asnumpy().astype(np.float64)))
+    np.testing.assert_allclose(grads[1][0], 2 * (sig - y.asnumpy()), rtol=1e-6)
+    np.testing.assert_array_equal(grads[1][1], np.zeros((2, 4)))  # no_grad stays no_grad
+    np.testing.assert_array_equal(grads[0][0], grads[1][0])
+
+
+def test_an_inlined_output_layer_gives_its_no_grad_label_no_gradient():
+    @customop("mxnet", need_top_grad=False, no_grad=("label",))
+    def weighted_sigmoid(data, label, *, pos_weight=1.0):
+        return mx.nd.sigmoid(data)
+
+    weighted_sigmoid.def_grad(
+        lambda ans, data, label, pos_weight=1.0: (
+            lambda g: (pos_weight * label + (1 - label)) * (ans - label)
+        )
+    )
+
+    class Head(mx.gluon.HybridBlock):
+        def hybrid_forward(self, F, p, y):
+            return weighted_sigmoid(p, y, pos_weight=2.0)
+
+    net = Head()
+    net.hybridize()
+    rng = np.random.RandomState(0)
+    for n in (4, 4, 6):  # the first call traces; then the inlined graph, and a new shape
+        p = mx.nd.array(rng.randn(2, n))
+        lab = mx.nd.array((rng.rand(2, n) > 0.5).astype("f"))
+        p.attach_grad()
+        lab.attach_grad()
+        with mx.autograd.record():
+            out = net(p, lab)
+        out.backward()
+        y = lab.asnumpy().astype(np.float64)
+        expected = (2 * y + (1 - y)) * (1 / (1 + np.exp(-p.asnumpy().astype(np.float64))) - y)
+        np.testing.assert_allclose(p.grad.asnumpy(), expected, rtol=1e-5, atol=1e-7)
+        np.testing.assert_array_equal(lab.grad.asnumpy(), np.zeros((2, n)))
+    # the op has a training graph (so the block ran it inlined, not as a Custom node)
+    verdict = graph_verdicts.native_graph(
+        weighted_sigmoid, {"pos_weight": 2.0}, [(2, 6), (2, 6)], ["float32"] * 2, rules.TRAIN
+    )
+    assert verdict.graph is not None, verdict
