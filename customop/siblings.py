@@ -34,7 +34,8 @@ def output_spec(op: Any) -> dict[str, Any]:
 
 def twin(op: Any, mode: str, options: dict[str, Any], make: Callable) -> Callable:
     """The decorator of ``op``'s twin in ``mode``: ``make(fn, mode, **settings)`` (the
-    operator class), checked to take the same arrays and parameters."""
+    operator class), checked to take the same arrays and parameters.  Keyword-only
+    parameters the twin leaves without a default take the op's."""
     if mode not in MODES:
         raise op.error(ValueError, f"twin mode must be 'numpy' or 'mxnet', got {mode!r}")
     if mode in op.twins:
@@ -59,6 +60,7 @@ def twin(op: Any, mode: str, options: dict[str, Any], make: Callable) -> Callabl
     settings.update(options)
 
     def wrap(fn: Callable) -> Any:
+        _take_defaults(fn, op.signature)
         other = make(fn, mode, **settings)
         mine, theirs = op.signature, other.signature
         if (mine.inputs, mine.aux, mine.required, mine.defaults) != (
@@ -80,6 +82,20 @@ def twin(op: Any, mode: str, options: dict[str, Any], make: Callable) -> Callabl
         return other
 
     return wrap
+
+
+def _take_defaults(fn: Callable, mine: Signature) -> None:
+    # A twin's keyword-only parameters may leave their defaults out: they are the op's,
+    # written once (a default the twin does give must still equal the op's).
+    if not inspect.isfunction(fn):
+        return
+    taken = {
+        p.name: mine.defaults[p.name]
+        for p in inspect.signature(fn).parameters.values()
+        if p.kind == p.KEYWORD_ONLY and p.default is p.empty and p.name in mine.defaults
+    }
+    if taken:
+        fn.__kwdefaults__ = {**(fn.__kwdefaults__ or {}), **taken}
 
 
 def twin_of(op: Any, mode: str) -> Any:

@@ -112,13 +112,13 @@ def _box_decode_numpy(
     data,
     anchors,
     *,
-    std0=1.0,
-    std1=1.0,
-    std2=1.0,
-    std3=1.0,
-    clip=-1.0,
-    format="center",
-    legacy_box=False,
+    std0,
+    std1,
+    std2,
+    std3,
+    clip,
+    format,
+    legacy_box,
 ):
     # Written with autograd.numpy: HIPS autograd gives the gradients.
     _check(data, anchors, std0, std1, std2, std3, clip, format, legacy_box)

@@ -10,36 +10,24 @@ from customop import customop
 from . import _checks, _rows
 from ._boxes import to_center, to_corner
 
+# box_nms's parameters, by how they are checked
+_KINDS = (
+    (_checks.number, ("overlap_thresh", "valid_thresh")),
+    (_checks.integer, ("topk", "coord_start", "score_index", "id_index", "background_id")),
+    (_checks.boolean, ("force_suppress",)),
+    (_checks.box_format, ("in_format", "out_format")),
+    (_checks.boolean, ("legacy_box",)),
+)
 
-def _check(
-    data,
-    overlap_thresh,
-    valid_thresh,
-    topk,
-    coord_start,
-    score_index,
-    id_index,
-    background_id,
-    force_suppress,
-    in_format,
-    out_format,
-    legacy_box,
-):
+
+def _check(data, **params):
     op = "box_nms"
-    _checks.number(op, "overlap_thresh", overlap_thresh)
-    _checks.number(op, "valid_thresh", valid_thresh)
-    for name, value in (
-        ("topk", topk),
-        ("coord_start", coord_start),
-        ("score_index", score_index),
-        ("id_index", id_index),
-        ("background_id", background_id),
-    ):
-        _checks.integer(op, name, value)
-    _checks.boolean(op, "force_suppress", force_suppress)
-    _checks.box_format(op, "in_format", in_format)
-    _checks.box_format(op, "out_format", out_format)
-    _checks.boolean(op, "legacy_box", legacy_box)
+    for check, names in _KINDS:
+        for name in names:
+            check(op, name, params[name])
+    coord_start, score_index, id_index = (
+        params[k] for k in ("coord_start", "score_index", "id_index")
+    )
     shape = data.shape
     _checks.shape_is(op, "data", shape, len(shape) >= 2, "(..., N, K)")
     _checks.floating(op, "data", data.dtype)
@@ -163,20 +151,7 @@ def box_nms(
         >>> ops.box_nms(d, overlap_thresh=0.12, legacy_box=True)[:, 1].asnumpy().tolist()
         [0.9, -1.0]
     """
-    _check(
-        data,
-        overlap_thresh,
-        valid_thresh,
-        topk,
-        coord_start,
-        score_index,
-        id_index,
-        background_id,
-        force_suppress,
-        in_format,
-        out_format,
-        legacy_box,
-    )
+    _check(**locals())  # the arguments, by name
     common = dict(
         overlap_thresh=overlap_thresh,
         valid_thresh=valid_thresh,
@@ -240,32 +215,19 @@ def box_nms(
 def _box_nms_numpy(
     data,
     *,
-    overlap_thresh=0.5,
-    valid_thresh=0.0,
-    topk=-1,
-    coord_start=2,
-    score_index=1,
-    id_index=-1,
-    background_id=-1,
-    force_suppress=False,
-    in_format="corner",
-    out_format="corner",
-    legacy_box=False,
+    overlap_thresh,
+    valid_thresh,
+    topk,
+    coord_start,
+    score_index,
+    id_index,
+    background_id,
+    force_suppress,
+    in_format,
+    out_format,
+    legacy_box,
 ):
-    _check(
-        data,
-        overlap_thresh,
-        valid_thresh,
-        topk,
-        coord_start,
-        score_index,
-        id_index,
-        background_id,
-        force_suppress,
-        in_format,
-        out_format,
-        legacy_box,
-    )
+    _check(**locals())  # the arguments, by name
     if topk == 0:  # MXNet's box_nms returns its input as is
         return data.copy()
     one = 1 if legacy_box else 0

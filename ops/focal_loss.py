@@ -147,10 +147,10 @@ def _focal_loss_numpy(
     label,
     normalizer=None,
     *,
-    alpha=0.25,
-    gamma=2.0,
-    normalization="positive",
-    ignore_label=-1,
+    alpha,
+    gamma,
+    normalization,
+    ignore_label,
 ):
     _check(pred, label, normalizer, alpha, gamma, normalization, ignore_label)
     num_class = pred.shape[-1]

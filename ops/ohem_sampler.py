@@ -153,11 +153,11 @@ def _ohem_sampler_numpy(
     conf_target,
     conf_weight,
     *,
-    ratio=3.0,
-    min_neg=0,
-    ignore_label=-1,
-    loss_type="softmax",
-    from_logits=True,
+    ratio,
+    min_neg,
+    ignore_label,
+    loss_type,
+    from_logits,
 ):
     _check(
         conf_data, conf_target, conf_weight, ratio, min_neg, ignore_label, loss_type, from_logits

@@ -96,6 +96,41 @@ def test_bad_twins_are_refused():
         _ = customop.customop("mxnet")(lambda x: x).numpy
 
 
+def test_a_twins_keyword_only_parameters_take_the_ops_defaults():
+    @customop.customop("mxnet")
+    def shifted(x, *, shift=2.0, power=3):
+        return (x + shift) ** power
+
+    @shifted.twin("numpy")
+    def _shifted_numpy(x, *, shift, power=3):  # shift's default is the op's
+        return (x + shift) ** power
+
+    x = mx.nd.array([0.5, 1.0])
+    want = (x.asnumpy() + 2.0) ** 3
+    np.testing.assert_allclose(shifted.numpy(x).asnumpy(), want, rtol=1e-6)
+    np.testing.assert_allclose(shifted.numpy(x, shift=1.0).asnumpy(), [3.375, 8.0], rtol=1e-6)
+    assert shifted.numpy.signature.defaults == {"shift": 2.0, "power": 3}
+    with pytest.raises(TypeError, match="twin '.*' must take the same arrays and parameters"):
+
+        @customop.customop("mxnet")
+        def powered(x, *, power=3):
+            return x**power
+
+        @powered.twin("numpy")
+        def _powered_numpy(x, *, power=4):  # a default it gives must still be the op's
+            return x**power
+
+    with pytest.raises(TypeError, match="twin '.*' must take the same arrays and parameters"):
+
+        @customop.customop("mxnet")
+        def scaled(x, scale=2.0):  # a positional parameter keeps its default written out
+            return x * scale
+
+        @scaled.twin("numpy")
+        def _scaled_numpy(x, scale):
+            return x * scale
+
+
 # ---- optional inputs ---------------------------------------------------------------------
 @pytest.mark.parametrize("how", paths.ALL)
 def test_optional_inputs_may_be_left_out_on_every_path(how):
