@@ -149,9 +149,10 @@ def _read(text: str) -> _Read:
 
 
 def _signature(by_name: dict[str, Any]) -> tuple:
+    # (a dtype stays a np.dtype, equal and hashed as its name: str() costs 2 us each)
     return tuple(
         sorted(
-            (n, str(np.dtype(v)) if not isinstance(v, (tuple, list)) else tuple(int(d) for d in v))
+            (n, tuple(map(int, v)) if isinstance(v, (tuple, list)) else np.dtype(v))
             for n, v in by_name.items()
         )
     )
