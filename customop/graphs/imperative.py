@@ -23,7 +23,8 @@ and gradients NaN).
 Plans are kept per operator, parameters and signature, within the memory budget of
 :mod:`customop.budget` (least recently used out); a verified graph also serves
 the signatures that differ from its own in the size it was checked at another value of
-(:mod:`customop.graphs.graph_verdicts`), and each thread runs its own ``CachedOp`` of it.
+(:mod:`customop.graphs.graph_verdicts`), and each thread runs its own ``CachedOp`` of it
+(a static one for small inputs: :data:`STATIC_BYTES`).
 ``CUSTOMOP_RUNTIME_OFF=inline`` (every op keeps its ``Custom`` node in graphs) keeps
 imperative calls on their Python paths too.
 """
