@@ -20,9 +20,13 @@ values of each size it was checked at (a box count equal to the batch size would
 two). Rows: inlining on (our ops run as MXNet's operators),
 ``CUSTOMOP_RUNTIME_OFF=inline`` (the same graph with ``Custom`` nodes) and the same head
 in MXNet's operators (``benchmarks/composed.py``'s ``NativeRetinaHead``: the ratios'
-base); medians.
+base); medians.  ``--requests gluon`` binds with Gluon's gradient requests (the parameters
+written; the data, labels and ``Constant`` anchors, means and stds not), as a Trainer or
+``Module`` asks: the default (``write`` for every argument) makes our head compute the true
+gradients of the anchors, boxes, means and stds through ``box_iou`` and ``box_encode``
+(72 more operators), where MXNet's ``contrib.box_iou`` and ``contrib.box_encode`` give zeros.
 
-``python benchmarks/bind_cost.py [--binds 20] [--rounds 3] [--markdown]``
+``python benchmarks/bind_cost.py [--binds 20] [--rounds 3] [--requests all|gluon] [--markdown]``
 """
 
 from __future__ import annotations
@@ -103,9 +107,14 @@ sym = head(*[mx.sym.var(n) for n in ("feat", "gt_boxes", "gt_labels")])
 fixed = {{"feat": (R.BATCH, R.CHANNELS, R.HEIGHT, R.WIDTH)}}
 fixed.update((n, tuple(p.shape)) for n, p in head.collect_params().items()
              if n in sym.list_arguments() and p.shape and all(p.shape))
+req = "write"
+if {gluon}:
+    params = head.collect_params()
+    req = {{n: "write" if n in params and params[n].grad_req != "null" else "null"
+           for n in sym.list_arguments()}}
 def bind(num_gt):
     start = time.perf_counter()
-    exe = sym.simple_bind(mx.cpu(), gt_boxes=(R.BATCH, num_gt, 4),
+    exe = sym.simple_bind(mx.cpu(), grad_req=req, gt_boxes=(R.BATCH, num_gt, 4),
                           gt_labels=(R.BATCH, num_gt), **fixed)
     took = time.perf_counter() - start
     exe.forward(is_train=True)
@@ -121,7 +130,9 @@ print(json.dumps([first * 1e3, same[len(same) // 2] * 1e3, new[len(new) // 2] * 
 
 def rebind_table(args) -> None:
     found = fresh_rounds(
-        REBIND_SETUPS, args.rounds, lambda setup: REBIND.format(setup=setup, binds=args.binds)
+        REBIND_SETUPS,
+        args.rounds,
+        lambda setup: REBIND.format(setup=setup, binds=args.binds, gluon=args.requests == "gluon"),
     )
     medians = {name: [statistics.median(col) for col in zip(*runs)] for name, runs in found.items()}
     base = medians[REBIND_SETUPS[-1][0]]
@@ -131,7 +142,7 @@ def rebind_table(args) -> None:
     ]
     print_table(
         [
-            "RetinaNet-style head, simple_bind for training",
+            f"RetinaNet-style head, simple_bind for training (requests: {args.requests})",
             "first bind ms",
             "again, same shapes ms",
             "again, new box count ms",
@@ -147,6 +158,7 @@ def main(argv=None) -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--markdown", action="store_true")
     parser.add_argument("--only", choices=("binds", "rebinds"), default=None)
+    parser.add_argument("--requests", choices=("all", "gluon"), default="all")
     args = parser.parse_args(argv)
     if args.only != "binds":
         rebind_table(args)

@@ -51,7 +51,8 @@ def spliced(
     """``sym`` inlined for training, or None when nothing in it inlines.
 
     ``shapes``, ``dtypes``: by input name, or functions giving them (called only when the
-    graph holds an op that may inline: a graph without one costs one ``debug_str``).
+    graph holds an op that may inline: a graph without one costs one ``debug_str``;
+    ``dtypes`` is given the graph's :class:`_Read`, where ``simple_bind``'s defaults are kept).
     ``grads``: the inputs that can need a gradient (None: any; see :func:`splice.inline`).
     ``known``: what :func:`checked` returned at these shapes and dtypes (its passes are
     not run again).  ``text``: ``sym.tojson()``, from a caller that keeps it (a Symbol
@@ -63,13 +64,14 @@ def spliced(
         if "Op:Custom," not in sym.debug_str():  # symbol_json.graph_of's cheap look
             return None
         text = sym.tojson()
-    graph = json.loads(text)
+    read = _read(text)
+    graph = read.graph
     if not splice.candidates(graph, graph_verdicts.TRAIN):
         return None
     if callable(shapes):
         shapes = shapes()
     if callable(dtypes):
-        dtypes = dtypes()
+        dtypes = dtypes(read)
     key = (
         text,
         tuple(op for _, op in splice.ours(graph)),
@@ -114,25 +116,60 @@ def clear_cache() -> None:
     """Forget every splice (tests; an op redefined in place is spliced again anyway)."""
     with _splices_lock:
         _splices.clear()
+    with _texts_lock:
+        _texts.clear()
+
+
+class _Read:
+    """What binds read from one graph's JSON text: the graph, and the dtypes ``simple_bind``
+    assumes for its arguments (filled at the first bind that asks)."""
+
+    __slots__ = ("graph", "default_dtypes")
+
+    def __init__(self, graph: dict[str, Any]) -> None:
+        self.graph, self.default_dtypes = graph, None
+
+
+# _Read by a graph's JSON text: a rebind of a graph bound before parses nothing (json.loads
+# and attr_dict, 0.06 and 0.07 ms for the RetinaNet-style head: most of a rebind's Python).
+# Nothing changes a graph read here (the splice copies the nodes it writes).  Under the
+# memory budget of customop.budget (a parsed graph estimated at SPLICE_FACTOR times its text).
+_texts = budget.Table()
+_texts_lock = threading.Lock()
+
+
+def _read(text: str) -> _Read:
+    with _texts_lock:
+        found = _texts.recall(text)
+    if found is None:
+        found = _Read(json.loads(text))
+        with _texts_lock:
+            _texts.keep(text, found, budget.RECALLED + SPLICE_FACTOR * len(text))
+    return found
 
 
 def _signature(by_name: dict[str, Any]) -> tuple:
+    # (a dtype stays a np.dtype, equal and hashed as its name: str() costs 2 us each)
     return tuple(
         sorted(
-            (n, str(np.dtype(v)) if not isinstance(v, (tuple, list)) else tuple(int(d) for d in v))
+            (n, tuple(map(int, v)) if isinstance(v, (tuple, list)) else np.dtype(v))
             for n, v in by_name.items()
         )
     )
 
 
-def _default_dtypes(sym: mx.sym.Symbol, type_dict: dict | None) -> dict[str, Any]:
-    # What simple_bind assumes: float32 for every argument without a __dtype__ attribute.
-    attrs = sym.attr_dict()
-    dtypes: dict[str, Any] = {
-        n: np.float32 for n in sym.list_arguments() if "__dtype__" not in attrs.get(n, {})
-    }
-    dtypes.update(type_dict or {})
-    return dtypes
+def _default_dtypes(
+    sym: mx.sym.Symbol, type_dict: dict | None, read: _Read | None = None
+) -> dict[str, Any]:
+    # What simple_bind assumes: float32 for every argument without a __dtype__ attribute
+    # (``read``: the graph's _Read, which keeps them).
+    found = read.default_dtypes if read is not None else None
+    if found is None:
+        attrs = sym.attr_dict()
+        found = {n: np.float32 for n in sym.list_arguments() if "__dtype__" not in attrs.get(n, {})}
+        if read is not None:
+            read.default_dtypes = found
+    return {**found, **(type_dict or {})}
 
 
 def simple_bind(
@@ -167,7 +204,7 @@ def simple_bind(
             **shapes,
         )
 
-    found = spliced(sym, shapes, lambda: _default_dtypes(sym, type_dict), grads)
+    found = spliced(sym, shapes, lambda read: _default_dtypes(sym, type_dict, read), grads)
     if found is None:
         return call(sym, shapes)
     # (the shape pass that found the ops' input signatures found every input's shape too)
@@ -243,7 +280,7 @@ def bind(
         found = spliced(
             sym,
             lambda: {n: a.shape for n, a in arrays.items()},
-            lambda: {n: a.dtype for n, a in arrays.items()},
+            lambda _: {n: a.dtype for n, a in arrays.items()},
             grads,
         )
     if found is None:

@@ -39,6 +39,7 @@ import mxnet as mx
 from .. import runtime, symbol_json
 
 _lock = threading.RLock()  # held around MXNet's bind of a graph of ours
+_inside = threading.local()  # .depth: the serialized() contexts this thread is in
 _ours: set[str] = set()  # the op_types of our props MXNet has created
 
 
@@ -52,8 +53,19 @@ def adopt_prop(op_type: str) -> None:
 
 def serialized() -> Any:
     """A context in which to bind a graph of ours that holds no ``Custom`` node of ours (the
-    ``inline`` patch's inlined graphs): the lock, or nothing when ``binds`` is off."""
-    return _lock if runtime.is_installed("binds") else contextlib.nullcontext()
+    ``inline`` patch's inlined graphs): the lock, or nothing when ``binds`` is off.  A bind
+    inside it skips the look for our nodes (the lock is this thread's already)."""
+    return _held() if runtime.is_installed("binds") else contextlib.nullcontext()
+
+
+@contextlib.contextmanager
+def _held() -> Any:
+    with _lock:
+        _inside.depth = getattr(_inside, "depth", 0) + 1
+        try:
+            yield
+        finally:
+            _inside.depth -= 1
 
 
 def holds_ours(sym: mx.sym.Symbol) -> bool:
@@ -74,14 +86,15 @@ def install() -> None:
     os.register_at_fork(after_in_child=_new_lock)
     simple_bind, bind = mx.sym.Symbol.simple_bind, mx.sym.Symbol.bind
 
+    # (inside serialized() the lock is held: no debug_str of the inlined graph, 0.04 ms)
     def simple_bind_(self, *args, **kwargs):
-        if not holds_ours(self):
+        if getattr(_inside, "depth", 0) or not holds_ours(self):
             return simple_bind(self, *args, **kwargs)
         with _lock:
             return simple_bind(self, *args, **kwargs)
 
     def bind_(self, *args, **kwargs):
-        if not holds_ours(self):
+        if getattr(_inside, "depth", 0) or not holds_ours(self):
             return bind(self, *args, **kwargs)
         with _lock:
             return bind(self, *args, **kwargs)

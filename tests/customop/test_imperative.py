@@ -157,6 +157,36 @@ def test_unrecorded_calls_run_the_graphs_forward_from_a_signatures_second_call()
     assert plan.full.local.__dict__ != {}
 
 
+@pytest.mark.parametrize("static_bytes", [imperative.STATIC_BYTES, 0])
+def test_small_signatures_run_a_static_cachedop_with_the_same_numbers(monkeypatch, static_bytes):
+    # static_alloc keeps intermediate buffers between calls: two calls in one recording,
+    # outputs held across calls and a second backward must still give the closure's numbers
+    monkeypatch.setattr(imperative, "STATIC_BYTES", static_bytes)
+    rng = np.random.RandomState(7)
+    x1, x2, w = rng.randn(4, 3), rng.randn(4, 3), np.full((1, 3), 0.5)
+    _step(surrogate, x1, w)  # the signature's first call: Python
+    a, b = mx.nd.array(x1), mx.nd.array(x2)
+    a.attach_grad()
+    b.attach_grad()
+    with mx.autograd.record():
+        ya = surrogate(a, mx.nd.array(w))
+        yb = surrogate(b, mx.nd.array(w))
+        total = (ya * 2).sum() + (yb * 3).sum()
+    total.backward(retain_graph=True)
+    first = a.grad.asnumpy().copy()
+    total.backward()
+    for got, want in [(ya, _reference(x1, w)[0]), (yb, _reference(x2, w)[0])]:
+        np.testing.assert_allclose(got.asnumpy(), want, rtol=1e-5)
+    for grad in (first, a.grad.asnumpy()):
+        np.testing.assert_allclose(grad, _reference(x1, w, np.full_like(x1, 2.0))[1], rtol=1e-5)
+    np.testing.assert_allclose(
+        b.grad.asnumpy(), _reference(x2, w, np.full_like(x2, 3.0))[1], rtol=1e-5
+    )
+    (plan,) = [p for p in imperative._plans.values() if isinstance(p, imperative._Graph)]
+    made = set(plan.full.local.__dict__)
+    assert made == ({"static"} if static_bytes else {"dynamic"})
+
+
 def test_grad_req_add_accumulates():
     x, w = np.random.RandomState(5).randn(4, 3), np.full((1, 3), 2.0)
     xs, ws = mx.nd.array(x), mx.nd.array(w)
