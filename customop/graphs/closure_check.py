@@ -33,7 +33,8 @@ def run_graph(
     with mx.autograd.record():
         outs = cached(*[arrays[nm] for nm in used])
     outs = list(outs) if isinstance(outs, (list, tuple)) else [outs]
-    mx.autograd.backward(outs, head_grads=[mx.nd.array(g, dtype=g.dtype) for g in head_grads])
+    if any(arrays[nm].grad is not None for nm in used):  # (no floating input: no gradient)
+        mx.autograd.backward(outs, head_grads=[mx.nd.array(g, dtype=g.dtype) for g in head_grads])
     grads = [
         arrays[nm].grad.asnumpy() if nm in used and arrays[nm].grad is not None else None
         for nm in names

@@ -217,6 +217,35 @@ def test_def_grad_and_output_layers_inline_for_training_and_export():
         )
 
 
+@decorate("mxnet")
+def int_square(x):
+    return x * x
+
+
+int_square.def_grad(lambda ans, x: lambda g: 2 * x * g)
+
+
+def test_a_def_grad_op_at_an_integer_signature_runs_on_every_call_and_path():
+    # its training graph has no floating input to differentiate: the check of its closures
+    # asked MXNet for a backward anyway ("Cannot differentiate node") on the second call
+    x = mx.nd.array([1, 2, -3], dtype="int32")
+    for _ in range(3):
+        with mx.autograd.record():
+            y = int_square(x)
+        assert y.dtype == np.int32
+        np.testing.assert_array_equal(y.asnumpy(), [1, 4, 9])
+
+    class Block(mx.gluon.HybridBlock):
+        def hybrid_forward(self, F, x):
+            return int_square(x)
+
+    block = Block()
+    block.hybridize()
+    for _ in range(2):
+        with mx.autograd.record():
+            np.testing.assert_array_equal(block(x).asnumpy(), [1, 4, 9])
+
+
 def test_an_op_calling_ops_inlines_them_as_the_purpose_allows():
     train, export = verdicts(calls_cubed, [(3,)])
     assert not train.inlines and "calls customop" in train.reason and "def_grad" in train.reason
