@@ -30,8 +30,7 @@ Example:
     >>> os.environ["CUSTOMOP_VERDICT_CACHE"] = ""  # off
     >>> verdict_files.load("some key") is None
     True
-    >>> os.environ.pop("CUSTOMOP_VERDICT_CACHE") if before is None else None
-    ''
+    >>> _ = os.environ.pop("CUSTOMOP_VERDICT_CACHE")
     >>> os.environ.update({} if before is None else {"CUSTOMOP_VERDICT_CACHE": before})
 """
 
