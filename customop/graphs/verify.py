@@ -150,7 +150,7 @@ def saved_key(builder: Builder, shapes, dtypes, first, rec1, ran: code_hash.Call
             _arrays(rec1.free[i] for i in sorted(rec1.free)),
             _arrays(rec1.outputs),
             [rec1.reads, rec1.randoms, sorted(rec1.paused), rec1.unknown_free, rec1.asked],
-            [rec1.checks, sorted(rec1.guarded.items()), rec1.forward_reads],
+            [rec1.checks, _guarded(rec1), rec1.forward_reads],
             [getattr(inner, "op_type", repr(inner)) for inner in rec1.inner],
             [
                 (i, c.first, c.inputs, c.label)
@@ -163,6 +163,12 @@ def saved_key(builder: Builder, shapes, dtypes, first, rec1, ran: code_hash.Call
         return json.dumps(parts, default=repr)
     except Exception:  # noqa: BLE001 - a key that cannot be told is no key
         return None
+
+
+def _guarded(rec: trace.Recording) -> list:
+    # by node index: a node's name numbers the process's operators traced before it
+    index = {n["name"]: i for i, n in enumerate(rec.nodes)}
+    return sorted((index.get(name, name), list(map(str, d))) for name, d in rec.guarded.items())
 
 
 def _arrays(values) -> list[str]:
