@@ -118,17 +118,22 @@ def customop_source() -> str:
     read once per process: the code that traces, builds and checks graphs."""
     if not _source:
         h = hashlib.sha256()
-        base = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        library = importlib.util.find_spec("customop.ops")  # found, not imported
-        folders = [base, *(os.path.join(base, k) for k in ("graphs", "runtime"))]
-        folders += list((library and library.submodule_search_locations) or ())
-        for folder in folders:
+        for folder in source_folders():
             for name in sorted(os.listdir(folder)):
                 if name.endswith(".py"):
                     with open(os.path.join(folder, name), "rb") as f:
                         h.update(name.encode() + b"\0" + f.read() + b"\0")
         _source.append(h.hexdigest())
     return _source[0]
+
+
+def source_folders() -> list[str]:
+    """The folders :func:`customop_source` reads: customop's core, ``graphs/`` and
+    ``runtime/``, and the operator library (``customop.ops``)."""
+    base = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    library = importlib.util.find_spec("customop.ops")  # found, not imported
+    folders = [base, *(os.path.join(base, k) for k in ("graphs", "runtime"))]
+    return folders + list((library and library.submodule_search_locations) or ())
 
 
 def _named(code: types.CodeType, globs: dict) -> bool:
@@ -149,7 +154,7 @@ def _names(code: types.CodeType) -> list[str]:
 
 def _code_text(code: types.CodeType) -> str:
     consts = [
-        _code_text(c) if isinstance(c, types.CodeType) else _simple(c) or type(c).__name__
+        _code_text(c) if isinstance(c, types.CodeType) else simple(c) or type(c).__name__
         for c in code.co_consts
     ]
     return repr(
@@ -166,12 +171,12 @@ def _code_text(code: types.CodeType) -> str:
     )
 
 
-def _simple(value: Any) -> str:
+def simple(value: Any) -> str:
     """The text of a constant whose value the digest holds ("" for other objects)."""
     if isinstance(value, _SIMPLE):
         return f"{type(value).__name__}:{value!r}"
     if isinstance(value, (tuple, frozenset)) and len(value) <= 64:
-        items = [_simple(v) for v in value]
+        items = [simple(v) for v in value]
         return repr(items) if all(items) else ""
     if isinstance(value, np.ndarray) and value.nbytes <= 1 << 20:
         data = hashlib.sha256(np.ascontiguousarray(value).tobytes()).hexdigest()
@@ -180,7 +185,7 @@ def _simple(value: Any) -> str:
 
 
 def _value(value: Any, where: str, parts: dict, work: list) -> None:
-    text = _simple(value)
+    text = simple(value)
     if text:
         parts[where] = text
     elif isinstance(value, (types.FunctionType, types.MethodType)) or callable(

@@ -23,7 +23,10 @@ and, evaluated, gives the op's own outputs (and closures' gradients) at the othe
 values and signatures.  Every refusal is a table entry of :mod:`customop.graphs.rules`.
 Answers are cached per operator, parameters, signature and purpose, within the memory
 budget of :mod:`customop.budget` (least recently used out); a training graph serves
-every signature of its shape family without another trace (:func:`_family`).
+every signature of its shape family without another trace (:func:`_family`).  Between
+processes, verdicts are kept on disk: a library op's with its graph, which a later process
+takes without a trace (:mod:`customop.graphs.saved_graphs`), any op's under its first
+recording and the code it ran (:mod:`customop.graphs.verify`).
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ from .. import budget, errors, families
 from ..modes import BFLOAT16
 from ..opinfo import Differentiable
 from ..symbol_json import NativeGraph
-from . import backward, closure_check, rules, trace, verify
+from . import backward, closure_check, rules, saved_graphs, trace, verify
 from .forward import ForwardGraph
 from .rules import EXPORT, PURPOSES, TRAIN, NotNative  # noqa: F401 - native.EXPORT names a purpose
 from .sample_inputs import placeholders
@@ -109,7 +112,10 @@ def native_graph(
             found = Verdict(errors.shown(op.op_type), purpose, shapes, dtypes, graph)
             cost = budget.RECALLED
         else:
-            found = trace.aside(_decide, op, dict(params), shapes, dtypes, purpose, None)
+            found = _saved(op, params, shapes, dtypes, purpose)
+            if found is None:
+                found = trace.aside(_decide, op, dict(params), shapes, dtypes, purpose, None)
+                saved_graphs.keep(op, params, shapes, dtypes, purpose, found)
             cost = budget.TRACED
             if family is not None and found.graph is not None and found.graph.generic:
                 kept = [found, *(known or ())][:FAMILY_SIZE]
@@ -147,6 +153,14 @@ def _recalled(table: OrderedDict, key: tuple) -> Verdict | None:
         if found is not None:
             table.move_to_end(key)
         return found
+
+
+def _saved(op, params, shapes, dtypes, purpose) -> Verdict | None:
+    """A library op's verdict a process saved before (:mod:`customop.graphs.saved_graphs`)."""
+    saved = saved_graphs.recalled(op, params, shapes, dtypes, purpose)
+    if saved is None:
+        return None
+    return Verdict(errors.shown(op.op_type), purpose, shapes, dtypes, **saved)
 
 
 def _decide(op, params, shapes, dtypes, purpose, values) -> Verdict:

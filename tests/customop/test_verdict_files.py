@@ -45,14 +45,18 @@ import mxnet as mx
 import numpy as np
 sys.path.insert(0, sys.argv[1])
 import verdictops
-from customop import explain
-from customop.graphs import verify
-checked = []
-original = verify._checked
+from customop import explain, ops
+from customop.graphs import graph_verdicts, verify
+checked, traced = [], []
+original, decide = verify._checked, graph_verdicts._decide
 def counting(*a):
     checked.append(1)
     return original(*a)
+def tracing(op, *a):
+    traced.append(op.op_type)
+    return decide(op, *a)
 verify._checked = counting
+graph_verdicts._decide = tracing
 x = mx.sym.var("x")
 exe = verdictops.scale(x).simple_bind(mx.cpu(), x=(2, 3))
 value = np.arange(6, dtype="f").reshape(2, 3) - 2
@@ -60,8 +64,19 @@ exe.arg_dict["x"][:] = value
 out = exe.forward(is_train=True)[0]
 exe.backward(mx.nd.ones(out.shape))
 refused = explain(verdictops.sized, (2, 3))
+y = mx.sym.var("y")
+loss = ops.smooth_l1(y, mx.sym.var("sigma"), weight=mx.sym.var("w"))
+lib = loss.simple_bind(mx.cpu(), y=(2, 3), sigma=(1,), w=(2, 3))
+lib.arg_dict["y"][:] = value
+lib.arg_dict["sigma"][:] = 1.5
+lib.arg_dict["w"][:] = 0.5
+lib_out = lib.forward(is_train=True)[0]
+lib.backward(mx.nd.ones(lib_out.shape))
 print(json.dumps({
     "checked": len(checked),
+    "traced": sorted(traced),
+    "library": [lib.customop_inlined is not None, lib_out.asnumpy().tolist(),
+                lib.grad_dict["y"].asnumpy().tolist()],
     "inlined": exe.customop_inlined is not None,
     "out": out.asnumpy().tolist(),
     "grad": exe.grad_dict["x"].asnumpy().tolist(),
@@ -109,10 +124,21 @@ def test_a_second_process_takes_the_saved_verdicts_and_a_changed_op_is_checked_a
     cache = str(tmp_path / "cache")
     _module(tmp_path)
     first = _child(tmp_path, cache)
-    # scale's training graph, and sized's for training (refused) and export
-    assert first["checked"] == 3, first
+    # scale's training graph, sized's for training (refused) and export, smooth_l1's
+    assert first["checked"] == 4, first
     _check(first, 2.0, 1.0)
     assert "input shapes" in first["refused"], first["refused"]
+    assert first["traced"] == sorted(
+        ["verdictops.scale", "verdictops.sized", "verdictops.sized", "ops.smooth_l1"]
+    )
+    inlined, out, grad = first["library"]
+    x, s = np.arange(6.0).reshape(2, 3) - 2, 1.5  # smooth L1 from its formula, float64
+    inside = np.abs(x) < 1 / s**2
+    assert inlined
+    np.testing.assert_allclose(
+        out, 0.5 * np.where(inside, 0.5 * (s * x) ** 2, np.abs(x) - 0.5 / s**2), rtol=1e-6
+    )
+    np.testing.assert_allclose(grad, 0.5 * np.where(inside, s**2 * x, np.sign(x)), rtol=1e-6)
     saved = sorted(os.listdir(cache))
     assert saved and all(n.endswith(".json") for n in saved)
     assert stat.S_IMODE(os.stat(cache).st_mode) == 0o700
@@ -120,7 +146,9 @@ def test_a_second_process_takes_the_saved_verdicts_and_a_changed_op_is_checked_a
 
     second = _child(tmp_path, cache)
     assert second["checked"] == 0, second  # every verdict, the refusal's too, from disk
-    assert dict(second, checked=3) == first
+    # the library's op is not even traced: its verdict is saved with its graph
+    assert second["traced"] == ["verdictops.scale", "verdictops.sized", "verdictops.sized"]
+    assert dict(second, checked=4, traced=first["traced"]) == first
 
     _module(tmp_path, factor=3.0)  # the same op's name, another constant its forward reads
     third = _child(tmp_path, cache)
@@ -262,3 +290,68 @@ def test_the_digest_holds_simple_constants_by_value(value):
     assert code_hash.digest([], [make(value)]) == code_hash.digest([], [make(value)])
     other = value + 1 if not isinstance(value, tuple) else (2, "a")
     assert code_hash.digest([], [make(value)]) != code_hash.digest([], [make(other)])
+
+
+def _focal_without_normalizer():
+    from customop import ops
+
+    return next(v for v in ops.focal_loss.variants.values() if "normalizer" in v.op_type)
+
+
+LIBRARY_CASES = [
+    ("box_iou", [(48, 4), (2, 3, 4)]),
+    ("focal_loss~without_normalizer", [(2, 48, 3), (2, 48)]),
+    ("box_encode", [(2, 48), (2, 48), (2, 48, 4), (2, 3, 4), (4,), (4,)]),
+    ("box_decode", [(2, 10, 4), (1, 10, 4)]),
+    ("smooth_l1", [(2, 48, 4), (1,), (2, 48, 4)]),
+]
+
+
+@pytest.mark.parametrize("purpose", ["train", "export"])
+@pytest.mark.parametrize("name,shapes", LIBRARY_CASES, ids=[c[0] for c in LIBRARY_CASES])
+def test_a_library_graph_reads_back_equal_to_the_traced_one(name, shapes, purpose):
+    from customop import ops
+    from customop.graphs import graph_verdicts, saved_graphs, trace
+
+    op = _focal_without_normalizer() if "~" in name else getattr(ops, name)
+    assert saved_graphs.library(op)
+    shapes = tuple(tuple(s) for s in shapes)
+    dtypes = tuple(np.dtype("float32") for _ in shapes)
+    verdict = trace.aside(graph_verdicts._decide, op, {}, shapes, dtypes, purpose, None)
+    assert verdict.graph is not None, verdict.reason
+    data = json.loads(json.dumps(saved_graphs.data_of(verdict.graph)))  # as on disk
+    back = saved_graphs.graph_of(data)
+    for graph, other in [(verdict.graph, back), (verdict.graph.forward_only, back.forward_only)]:
+        if graph is None:
+            assert other is None
+            continue
+        assert repr(other.nodes) == repr(graph.nodes)  # tuples stay tuples
+        assert repr(other.heads) == repr(graph.heads)
+        assert sorted(other.constants) == sorted(graph.constants)
+        for k, a in graph.constants.items():
+            b = other.constants[k]
+            assert (b.dtype, b.shape, b.tobytes()) == (a.dtype, a.shape, a.tobytes())
+        for field in ("specialized", "checks", "guards", "dtype_generic", "generic", "note"):
+            assert repr(getattr(other, field)) == repr(getattr(graph, field)), field
+        assert repr(other.differentiates) == repr(graph.differentiates)
+
+
+def test_an_op_of_the_users_or_holding_the_users_code_is_not_the_librarys():
+    from customop import customop, ops
+    from customop.graphs import saved_graphs
+
+    @customop("mxnet")
+    def twice(x):
+        return x * 2
+
+    assert not saved_graphs.library(twice)
+    assert saved_graphs.library(ops.box_iou)
+    wrapped = ops.box_iou.fn
+
+    def users(*a):
+        return wrapped(*a)
+
+    class Op:  # an operator whose forward is the user's, calling the library's
+        fn, grads = users, {}
+
+    assert not saved_graphs.library(Op())
