@@ -163,9 +163,43 @@ def graph_of(data: dict) -> NativeGraph:
         name: np.frombuffer(base64.b64decode(text), dtype=np.dtype(dtype)).reshape(shape).copy()
         for name, (dtype, shape, text) in data["constants"].items()
     }
+    _check(kw["nodes"], kw["heads"], kw["constants"])
     kw["generic"] = tuple(data["generic"])
     kw["differentiates"] = tuple(data["differentiates"])
     kw["guards"] = list(data["guards"])
     if data["forward_only"] is not None:
         kw["forward_only"] = graph_of(data["forward_only"])
+    for name, kind in (("specialized", str), ("checks", int), ("dtype_generic", bool)):
+        if not isinstance(kw[name], kind):
+            raise ValueError(f"not a saved graph: {name}")
     return NativeGraph(**kw)
+
+
+def _check(nodes: list, heads: list, constants: dict) -> None:
+    """Raise ValueError unless every node is an operator with text attributes whose inputs
+    are the op's inputs, constants or earlier nodes' outputs."""
+    for k, node in enumerate(nodes):
+        if not isinstance(node.get("op"), str) or not isinstance(node.get("name"), str):
+            raise ValueError("not a saved graph: a node")
+        if not all(isinstance(a, str) and isinstance(v, str) for a, v in node["attrs"].items()):
+            raise ValueError("not a saved graph: attributes")
+        for r in node["inputs"]:
+            _check_ref(r, k, constants)
+    for h in heads:
+        _check_ref(h, len(nodes), constants)
+
+
+def _check_ref(r: tuple, before: int, constants: dict) -> None:
+    if r[:1] == ("in",) and len(r) == 2 and type(r[1]) is int and r[1] >= 0:
+        return
+    if r[:1] == ("const",) and len(r) == 2 and r[1] in constants:
+        return
+    if (
+        r[:1] == ("node",)
+        and len(r) == 3
+        and all(type(i) is int for i in r[1:])
+        and 0 <= r[1] < before
+        and r[2] >= 0
+    ):
+        return
+    raise ValueError("not a saved graph: a reference")

@@ -164,6 +164,7 @@ def test_corrupt_entries_are_misses_and_the_switch_turns_the_files_off(tmp_path)
     cache = tmp_path / "cache"
     _module(tmp_path)
     first = _child(tmp_path, str(cache))
+    broken = {"nodes": [{"op": "relu", "name": "r", "attrs": {}, "inputs": [["node", 5, 0]]}]}
     for i, entry in enumerate(sorted(cache.iterdir())):  # garbage, wrong shapes, a wrong key
         entry.write_bytes(
             [
@@ -173,7 +174,10 @@ def test_corrupt_entries_are_misses_and_the_switch_turns_the_files_off(tmp_path)
                     {"format": 1, "key": entry.stem, "outcome": {"generic": "all"}}
                 ).encode(),
                 b"",
-            ][i % 4]
+                json.dumps(
+                    {"key": entry.stem, "outcome": {"graph": broken, "reason": ""}}
+                ).encode(),
+            ][i % 5]
         )
     again = _child(tmp_path, str(cache))
     assert again == first  # checked as often as the first time, and the same results
@@ -355,3 +359,25 @@ def test_an_op_of_the_users_or_holding_the_users_code_is_not_the_librarys():
         fn, grads = users, {}
 
     assert not saved_graphs.library(Op())
+
+
+def test_a_saved_graph_that_is_not_one_reads_as_none():
+    from customop.graphs import saved_graphs
+    from customop.symbol_json import NativeGraph
+
+    good = saved_graphs.data_of(
+        NativeGraph(
+            [{"op": "relu", "name": "r", "attrs": {}, "inputs": [("in", 0)]}], [("node", 0, 0)]
+        )
+    )
+    assert saved_graphs.graph_of(json.loads(json.dumps(good))).heads == [("node", 0, 0)]
+    for bad in [
+        {"nodes": [{"op": "relu", "name": "r", "attrs": {}, "inputs": [["node", 0, 0]]}]},
+        {"nodes": [{"op": "relu", "name": "r", "attrs": {"a": 1}, "inputs": []}]},
+        {"nodes": [{"op": 3, "name": "r", "attrs": {}, "inputs": []}]},
+        {"heads": [["const", "c"]]},
+        {"checks": "1"},
+        {"extra": 1},
+    ]:
+        with pytest.raises((ValueError, TypeError, KeyError, AttributeError)):
+            saved_graphs.graph_of(dict(good, **bad))
