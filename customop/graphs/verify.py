@@ -26,7 +26,7 @@ import numpy as np
 from ..symbol_json import NativeGraph
 from . import code_hash, compare, trace, verdict_files
 from . import constants as consts
-from .rules import TRACE_REFUSALS, TRAIN, NotNative
+from .rules import RECORDED_REFUSALS, TRACE_REFUSALS, TRAIN, NotNative
 from .sample_inputs import other_dtypes, other_shapes, perturbed, shapes_text
 
 
@@ -102,13 +102,17 @@ def _checked(builder: Builder, shapes, dtypes, first: list, rec1: trace.Recordin
     return graph
 
 
+# the refusals a check after the first recording raises, by name
+_RULES = frozenset(TRACE_REFUSALS) | {r.name for r in RECORDED_REFUSALS}
+
+
 def _recalled(builder: Builder, rec1: trace.Recording, shapes, saved) -> NativeGraph | None:
     """The graph a saved verdict stands for (raises its refusal); None for a miss or an
     entry that is not a verdict (read as a miss)."""
     if not isinstance(saved, dict):
         return None
     rule, reason = saved.get("rule"), saved.get("reason")
-    if isinstance(rule, str) and isinstance(reason, str) and rule in TRACE_REFUSALS:
+    if isinstance(rule, str) and isinstance(reason, str) and rule in _RULES:
         raise NotNative(reason, rule)
     generic, same_dtypes = saved.get("generic"), saved.get("dtype_generic")
     if not isinstance(generic, list) or not isinstance(same_dtypes, bool):

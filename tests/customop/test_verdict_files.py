@@ -381,3 +381,23 @@ def test_a_saved_graph_that_is_not_one_reads_as_none():
     ]:
         with pytest.raises((ValueError, TypeError, KeyError, AttributeError)):
             saved_graphs.graph_of(dict(good, **bad))
+
+
+def test_a_library_verdict_saved_under_other_source_or_parameters_is_not_taken(
+    tmp_path, monkeypatch
+):
+    from customop import ops
+    from customop.graphs import code_hash, graph_verdicts, saved_graphs
+
+    monkeypatch.setenv(verdict_files.ENV, str(tmp_path))
+    shapes, dtypes = ((2, 10, 4), (1, 10, 4)), (np.dtype("float32"),) * 2
+    graph_verdicts.clear_cache()
+    verdict = graph_verdicts.native_graph(ops.box_decode, {}, shapes, dtypes, "train")
+    assert verdict.inlines
+    found = saved_graphs.recalled(ops.box_decode, {}, shapes, dtypes, "train")
+    assert found is not None and repr(found["graph"].nodes) == repr(verdict.graph.nodes)
+    assert saved_graphs.recalled(ops.box_decode, {"std0": 0.5}, shapes, dtypes, "train") is None
+    assert saved_graphs.recalled(ops.box_decode, {}, shapes, dtypes, "export") is None
+    monkeypatch.setattr(code_hash, "customop_source", lambda: "another source")
+    assert saved_graphs.recalled(ops.box_decode, {}, shapes, dtypes, "train") is None
+    graph_verdicts.clear_cache()
