@@ -46,12 +46,13 @@ _SIMPLE = (int, float, complex, str, bytes, bool, type(None), np.generic)
 
 class Calls:
     """The code objects (and their globals) Python functions run on this thread while the
-    block runs; ``ok`` is False when another tracer (a debugger, coverage) was in place,
-    which is left as it was (the calls are then not known)."""
+    block runs; ``ok`` is False when they were not wanted, or when another tracer (a
+    debugger, coverage) was in place, which is left as it was (the calls are then not
+    known)."""
 
-    def __init__(self) -> None:
+    def __init__(self, wanted: bool = True) -> None:
         self.seen: dict[int, tuple[types.CodeType, dict]] = {}
-        self.ok = True
+        self.ok = wanted  # (not wanted: nothing is traced, at no cost)
 
     def _tracer(self, frame, event, arg):  # noqa: ANN001 - sys.settrace's signature
         code = frame.f_code
@@ -62,7 +63,7 @@ class Calls:
     def __enter__(self) -> Calls:
         if sys.gettrace() is not None:
             self.ok = False
-        else:
+        elif self.ok:
             sys.settrace(self._tracer)
         return self
 

@@ -281,6 +281,11 @@ def test_the_code_digest_follows_what_the_forward_calls_and_reads():
     assert any(code is _other_helper.__code__ for code, _ in calls.codes())
     assert code_hash.digest(calls.codes(), []) != code_hash.digest([], [])
     assert sys.gettrace() is None
+    unwanted = code_hash.Calls(False)  # the files off: no tracer at all
+    with unwanted:
+        assert sys.gettrace() is None
+        _other_helper(1)
+    assert not unwanted.ok and unwanted.codes() == []
 
 
 @pytest.mark.parametrize("value", [np.arange(3.0), (1, "a"), 2.5])
