@@ -258,6 +258,9 @@ def _other_helper(x):
 
 
 def test_the_code_digest_follows_what_the_forward_calls_and_reads():
+    if sys.gettrace() is not None:
+        pytest.skip("another tracer (coverage, a debugger) is in place: Calls leaves it")
+
     def forward(x):
         return _helper(x) * LIMIT_LIKE  # noqa: F821 - defined below, then removed
 
