@@ -43,10 +43,8 @@ from .. import budget, errors, families
 from ..modes import BFLOAT16
 from ..opinfo import Differentiable
 from ..symbol_json import NativeGraph
-from . import backward, closure_check, rules, saved_graphs, trace, verify
-from .forward import ForwardGraph
+from . import rules, saved_graphs
 from .rules import EXPORT, PURPOSES, TRAIN, NotNative  # noqa: F401 - native.EXPORT names a purpose
-from .sample_inputs import placeholders
 
 _lock = threading.RLock()
 _cache = budget.Table()  # verdicts by signature, least recent first (the shared budget)
@@ -101,7 +99,7 @@ def native_graph(
     shapes = tuple(tuple(int(d) for d in s) for s in shapes)
     dtypes = tuple(np.dtype(d) for d in dtypes)
     if values is not None:
-        return trace.aside(_decide, op, dict(params), shapes, dtypes, purpose, values)
+        return _traced(op, dict(params), shapes, dtypes, purpose, values)
     key = (op, repr(sorted(params.items())), shapes, dtypes, purpose)
     found = _recalled(_cache, key)
     if found is None:
@@ -114,7 +112,7 @@ def native_graph(
         else:
             found = _saved(op, params, shapes, dtypes, purpose)
             if found is None:
-                found = trace.aside(_decide, op, dict(params), shapes, dtypes, purpose, None)
+                found = _traced(op, dict(params), shapes, dtypes, purpose, None)
                 saved_graphs.keep(op, params, shapes, dtypes, purpose, found)
             cost = budget.TRACED
             if family is not None and found.graph is not None and found.graph.generic:
@@ -163,7 +161,19 @@ def _saved(op, params, shapes, dtypes, purpose) -> Verdict | None:
     return Verdict(errors.shown(op.op_type), purpose, shapes, dtypes, **saved)
 
 
+def _traced(*args) -> Verdict:
+    # The tracing and checking machinery is imported at the first trace: a process whose
+    # verdicts were all saved never loads it.
+    from . import trace
+
+    return trace.aside(_decide, *args)
+
+
 def _decide(op, params, shapes, dtypes, purpose, values) -> Verdict:
+    from . import backward, closure_check, verify
+    from .forward import ForwardGraph
+    from .sample_inputs import placeholders
+
     verdict = Verdict(errors.shown(op.op_type), purpose, shapes, dtypes)
     refused = rules.op_refusal(op, purpose)
     if refused is not None:
