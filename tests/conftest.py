@@ -1,4 +1,7 @@
+import atexit
 import os
+import shutil
+import tempfile
 
 import mxnet as mx
 import numpy as np
@@ -8,6 +11,11 @@ import pytest
 # PYTHONDONTWRITEBYTECODE is set (these machines set it), every fresh process compiled
 # customop's and the tests' modules again, about 0.2 s of CPU each, in some 150 processes.
 os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+
+# Verdicts saved on disk (customop/graphs/verdict_files.py) go to a folder of this run's own,
+# shared by the processes it starts and removed at its end: never the user's cache.
+os.environ["CUSTOMOP_VERDICT_CACHE"] = tempfile.mkdtemp(prefix="customop-verdicts-")
+atexit.register(shutil.rmtree, os.environ["CUSTOMOP_VERDICT_CACHE"], True)
 
 # The test modules that take longest (worker-seconds in one `make test` run on 2 cores,
 # 2026-11-28, after tests/fresh.py: most start processes), run first: under pytest-xdist's

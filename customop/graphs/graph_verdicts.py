@@ -23,7 +23,10 @@ and, evaluated, gives the op's own outputs (and closures' gradients) at the othe
 values and signatures.  Every refusal is a table entry of :mod:`customop.graphs.rules`.
 Answers are cached per operator, parameters, signature and purpose, within the memory
 budget of :mod:`customop.budget` (least recently used out); a training graph serves
-every signature of its shape family without another trace (:func:`_family`).
+every signature of its shape family without another trace (:func:`_family`).  Between
+processes, verdicts are kept on disk: a library op's with its graph, which a later process
+takes without a trace (:mod:`customop.graphs.saved_graphs`), any op's under its first
+recording and the code it ran (:mod:`customop.graphs.verify`).
 """
 
 from __future__ import annotations
@@ -40,10 +43,8 @@ from .. import budget, errors, families
 from ..modes import BFLOAT16
 from ..opinfo import Differentiable
 from ..symbol_json import NativeGraph
-from . import backward, closure_check, rules, trace, verify
-from .forward import ForwardGraph
+from . import rules, saved_graphs
 from .rules import EXPORT, PURPOSES, TRAIN, NotNative  # noqa: F401 - native.EXPORT names a purpose
-from .sample_inputs import placeholders
 
 _lock = threading.RLock()
 _cache = budget.Table()  # verdicts by signature, least recent first (the shared budget)
@@ -98,7 +99,7 @@ def native_graph(
     shapes = tuple(tuple(int(d) for d in s) for s in shapes)
     dtypes = tuple(np.dtype(d) for d in dtypes)
     if values is not None:
-        return trace.aside(_decide, op, dict(params), shapes, dtypes, purpose, values)
+        return _traced(op, dict(params), shapes, dtypes, purpose, values)
     key = (op, repr(sorted(params.items())), shapes, dtypes, purpose)
     found = _recalled(_cache, key)
     if found is None:
@@ -109,7 +110,10 @@ def native_graph(
             found = Verdict(errors.shown(op.op_type), purpose, shapes, dtypes, graph)
             cost = budget.RECALLED
         else:
-            found = trace.aside(_decide, op, dict(params), shapes, dtypes, purpose, None)
+            found = _saved(op, params, shapes, dtypes, purpose)
+            if found is None:
+                found = _traced(op, dict(params), shapes, dtypes, purpose, None)
+                saved_graphs.keep(op, params, shapes, dtypes, purpose, found)
             cost = budget.TRACED
             if family is not None and found.graph is not None and found.graph.generic:
                 kept = [found, *(known or ())][:FAMILY_SIZE]
@@ -149,7 +153,27 @@ def _recalled(table: OrderedDict, key: tuple) -> Verdict | None:
         return found
 
 
+def _saved(op, params, shapes, dtypes, purpose) -> Verdict | None:
+    """A library op's verdict a process saved before (:mod:`customop.graphs.saved_graphs`)."""
+    saved = saved_graphs.recalled(op, params, shapes, dtypes, purpose)
+    if saved is None:
+        return None
+    return Verdict(errors.shown(op.op_type), purpose, shapes, dtypes, **saved)
+
+
+def _traced(*args) -> Verdict:
+    # The tracing and checking machinery is imported at the first trace: a process whose
+    # verdicts were all saved never loads it.
+    from . import trace
+
+    return trace.aside(_decide, *args)
+
+
 def _decide(op, params, shapes, dtypes, purpose, values) -> Verdict:
+    from . import backward, closure_check, verify
+    from .forward import ForwardGraph
+    from .sample_inputs import placeholders
+
     verdict = Verdict(errors.shown(op.op_type), purpose, shapes, dtypes)
     refused = rules.op_refusal(op, purpose)
     if refused is not None:

@@ -8,17 +8,25 @@ graph built from the first gives the operator's results at the second (outputs, 
 for a transposed graph the closures' gradients), and, for training, the graph is the
 same at other input shapes (a hybridized block may see them) and says whether it is
 the same at other dtypes.  Each refusal is an entry of
-:data:`customop.graphs.rules.TRACE_REFUSALS`.
+:data:`customop.graphs.rules.TRACE_REFUSALS`.  A verdict, a graph's or a refusal's, is
+kept on disk under its first recording and the code that ran it
+(:mod:`customop.graphs.verdict_files`): another process that records the same takes it.
 """
 
 from __future__ import annotations
 
-from typing import Protocol
+import hashlib
+import json
+import sys
+from typing import Any, Protocol
+
+import mxnet as mx
+import numpy as np
 
 from ..symbol_json import NativeGraph
-from . import compare, trace
+from . import code_hash, compare, trace, verdict_files
 from . import constants as consts
-from .rules import TRAIN, NotNative
+from .rules import RECORDED_REFUSALS, TRACE_REFUSALS, TRAIN, NotNative
 from .sample_inputs import other_dtypes, other_shapes, perturbed, shapes_text
 
 
@@ -27,6 +35,8 @@ class Builder(Protocol):
 
     DIFFERS: str  # the refusal of TRACE_REFUSALS when its graph gives other results
     purpose: str
+    op: Any  # the operator (customop.opinfo.Differentiable)
+    params: dict[str, Any]
 
     def recorded(self, values, seed: int = 5) -> trace.Recording: ...
 
@@ -47,9 +57,33 @@ class Builder(Protocol):
 
 def verified(builder: Builder, shapes, dtypes, first: list) -> NativeGraph:
     """The builder's graph at this signature, traced on ``first``, once it passes every
-    check (raises :class:`~customop.graphs.rules.NotNative` naming the one it fails)."""
+    check (raises :class:`~customop.graphs.rules.NotNative` naming the one it fails).
+
+    The first recording keys a verdict kept on disk (:mod:`customop.graphs.verdict_files`):
+    when a process checked the same recording of the same code before, its verdict stands
+    and the other recordings and checks do not run."""
+    with code_hash.Calls(verdict_files.folder() is not None) as ran:  # (off: no tracer)
+        rec1 = builder.recorded(first, seed=5)
+    key = saved_key(builder, shapes, dtypes, first, rec1, ran)
+    if key is not None:
+        graph = _recalled(builder, rec1, shapes, verdict_files.load(key))
+        if graph is not None:
+            return builder.guarded(graph, rec1)
+    try:
+        graph = _checked(builder, shapes, dtypes, first, rec1)
+    except NotNative as exc:
+        if key is not None:
+            verdict_files.save(key, {"rule": exc.rule, "reason": str(exc)})
+        raise
+    if key is not None:
+        verdict_files.save(
+            key, {"generic": list(graph.generic), "dtype_generic": graph.dtype_generic}
+        )
+    return builder.guarded(graph, rec1)
+
+
+def _checked(builder: Builder, shapes, dtypes, first: list, rec1: trace.Recording) -> NativeGraph:
     second = perturbed(first)
-    rec1 = builder.recorded(first, seed=5)
     rec2 = builder.recorded(second, seed=6)
     if compare.structure(rec1) != compare.structure(rec2):
         raise NotNative.of("value-dependent")
@@ -65,7 +99,88 @@ def verified(builder: Builder, shapes, dtypes, first: list) -> NativeGraph:
         if graph.specialized:
             raise NotNative.of("shape-specialized", graph.specialized)
         graph.dtype_generic = dtype_generic(builder, graph, shapes, dtypes, first)
-    return builder.guarded(graph, rec1)
+    return graph
+
+
+# the refusals a check after the first recording raises, by name
+_RULES = frozenset(TRACE_REFUSALS) | {r.name for r in RECORDED_REFUSALS}
+
+
+def _recalled(builder: Builder, rec1: trace.Recording, shapes, saved) -> NativeGraph | None:
+    """The graph a saved verdict stands for (raises its refusal); None for a miss or an
+    entry that is not a verdict (read as a miss)."""
+    if not isinstance(saved, dict):
+        return None
+    rule, reason = saved.get("rule"), saved.get("reason")
+    if isinstance(rule, str) and isinstance(reason, str) and rule in _RULES:
+        raise NotNative(reason, rule)
+    generic, same_dtypes = saved.get("generic"), saved.get("dtype_generic")
+    if not isinstance(generic, list) or not isinstance(same_dtypes, bool):
+        return None
+    if not all(type(d) is int and d > 0 for d in generic):
+        return None
+    graph = builder.build(rec1, shapes)
+    graph.checks = rec1.checks
+    if builder.purpose == TRAIN:
+        graph.generic, graph.dtype_generic = tuple(generic), same_dtypes
+    return graph
+
+
+def saved_key(builder: Builder, shapes, dtypes, first, rec1, ran: code_hash.Calls) -> str | None:
+    """What a saved verdict of this check is kept under: the recording (its graph, free
+    values, inputs and outputs), the code it ran (:mod:`customop.graphs.code_hash`), the
+    operator's configuration, the signature, and the versions of everything that checks it;
+    None when it cannot be told (then nothing is saved)."""
+    if not ran.ok or verdict_files.folder() is None:
+        return None
+    op = builder.op
+    try:
+        code = code_hash.digest(ran.codes(), [op.fn, *op.grads.values()])
+        if code is None:
+            return None
+        parts = [
+            type(builder).__name__,
+            builder.purpose,
+            op.op_type,
+            op.mode,
+            repr(sorted(builder.params.items())),
+            [list(s) for s in shapes],
+            [str(d) for d in dtypes],
+            [op.need_top_grad, sorted(op.no_grad), op.auto_grad, sorted(op.grads)],
+            sorted(op.grad_groups),
+            list(op.signature.inputs),
+            compare.structure(rec1),
+            _arrays(first),
+            _arrays(rec1.free[i] for i in sorted(rec1.free)),
+            _arrays(rec1.outputs),
+            [rec1.reads, rec1.randoms, sorted(rec1.paused), rec1.unknown_free, rec1.asked],
+            [rec1.checks, _guarded(rec1), rec1.forward_reads],
+            [getattr(inner, "op_type", repr(inner)) for inner in rec1.inner],
+            [
+                (i, c.first, c.inputs, c.label)
+                for i, c in getattr(rec1.closures, "picks", None) or ()
+            ],
+            code,
+            code_hash.customop_source(),
+            [mx.__version__, np.__version__, sys.version],
+        ]
+        return json.dumps(parts, default=repr)
+    except Exception:  # noqa: BLE001 - a key that cannot be told is no key
+        return None
+
+
+def _guarded(rec: trace.Recording) -> list:
+    # by node index: a node's name numbers the process's operators traced before it
+    index = {n["name"]: i for i, n in enumerate(rec.nodes)}
+    return sorted((index.get(name, name), list(map(str, d))) for name, d in rec.guarded.items())
+
+
+def _arrays(values) -> list[str]:
+    out = []
+    for v in values:
+        a = np.ascontiguousarray(v)
+        out.append(f"{a.dtype} {a.shape} {hashlib.sha256(a.tobytes()).hexdigest()}")
+    return out
 
 
 def generality(builder: Builder, graph: NativeGraph, shapes, first) -> str:

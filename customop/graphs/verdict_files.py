@@ -1,0 +1,144 @@
+"""Verdicts kept on disk between processes: a graph checked once is not checked again.
+
+A fresh process that traces an operator records it once; when a file here holds the
+verdict of the same recording (the same graph, free values and inputs) of the same code
+(:mod:`customop.graphs.code_hash`) under the same customop, MXNet, NumPy and Python,
+:func:`customop.graphs.verify.verified` takes that verdict instead of running the checks
+again.  As JAX's persistent compilation cache and inductor's FX graph cache do, the key is
+what would run, so an entry is never stale: any change is another key, and the old file
+ages out.
+
+The folder: ``CUSTOMOP_VERDICT_CACHE`` (empty: no files are read or written), else
+``$XDG_CACHE_HOME/customop/verdicts``, else ``~/.cache/customop/verdicts``.  It is made
+``0700`` and used only when it belongs to the user and nobody else may write to it; each
+entry is a JSON file of a few hundred bytes, written ``0600`` to a temporary name and
+renamed (readers see a whole file or none, with writers in other processes, threads or
+forked children).  An entry holds data only, never code.  One that cannot be read or
+does not parse is a miss, never an error.  Past :data:`MAX_FILES` entries the least
+recently used go.
+
+Example:
+    >>> import os, tempfile
+    >>> from customop.graphs import verdict_files
+    >>> before = os.environ.get("CUSTOMOP_VERDICT_CACHE")
+    >>> os.environ["CUSTOMOP_VERDICT_CACHE"] = tempfile.mkdtemp()
+    >>> verdict_files.save("some key", {"generic": [3]})
+    >>> verdict_files.load("some key")
+    {'generic': [3]}
+    >>> verdict_files.load("another key") is None
+    True
+    >>> os.environ["CUSTOMOP_VERDICT_CACHE"] = ""  # off
+    >>> verdict_files.load("some key") is None
+    True
+    >>> _ = os.environ.pop("CUSTOMOP_VERDICT_CACHE")
+    >>> os.environ.update({} if before is None else {"CUSTOMOP_VERDICT_CACHE": before})
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import stat
+import tempfile
+import time
+from typing import Any
+
+ENV = "CUSTOMOP_VERDICT_CACHE"
+FORMAT = 1  # of an entry's JSON; another format is another key
+MAX_FILES = 2000
+_STALE_TEMP_S = 3600  # a temporary file older than this was left by a writer that died
+
+
+def folder() -> str | None:
+    """The folder entries live in, made if missing; None when the cache is off or the folder
+    is not the user's alone."""
+    path = os.environ.get(ENV)
+    if path is None:
+        base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        path = os.path.join(base, "customop", "verdicts")
+    if not path:
+        return None
+    try:
+        os.makedirs(path, mode=0o700, exist_ok=True)
+        info = os.stat(path)
+    except OSError:
+        return None
+    mine = not hasattr(os, "getuid") or info.st_uid == os.getuid()
+    if not stat.S_ISDIR(info.st_mode) or not mine or info.st_mode & 0o022:
+        return None
+    return path
+
+
+def _file(where: str, key: str) -> tuple[str, str]:
+    digest = hashlib.sha256(f"{FORMAT}\n{key}".encode("utf-8", "backslashreplace")).hexdigest()
+    return os.path.join(where, digest + ".json"), digest
+
+
+def load(key: str) -> dict[str, Any] | None:
+    """The outcome saved under ``key``, or None (no entry, off, or unreadable)."""
+    where = folder()
+    if where is None:
+        return None
+    path, digest = _file(where, key)
+    try:
+        with open(path, encoding="utf-8") as f:
+            entry = json.load(f)
+        os.utime(path)  # recently used
+    except (OSError, ValueError):
+        return None
+    if not isinstance(entry, dict) or entry.get("key") != digest:
+        return None
+    outcome = entry.get("outcome")
+    return outcome if isinstance(outcome, dict) else None
+
+
+def save(key: str, outcome: dict[str, Any]) -> None:
+    """Keep ``outcome`` (JSON data) under ``key``; a failure to write is ignored."""
+    where = folder()
+    if where is None:
+        return
+    path, digest = _file(where, key)
+    text = json.dumps({"format": FORMAT, "key": digest, "outcome": outcome})
+    try:
+        fd, temp = tempfile.mkstemp(prefix=".tmp-", suffix=".json", dir=where)  # 0600
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(text)
+            os.replace(temp, path)
+        except BaseException:
+            os.unlink(temp)
+            raise
+        _bound(where)
+    except OSError:
+        pass
+
+
+def _bound(where: str) -> None:
+    """Keep at most :data:`MAX_FILES` entries: the least recently used go first."""
+    with os.scandir(where) as found:
+        entries = [e for e in found if e.name.endswith(".json")]
+    if len(entries) <= MAX_FILES and not any(e.name.startswith(".tmp-") for e in entries):
+        return
+    now = time.time()
+    kept = []
+    for e in entries:
+        try:
+            when = e.stat().st_mtime
+        except OSError:
+            continue
+        if e.name.startswith(".tmp-"):
+            if now - when > _STALE_TEMP_S:
+                _remove(e.path)
+        else:
+            kept.append((when, e.path))
+    kept.sort()
+    for _, path in kept[: max(0, len(kept) - MAX_FILES * 3 // 4) if len(kept) > MAX_FILES else 0]:
+        _remove(path)
+
+
+def _remove(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
