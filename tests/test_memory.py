@@ -5,8 +5,9 @@ Each case runs in a fresh interpreter (its readings are the process's own): the 
 after warm-up with ``mx.nd.waitall()`` and ``gc.collect()``.  The reference is the same
 loop in MXNet's own operators, run beside it.  The short run (make test) fails on a
 leak of 100 KiB a call or an end 64 MiB above MXNet's, and ``ops.focal_loss`` on
-``(64, 1000, 5)`` logits at 100 KiB a call (a loop that ran ahead of MXNet's engine grew
-about 2 MiB a call: the ``runahead`` fix); ``make soak`` runs 5,000 calls a case and asks
+``(64, 1000, 5)`` logits at 500 KiB a call (a loop that ran ahead of MXNet's engine grew
+1.5-2 MiB a call: the ``runahead`` fix; with it, a one-time move of glibc's high-water mark
+reads as up to about 100 KiB a call either way over so short a run); ``make soak`` runs 5,000 calls a case and asks
 for at most 2 KiB a call.
 """
 
@@ -57,10 +58,11 @@ def test_a_short_loop_stays_near_mxnets_own(case, native_short):
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self")
 @pytest.mark.parametrize("case", RUN_AHEAD)
 def test_a_loop_of_big_steps_stays_within_a_few_calls_of_mxnets_engine(case):
-    # 2 MiB a step: with the runahead fix off, 1,865-2,043 KiB a call over these 150 calls
-    # (MXNet's own operators of the same formula: about 5,000), with it 0.0-0.1
-    found = memory.measure(case, 20, 150, timeout=180)
-    assert found["growth_kib"] < 100, found
+    # 2 MiB a step: with the runahead fix off, 1,500-2,043 KiB a call over these 150 calls
+    # (MXNet's own operators of the same formula: about 5,000); with it -75 to +108 KiB,
+    # glibc's high-water mark moving once by up to 16 MiB (a few steps' arrays) either way
+    found = memory.measure(case, 60, 150, timeout=180)
+    assert found["growth_kib"] < 500, found
 
 
 @pytest.mark.soak
