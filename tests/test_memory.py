@@ -6,9 +6,9 @@ after warm-up with ``mx.nd.waitall()`` and ``gc.collect()``.  The reference is t
 loop in MXNet's own operators, run beside it.  The short run (make test) fails on a
 leak of 100 KiB a call or an end 64 MiB above MXNet's, and ``ops.focal_loss`` on
 ``(64, 1000, 5)`` logits at 500 KiB a call (a loop that ran ahead of MXNet's engine grew
-1.5-2 MiB a call: the ``runahead`` fix; with it, a one-time move of glibc's high-water mark
-reads as up to about 100 KiB a call either way over so short a run); ``make soak`` runs 5,000 calls a case and asks
-for at most 2 KiB a call.
+1.5-2 MiB a call: the ``runahead`` fix; with it, a one-time move of glibc's high-water
+mark reads as up to about 100 KiB a call either way over so short a run); ``make soak``
+runs 5,000 calls a case and asks for at most 2 KiB a call.
 """
 
 import importlib.util
