@@ -31,6 +31,7 @@ import os
 import threading
 import weakref
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import Any
 
 ENV = "CUSTOMOP_CACHE_MB"
@@ -114,11 +115,16 @@ def _release(costs: dict) -> None:
 
 
 class Table(OrderedDict):
-    """A least-recently-used table whose entries count against the shared budget."""
+    """A least-recently-used table whose entries count against the shared budget.
 
-    def __init__(self) -> None:
+    ``released``: called with each value the table lets go (evicted or cleared), to free
+    what the value holds that the table does not (it runs under the budget's lock: it
+    takes no other lock)."""
+
+    def __init__(self, released: Callable[[Any], None] | None = None) -> None:
         super().__init__()
         self.costs: dict[Any, int] = {}
+        self.released = released
         key = id(self)  # (not reused before the callback: it runs before the table is freed)
         _tables[key] = weakref.ref(self, lambda _, key=key, tables=_tables: tables.pop(key, None))
 
@@ -143,8 +149,10 @@ class Table(OrderedDict):
     def _shrink(self, budget: int) -> None:
         # (under _lock) the oldest entries out while the tables exceed the budget
         while _total[0] > budget and len(self) > 1:
-            old, _ = self.popitem(last=False)
+            old, value = self.popitem(last=False)
             _total[0] -= self.costs.pop(old, 0)
+            if self.released is not None:
+                self.released(value)
 
     def recall(self, key: Any) -> Any:
         """The value of ``key`` made the most recent, or None when the table has none."""
@@ -160,4 +168,7 @@ class Table(OrderedDict):
         with _lock:
             _total[0] -= sum(self.costs.values())
             self.costs.clear()
+            values = list(self.values()) if self.released is not None else ()
             super().clear()
+            for value in values:
+                self.released(value)
