@@ -363,15 +363,19 @@ class _Reshape:
         )
 
 
-def checked(sym: mx.sym.Symbol, shapes: dict[str, Any], dtypes: dict[str, Any]) -> splice.Inferred:
+def checked(
+    sym: mx.sym.Symbol, shapes: dict[str, Any], dtypes: dict[str, Any], text: str | None = None
+) -> splice.Inferred:
     """Run ``sym``'s shape and type passes at this signature: its ops' checks raise here.
 
     The ``Custom`` nodes of our ops run their shape inference (the forward on
     placeholders, or their ``infer_shape=``, with their checks), so a bad signature raises
     the op's own named error, as a graph of ``Custom`` nodes would at its first call.
-    Returns what the passes found, for :func:`spliced`'s ``known``.
+    Returns what the passes found, for :func:`spliced`'s ``known``.  ``text``:
+    ``sym.tojson()``, from a caller that keeps it (see :func:`splice.inferred`).
     """
-    return splice.inferred(sym, shapes, dtypes)
+    graph = _read(text).graph if text is not None else None
+    return splice.inferred(sym, shapes, dtypes, graph, text)
 
 
 def holds_inlinable(sym: mx.sym.Symbol) -> bool:
