@@ -52,6 +52,8 @@ class Spliced:
     switches: set[str] = field(default_factory=set)
     # every input's shape the graph's shape pass found at this signature (None: not run)
     input_shapes: dict[str, tuple] | None = None
+    # the JSON text of the graph spliced, where the caller gave it (customop.graphs.binding)
+    source: str | None = None
 
 
 @dataclass
@@ -80,7 +82,16 @@ def inferred(
     each of our nodes' type function (its checks) instead of the pass (:func:`_types_hold`).
     """
     internals = sym.get_internals()
-    arg_names, aux_names = internals.list_arguments(), internals.list_auxiliary_states()
+    listed = None
+    if graph is not None and text:
+        with _types_lock:
+            listed = _types.recall((text, None))
+    if listed is None:
+        listed = internals.list_arguments(), internals.list_auxiliary_states()
+        if graph is not None and text:
+            with _types_lock:  # (by the text: its names, read once)
+                _types.keep((text, None), listed, budget.RECALLED)
+    arg_names, aux_names = listed
     names = {*arg_names, *aux_names}  # (the internals' inputs are the graph's)
     args, out_shapes, aux = internals.infer_shape_partial(
         **{k: tuple(v) for k, v in shapes.items() if k in names}
@@ -106,13 +117,14 @@ def inferred(
     return Inferred(out_shapes, out_types, found)
 
 
-# A graph's type pass by its JSON text and input dtypes.  MXNet's own operators infer
-# dtypes from dtypes alone, so at a new signature that changes shapes only, the pass can
-# differ only where one of our nodes answers otherwise at its new input shapes: each
-# node's type function runs (what its prop's infer_type runs, its checks with it), and
-# the pass runs again where any answer differs or raises (a check's error is then raised by
-# the pass, as before).  The type pass's callbacks cost 10-35 us a node (measured: the
-# RetinaNet-style head's pass 51 us warm, 110-120 us inside a step).  Under the memory budget.
+# A graph's type pass by its JSON text and input dtypes (and its inputs' names by the text).
+# MXNet's own operators infer dtypes from dtypes alone, so at a new signature that changes
+# shapes only, the pass can differ only where one of our nodes answers otherwise at its new
+# input shapes: each node's type function runs (what its prop's infer_type runs, its checks
+# with it), and the pass runs again where any answer differs or raises (a check's error is
+# then raised by the pass, as before).  The type pass's callbacks cost 10-35 us a node
+# (measured: the RetinaNet-style head's pass 51 us warm, 110-120 us inside a step).  Under
+# the memory budget.
 _types = budget.Table()
 _types_lock = threading.Lock()
 
