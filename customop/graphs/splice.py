@@ -18,7 +18,6 @@ import mxnet as mx
 import numpy as np
 
 from .. import budget, errors, registry, symbol_json
-from .. import params as _params
 from ..prop import decode_cached
 from . import graph_verdicts, rules, tidy
 
@@ -232,7 +231,7 @@ def inline(
     if not found_ours:
         return None
     result = Spliced(sym)
-    wanted = candidates(graph, purpose)
+    wanted = [i for i, op in found_ours if not graph_verdicts.static_reason(op, purpose)]
     for i, op in found_ours:
         if i not in wanted:
             refused = rules.op_refusal(op, purpose)
@@ -252,9 +251,9 @@ def inline(
                 Kept(node["name"], errors.shown(op.op_type), found.reason, found.rule)
             )
             continue
-        params = _params.decode_attrs(
+        params = decode_cached(
             {k: v for k, v in symbol_json.attrs(node).items() if k != "op_type"}
-        )
+        )[0]
         verdict = graph_verdicts.native_graph(op, params, found[0], found[1], purpose)
         if verdict.graph is None:
             result.kept.append(Kept(node["name"], verdict.op_type, verdict.reason, verdict.rule))
