@@ -13,7 +13,8 @@ peak (``VmHWM``) and the OS threads the process holds at the end (``/proc/self/t
 
 The op is an ``'mxnet'``-mode ``x * x`` with ``def_grad(lambda ans, x: lambda g: 2 * x * g)``
 on 1,000 floats (``10 lengths``: 1,000 to 1,063 floats, cycled; ``1,000 lengths``: 1,000 to
-7,993 floats, cycled: read its end, not its growth, with ``--calls 4000``), next to the same loop in
+7,993 floats, cycled: read its end, not its growth, with ``--calls 4000``; ``1,000 values of
+k``: ``x * x * k`` on 32,768 floats, a graph for each value), next to the same loop in
 MXNet's own operators, a hand-written ``CustomOp`` + ``CustomOpProp``, and
 ``mx.autograd.Function`` (capped at 300 calls: it grows about 2 MiB a call in MXNet 1.9.1);
 then ``ops.focal_loss`` on ``(8, 100, 5)`` logits (and on ``(64, 1000, 5)``: 2 MiB a step,
@@ -29,6 +30,7 @@ import argparse
 import contextlib
 import datetime
 import gc
+import itertools
 import json
 import os
 import platform
@@ -47,6 +49,8 @@ CASES = {
     "ours, default, 10 lengths": ("ours", 10),
     "mxnet x*x, 1,000 lengths": ("native", 1000),
     "ours, default, 1,000 lengths": ("ours", 1000),
+    "mxnet x*x*k, 1,000 values of k": ("native_k", 1000),
+    "ours, 1,000 values of k (a graph each)": ("ours_k", 1000),
     "ours, forced_path('function')": ("ours:function", 1),
     "ours, forced_path('function'), 10 lengths": ("ours:function", 10),
     "ours, forced_path('custom')": ("ours:custom", 1),
@@ -74,6 +78,7 @@ CASES = {
     "mxnet: focal loss in MXNet's operators, (64, 1000, 5)": ("native_focal_big", 1),
 }
 BIG = (64, 1000, 5)  # the logits of the *_big cases (else (8, 100, 5))
+K_SIZE = 32768  # the *_k cases' floats: ours runs a static CachedOp of about 0.9 MiB a graph
 
 
 def _rss_kib(field: str = "VmRSS") -> int:
@@ -127,6 +132,20 @@ def _step_function(kind: str, lengths: int):
                 return 2 * x * g
 
         f = lambda x: Square()(x)  # noqa: E731
+    elif base in ("native_k", "ours_k"):  # a parameter value a call, cycled
+        from customop import customop
+
+        @customop("mxnet", name="memory_bench.scaled_square")
+        def scaled_square(x, *, k=1.0):
+            return x * x * k
+
+        scaled_square.def_grad(lambda ans, x, *, k=1.0: lambda g: 2 * k * x * g)
+        xs = [mx.nd.random.uniform(shape=(K_SIZE,))]
+        values = itertools.cycle(range(1, lengths + 1))
+        if base == "native_k":
+            f = lambda x: x * x * float(next(values))  # noqa: E731
+        else:
+            f = lambda x: scaled_square(x, k=float(next(values)))  # noqa: E731
     elif base in ("ours", "noinline", "numpy"):
         from customop import customop
 

@@ -31,6 +31,7 @@ import os
 import threading
 import weakref
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import Any
 
 ENV = "CUSTOMOP_CACHE_MB"
@@ -46,19 +47,33 @@ _set: list[float | None] = [None]  # MiB given to cache_budget (None: the enviro
 _tables: dict[int, weakref.ref] = {}
 
 
+# The setting read at each new entry: os.environ.get costs up to 6 us a call in a training
+# loop (it encodes the key and decodes the value), and a new signature keeps a dozen
+# entries; one dictionary read of the same mapping, parsed again only when it changed.
+_ENVIRON = getattr(os.environ, "_data", None)
+_KEY = os.environ.encodekey(ENV) if _ENVIRON is not None else None
+_parsed: list[tuple[Any, int] | None] = [None]  # (the raw value, the budget it gives)
+
+
 def limit() -> int:
     """The budget in bytes: what :func:`cache_budget` set, else ``CUSTOMOP_CACHE_MB`` (read
     at each new entry), else :data:`DEFAULT_MB`."""
     if _set[0] is not None:
         return int(_set[0] * 2**20)
-    text = os.environ.get(ENV)
+    raw = _ENVIRON.get(_KEY) if _ENVIRON is not None else os.environ.get(ENV)
+    last = _parsed[0]
+    if last is not None and last[0] is raw:
+        return last[1]
+    text = os.environ.decodevalue(raw) if _ENVIRON is not None and raw is not None else raw
     try:
         mb = float(text) if text else DEFAULT_MB
     except ValueError:
         raise ValueError(
             f"customop: {ENV}={text!r} is not a number of MiB (default {DEFAULT_MB})"
         ) from None
-    return max(int(mb * 2**20), 0)
+    found = max(int(mb * 2**20), 0)
+    _parsed[0] = (raw, found)
+    return found
 
 
 def total() -> int:
@@ -114,11 +129,16 @@ def _release(costs: dict) -> None:
 
 
 class Table(OrderedDict):
-    """A least-recently-used table whose entries count against the shared budget."""
+    """A least-recently-used table whose entries count against the shared budget.
 
-    def __init__(self) -> None:
+    ``released``: called with each value the table lets go (evicted or cleared), to free
+    what the value holds that the table does not (it runs under the budget's lock: it
+    takes no other lock)."""
+
+    def __init__(self, released: Callable[[Any], None] | None = None) -> None:
         super().__init__()
         self.costs: dict[Any, int] = {}
+        self.released = released
         key = id(self)  # (not reused before the callback: it runs before the table is freed)
         _tables[key] = weakref.ref(self, lambda _, key=key, tables=_tables: tables.pop(key, None))
 
@@ -143,8 +163,10 @@ class Table(OrderedDict):
     def _shrink(self, budget: int) -> None:
         # (under _lock) the oldest entries out while the tables exceed the budget
         while _total[0] > budget and len(self) > 1:
-            old, _ = self.popitem(last=False)
+            old, value = self.popitem(last=False)
             _total[0] -= self.costs.pop(old, 0)
+            if self.released is not None:
+                self.released(value)
 
     def recall(self, key: Any) -> Any:
         """The value of ``key`` made the most recent, or None when the table has none."""
@@ -160,4 +182,7 @@ class Table(OrderedDict):
         with _lock:
             _total[0] -= sum(self.costs.values())
             self.costs.clear()
+            values = list(self.values()) if self.released is not None else ()
             super().clear()
+            for value in values:
+                self.released(value)

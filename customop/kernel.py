@@ -187,7 +187,8 @@ def aux_dtype_for(dtypes) -> np.dtype:
 
 def floating(dtype) -> bool:
     """Whether ``dtype`` is a float one, MXNet's ``bfloat16`` (a structured dtype) too."""
-    return np.issubdtype(dtype, np.floating) or np.dtype(dtype) == BFLOAT16
+    dtype = np.dtype(dtype)  # (kind "f": np.issubdtype's answer, at a tenth of its cost)
+    return dtype.kind == "f" or dtype == BFLOAT16
 
 
 def check_aux(op: opinfo.Forward, arrays: list[Any], params: dict[str, Any]) -> None:

@@ -30,8 +30,9 @@ _decoded: dict[tuple, dict[str, Any]] = {}
 _UNKNOWN = 2**31 - 1  # dimensions from here up are MXNet's -1 (unknown) read as unsigned
 
 
-def _decode_cached(kwargs: dict[str, str]) -> tuple[dict[str, Any], str]:
-    # The decoded parameters and their cache key for shape inference, per attribute set.
+def decode_cached(kwargs: dict[str, str]) -> tuple[dict[str, Any], str]:
+    """A node's decoded parameters and their key in its op's shape inference tables, per
+    attribute set (the node's attributes but ``op_type`` and :data:`errors.CALL_KEY`)."""
     key = tuple(sorted(kwargs.items()))
     found = _decoded.get(key)
     if found is None:
@@ -85,7 +86,7 @@ class _Prop(mx.operator.CustomOpProp):
         self.op = op = self.lookup(self.op_type)
         super().__init__(need_top_grad=op.need_top_grad)
         self.call = errors.take_call(kwargs.pop(errors.CALL_KEY, None))
-        self.params, self.pkey = _decode_cached(kwargs)
+        self.params, self.pkey = decode_cached(kwargs)
         _use_runtime(op)
         # MXNet does not guard the prop's constructor (an exception there crashes the
         # process), so a bad parameter is reported from list_arguments, which it guards.
@@ -119,7 +120,7 @@ class _Prop(mx.operator.CustomOpProp):
         return list(self.op.signature.aux)
 
     def infer_shape(self, in_shape):
-        given = [tuple(int(d) for d in s) for s in in_shape]
+        given = [tuple(map(int, s)) for s in in_shape]
         # inputs the op infers from the others (infer_input_shape=), like a layer's weight
         shapes = tuple(self._reporting(self.op.input_shapes.complete, given, self.params))
         n_aux = len(self.op.signature.aux)

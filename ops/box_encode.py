@@ -13,27 +13,46 @@ from . import _checks
 from ._boxes import to_center
 
 
+def _check_shapes(samples, matches, anchors, refs, means, stds):
+    _checks.boxes("box_encode", "anchors", anchors, ndim=3)
+    _checks.boxes("box_encode", "refs", refs, ndim=3)
+    b, n = anchors[:2]
+    for name, shape in (("samples", samples), ("matches", matches)):
+        _checks.same_shape("box_encode", name, shape, (b, n), "(B, N) like anchors")
+    _checks.shape_is("box_encode", "refs", refs, refs[0] == b, f"(B, M, 4) with B = {b}")
+    for name, shape in (("means", means), ("stds", stds)):
+        _checks.same_shape("box_encode", name, shape, (4,), "one value per coordinate")
+
+
+def _check_dtypes(anchors, refs, means, stds):
+    for name, dtype in (("anchors", anchors), ("refs", refs), ("means", means), ("stds", stds)):
+        _checks.floating("box_encode", name, dtype)
+
+
 def _check(samples, matches, anchors, refs, means, stds, legacy_box):
-    _checks.boxes("box_encode", "anchors", anchors.shape, ndim=3)
-    _checks.boxes("box_encode", "refs", refs.shape, ndim=3)
-    b, n = anchors.shape[:2]
-    for name, x in (("samples", samples), ("matches", matches)):
-        _checks.same_shape("box_encode", name, x.shape, (b, n), "(B, N) like anchors")
-    _checks.shape_is(
-        "box_encode", "refs", refs.shape, refs.shape[0] == b, f"(B, M, 4) with B = {b}"
-    )
-    for name, x in (("means", means), ("stds", stds)):
-        _checks.same_shape("box_encode", name, x.shape, (4,), "one value per coordinate")
-    for name, x in (("anchors", anchors), ("refs", refs), ("means", means), ("stds", stds)):
-        _checks.floating("box_encode", name, x.dtype)
+    _check_shapes(*(x.shape for x in (samples, matches, anchors, refs, means, stds)))
+    _check_dtypes(anchors.dtype, refs.dtype, means.dtype, stds.dtype)
     _checks.boolean("box_encode", "legacy_box", legacy_box)
 
 
 _MATCHES = "of positive samples must be integers in [0, M={m})"
 
 
-def _infer_shape(samples, matches, anchors, refs, means, stds, **_):
+# Symbols, Module and hybridized blocks ask for the output shapes and dtypes at every new
+# signature (a new box count): answered from the shapes and dtypes with the forward's own
+# checks, so a bad signature raises the op's named error at the bind, as ops.box_iou does
+def _infer_shape(samples, matches, anchors, refs, means, stds, *, legacy_box=False):
+    _check_shapes(samples, matches, anchors, refs, means, stds)
+    _checks.boolean("box_encode", "legacy_box", legacy_box)
     return [anchors, anchors]
+
+
+def _infer_type(samples, matches, anchors, refs, means, stds, **_):
+    dtypes = [np.dtype(d) for d in (samples, matches, anchors, refs, means, stds)]
+    # (bfloat16 arrives as a structured NumPy dtype: a float, computed on as float32)
+    _check_dtypes(*(np.float32 if d.kind == "V" else d for d in dtypes[2:]))
+    floats = [d for d in dtypes if d.kind in "fV"]  # the first float input's, as before
+    return [floats[0] if floats else np.dtype(np.float32)] * 2
 
 
 # samples and matches select; they get no gradient.
@@ -41,6 +60,7 @@ def _infer_shape(samples, matches, anchors, refs, means, stds, **_):
     "mxnet",
     name="ops.box_encode",
     infer_shape=_infer_shape,
+    infer_type=_infer_type,
     num_outputs=2,
     no_grad=("samples", "matches"),
 )

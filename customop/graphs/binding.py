@@ -53,7 +53,8 @@ def spliced(
     ``shapes``, ``dtypes``: by input name, or functions giving them (called only when the
     graph holds an op that may inline: a graph without one costs one ``debug_str``;
     ``dtypes`` is given the graph's :class:`_Read`, where ``simple_bind``'s defaults are kept).
-    ``grads``: the inputs that can need a gradient (None: any; see :func:`splice.inline`).
+    ``grads``: the inputs that can need a gradient (None: any; see :func:`splice.inline`), or
+    a function of the graph's :class:`_Read` giving them.
     ``known``: what :func:`checked` returned at these shapes and dtypes (its passes are
     not run again).  ``text``: ``sym.tojson()``, from a caller that keeps it (a Symbol
     nothing changes).
@@ -72,6 +73,8 @@ def spliced(
         shapes = shapes()
     if callable(dtypes):
         dtypes = dtypes(read)
+    if callable(grads):
+        grads = grads(read)
     key = (
         text,
         tuple(op for _, op in splice.ours(graph)),
@@ -104,8 +107,10 @@ def spliced(
         return None
     if found is None or not found.inlined:
         found = None
-    elif set(found.symbol.list_inputs()) != set(sym.list_inputs()):
+    elif _inputs_of(found.symbol) != read.inputs_of(sym):
         found = None  # an input no inlined graph reads: the executor would lose it
+    else:
+        found.source = text
     cost = budget.RECALLED + (SPLICE_FACTOR * len(text) if found is not None else len(text))
     with _splices_lock:
         _splices.keep(key, found, cost)
@@ -118,16 +123,32 @@ def clear_cache() -> None:
         _splices.clear()
     with _texts_lock:
         _texts.clear()
+    with _orders_lock:
+        _orders.clear()
 
 
 class _Read:
     """What binds read from one graph's JSON text: the graph, and the dtypes ``simple_bind``
     assumes for its arguments (filled at the first bind that asks)."""
 
-    __slots__ = ("graph", "default_dtypes")
+    __slots__ = ("graph", "default_dtypes", "arguments", "inputs")
 
     def __init__(self, graph: dict[str, Any]) -> None:
         self.graph, self.default_dtypes = graph, None
+        self.arguments: list[str] | None = None  # the Symbol's list_arguments(), once asked
+        self.inputs: frozenset[str] | None = None  # and its list_inputs()
+
+    def inputs_of(self, sym: mx.sym.Symbol) -> frozenset[str]:
+        """``sym.list_inputs()`` as a set (``sym``: a Symbol of this text), read once."""
+        if self.inputs is None:
+            self.inputs = frozenset(sym.list_inputs())
+        return self.inputs
+
+    def arguments_of(self, sym: mx.sym.Symbol) -> list[str]:
+        """``sym.list_arguments()`` (``sym``: a Symbol of this text), read once."""
+        if self.arguments is None:
+            self.arguments = sym.list_arguments()
+        return self.arguments
 
 
 # _Read by a graph's JSON text: a rebind of a graph bound before parses nothing (json.loads
@@ -188,7 +209,11 @@ def simple_bind(
     """``Symbol.simple_bind`` of ``sym`` with its inlinable ops inlined."""
     if isinstance(grad_req, (list, tuple)):
         grad_req = dict(zip(sym.list_arguments(), grad_req))
-    grads = wanting(sym, grad_req)
+    asked: list[set[str]] = []  # (the graph's names are read once per text: _Read)
+
+    def grads(read: _Read) -> set[str]:
+        asked.append(wanting(sym, grad_req, names=read.arguments_of(sym)))
+        return asked[-1]
 
     def call(symbol, shapes):
         return original(
@@ -207,6 +232,7 @@ def simple_bind(
     found = spliced(sym, shapes, lambda read: _default_dtypes(sym, type_dict, read), grads)
     if found is None:
         return call(sym, shapes)
+    wanted = asked[-1] if asked else wanting(sym, grad_req)
     # (the shape pass that found the ops' input signatures found every input's shape too)
     all_shapes = (
         {**found.input_shapes, **shapes}
@@ -215,12 +241,15 @@ def simple_bind(
     )
     with bind_lock.serialized():  # MXNet's binds race (customop.runtime.bind_lock)
         exe = call(found.symbol, all_shapes)
-    return present(exe, sym, found.symbol, grads)
+    return present(exe, sym, found.symbol, wanted, found.source)
 
 
-def wanting(sym: mx.sym.Symbol, grad_req: Any, args_grad: Any = True) -> set[str]:
-    """The arguments of ``sym`` a bind with ``grad_req`` (and ``args_grad``) gives gradients."""
-    names = sym.list_arguments()
+def wanting(
+    sym: mx.sym.Symbol, grad_req: Any, args_grad: Any = True, names: list[str] | None = None
+) -> set[str]:
+    """The arguments of ``sym`` a bind with ``grad_req`` (and ``args_grad``) gives gradients
+    (``names``: ``sym.list_arguments()``, when the caller has it)."""
+    names = names if names is not None else sym.list_arguments()
     if args_grad is None:
         return set()
     if isinstance(args_grad, dict):
@@ -287,7 +316,7 @@ def bind(
         return original(sym, ctx, args, args_grad, grad_req, aux_states, group2ctx, shared_exec)
     with bind_lock.serialized():  # MXNet's binds race (customop.runtime.bind_lock)
         exe = original(found.symbol, ctx, arg_map, grad_map, req, aux_map, group2ctx, shared_exec)
-    return present(exe, sym, found.symbol, grads)
+    return present(exe, sym, found.symbol, grads, found.source)
 
 
 def present(
@@ -295,11 +324,11 @@ def present(
     original: mx.sym.Symbol,
     inlined: mx.sym.Symbol,
     grads: set[str] | None = None,
+    source: str | None = None,
 ) -> mx.executor.Executor:
-    """Make an executor of ``inlined`` look like one of ``original`` (names, order, reshape)."""
-    args, aux = inlined.list_arguments(), inlined.list_auxiliary_states()
-    order = [args.index(n) for n in original.list_arguments()]
-    aux_order = [aux.index(n) for n in original.list_auxiliary_states()]
+    """Make an executor of ``inlined`` look like one of ``original`` (names, order, reshape;
+    ``source``: ``original.tojson()``, when the caller has it)."""
+    order, aux_order = _order(original, inlined, source)
     exe.arg_arrays = [exe.arg_arrays[i] for i in order]
     if exe.grad_arrays:
         exe.grad_arrays = [exe.grad_arrays[i] for i in order]
@@ -309,6 +338,45 @@ def present(
     exe.customop_inlined = inlined  # the graph the executor runs
     exe.reshape = _Reshape(weakref.ref(exe), original, inlined, grads)
     return exe
+
+
+# Where each argument and aux state of a graph sits in its inlined graph's lists, by the
+# inlined Symbol (one a shape family: customop.graphs.splice) and the graph's JSON text, and
+# the inlined Symbol's inputs by the Symbol: a bind at a new signature of a family reads no
+# names (six list calls and the lookups, 65 us of a bind, measured).  Under the memory
+# budget of customop.budget.
+_orders = budget.Table()
+_orders_lock = threading.Lock()
+
+
+def _inputs_of(inlined: mx.sym.Symbol) -> frozenset[str]:
+    # an inlined Symbol's inputs, read once (nothing changes the Symbols a splice makes)
+    with _orders_lock:
+        found = _orders.recall(id(inlined))
+    if found is not None and found[0] is inlined:
+        return found[1]
+    inputs = frozenset(inlined.list_inputs())
+    with _orders_lock:
+        _orders.keep(id(inlined), (inlined, inputs), budget.RECALLED)
+    return inputs
+
+
+def _order(
+    original: mx.sym.Symbol, inlined: mx.sym.Symbol, source: str | None
+) -> tuple[list[int], list[int]]:
+    key = (id(inlined), source)
+    if source is not None:
+        with _orders_lock:
+            found = _orders.recall(key)
+        if found is not None and found[0] is inlined:
+            return found[1], found[2]
+    args, aux = inlined.list_arguments(), inlined.list_auxiliary_states()
+    order = [args.index(n) for n in original.list_arguments()]
+    aux_order = [aux.index(n) for n in original.list_auxiliary_states()]
+    if source is not None:
+        with _orders_lock:  # (the inlined Symbol kept with it: its id is in the key)
+            _orders.keep(key, (inlined, order, aux_order), budget.RECALLED)
+    return order, aux_order
 
 
 class _Reshape:
@@ -363,15 +431,19 @@ class _Reshape:
         )
 
 
-def checked(sym: mx.sym.Symbol, shapes: dict[str, Any], dtypes: dict[str, Any]) -> splice.Inferred:
+def checked(
+    sym: mx.sym.Symbol, shapes: dict[str, Any], dtypes: dict[str, Any], text: str | None = None
+) -> splice.Inferred:
     """Run ``sym``'s shape and type passes at this signature: its ops' checks raise here.
 
     The ``Custom`` nodes of our ops run their shape inference (the forward on
     placeholders, or their ``infer_shape=``, with their checks), so a bad signature raises
     the op's own named error, as a graph of ``Custom`` nodes would at its first call.
-    Returns what the passes found, for :func:`spliced`'s ``known``.
+    Returns what the passes found, for :func:`spliced`'s ``known``.  ``text``:
+    ``sym.tojson()``, from a caller that keeps it (see :func:`splice.inferred`).
     """
-    return splice.inferred(sym, shapes, dtypes)
+    graph = _read(text).graph if text is not None else None
+    return splice.inferred(sym, shapes, dtypes, graph, text)
 
 
 def holds_inlinable(sym: mx.sym.Symbol) -> bool:

@@ -24,7 +24,7 @@ Plans are kept per operator, parameters and signature, within the memory budget 
 :mod:`customop.budget` (least recently used out); a verified graph also serves
 the signatures that differ from its own in the size it was checked at another value of
 (:mod:`customop.graphs.graph_verdicts`), and each thread runs its own ``CachedOp`` of it
-(a static one for small inputs: :data:`STATIC_BYTES`).
+(a static one for small inputs, :data:`STATIC_BYTES`, its buffers counted in the budget).
 ``CUSTOMOP_RUNTIME_OFF=inline`` (every op keeps its ``Custom`` node in graphs) keeps
 imperative calls on their Python paths too.
 """
@@ -56,8 +56,9 @@ _SEEN, _REFUSED = "seen", "refused"
 # recorded focal_loss call at 2 x 48 x 3 costs 0.69x (2 x 500 x 3: 0.70x; 8 x 1000 x 20: 0.98x,
 # measured), but the CachedOp then holds its intermediate buffers between calls.  So a call
 # takes the static one only where those stay small: its inputs' bytes times the graph's
-# operators at most STATIC_BYTES, per graph and thread (a guest holds no more unasked; the
-# small RetinaNet-style head's ops estimate 0.1 MiB; not counted in customop.budget).
+# operators (the estimate of what it holds) at most STATIC_BYTES, per graph and thread.  The
+# estimate counts in the graph's entry of the shared budget, and a graph the budget lets go
+# drops its static CachedOps (1,000 graphs of 0.9 MiB each held 1.1 GiB uncounted, measured).
 STATIC_BYTES = 2**20
 _STATIC_FLAGS = [("static_alloc", True), ("static_shape", True)]
 
@@ -68,29 +69,50 @@ class Pending(tuple):
 
 _lock = threading.Lock()
 _plans = budget.Table()  # signature -> _SEEN, _REFUSED or a _Graph (the shared budget)
-_graphs = budget.Table()  # id(NativeGraph) -> its CachedOps (one per family; the budget)
+# id(NativeGraph) -> its _Graph with its CachedOps (one per family; the budget), and every
+# _Graph still alive (a plan may hold one the budget let go: it comes back when called)
+_graphs = budget.Table(released=lambda graph: graph.release())
+_live: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 _never: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # op -> (switch, eligible())
 
 
 class _Runner:
-    """One graph as a Symbol, and a ``CachedOp`` of it per thread."""
+    """One graph as a Symbol, and a ``CachedOp`` of it per thread: a static one (and what
+    it may hold, told to ``grew``) for small inputs, else a dynamic one."""
 
-    def __init__(self, graph: symbol_json.NativeGraph, n: int):
+    def __init__(self, graph: symbol_json.NativeGraph, n: int, grew: weakref.WeakMethod):
         names = [f"input{i}" for i in range(n)]
         self.symbol = symbol_json.load(symbol_json.to_json(graph, names))
         self.used = set(self.symbol.list_inputs())
         self.order = [names.index(u) for u in self.symbol.list_inputs()]
         self.operators = sum(node["op"] != "null" for node in graph.nodes)
-        self.local = threading.local()
+        self.grew = grew  # (weak: the graph holds its runners)
+        self.dynamic = threading.local()  # .op
+        self.statics = threading.local()  # .op, .held: its estimated bytes
 
     def __call__(self, inputs: list[mx.nd.NDArray]) -> list[mx.nd.NDArray]:
-        static = self.operators * sum(_bytes(a) for a in inputs) <= STATIC_BYTES
-        cached = getattr(self.local, "static" if static else "dynamic", None)
-        if cached is None:
-            cached = mx.nd.CachedOp(self.symbol, flags=_STATIC_FLAGS if static else ())
-            setattr(self.local, "static" if static else "dynamic", cached)
+        held = self.operators * sum(_bytes(a) for a in inputs)
+        if held <= STATIC_BYTES:
+            here = self.statics
+            cached = getattr(here, "op", None)
+            if cached is None:
+                cached = here.op = mx.nd.CachedOp(self.symbol, flags=_STATIC_FLAGS)
+                here.held = 0
+            if held > here.held:  # (a larger shape: its buffers grow)
+                grew = self.grew()
+                if grew is not None:
+                    grew(held - here.held)
+                here.held = held
+        else:
+            cached = getattr(self.dynamic, "op", None)
+            if cached is None:
+                cached = self.dynamic.op = mx.nd.CachedOp(self.symbol)
         outs = cached(*[inputs[i] for i in self.order])
         return [outs] if isinstance(outs, mx.nd.NDArray) else list(outs)
+
+    def drop_statics(self) -> None:
+        """Let every thread's static CachedOp go (a call in flight keeps its own)."""
+        self.statics = threading.local()
 
 
 def _bytes(array: mx.nd.NDArray) -> int:
@@ -103,12 +125,35 @@ def _bytes(array: mx.nd.NDArray) -> int:
 class _Graph:
     """One native graph, and its forward without the transposed closures (a ``def_grad``
     op's ``forward_only``), which calls that are not recorded run: nothing can need their
-    coefficients there."""
+    coefficients there.  Its entry in ``_graphs`` costs :data:`GRAPH_COST`, :data:`NODE_COST`
+    a node and what its static CachedOps may hold."""
 
     def __init__(self, graph: symbol_json.NativeGraph, n: int):
         self.graph, self.n = graph, n
-        self.full = _Runner(graph, n)
+        self.base = GRAPH_COST + NODE_COST * len(graph.nodes)
+        self.held = 0  # bytes every thread's static CachedOps may hold
+        self.kept = False  # in _graphs
+        self.full = _Runner(graph, n, weakref.WeakMethod(self._grew))
         self._alone: _Runner | None = None
+
+    def keep(self) -> None:
+        """(under _lock) In ``_graphs`` as the newest, at its cost now."""
+        self.kept = True  # (before: an eviction during keep() must leave it False)
+        _graphs.keep(id(self.graph), self, self.base + self.held)
+
+    def _grew(self, more: int) -> None:
+        with _lock:
+            self.held += more
+            self.keep()
+
+    def release(self) -> None:
+        """Let go by ``_graphs`` (under the budget's lock: no other lock here): its static
+        CachedOps go; a plan that still holds it enters it again when it calls."""
+        self.kept = False
+        self.held = 0
+        for runner in (self.full, self._alone):
+            if runner is not None:
+                runner.drop_statics()
 
     def holds(self, shapes, dtypes) -> bool:
         """Whether MXNet's shape and type inference of the graph pass at this signature (a
@@ -125,11 +170,16 @@ class _Graph:
         return outs is not None and all(s and all(d > 0 for d in s) for s in outs)
 
     def __call__(self, inputs: list[mx.nd.NDArray], recording: bool = True) -> list[mx.nd.NDArray]:
+        if not self.kept:  # let go by the budget, still held by a plan: counted again
+            with _lock:
+                self.keep()
         if recording or self.graph.forward_only is None:
             return self.full(inputs)
         alone = self._alone
         if alone is None:
-            alone = self._alone = _Runner(self.graph.forward_only, self.n)
+            alone = self._alone = _Runner(
+                self.graph.forward_only, self.n, weakref.WeakMethod(self._grew)
+            )
         return alone(inputs)
 
 
@@ -217,15 +267,10 @@ def _planned(op: Differentiable, params: dict[str, Any], inputs: list[mx.nd.NDAr
     if verdict.graph is None:
         return _REFUSED
     with _lock:
-        found = _graphs.get(id(verdict.graph))
+        found = _live.get(id(verdict.graph))
         if found is None or found.graph is not verdict.graph:
-            found = _Graph(verdict.graph, len(inputs))
-            # (plans still holding an evicted one keep it running)
-            _graphs.keep(
-                id(verdict.graph), found, GRAPH_COST + NODE_COST * len(verdict.graph.nodes)
-            )
-        else:
-            _graphs.move_to_end(id(verdict.graph))
+            found = _live[id(verdict.graph)] = _Graph(verdict.graph, len(inputs))
+        found.keep()
     if not found.holds(shapes, dtypes):
         return _REFUSED
     return found

@@ -140,7 +140,7 @@ class CachedPlan:
         key = signature(args, self.data)
         found = self.built.get(key)
         if found is None:
-            with self.lock:
+            with self.lock:  # (_build answers for this call: no second look at the grads)
                 found = self.built.get(key) or self._build(key, args)
         if isinstance(found, _ByGrads):
             mask = needs_grad(args, found.inputs, self.params)
@@ -165,8 +165,10 @@ class CachedPlan:
         shapes = {n: a.shape for n, a in zip(self.names, args)}
         dtypes = {n: a.dtype for n, a in zip(self.names, args)}
         known = None
+        if self.text is None:
+            self.text = self.sym.tojson()
         if by_grads is None:
-            known = binding.checked(self.sym, shapes, dtypes)
+            known = binding.checked(self.sym, shapes, dtypes, self.text)
             everything = range(len(self.names))
             grads = {
                 self.names[i]
@@ -175,8 +177,6 @@ class CachedPlan:
             }
         else:
             grads = {self.names[i] for i, m in zip(by_grads.inputs, mask) if m}
-        if self.text is None:
-            self.text = self.sym.tojson()
         found = binding.spliced(self.sym, shapes, dtypes, grads, known, self.text)
         built = self._cached(found)
         if by_grads is not None:
@@ -187,7 +187,7 @@ class CachedPlan:
             which = [i for i, n in enumerate(self.names) if n in found.switches]
             by_grads = self.built[key] = _ByGrads(which)
             by_grads.built[tuple(self.names[i] in grads for i in which)] = built
-            return by_grads
+            return built
         self.built[key] = built
         return built
 

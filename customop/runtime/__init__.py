@@ -127,8 +127,30 @@ _lock = threading.Lock()
 
 def disabled(name: str) -> bool:
     """Whether ``CUSTOMOP_RUNTIME_OFF`` keeps patch ``name`` out."""
-    off = {p.strip() for p in os.environ.get("CUSTOMOP_RUNTIME_OFF", "").split(",")}
+    off = _off()
     return name in off or "all" in off
+
+
+# The switch, read at each ask (binds, new signatures: nine asks a new box count of the
+# RetinaNet-style head): os.environ.get costs up to 6 us a call in a training loop, so one
+# dictionary read of the same mapping, the names parsed again only when the value changed.
+_ENVIRON = getattr(os.environ, "_data", None)
+_OFF_KEY = os.environ.encodekey("CUSTOMOP_RUNTIME_OFF") if _ENVIRON is not None else None
+_parsed_off: list[tuple[Any, frozenset] | None] = [None]  # (the raw value, its names)
+
+
+def _off() -> frozenset:
+    if _ENVIRON is None:  # pragma: no cover - a Python whose os.environ has no _data
+        raw = os.environ.get("CUSTOMOP_RUNTIME_OFF")
+    else:
+        raw = _ENVIRON.get(_OFF_KEY)
+    last = _parsed_off[0]
+    if last is not None and last[0] is raw:
+        return last[1]
+    text = os.environ.decodevalue(raw) if _ENVIRON is not None and raw is not None else raw
+    off = frozenset(p.strip() for p in (text or "").split(","))
+    _parsed_off[0] = (raw, off)
+    return off
 
 
 def is_installed(name: str, installed: set = _installed) -> bool:

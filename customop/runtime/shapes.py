@@ -42,12 +42,11 @@ def infer_shape(num_tensor, tensor_dims, tensor_shapes, key, props=_props):
             f"infer_shape: {num_tensor} tensors for {n_in} inputs, "
             f"{n_out} outputs and {n_aux} aux states"
         )
-    ishape, oshape, ashape = prop.infer_shape(
-        callbacks.given_shapes(n_in, tensor_dims, tensor_shapes)
-    )
+    given = callbacks.given_shapes(n_in, tensor_dims, tensor_shapes)
+    ishape, oshape, ashape = prop.infer_shape(given)
     # C++ copies them right after this returns, on this thread
     _held.buffers = callbacks.answer_shapes(
-        num_tensor, [*ishape, *oshape, *ashape], tensor_dims, tensor_shapes
+        num_tensor, [*ishape, *oshape, *ashape], tensor_dims, tensor_shapes, given
     )
     return True
 

@@ -260,3 +260,65 @@ def test_a_new_box_count_of_a_verified_family_tidies_only_at_its_signature(count
     exe = bind(7)
     assert ran == first
     assert binding.symbol_json.anonymous(exe.customop_inlined) == graphs[-1]
+
+
+@decorate("mxnet")
+def _half_limited(x):
+    # a check of dtype and shape together: the shape pass (float32 placeholders) passes it,
+    # the type pass (float16) does not
+    if x.dtype == np.float16 and x.shape[0] > 6:
+        raise ValueError("_half_limited: at most 6 rows in float16")
+    return x * 2
+
+
+class _Halved(mx.gluon.HybridBlock):
+    def hybrid_forward(self, F, x):
+        return _half_limited(x) + 1
+
+
+@pytest.fixture
+def type_passes(monkeypatch):
+    from customop import prop
+
+    calls = []
+    infer_type = prop._Prop.infer_type
+
+    def counting(self, in_type):
+        calls.append(self.op_type)
+        return infer_type(self, in_type)
+
+    monkeypatch.setattr(prop._Prop, "infer_type", counting)
+    splice._types.clear()
+    return calls
+
+
+@pytest.mark.parametrize("path", ["hybridized", "bound"])
+def test_a_new_shape_runs_each_ops_type_function_and_its_checks_not_the_type_pass(
+    type_passes, path
+):
+    block = _Halved()
+    block.hybridize()
+    sym = _half_limited(mx.sym.var("x")) + 1
+
+    def run(rows, dtype):
+        x = np.arange(rows * 3, dtype=dtype).reshape(rows, 3) / 8
+        if path == "hybridized":
+            out = block(mx.nd.array(x, dtype=dtype))
+        else:
+            exe = sym.simple_bind(mx.cpu(), x=x.shape, type_dict={"x": dtype})
+            exe.arg_dict["x"][:] = x
+            out = exe.forward()[0]
+        assert out.dtype == dtype
+        np.testing.assert_allclose(out.asnumpy(), x.astype(np.float64) * 2 + 1, rtol=1e-3)
+
+    run(4, np.float16)
+    assert type_passes  # the first signature: the type pass
+    del type_passes[:]
+    run(5, np.float16)
+    run(6, np.float16)
+    assert type_passes == []  # shapes only: the op's type function ran, not the pass
+    # its check at a new shape raises as the type pass raised it
+    with pytest.raises(Exception, match="at most 6 rows in float16"):
+        run(7, np.float16)
+    assert type_passes  # (the pass ran again, and raised)
+    run(7, np.float32)  # other dtypes: their own type pass

@@ -144,6 +144,55 @@ def test_cache_budget_sets_the_budget_at_run_time_and_lets_entries_go_at_once(ti
             customop_package.cache_budget(bad)
 
 
+def test_static_cachedops_count_against_the_budget_and_go_with_their_graph(tiny_budget):
+    # a small signature runs a static CachedOp, which holds its buffers between calls (about
+    # the graph's operators times its inputs' bytes): a graph's entry counts them, and a
+    # graph the budget lets go drops them, though a plan may still hold the graph
+    n, room = 8192, 1536 * 1024  # 32 KiB of float32: 160 KiB a graph (5 operators)
+
+    def check(k):
+        x = mx.nd.array(np.arange(n, dtype=np.float64) / n)
+        x.attach_grad()
+        with mx.autograd.record():
+            y = scaled(x, k=float(k))
+        y.backward()
+        ref = np.arange(n, dtype=np.float64) / n
+        np.testing.assert_allclose(y.asnumpy(), ref * k, rtol=1e-6)
+        np.testing.assert_allclose(x.grad.asnumpy(), np.full(n, 2.0 * k), rtol=1e-6)
+
+    def static_bytes():  # what the live graphs' static CachedOps hold, by the estimate
+        found = [
+            runner.operators * n * 4
+            for graph in list(imperative._live.values())
+            for runner in (graph.full, graph._alone)
+            if runner is not None and getattr(runner.statics, "op", None) is not None
+        ]
+        return sum(found), len(found)
+
+    try:  # room for the entries of a few graphs by their Symbols (about 100 KiB each) and
+        # their static buffers; all 12 by their Symbols alone
+        budget.cache_budget((tiny_budget + room) / 2**20)
+        for k in range(1, 13):  # a parameter value each: a graph each
+            check(k)
+            check(k)  # its graph and its static CachedOp
+            assert budget.total() <= tiny_budget + room
+            held, graphs = static_bytes()
+            assert held <= room and graphs <= k
+        assert 2 <= graphs < 12
+        for graph in imperative._graphs.values():
+            assert imperative._graphs.costs[id(graph.graph)] >= graph.full.operators * n * 4
+        plan = list(imperative._plans.values())[-1]  # k = 12's graph
+        imperative._graphs.clear()  # let go while its plan holds it: no static CachedOp left
+        assert static_bytes() == (0, 0) and not plan.kept
+        check(12)  # called again: counted again
+        assert plan.kept and static_bytes()[1] == 1
+        assert imperative._graphs.costs[id(plan.graph)] >= plan.full.operators * n * 4
+        check(1)  # evicted long ago: planned and traced again, same numbers
+        check(1)
+    finally:
+        budget.cache_budget(reset=True)
+
+
 @customop("mxnet")
 def sliced(x):
     return x[1:]  # one element fewer on the first axis: the shape pass runs the forward

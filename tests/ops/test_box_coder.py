@@ -196,3 +196,39 @@ def test_bad_input_raises_and_the_next_call_works():
             op(mx.nd.ones((2, 5, 4)), mx.nd.ones((1, 5, 4)), format="xyxy")
         assert op(mx.nd.ones((2, 5, 4)), mx.nd.ones((1, 5, 4))).shape == (2, 5, 4)
     assert ops.box_encode(*map(mx.nd.array, inputs))[0].shape == (2, 7, 4)
+
+
+def test_a_graph_infers_encodes_shapes_and_dtypes_with_its_checks(monkeypatch):
+    # Issue 55: a bind at a new box count asks box_encode for its output shapes and dtypes;
+    # they come from the shapes and dtypes with the forward's own checks (a bad signature
+    # raises its named error at the bind), and no forward runs on placeholders
+    from customop import inference
+
+    runs = []
+    monkeypatch.setattr(inference.Inference, "_run", lambda *a, **k: runs.append(a))
+    names = ["samples", "matches", "anchors", "refs", "means", "stds"]
+    sym = mx.sym.Group(list(ops.box_encode(*map(mx.sym.var, names))))
+    good = dict(samples=(2, 7), matches=(2, 7), anchors=(2, 7, 4), means=(4,), stds=(4,))
+    for m in (3, 5):
+        _, out, _ = sym.infer_shape(refs=(2, m, 4), **good)
+        assert out == [(2, 7, 4), (2, 7, 4)]
+    types = dict.fromkeys(names, "float16")
+    assert sym.infer_type(**types)[1] == [np.float16, np.float16]
+    exe = sym.simple_bind(mx.cpu(), refs=(2, 3, 4), grad_req="null", **good)
+    inputs = encode_inputs()
+    outs = exe.forward(**{n: mx.nd.array(a) for n, a in zip(names, inputs)})
+    native = mx.nd.contrib.box_encode(*map(mx.nd.array, inputs))
+    for got, want in zip(outs, native):
+        np.testing.assert_array_equal(got.asnumpy(), want.asnumpy())
+    assert runs == []
+    with pytest.raises(ValueError, match=r"ops.box_encode': means has shape \(3,\) but"):
+        sym.simple_bind(mx.cpu(), refs=(2, 3, 4), grad_req="null", **dict(good, means=(3,)))
+    with pytest.raises(ValueError, match=r"ops.box_encode': refs must have shape \(B, M, 4\)"):
+        sym.infer_shape(refs=(3, 3, 4), **good)
+    with pytest.raises(TypeError, match="ops.box_encode': refs must be a float array"):
+        sym.simple_bind(
+            mx.cpu(), refs=(2, 3, 4), type_dict={"refs": "int32"}, grad_req="null", **good
+        )
+    bad = ops.box_encode(*map(mx.sym.var, names), legacy_box="yes")
+    with pytest.raises(TypeError, match="ops.box_encode': legacy_box must be a bool"):
+        bad.infer_shape(refs=(2, 3, 4), **good)
