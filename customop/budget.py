@@ -27,12 +27,13 @@ Example:
 
 from __future__ import annotations
 
-import os
 import threading
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
+
+from .setting import Setting
 
 ENV = "CUSTOMOP_CACHE_MB"
 DEFAULT_MB = 256
@@ -47,12 +48,17 @@ _set: list[float | None] = [None]  # MiB given to cache_budget (None: the enviro
 _tables: dict[int, weakref.ref] = {}
 
 
-# The setting read at each new entry: os.environ.get costs up to 6 us a call in a training
-# loop (it encodes the key and decodes the value), and a new signature keeps a dozen
-# entries; one dictionary read of the same mapping, parsed again only when it changed.
-_ENVIRON = getattr(os.environ, "_data", None)
-_KEY = os.environ.encodekey(ENV) if _ENVIRON is not None else None
-_parsed: list[tuple[Any, int] | None] = [None]  # (the raw value, the budget it gives)
+def _budget_bytes(text: str | None) -> int:
+    try:
+        mb = float(text) if text else DEFAULT_MB
+    except ValueError:
+        raise ValueError(
+            f"customop: {ENV}={text!r} is not a number of MiB (default {DEFAULT_MB})"
+        ) from None
+    return max(int(mb * 2**20), 0)
+
+
+_setting = Setting(ENV, _budget_bytes)  # read at each new entry (a dozen a new signature)
 
 
 def limit() -> int:
@@ -60,20 +66,7 @@ def limit() -> int:
     at each new entry), else :data:`DEFAULT_MB`."""
     if _set[0] is not None:
         return int(_set[0] * 2**20)
-    raw = _ENVIRON.get(_KEY) if _ENVIRON is not None else os.environ.get(ENV)
-    last = _parsed[0]
-    if last is not None and last[0] is raw:
-        return last[1]
-    text = os.environ.decodevalue(raw) if _ENVIRON is not None and raw is not None else raw
-    try:
-        mb = float(text) if text else DEFAULT_MB
-    except ValueError:
-        raise ValueError(
-            f"customop: {ENV}={text!r} is not a number of MiB (default {DEFAULT_MB})"
-        ) from None
-    found = max(int(mb * 2**20), 0)
-    _parsed[0] = (raw, found)
-    return found
+    return _setting.value()
 
 
 def total() -> int:

@@ -31,7 +31,6 @@ imperative calls on their Python paths too.
 
 from __future__ import annotations
 
-import os
 import threading
 import weakref
 from typing import Any
@@ -205,7 +204,7 @@ def call(
     for a in inputs:
         if type(a) is not _NDARRAY and isinstance(a, _NP_ARRAY):
             return None  # the mx.np interface keeps its path (outputs must be mx.np arrays)
-    off = _switch()
+    off = runtime.SWITCH.raw()  # (read per call: the cheap read of the entry)
     if off and runtime.disabled("inline"):
         return None  # every op keeps its Custom node, and its Python path imperatively
     never = _never.get(op)
@@ -238,18 +237,6 @@ def call(
         if plan is _REFUSED:
             return None
     return plan(inputs, recording)
-
-
-# The switch read per call: os.environ.get costs 6 us a call in a training loop (it encodes
-# the key and decodes the value), this one dictionary read of the same mapping under 1 us.
-_ENVIRON = getattr(os.environ, "_data", None)
-_SWITCH = os.environ.encodekey("CUSTOMOP_RUNTIME_OFF") if _ENVIRON is not None else None
-
-
-def _switch() -> Any:
-    if _ENVIRON is None:  # pragma: no cover - a Python whose os.environ has no _data
-        return os.environ.get("CUSTOMOP_RUNTIME_OFF")
-    return _ENVIRON.get(_SWITCH)
 
 
 def seen(key: Pending) -> None:

@@ -84,10 +84,11 @@ the callbacks' arguments and answers, and the guard every C entry of ours runs u
 from __future__ import annotations
 
 import importlib
-import os
 import threading
 from collections.abc import Callable
 from typing import Any
+
+from ..setting import Setting
 
 # off-switch name -> the module that holds the patch (its reason, install()): this package's,
 # or a wing's for a patch only that wing's feature needs (imported by this name, never above)
@@ -127,30 +128,16 @@ _lock = threading.Lock()
 
 def disabled(name: str) -> bool:
     """Whether ``CUSTOMOP_RUNTIME_OFF`` keeps patch ``name`` out."""
-    off = _off()
+    off = SWITCH.value()
     return name in off or "all" in off
 
 
-# The switch, read at each ask (binds, new signatures: nine asks a new box count of the
-# RetinaNet-style head): os.environ.get costs up to 6 us a call in a training loop, so one
-# dictionary read of the same mapping, the names parsed again only when the value changed.
-_ENVIRON = getattr(os.environ, "_data", None)
-_OFF_KEY = os.environ.encodekey("CUSTOMOP_RUNTIME_OFF") if _ENVIRON is not None else None
-_parsed_off: list[tuple[Any, frozenset] | None] = [None]  # (the raw value, its names)
+def _names(text: str | None) -> frozenset:
+    return frozenset(p.strip() for p in (text or "").split(","))
 
 
-def _off() -> frozenset:
-    if _ENVIRON is None:  # pragma: no cover - a Python whose os.environ has no _data
-        raw = os.environ.get("CUSTOMOP_RUNTIME_OFF")
-    else:
-        raw = _ENVIRON.get(_OFF_KEY)
-    last = _parsed_off[0]
-    if last is not None and last[0] is raw:
-        return last[1]
-    text = os.environ.decodevalue(raw) if _ENVIRON is not None and raw is not None else raw
-    off = frozenset(p.strip() for p in (text or "").split(","))
-    _parsed_off[0] = (raw, off)
-    return off
+# read at each ask (binds, new signatures: nine asks a new box count of the RetinaNet-style head)
+SWITCH = Setting("CUSTOMOP_RUNTIME_OFF", _names)
 
 
 def is_installed(name: str, installed: set = _installed) -> bool:
