@@ -28,7 +28,7 @@ import numpy as np
 
 from .. import budget, runtime, symbol_json
 from ..runtime import bind_lock
-from . import graph_verdicts, splice
+from . import graph_verdicts, saved_splices, splice
 
 # Splices by graph, its ops, signature and the inputs that need gradients: a rebind at a
 # signature seen before (Module.reshape back, a bucket seen before, a serving process)
@@ -83,6 +83,14 @@ def spliced(
         if key in _splices:
             _splices.move_to_end(key)
             return _splices[key]
+    # (a process's first look at the graph reads the splice an earlier process saved)
+    file_key = saved_splices.key_of(text, list(key[1]), key[2:])
+    found = saved_splices.recalled(file_key, graph) if file_key is not None else None
+    if found is not None:
+        cost = budget.RECALLED + SPLICE_FACTOR * len(text)
+        with _splices_lock:
+            _splices.keep(key, found, cost)
+        return found
     try:
         found = splice.inline(
             sym,
@@ -106,6 +114,8 @@ def spliced(
         found = None
     elif set(found.symbol.list_inputs()) != set(sym.list_inputs()):
         found = None  # an input no inlined graph reads: the executor would lose it
+    if found is not None and file_key is not None:
+        saved_splices.keep(file_key, found)
     cost = budget.RECALLED + (SPLICE_FACTOR * len(text) if found is not None else len(text))
     with _splices_lock:
         _splices.keep(key, found, cost)
