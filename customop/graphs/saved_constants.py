@@ -2,10 +2,10 @@
 
 Tidying a spliced graph (:mod:`customop.graphs.tidy`) evaluates the parts of it that read
 only constants the graph makes itself (a check of ``sigma`` written ``F.full((1,), 3.0)``),
-each by running it once in MXNet (a ``CachedOp``: 2-5 ms).  Such a value is decided by the
-part's text (its nodes' names aside) and the versions of MXNet, NumPy and Python alone, so
-it is kept in :mod:`customop.graphs.verdict_files` under that key, as bytes with its dtype
-and shape (read back bit for bit), and a later process reads it instead.
+each by running it once in MXNet (a ``CachedOp``, a few milliseconds).  Such a value is
+decided by the part's text (its nodes' names aside) and the versions of MXNet, NumPy and
+Python alone, so it is kept in :mod:`customop.graphs.verdict_files` under that key, as bytes
+with its dtype and shape (read back bit for bit), and a later process reads it instead.
 
 Example:
     >>> import os, tempfile

@@ -7,9 +7,9 @@ inputs that need gradients, customop's source and MXNet's, NumPy's and Python's 
 So the first splice of a graph in a process is kept in
 :mod:`customop.graphs.verdict_files` under that key, and a later process's first bind of the
 same graph at the same signature reads it instead of running the ``Custom`` nodes' shape
-pass, recalling the ops' graphs and tidying (measured on the RetinaNet-style head: 6-7 ms of
-a first ``simple_bind`` of 11-12 ms with saved verdicts).  The signature read back passed
-every op's checks in the process that saved it, with the same code: they pass again.
+pass, recalling the ops' graphs and tidying (half of such a bind: ``BENCHMARKS.md``).  The
+signature read back passed every op's checks in the process that saved it, with the same
+code: they pass again.
 
 Only a process's first look at a graph's text reads or writes a file; its later signatures
 (a new box count) splice in memory as before, from the tables the first splice left.
