@@ -47,6 +47,7 @@ def spliced(
     grads: set[str] | None = None,
     known: splice.Inferred | None = None,
     text: str | None = None,
+    saved: bool = False,
 ) -> splice.Spliced | None:
     """``sym`` inlined for training, or None when nothing in it inlines.
 
@@ -56,7 +57,10 @@ def spliced(
     ``grads``: the inputs that can need a gradient (None: any; see :func:`splice.inline`).
     ``known``: what :func:`checked` returned at these shapes and dtypes (its passes are
     not run again).  ``text``: ``sym.tojson()``, from a caller that keeps it (a Symbol
-    nothing changes).
+    nothing changes).  ``saved``: a process's first splice of this graph may be read from
+    (and is written to) :mod:`customop.graphs.saved_splices` (executors' binds: a process
+    often binds a model once; a hybridized block, which meets many signatures, fills this
+    process's tables at its first one instead).
     """
     if runtime.disabled("inline"):
         return None
@@ -84,7 +88,7 @@ def spliced(
             _splices.move_to_end(key)
             return _splices[key]
     # (a process's first look at the graph reads the splice an earlier process saved)
-    file_key = saved_splices.key_of(text, list(key[1]), key[2:])
+    file_key = saved_splices.key_of(text, list(key[1]), key[2:]) if saved else None
     found = saved_splices.recalled(file_key, graph) if file_key is not None else None
     if found is not None:
         cost = budget.RECALLED + SPLICE_FACTOR * len(text)
@@ -214,7 +218,9 @@ def simple_bind(
             **shapes,
         )
 
-    found = spliced(sym, shapes, lambda read: _default_dtypes(sym, type_dict, read), grads)
+    found = spliced(
+        sym, shapes, lambda read: _default_dtypes(sym, type_dict, read), grads, saved=True
+    )
     if found is None:
         return call(sym, shapes)
     # (the shape pass that found the ops' input signatures found every input's shape too)
@@ -292,6 +298,7 @@ def bind(
             lambda: {n: a.shape for n, a in arrays.items()},
             lambda _: {n: a.dtype for n, a in arrays.items()},
             grads,
+            saved=True,
         )
     if found is None:
         return original(sym, ctx, args, args_grad, grad_req, aux_states, group2ctx, shared_exec)

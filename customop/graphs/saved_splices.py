@@ -11,8 +11,12 @@ pass, recalling the ops' graphs and tidying (half of such a bind: ``BENCHMARKS.m
 signature read back passed every op's checks in the process that saved it, with the same
 code: they pass again.
 
-Only a process's first look at a graph's text reads or writes a file; its later signatures
-(a new box count) splice in memory as before, from the tables the first splice left.
+Only an executor's bind reads or writes these files (``Symbol.simple_bind``/``bind``: a
+process often binds a model once), and only at a process's first look at a graph's text; its
+later signatures (a new box count) splice in memory.  After a read, the first of them fills
+the tables a first splice would have (the ops' graphs, tidying): the time a read saves is
+paid there once.  A hybridized block meets many signatures and splices in memory from its
+first one.
 
 Example:
     >>> import os, tempfile
@@ -23,10 +27,10 @@ Example:
     >>> os.environ["CUSTOMOP_VERDICT_CACHE"] = tempfile.mkdtemp()
     >>> sym = ops.smooth_l1(mx.sym.var("x") * 2, mx.sym.var("s"))
     >>> shapes, dtypes = {"x": (2, 3), "s": (1,)}, {"x": "float32", "s": "float32"}
-    >>> first = binding.spliced(sym, shapes, dtypes)  # saved
+    >>> first = binding.spliced(sym, shapes, dtypes, saved=True)  # saved
     >>> saved_splices.forget_seen()  # as a new process
     >>> binding.clear_cache()
-    >>> again = binding.spliced(sym, shapes, dtypes)  # read back
+    >>> again = binding.spliced(sym, shapes, dtypes, saved=True)  # read back
     >>> again.symbol.tojson() == first.symbol.tojson(), again.verdicts
     (True, {})
     >>> _ = os.environ.pop("CUSTOMOP_VERDICT_CACHE")

@@ -110,3 +110,21 @@ def test_a_graph_with_an_op_outside_the_library_is_not_saved(folder):
     sym.simple_bind(mx.cpu(), x=(2, 3), s=(1,))
     saved = [json.loads(p.read_text()) for p in folder.glob("*.json")]
     assert not any("inlined" in e["outcome"] for e in saved)
+
+
+def test_a_hybridized_block_splices_in_memory_and_saves_no_splice(folder):
+    # (it meets many signatures: its first one fills this process's tables instead)
+    class Loss(mx.gluon.HybridBlock):
+        def hybrid_forward(self, F, x, s):
+            return ops.smooth_l1(x * 2, s)
+
+    net = Loss()
+    net.hybridize()
+    x = mx.nd.ones((2, 3))
+    x.attach_grad()
+    with mx.autograd.record():
+        y = net(x, mx.nd.array([2.0]))
+    y.backward()
+    np.testing.assert_array_equal(x.grad.asnumpy(), np.full((2, 3), 2.0, "float32"))
+    saved = [json.loads(p.read_text()) for p in folder.glob("*.json")]
+    assert not any("inlined" in e["outcome"] for e in saved)
