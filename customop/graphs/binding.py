@@ -94,7 +94,12 @@ def spliced(
         cost = budget.RECALLED + SPLICE_FACTOR * len(text)
         with _splices_lock:
             _splices.keep(key, found, cost)
+            _read_first[text] = (sym, shapes, dtypes, grads)
         return found
+    with _splices_lock:
+        first = _read_first.pop(text, None)
+    if first is not None:  # (the first splice of this graph was read: its tables are empty)
+        _fill(first, graph, text)
     try:
         found = splice.inline(
             sym,
@@ -126,10 +131,31 @@ def spliced(
     return found
 
 
+# Graphs whose first splice in this process was read from the saved files
+# (customop.graphs.saved_splices), by text, with that bind's signature: before another
+# signature of the graph splices, the first one is spliced in memory, which fills the tables
+# a first splice fills (the ops' graphs and their shape families, tidying), so that the new
+# signature is served by its family as it would have been (else it would be traced and
+# checked anew: its own verdict was never saved, its family's was).  The splice a read saves
+# at the first bind is paid there.
+_read_first: dict[str, tuple] = {}
+
+
+def _fill(first: tuple, graph: dict[str, Any], text: str) -> None:
+    sym, shapes, dtypes, grads = first
+    try:
+        splice.inline(
+            sym, shapes, dtypes, graph_verdicts.TRAIN, graph=graph, grads=grads, text=text
+        )
+    except Exception:  # noqa: BLE001 - it passed in the process that saved it: the next one
+        pass  # splices as it would have anyway
+
+
 def clear_cache() -> None:
     """Forget every splice (tests; an op redefined in place is spliced again anyway)."""
     with _splices_lock:
         _splices.clear()
+        _read_first.clear()
     with _texts_lock:
         _texts.clear()
 
