@@ -10,16 +10,25 @@ from customop import customop
 from . import _checks
 
 
-def _check(
-    conf_data, conf_target, conf_weight, ratio, min_neg, ignore_label, loss_type, from_logits
+def _check_shapes(
+    conf_data,
+    conf_target,
+    conf_weight,
+    ratio,
+    min_neg,
+    ignore_label,
+    loss_type,
+    from_logits,
+    data_dtype=None,
 ):
+    # (data_dtype: conf_data's, checked where the forward checks it; None: not known yet)
     op = "ohem_sampler"
     _checks.number(op, "ratio", ratio, 0)
     _checks.integer(op, "min_neg", min_neg, 0)
     _checks.integer(op, "ignore_label", ignore_label)
     _checks.choice(op, "loss_type", loss_type, ("softmax",))
     _checks.boolean(op, "from_logits", from_logits)
-    shape = conf_data.shape
+    shape = tuple(conf_data)
     _checks.shape_is(
         op,
         "conf_data",
@@ -27,18 +36,93 @@ def _check(
         len(shape) == 3 and shape[-1] >= 2,
         "(B, N, C) with C >= 2 (class 0 = background)",
     )
-    _checks.floating(op, "conf_data", conf_data.dtype)
-    _checks.same_shape(op, "conf_target", conf_target.shape, shape[:2], "(B, N)")
+    if data_dtype is not None:
+        _checks.floating(op, "conf_data", data_dtype)
+    _checks.same_shape(op, "conf_target", conf_target, shape[:2], "(B, N)")
     _checks.shape_is(
         op,
         "conf_weight",
-        conf_weight.shape,
-        tuple(conf_weight.shape) in (tuple(shape[:2]), tuple(shape[:2]) + (1,)),
+        conf_weight,
+        tuple(conf_weight) in (tuple(shape[:2]), tuple(shape[:2]) + (1,)),
         f"(B, N) = {tuple(shape[:2])} or (B, N, 1)",
     )
 
 
-@customop("mxnet", name="ops.ohem_sampler", auto_grad=False)
+def _check(
+    conf_data, conf_target, conf_weight, ratio, min_neg, ignore_label, loss_type, from_logits
+):
+    _check_shapes(
+        conf_data.shape,
+        conf_target.shape,
+        conf_weight.shape,
+        ratio,
+        min_neg,
+        ignore_label,
+        loss_type,
+        from_logits,
+        conf_data.dtype,
+    )
+
+
+def _check_same_dtype(target, weight):
+    # 'mxnet' mode multiplies a comparison of each (MXNet's elementwise operators take one
+    # dtype; the 'numpy' twin takes any two)
+    if np.dtype(target) != np.dtype(weight):
+        raise _checks.fail(
+            "ohem_sampler",
+            "conf_weight",
+            f"must have conf_target's dtype ({np.dtype(target).name}), got "
+            f"{np.dtype(weight).name}; cast one of them first",
+            TypeError,
+        )
+
+
+def _wide(dtype):
+    # a bfloat16 input (a structured NumPy dtype) is computed on as float32
+    return np.dtype(np.float32) if np.dtype(dtype).kind == "V" else np.dtype(dtype)
+
+
+# Symbols, Module and hybridized blocks ask for the output shape and dtype at every new
+# signature: answered from the shapes and dtypes, with the forward's own checks, instead of
+# by a forward on placeholder inputs (as ops.box_iou and ops.smooth_l1)
+def _infer_shape(
+    conf_data,
+    conf_target,
+    conf_weight,
+    *,
+    ratio=3.0,
+    min_neg=0,
+    ignore_label=-1,
+    loss_type="softmax",
+    from_logits=True,
+):
+    _check_shapes(
+        conf_data, conf_target, conf_weight, ratio, min_neg, ignore_label, loss_type, from_logits
+    )
+    return tuple(conf_weight)
+
+
+def _infer_type_numpy(conf_data, conf_target, conf_weight, **_):
+    # the output is conf_weight's dtype; a float32 result is stored back as bfloat16 when an
+    # input was one (customop's widening), as the forward's own run would give it
+    _checks.floating("ohem_sampler", "conf_data", _wide(conf_data))
+    wide = [d for d in (conf_data, conf_target, conf_weight) if np.dtype(d).kind == "V"]
+    return wide[0] if wide and _wide(conf_weight) == np.float32 else conf_weight
+
+
+def _infer_type(conf_data, conf_target, conf_weight, **params):
+    out = _infer_type_numpy(conf_data, conf_target, conf_weight, **params)
+    _check_same_dtype(_wide(conf_target), _wide(conf_weight))
+    return out
+
+
+@customop(
+    "mxnet",
+    name="ops.ohem_sampler",
+    auto_grad=False,
+    infer_shape=_infer_shape,
+    infer_type=_infer_type,
+)
 def ohem_sampler(
     conf_data,
     conf_target,
@@ -106,7 +190,8 @@ def ohem_sampler(
     -----
     Shapes: ``conf_data`` (B, N, C) float logits (or probabilities), class 0 = background;
     ``conf_target`` (B, N) class ids; ``conf_weight`` (B, N) or (B, N, 1);
-    output ``new_conf_weight`` of ``conf_weight``'s shape and dtype.
+    output ``new_conf_weight`` of ``conf_weight``'s shape and dtype.  In ``'mxnet'`` mode
+    ``conf_target`` and ``conf_weight`` have one dtype (else ``TypeError``).
 
     Example:
         >>> import mxnet as mx
@@ -119,6 +204,7 @@ def ohem_sampler(
     _check(
         conf_data, conf_target, conf_weight, ratio, min_neg, ignore_label, loss_type, from_logits
     )
+    _check_same_dtype(conf_target.dtype, conf_weight.dtype)
     f64 = "float64"
     # Shapes come from the arrays through operators (reshape_like, slice_axis, 0 and -1 in
     # mx.nd.reshape), never as numbers: a graph of it serves any batch size.
@@ -147,7 +233,7 @@ def ohem_sampler(
     return mx.nd.reshape_like((pos + above + kept_ties).astype(weight.dtype), weight)
 
 
-@ohem_sampler.twin("numpy")
+@ohem_sampler.twin("numpy", infer_type=_infer_type_numpy)
 def _ohem_sampler_numpy(
     conf_data,
     conf_target,

@@ -28,7 +28,7 @@ import numpy as np
 
 from .. import budget, runtime, symbol_json
 from ..runtime import bind_lock
-from . import graph_verdicts, splice
+from . import graph_verdicts, saved_splices, splice
 
 # Splices by graph, its ops, signature and the inputs that need gradients: a rebind at a
 # signature seen before (Module.reshape back, a bucket seen before, a serving process)
@@ -47,6 +47,7 @@ def spliced(
     grads: set[str] | None = None,
     known: splice.Inferred | None = None,
     text: str | None = None,
+    saved: bool = False,
 ) -> splice.Spliced | None:
     """``sym`` inlined for training, or None when nothing in it inlines.
 
@@ -57,7 +58,10 @@ def spliced(
     a function of the graph's :class:`_Read` giving them.
     ``known``: what :func:`checked` returned at these shapes and dtypes (its passes are
     not run again).  ``text``: ``sym.tojson()``, from a caller that keeps it (a Symbol
-    nothing changes).
+    nothing changes).  ``saved``: a process's first splice of this graph may be read from
+    (and is written to) :mod:`customop.graphs.saved_splices` (executors' binds: a process
+    often binds a model once; a hybridized block, which meets many signatures, fills this
+    process's tables at its first one instead).
     """
     if runtime.disabled("inline"):
         return None
@@ -86,6 +90,20 @@ def spliced(
         if key in _splices:
             _splices.move_to_end(key)
             return _splices[key]
+    # (a process's first look at the graph reads the splice an earlier process saved)
+    file_key = saved_splices.key_of(text, list(key[1]), key[2:]) if saved else None
+    found = saved_splices.recalled(file_key, graph) if file_key is not None else None
+    if found is not None:
+        found.source = text
+        cost = budget.RECALLED + SPLICE_FACTOR * len(text)
+        with _splices_lock:
+            _splices.keep(key, found, cost)
+            _read_first[text] = (sym, shapes, dtypes, grads)
+        return found
+    with _splices_lock:
+        first = _read_first.pop(text, None)
+    if first is not None:  # (the first splice of this graph was read: its tables are empty)
+        _fill(first, graph, text)
     try:
         found = splice.inline(
             sym,
@@ -111,16 +129,39 @@ def spliced(
         found = None  # an input no inlined graph reads: the executor would lose it
     else:
         found.source = text
+    if found is not None and file_key is not None:
+        saved_splices.keep(file_key, found)
     cost = budget.RECALLED + (SPLICE_FACTOR * len(text) if found is not None else len(text))
     with _splices_lock:
         _splices.keep(key, found, cost)
     return found
 
 
+# Graphs whose first splice in this process was read from the saved files
+# (customop.graphs.saved_splices), by text, with that bind's signature: before another
+# signature of the graph splices, the first one is spliced in memory, which fills the tables
+# a first splice fills (the ops' graphs and their shape families, tidying), so that the new
+# signature is served by its family as it would have been (else it would be traced and
+# checked anew: its own verdict was never saved, its family's was).  The splice a read saves
+# at the first bind is paid there.
+_read_first: dict[str, tuple] = {}
+
+
+def _fill(first: tuple, graph: dict[str, Any], text: str) -> None:
+    sym, shapes, dtypes, grads = first
+    try:
+        splice.inline(
+            sym, shapes, dtypes, graph_verdicts.TRAIN, graph=graph, grads=grads, text=text
+        )
+    except Exception:  # noqa: BLE001 - it passed in the process that saved it: the next one
+        pass  # splices as it would have anyway
+
+
 def clear_cache() -> None:
     """Forget every splice (tests; an op redefined in place is spliced again anyway)."""
     with _splices_lock:
         _splices.clear()
+        _read_first.clear()
     with _texts_lock:
         _texts.clear()
     with _orders_lock:
@@ -229,7 +270,9 @@ def simple_bind(
             **shapes,
         )
 
-    found = spliced(sym, shapes, lambda read: _default_dtypes(sym, type_dict, read), grads)
+    found = spliced(
+        sym, shapes, lambda read: _default_dtypes(sym, type_dict, read), grads, saved=True
+    )
     if found is None:
         return call(sym, shapes)
     wanted = asked[-1] if asked else wanting(sym, grad_req)
@@ -311,6 +354,7 @@ def bind(
             lambda: {n: a.shape for n, a in arrays.items()},
             lambda _: {n: a.dtype for n, a in arrays.items()},
             grads,
+            saved=True,
         )
     if found is None:
         return original(sym, ctx, args, args_grad, grad_req, aux_states, group2ctx, shared_exec)

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import json
 import os
 import sys
 import sysconfig
@@ -35,6 +36,8 @@ from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
+
+from . import verdict_files
 
 # Modules named by version or by customop's source (their code is not read function by
 # function); and the standard library, by Python's version.
@@ -116,16 +119,45 @@ _source: list[str] = []
 
 def customop_source() -> str:
     """The digest of customop's own source (its core, graphs, runtime and operator library),
-    read once per process: the code that traces, builds and checks graphs."""
+    read once per process: the code that traces, builds and checks graphs.
+
+    A process that finds every file with the size and modification time an earlier process
+    read (what Python's own bytecode cache trusts) takes that process's digest from the
+    verdict files (:mod:`customop.graphs.verdict_files`): a stat a file instead of reading
+    it.
+    """
     if not _source:
-        h = hashlib.sha256()
-        for folder in source_folders():
-            for name in sorted(os.listdir(folder)):
-                if name.endswith(".py"):
-                    with open(os.path.join(folder, name), "rb") as f:
-                        h.update(name.encode() + b"\0" + f.read() + b"\0")
-        _source.append(h.hexdigest())
+        files = [
+            os.path.join(folder, name)
+            for folder in source_folders()
+            for name in sorted(os.listdir(folder))
+            if name.endswith(".py")
+        ]
+        key = json.dumps(["customop source", _stamps(files)])
+        saved = verdict_files.load(key)
+        digest = saved.get("digest") if saved is not None else None
+        if not isinstance(digest, str):
+            digest = _read_digest(files)
+            if json.dumps(["customop source", _stamps(files)]) == key:  # none changed meanwhile
+                verdict_files.save(key, {"digest": digest})
+        _source.append(digest)
     return _source[0]
+
+
+def _stamps(files: list[str]) -> list[list]:
+    stamps = []
+    for path in files:
+        info = os.stat(path)
+        stamps.append([path, info.st_size, info.st_mtime_ns])
+    return stamps
+
+
+def _read_digest(files: list[str]) -> str:
+    h = hashlib.sha256()
+    for path in files:
+        with open(path, "rb") as f:
+            h.update(os.path.basename(path).encode() + b"\0" + f.read() + b"\0")
+    return h.hexdigest()
 
 
 def source_folders() -> list[str]:

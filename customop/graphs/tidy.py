@@ -32,7 +32,7 @@ from typing import Any, Callable, NamedTuple
 import numpy as np
 
 from .. import budget, symbol_json
-from . import rules
+from . import rules, saved_constants
 
 # MXNet operators without inputs whose output is a function of their attributes
 _CONSTANT_SOURCES = frozenset({"_full", "_zeros", "_ones", "_arange"})
@@ -471,9 +471,10 @@ def _holds(nodes: list[dict[str, Any]], i: int) -> bool:
 
 
 def _value(nodes: list[dict[str, Any]], entry: tuple) -> np.ndarray:
-    # the value of an entry computed from constants only, run once on the CPU
+    # the value of an entry computed from constants only, run once on the CPU (or read from
+    # an earlier process's run: customop.graphs.saved_constants)
     part = symbol_json.reachable({"nodes": nodes, "heads": [[entry[0], entry[1], 0]]})
-    return symbol_json.run(part, {})[0]
+    return saved_constants.value_of(part)
 
 
 def _replaced(graph: dict[str, Any], by: dict[int, list]) -> dict[str, Any]:

@@ -547,3 +547,51 @@ def test_an_inlined_output_layer_gives_its_no_grad_label_no_gradient():
         weighted_sigmoid, {"pos_weight": 2.0}, [(2, 6), (2, 6)], ["float32"] * 2, rules.TRAIN
     )
     assert verdict.graph is not None, verdict
+
+
+def test_values_of_constants_are_read_back_in_a_later_process_bit_for_bit(monkeypatch, tmp_path):
+    # Issue 55: a constant part is run once (a CachedOp), its value kept on disk by its text
+    # and the versions; a later process (here: every table cleared) reads it instead of
+    # running it again and tidies to the same graph.  A corrupt entry is a miss.
+    from customop import symbol_json
+    from customop.graphs import saved_constants
+
+    x = np.linspace(-2, 2, 12, dtype="float32").reshape(3, 4)
+
+    def tidied_graph():
+        tidy.clear_cache()
+        binding.clear_cache()
+        net = _built(_ConstantSigma(0.3), x)
+        return _inlined_ops(net, x), net(mx.nd.array(x)).asnumpy()
+
+    runs = []
+    run = symbol_json.run
+
+    def counted(graph, args):  # the runs of constant parts (no variable), not the checks'
+        if not any(node["op"] == "null" for node in graph["nodes"]):
+            runs.append(graph)
+        return run(graph, args)
+
+    monkeypatch.setattr(symbol_json, "run", counted)
+    monkeypatch.setenv("CUSTOMOP_VERDICT_CACHE", "")  # (off)
+    _built(_ConstantSigma(0.3), x)  # smooth_l1's verdict, in this process (its checks run graphs)
+    monkeypatch.setenv("CUSTOMOP_VERDICT_CACHE", str(tmp_path))
+    runs.clear()
+    first, first_out = tidied_graph()
+    assert len(runs) == 2 and len(list(tmp_path.glob("*.json"))) >= 2  # checks and scalars
+    runs.clear()
+    again, again_out = tidied_graph()
+    assert runs == [] and again == first
+    np.testing.assert_array_equal(again_out, first_out)
+    part = {
+        "nodes": [
+            {"op": "_full", "name": "c", "inputs": [], "attrs": {"shape": "(2,)", "value": "3"}}
+        ]
+    }
+    part["heads"] = [[0, 0, 0]]
+    want = saved_constants.value_of(part)
+    for entry in tmp_path.glob("*.json"):
+        entry.write_text('{"format": 1, "key": "x", "outcome": {"value": 3}}')
+    runs.clear()
+    np.testing.assert_array_equal(saved_constants.value_of(part), want)
+    assert len(runs) == 1

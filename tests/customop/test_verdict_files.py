@@ -2,6 +2,7 @@
 without checking again, a changed op (same name, other code) is checked again, a corrupt
 entry is a miss, the switch turns it off, concurrent writers leave whole files."""
 
+import hashlib
 import json
 import multiprocessing
 import os
@@ -409,3 +410,33 @@ def test_a_library_verdict_saved_under_other_source_or_parameters_is_not_taken(
     monkeypatch.setattr(code_hash, "customop_source", lambda: "another source")
     assert saved_graphs.recalled(ops.box_decode, {}, shapes, dtypes, "train") is None
     graph_verdicts.clear_cache()
+
+
+def test_customops_source_digest_is_read_back_while_no_file_changed(monkeypatch, tmp_path):
+    # Issue 55: a process whose source files all have the sizes and modification times an
+    # earlier process read takes its digest (a stat a file, no read); any other stamp reads.
+    monkeypatch.setenv("CUSTOMOP_VERDICT_CACHE", str(tmp_path))
+    monkeypatch.setattr(code_hash, "_source", [])
+    digest = code_hash.customop_source()
+    files = [
+        os.path.join(folder, name)
+        for folder in code_hash.source_folders()
+        for name in sorted(os.listdir(folder))
+        if name.endswith(".py")
+    ]
+    want = hashlib.sha256()
+    for path in files:  # what the digest is: every file's name and bytes
+        with open(path, "rb") as f:
+            want.update(os.path.basename(path).encode() + b"\0" + f.read() + b"\0")
+    assert digest == want.hexdigest()
+    reads = []
+    read = code_hash._read_digest
+    monkeypatch.setattr(code_hash, "_read_digest", lambda files: reads.append(1) or read(files))
+    monkeypatch.setattr(code_hash, "_source", [])
+    assert code_hash.customop_source() == digest and reads == []
+    stamps = code_hash._stamps
+    monkeypatch.setattr(
+        code_hash, "_stamps", lambda files: [[p, n, t + 1] for p, n, t in stamps(files)]
+    )
+    monkeypatch.setattr(code_hash, "_source", [])
+    assert code_hash.customop_source() == digest and reads == [1]  # a touched file: read again

@@ -204,3 +204,59 @@ def test_weights_shaped_b_n_1_on_every_path():
     outs = every_path(ops.ohem_sampler, [probs, t, w[..., None]], dict(from_logits=False))
     assert outs[0].shape == (2, 12, 1)
     np.testing.assert_array_equal(outs[0][..., 0], reference(probs, t, w, from_logits=False))
+
+
+@pytest.mark.parametrize("op", [ops.ohem_sampler, ops.ohem_sampler.numpy], ids=lambda op: op.mode)
+def test_a_graph_infers_shape_and_dtype_as_the_forward_gives_them(monkeypatch, op):
+    # Issue 55: binds ask for the output's shape and dtype at every new signature; they
+    # come from infer_shape=/infer_type= with the forward's own checks.  The reference is
+    # the forward itself, run directly on arrays of each signature (before the patch below).
+    from customop import inference
+    from customop.dispatch import forced_path
+
+    cases = [  # shapes of conf_data, conf_target, conf_weight; their dtypes; parameters
+        ((2, 5, 3), (2, 5), (2, 5), ("float32", "float32", "float32"), {}),
+        ((2, 5, 3), (2, 5), (2, 5, 1), ("float16", "int32", "int32"), {"ratio": 2}),
+        ((1, 4, 2), (1, 4), (1, 4), ("float64", "float16", "float16"), {"min_neg": 1}),
+        ((2, 5, 3), (2, 5), (2, 5), ("float32", "int32", "float32"), {}),  # mixed
+        ((2, 5, 3), (2, 4), (2, 5), ("float32", "float32", "float32"), {}),  # target shape
+        ((2, 5, 3), (2, 5), (2, 5, 2), ("float32", "float32", "float32"), {}),  # weight
+        ((2, 5), (2, 5), (2, 5), ("float32", "float32", "float32"), {}),  # data shape
+        ((2, 5, 3), (2, 5), (2, 5), ("int32", "float32", "float32"), {}),  # integer data
+        ((2, 5, 3), (2, 5), (2, 5), ("float32", "float32", "float32"), {"loss_type": "x"}),
+    ]
+    names = ("conf_data", "conf_target", "conf_weight")
+
+    def outcome(run, *args):
+        try:
+            return run(*args)
+        except Exception as exc:  # noqa: BLE001 - the message is compared
+            return type(exc).__name__, str(exc).split(" (")[0].split(";")[0]
+
+    def forward(shapes, dtypes, params):
+        arrays = [mx.nd.ones(s, dtype=d) for s, d in zip(shapes, dtypes)]
+        with forced_path("direct"):
+            y = op(*arrays, **params)
+        return y.shape, np.dtype(y.dtype)
+
+    def inferred(sym, shapes, dtypes):
+        _, out, _ = sym.infer_shape(**dict(zip(names, shapes)))
+        _, out_types, _ = sym.infer_type(**dict(zip(names, dtypes)))
+        return tuple(out[0]), np.dtype(out_types[0])
+
+    want = [outcome(forward, case[:3], case[3], case[4]) for case in cases]
+    assert [w[0] for w in want[3:4]] == (["TypeError"] if op.mode == "mxnet" else [(2, 5)])
+    runs = []
+    monkeypatch.setattr(inference.Inference, "_run", lambda *a, **k: runs.append(a))
+    for (*shapes, dtypes, params), expected in zip(cases, want):
+        sym = op(*[mx.sym.var(n) for n in names], **params)
+        assert outcome(inferred, sym, shapes, dtypes) == expected, (shapes, dtypes, params)
+        if not isinstance(expected[0], str):
+            exe = sym.simple_bind(
+                mx.cpu(),
+                grad_req="null",
+                type_dict=dict(zip(names, dtypes)),
+                **dict(zip(names, shapes)),
+            )
+            assert exe.outputs[0].shape == expected[0] and exe.outputs[0].dtype == expected[1]
+    assert runs == []

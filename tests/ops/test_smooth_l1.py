@@ -155,3 +155,57 @@ def test_symbol_with_and_without_weight():
     x = np.random.randn(2, 3)
     ex.forward(is_train=False, data=x, sigma=np.array([2.0]), weight=np.full((2, 3), 3.0))
     np.testing.assert_allclose(ex.outputs[0].asnumpy(), 3 * reference(x, 2.0), rtol=1e-5)
+
+
+@pytest.mark.parametrize("op", OPS, ids=ids)
+def test_a_graph_infers_shape_and_dtype_as_the_forward_gives_them(monkeypatch, op):
+    # Issue 55: binds ask for the output's shape and dtype at every new signature; they
+    # come from infer_shape=/infer_type= with the forward's own checks.  The reference is
+    # the forward itself, run directly on arrays of each signature (before the patch below).
+    from customop import inference
+    from customop.dispatch import forced_path
+
+    cases = [
+        ((2, 3), (1,), None, "float32", "float32", None),
+        ((2, 5, 4), (4,), (2, 5, 1), "float16", "float32", "float64"),
+        ((3,), (3,), (3,), "float64", "float16", "int32"),
+        ((2, 3), (2,), None, "float32", "float32", None),  # sigma does not broadcast
+        ((2, 3), (1,), (3, 3), "float32", "float32", "float32"),  # weight does not
+        ((2, 3), (1,), None, "int32", "float32", None),  # integer data
+    ]
+
+    def outcome(run, *args):
+        try:
+            return run(*args)
+        except Exception as exc:  # noqa: BLE001 - the message is compared
+            return type(exc).__name__, str(exc).split(" (")[0].split(";")[0]
+
+    def forward(shapes, dtypes):
+        arrays = [mx.nd.ones(s, dtype=d) for s, d in zip(shapes, dtypes)]
+        with forced_path("direct"):
+            y = op(*arrays)
+        return y.shape, np.dtype(y.dtype)
+
+    want = []
+    for *shapes, d, s, w in cases:
+        shapes = [x for x in shapes if x is not None]
+        want.append(outcome(forward, shapes, [d, s, w][: len(shapes)]))
+    runs = []
+    monkeypatch.setattr(inference.Inference, "_run", lambda *a, **k: runs.append(a))
+    for (*shapes, d, s, w), expected in zip(cases, want):
+        names = ["data", "sigma", "weight"][: len([x for x in shapes if x is not None])]
+        sym = op(*[mx.sym.var(n) for n in names])
+        given = dict(zip(names, shapes))
+        types = dict(zip(names, [d, s, w]))
+
+        def inferred(sym, given, types):
+            _, out, _ = sym.infer_shape(**given)
+            _, out_types, _ = sym.infer_type(**types)
+            return tuple(out[0]), np.dtype(out_types[0])
+
+        got = outcome(inferred, sym, given, types)
+        assert got == expected, (given, types)
+        if not isinstance(expected[0], str):
+            exe = sym.simple_bind(mx.cpu(), grad_req="null", type_dict=types, **given)
+            assert exe.outputs[0].shape == expected[0] and exe.outputs[0].dtype == expected[1]
+    assert runs == []

@@ -1,0 +1,133 @@
+"""A model's spliced training graph kept on disk: a later process's first bind splices nothing.
+
+When every ``Custom`` node of a graph is one of customop's own library operators
+(:func:`customop.graphs.saved_graphs.library`), the graph :func:`customop.graphs.splice.inline`
+makes of it, tidied, is decided by the graph's text, the signature it is bound at, the
+inputs that need gradients, customop's source and MXNet's, NumPy's and Python's versions.
+So the first splice of a graph in a process is kept in
+:mod:`customop.graphs.verdict_files` under that key, and a later process's first bind of the
+same graph at the same signature reads it instead of running the ``Custom`` nodes' shape
+pass, recalling the ops' graphs and tidying (half of such a bind: ``BENCHMARKS.md``).  The
+signature read back passed every op's checks in the process that saved it, with the same
+code: they pass again.
+
+Only an executor's bind reads or writes these files (``Symbol.simple_bind``/``bind``: a
+process often binds a model once), and only at a process's first look at a graph's text; its
+later signatures (a new box count) splice in memory.  After a read, the first of them fills
+the tables a first splice would have (the ops' graphs, tidying): the time a read saves is
+paid there once.  A hybridized block meets many signatures and splices in memory from its
+first one.
+
+Example:
+    >>> import os, tempfile
+    >>> import mxnet as mx
+    >>> from customop import ops
+    >>> from customop.graphs import binding, saved_splices
+    >>> before = os.environ.get("CUSTOMOP_VERDICT_CACHE")
+    >>> os.environ["CUSTOMOP_VERDICT_CACHE"] = tempfile.mkdtemp()
+    >>> sym = ops.smooth_l1(mx.sym.var("x") * 2, mx.sym.var("s"))
+    >>> shapes, dtypes = {"x": (2, 3), "s": (1,)}, {"x": "float32", "s": "float32"}
+    >>> first = binding.spliced(sym, shapes, dtypes, saved=True)  # saved
+    >>> saved_splices.forget_seen()  # as a new process
+    >>> binding.clear_cache()
+    >>> again = binding.spliced(sym, shapes, dtypes, saved=True)  # read back
+    >>> again.symbol.tojson() == first.symbol.tojson(), again.verdicts
+    (True, {})
+    >>> _ = os.environ.pop("CUSTOMOP_VERDICT_CACHE")
+    >>> os.environ.update({} if before is None else {"CUSTOMOP_VERDICT_CACHE": before})
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+import threading
+from typing import Any
+
+import mxnet as mx
+import numpy as np
+
+from .. import symbol_json
+from . import code_hash, saved_graphs, splice, verdict_files
+
+_INIT = re.compile(r'"__init__": "(?:[^"\\]|\\.)*"')  # a variable's initializer in MXNet's JSON
+
+# graph texts this process looked up: only the first look reads or writes a file
+_seen: set[str] = set()
+_seen_lock = threading.Lock()
+
+
+def key_of(text: str, ops: list, signature: tuple) -> str | None:
+    """The file key of ``text``'s splice at ``signature`` (``binding.spliced``'s shapes,
+    dtypes and gradient inputs), or None: not this process's first look at ``text``, the
+    files are off, or an op is not the library's.  Variables' initializers are not in the
+    key: they compute nothing in the graph, and Gluon names a ``Constant``'s by its ``id``."""
+    with _seen_lock:
+        if text in _seen:
+            return None
+        _seen.add(text)
+    if verdict_files.folder() is None or not all(saved_graphs.library(op) for op in ops):
+        return None
+    shapes, dtypes, grads = signature
+    return json.dumps(
+        [
+            "spliced graph",
+            _INIT.sub('"__init__": ""', text),
+            [op.op_type for op in ops],
+            [[n, list(s)] for n, s in shapes],
+            [[n, str(d)] for n, d in dtypes],
+            None if grads is None else sorted(grads),
+            os.environ.get("CUSTOMOP_RUNTIME_OFF", ""),
+            code_hash.customop_source(),
+            [mx.__version__, np.__version__, sys.version],
+        ]
+    )
+
+
+def recalled(key: str, graph: dict[str, Any]) -> splice.Spliced | None:
+    """The splice saved under ``key``, or None (no entry, or one that does not read back);
+    its variables take their attributes from ``graph``'s (the graph being bound)."""
+    saved = verdict_files.load(key)
+    if saved is None:
+        return None
+    try:
+        spliced = saved["graph"]
+        attrs = {n["name"]: n.get("attrs") for n in graph["nodes"] if n["op"] == "null"}
+        for node in spliced["nodes"]:
+            if node["op"] == "null":
+                node.pop("attrs", None)
+                if attrs[node["name"]]:  # (a variable of the saved graph is one of graph's)
+                    node["attrs"] = attrs[node["name"]]
+        sym = symbol_json.load(spliced)
+        inlined, switches = list(saved["inlined"]), set(saved["switches"])
+        shapes = {str(n): tuple(int(d) for d in s) for n, s in saved["input_shapes"].items()}
+        generic = saved["dtype_generic"]
+        if not isinstance(generic, bool) or not all(isinstance(n, str) for n in inlined):
+            return None
+    except (KeyError, TypeError, ValueError, AttributeError, mx.base.MXNetError):
+        return None
+    return splice.Spliced(
+        sym, inlined=inlined, switches=switches, dtype_generic=generic, input_shapes=shapes
+    )
+
+
+def keep(key: str, found: splice.Spliced) -> None:
+    """Save ``found`` under ``key`` when every node inlined (nothing kept, no new inputs)."""
+    if found.kept or found.constants or found.input_shapes is None:
+        return
+    outcome: dict[str, Any] = {
+        "graph": json.loads(found.symbol.tojson()),
+        "inlined": list(found.inlined),
+        "switches": sorted(found.switches),
+        "dtype_generic": bool(found.dtype_generic),
+        "input_shapes": {n: list(s) for n, s in found.input_shapes.items()},
+    }
+    verdict_files.save(key, outcome)
+
+
+def forget_seen() -> None:
+    """Forget which graphs this process looked up (tests: as a new process would)."""
+    with _seen_lock:
+        _seen.clear()

@@ -1,0 +1,132 @@
+"""graphs/saved_splices: a model's spliced training graph read back by a later process."""
+
+import json
+import sys
+from pathlib import Path
+
+import mxnet as mx
+import numpy as np
+import pytest
+
+from customop import customop, ops
+from customop.graphs import binding, saved_splices, splice
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
+import retinanet_head as R  # noqa: E402
+
+NAMES = ("feat", "gt_boxes", "gt_labels")
+
+
+def _head_symbol():
+    head = R.make_block()  # (a new block: its Constants' initializers name another id)
+    head.initialize(mx.init.Xavier())
+    sym = head(*[mx.sym.var(n) for n in NAMES])
+    fixed = {"feat": (R.BATCH, R.CHANNELS, R.HEIGHT, R.WIDTH)}
+    fixed.update(
+        (n, tuple(p.shape))
+        for n, p in head.collect_params().items()
+        if n in sym.list_arguments() and p.shape and all(p.shape)
+    )
+    return sym, fixed
+
+
+def _step(sym, fixed, num_gt=3):
+    exe = sym.simple_bind(
+        mx.cpu(), gt_boxes=(R.BATCH, num_gt, 4), gt_labels=(R.BATCH, num_gt), **fixed
+    )
+    rng = np.random.RandomState(5)
+    for arr in exe.arg_dict.values():
+        arr[:] = rng.uniform(1, 6, arr.shape)
+    exe.arg_dict["gt_labels"][:] = rng.randint(1, 4, (R.BATCH, num_gt))
+    exe.forward(is_train=True)
+    exe.backward()
+    return exe, [exe.outputs[0].asnumpy()] + [g.asnumpy() for g in exe.grad_arrays]
+
+
+def _as_new_process():
+    saved_splices.forget_seen()
+    binding.clear_cache()
+
+
+@pytest.fixture
+def folder(monkeypatch, tmp_path):
+    monkeypatch.setenv("CUSTOMOP_VERDICT_CACHE", str(tmp_path))
+    _as_new_process()
+    yield tmp_path
+    _as_new_process()
+
+
+def test_a_later_first_bind_reads_the_splice_with_the_same_bits(folder, monkeypatch):
+    # Issue 55: the head's first bind in a process splices and saves; a later process's
+    # first bind of the same model at the same signature reads it (no shape pass, no
+    # splice) and computes the same forward and gradients, bit for bit.  The variables
+    # keep the graph's own attributes (Gluon names a Constant's initializer by its id).
+    sym, fixed = _head_symbol()
+    exe, first = _step(sym, fixed)
+    _as_new_process()
+    sym, fixed = _head_symbol()
+    inlines = []
+    inline = splice.inline
+    monkeypatch.setattr(splice, "inline", lambda *a, **k: inlines.append(a) or inline(*a, **k))
+    again_exe, again = _step(sym, fixed)
+    assert inlines == []
+    for a, b in zip(first, again):
+        np.testing.assert_array_equal(a, b)
+    graph = json.loads(again_exe.customop_inlined.tojson())
+    own = json.loads(sym.tojson())
+    inits = {n["name"]: n.get("attrs") for n in own["nodes"] if n["op"] == "null"}
+    assert any("Constant" in (a or {}).get("__init__", "") for a in inits.values())
+    for node in graph["nodes"]:
+        if node["op"] == "null":
+            assert node.get("attrs") == inits[node["name"]]
+    # a second signature of the process splices in memory, after the first one (which fills
+    # the tables: the new box count is its family's, as it would have been), and nothing is
+    # traced or saved (a verdict checked anew would be a new file)
+    before = sorted(p.name for p in folder.glob("*.json"))
+    _step(sym, fixed, num_gt=4)
+    assert len(inlines) == 2 and sorted(p.name for p in folder.glob("*.json")) == before
+
+
+def test_a_bad_signature_still_raises_the_ops_error_and_corrupt_entries_miss(folder):
+    sym = ops.smooth_l1(mx.sym.var("x") * 2, mx.sym.var("s"))
+    sym.simple_bind(mx.cpu(), x=(2, 3), s=(1,))
+    _as_new_process()
+    with pytest.raises(ValueError, match=r"ops\.smooth_l1': sigma has shape \(2,\)"):
+        sym.simple_bind(mx.cpu(), x=(2, 3), s=(2,))
+    for entry in folder.glob("*.json"):  # the splice's entry: a graph that is not one
+        data = json.loads(entry.read_text())
+        if "inlined" in data["outcome"]:
+            data["outcome"]["graph"] = {"nodes": 3}
+            entry.write_text(json.dumps(data))
+    _as_new_process()
+    exe = sym.simple_bind(mx.cpu(), x=(2, 3), s=(1,))
+    assert exe.customop_inlined is not None  # spliced again
+
+
+def test_a_graph_with_an_op_outside_the_library_is_not_saved(folder):
+    @customop("mxnet")
+    def twice(x):
+        return x * 2
+
+    sym = ops.smooth_l1(twice(mx.sym.var("x")), mx.sym.var("s"))
+    sym.simple_bind(mx.cpu(), x=(2, 3), s=(1,))
+    saved = [json.loads(p.read_text()) for p in folder.glob("*.json")]
+    assert not any("inlined" in e["outcome"] for e in saved)
+
+
+def test_a_hybridized_block_splices_in_memory_and_saves_no_splice(folder):
+    # (it meets many signatures: its first one fills this process's tables instead)
+    class Loss(mx.gluon.HybridBlock):
+        def hybrid_forward(self, F, x, s):
+            return ops.smooth_l1(x * 2, s)
+
+    net = Loss()
+    net.hybridize()
+    x = mx.nd.ones((2, 3))
+    x.attach_grad()
+    with mx.autograd.record():
+        y = net(x, mx.nd.array([2.0]))
+    y.backward()
+    np.testing.assert_array_equal(x.grad.asnumpy(), np.full((2, 3), 2.0, "float32"))
+    saved = [json.loads(p.read_text()) for p in folder.glob("*.json")]
+    assert not any("inlined" in e["outcome"] for e in saved)
