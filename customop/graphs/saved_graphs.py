@@ -35,7 +35,7 @@ import mxnet as mx
 import numpy as np
 
 from ..symbol_json import NativeGraph
-from . import code_hash, verdict_files
+from . import code_hash, registration, verdict_files
 
 _NUMERIC = "biufc"  # dtype kinds a constant is saved with (others: not saved)
 
@@ -76,8 +76,7 @@ def _key(op: Any, params: dict, shapes: tuple, dtypes: tuple, purpose: str) -> s
     return json.dumps(
         [
             "library verdict",
-            op.op_type,
-            op.mode,
+            registration.fields(op),
             repr(sorted(params.items())),
             [list(s) for s in shapes],
             [str(d) for d in dtypes],

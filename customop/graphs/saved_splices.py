@@ -50,7 +50,7 @@ import mxnet as mx
 import numpy as np
 
 from .. import symbol_json
-from . import code_hash, saved_graphs, splice, verdict_files
+from . import code_hash, registration, saved_graphs, splice, verdict_files
 
 _INIT = re.compile(r'"__init__": "(?:[^"\\]|\\.)*"')  # a variable's initializer in MXNet's JSON
 
@@ -75,7 +75,7 @@ def key_of(text: str, ops: list, signature: tuple) -> str | None:
         [
             "spliced graph",
             _INIT.sub('"__init__": ""', text),
-            [op.op_type for op in ops],
+            [registration.fields(op) for op in ops],
             [[n, list(s)] for n, s in shapes],
             [[n, str(d)] for n, d in dtypes],
             None if grads is None else sorted(grads),

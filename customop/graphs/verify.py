@@ -24,7 +24,7 @@ import mxnet as mx
 import numpy as np
 
 from ..symbol_json import NativeGraph
-from . import code_hash, compare, trace, verdict_files
+from . import code_hash, compare, registration, trace, verdict_files
 from . import constants as consts
 from .rules import RECORDED_REFUSALS, TRACE_REFUSALS, TRAIN, NotNative
 from .sample_inputs import other_dtypes, other_shapes, perturbed, shapes_text
@@ -146,9 +146,7 @@ def saved_key(builder: Builder, shapes, dtypes, first, rec1, ran: code_hash.Call
             repr(sorted(builder.params.items())),
             [list(s) for s in shapes],
             [str(d) for d in dtypes],
-            [op.need_top_grad, sorted(op.no_grad), op.auto_grad, sorted(op.grads)],
-            sorted(op.grad_groups),
-            list(op.signature.inputs),
+            registration.fields(op),
             compare.structure(rec1),
             _arrays(first),
             _arrays(rec1.free[i] for i in sorted(rec1.free)),

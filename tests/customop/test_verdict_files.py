@@ -440,3 +440,54 @@ def test_customops_source_digest_is_read_back_while_no_file_changed(monkeypatch,
     )
     monkeypatch.setattr(code_hash, "_source", [])
     assert code_hash.customop_source() == digest and reads == [1]  # a touched file: read again
+
+
+def _smooth_l1_sigma_grad(x, sigma):  # d/dsigma of sum(smooth_l1(x, sigma)), float64
+    x = np.asarray(x, np.float64)
+    near = np.abs(x) < 1.0 / sigma**2
+    return float(np.where(near, sigma * x**2, 1.0 / sigma**3).sum())
+
+
+def test_a_registration_with_other_no_grad_or_inline_does_not_take_anothers_saved_verdict(
+    tmp_path, monkeypatch
+):
+    # Review of issue 55: one library forward registered twice under one name with other
+    # no_grad (or inline=False) took the other registration's saved graph (or refusal).
+    import mxnet as mx
+
+    from customop import customop, ops
+    from customop.graphs import graph_verdicts, saved_graphs
+
+    monkeypatch.setenv(verdict_files.ENV, str(tmp_path))
+    x_np, sigma = [[-2.0, 0.1, 0.5]], 2.0
+
+    def sigma_grad(**kw):
+        graph_verdicts.clear_cache()
+        op = customop("mxnet", name="test.reg_l1", optional=("weight",), **kw)(ops.smooth_l1.fn)
+        x, s = mx.nd.array(x_np), mx.nd.array([sigma])
+        x.attach_grad()
+        s.attach_grad()
+        with mx.autograd.record():
+            y = op(x, s)
+        y.backward()
+        return float(s.grad.asnumpy()[0])
+
+    assert sigma_grad(no_grad=("sigma", "weight")) == 0.0
+    assert sigma_grad(no_grad=("weight",)) == pytest.approx(_smooth_l1_sigma_grad(x_np, sigma))
+
+    shapes, dtypes = [(2, 3), (1,)], ["float32", "float32"]
+
+    def verdict(**kw):
+        graph_verdicts.clear_cache()
+        op = customop("mxnet", name="test.reg_l1", optional=("weight",), **kw)(ops.smooth_l1.fn)
+        return graph_verdicts.native_graph(op, {}, shapes, dtypes, "train")
+
+    assert verdict(no_grad=("sigma", "weight")).inlines  # saved
+    other = customop("mxnet", name="test.reg_l1", optional=("weight",), no_grad=("weight",))(
+        ops.smooth_l1.fn
+    )
+    assert saved_graphs.recalled(other, {}, shapes, dtypes, "train") is None
+    assert verdict(no_grad=("sigma",), inline=False).rule == "inline-false"
+    assert verdict(no_grad=("sigma",)).inlines  # not the other's refusal
+    assert verdict(no_grad=("sigma",), inline=False).rule == "inline-false"  # not its graph
+    graph_verdicts.clear_cache()
