@@ -73,6 +73,9 @@ def keep(op: Any, params: dict, shapes: tuple, dtypes: tuple, purpose: str, verd
 def _key(op: Any, params: dict, shapes: tuple, dtypes: tuple, purpose: str) -> str | None:
     if verdict_files.folder() is None or not library(op):
         return None
+    source = code_hash.customop_source()
+    if source is None:  # (changed since the import, or unreadable)
+        return None
     return json.dumps(
         [
             "library verdict",
@@ -82,7 +85,7 @@ def _key(op: Any, params: dict, shapes: tuple, dtypes: tuple, purpose: str) -> s
             [str(d) for d in dtypes],
             purpose,
             os.environ.get("CUSTOMOP_RUNTIME_OFF", ""),
-            code_hash.customop_source(),
+            source,
             [mx.__version__, np.__version__, sys.version],
         ]
     )

@@ -70,6 +70,9 @@ def key_of(text: str, ops: list, signature: tuple) -> str | None:
         _seen.add(text)
     if verdict_files.folder() is None or not all(saved_graphs.library(op) for op in ops):
         return None
+    source = code_hash.customop_source()
+    if source is None:  # (changed since the import, or unreadable)
+        return None
     shapes, dtypes, grads = signature
     return json.dumps(
         [
@@ -80,7 +83,7 @@ def key_of(text: str, ops: list, signature: tuple) -> str | None:
             [[n, str(d)] for n, d in dtypes],
             None if grads is None else sorted(grads),
             os.environ.get("CUSTOMOP_RUNTIME_OFF", ""),
-            code_hash.customop_source(),
+            source,
             [mx.__version__, np.__version__, sys.version],
         ]
     )

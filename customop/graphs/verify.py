@@ -138,6 +138,9 @@ def saved_key(builder: Builder, shapes, dtypes, first, rec1, ran: code_hash.Call
         code = code_hash.digest(ran.codes(), [op.fn, *op.grads.values()])
         if code is None:
             return None
+        source = code_hash.customop_source()
+        if source is None:  # (changed since the import, or unreadable)
+            return None
         parts = [
             type(builder).__name__,
             builder.purpose,
@@ -159,7 +162,7 @@ def saved_key(builder: Builder, shapes, dtypes, first, rec1, ran: code_hash.Call
                 for i, c in getattr(rec1.closures, "picks", None) or ()
             ],
             code,
-            code_hash.customop_source(),
+            source,
             [mx.__version__, np.__version__, sys.version],
         ]
         return json.dumps(parts, default=repr)

@@ -491,3 +491,36 @@ def test_a_registration_with_other_no_grad_or_inline_does_not_take_anothers_save
     assert verdict(no_grad=("sigma",)).inlines  # not the other's refusal
     assert verdict(no_grad=("sigma",), inline=False).rule == "inline-false"  # not its graph
     graph_verdicts.clear_cache()
+
+
+def test_source_changed_since_the_import_or_missing_keys_nothing(monkeypatch, tmp_path):
+    # Review of issue 55: a checkout while a process runs changed the files, not the code in
+    # memory; graphs traced by the old code were saved under the new files' digest.
+    from customop import ops
+    from customop.graphs import graph_verdicts, saved_graphs
+
+    monkeypatch.setenv(verdict_files.ENV, str(tmp_path))
+    files = [
+        os.path.join(folder, name)
+        for folder in code_hash.source_folders()
+        for name in os.listdir(folder)
+        if name.endswith(".py")
+    ]
+    newest = max(os.stat(p).st_mtime_ns for p in files)
+    monkeypatch.setattr(code_hash, "_imported_ns", lambda: newest - 1)  # one changed after it
+    monkeypatch.setattr(code_hash, "_source", [])
+    assert code_hash.customop_source() is None
+    shapes, dtypes = ((2, 10, 4), (1, 10, 4)), (np.dtype("float32"),) * 2
+    graph_verdicts.clear_cache()
+    assert graph_verdicts.native_graph(ops.box_decode, {}, shapes, dtypes, "train").inlines
+    assert saved_graphs.recalled(ops.box_decode, {}, shapes, dtypes, "train") is None
+    assert list(tmp_path.iterdir()) == []  # nothing saved
+    graph_verdicts.clear_cache()
+
+    def gone(files):
+        raise FileNotFoundError(files[0])
+
+    monkeypatch.setattr(code_hash, "_imported_ns", lambda: newest)
+    monkeypatch.setattr(code_hash, "_stamps", gone)  # a file removed mid-checkout
+    monkeypatch.setattr(code_hash, "_source", [])
+    assert code_hash.customop_source() is None
