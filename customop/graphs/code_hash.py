@@ -191,7 +191,37 @@ def _named(code: types.CodeType, globs: dict) -> bool:
     path = os.path.normcase(code.co_filename)
     if module in _NAMED and (module != "customop" or os.path.isabs(path)):
         return True  # (customop's own: read from its files; a doctest's code is read here)
-    return path.startswith("<frozen") or any(path.startswith(p) for p in _STDLIB)
+    if path.startswith("<frozen"):
+        return True
+    # (site-packages may sit inside the standard library's folder, as in python.org's,
+    # Docker's and conda's layouts: what is installed there is read, never named)
+    return any(path.startswith(p) for p in _STDLIB) and not _installed(path)
+
+
+def _installed(path: str) -> bool:
+    if not _SITE:
+        _SITE.extend(site_folders())
+    parts = path.split(os.sep)
+    return "site-packages" in parts or "dist-packages" in parts or path.startswith(tuple(_SITE))
+
+
+_SITE: list[str] = []
+
+
+def site_folders() -> list[str]:
+    """The folders packages are installed in (never the standard library's, even inside it)."""
+    import site
+
+    found = {sysconfig.get_paths()[k] for k in ("purelib", "platlib")}
+    try:
+        found.update(site.getsitepackages())
+    except AttributeError:  # (a virtualenv's old site module)
+        pass
+    try:
+        found.add(site.getusersitepackages())
+    except AttributeError:
+        pass
+    return sorted({os.path.normcase(os.path.join(f, "")) for f in found if f})
 
 
 def _names(code: types.CodeType) -> list[str]:

@@ -524,3 +524,26 @@ def test_source_changed_since_the_import_or_missing_keys_nothing(monkeypatch, tm
     monkeypatch.setattr(code_hash, "_stamps", gone)  # a file removed mid-checkout
     monkeypatch.setattr(code_hash, "_source", [])
     assert code_hash.customop_source() is None
+
+
+def test_packages_installed_inside_the_standard_librarys_folder_are_read_not_named(monkeypatch):
+    # Review of issue 55: with site-packages inside the stdlib folder (python.org, Docker and
+    # conda layouts) a user's installed op package dropped out of the digest.
+    import sysconfig
+
+    base = {k: "/usr/local" for k in ("base", "installed_base", "platbase", "installed_platbase")}
+    paths = sysconfig.get_paths(scheme="posix_prefix", vars=base)
+    monkeypatch.setattr(code_hash, "_STDLIB", (paths["stdlib"], paths["platstdlib"]))
+
+    def made(source, folder):
+        globs = {"__name__": "userpkg.loss"}
+        exec(compile(source, os.path.join(folder, "userpkg", "loss.py"), "exec"), globs)
+        return globs["f"]
+
+    two = made("def f(x):\n    return 2 * x\n", paths["purelib"])
+    three = made("def f(x):\n    return 3 * x\n", paths["purelib"])
+    assert paths["purelib"].startswith(paths["stdlib"])
+    assert code_hash.digest([], [two]) != code_hash.digest([], [three])
+    stdlib_two = made("def f(x):\n    return 2 * x\n", paths["stdlib"])  # the stdlib: named
+    stdlib_three = made("def f(x):\n    return 3 * x\n", paths["stdlib"])
+    assert code_hash.digest([], [stdlib_two]) == code_hash.digest([], [stdlib_three])
