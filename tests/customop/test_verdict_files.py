@@ -7,6 +7,7 @@ import json
 import multiprocessing
 import os
 import stat
+import subprocess
 import sys
 import threading
 from pathlib import Path
@@ -547,3 +548,74 @@ def test_packages_installed_inside_the_standard_librarys_folder_are_read_not_nam
     stdlib_two = made("def f(x):\n    return 2 * x\n", paths["stdlib"])  # the stdlib: named
     stdlib_three = made("def f(x):\n    return 3 * x\n", paths["stdlib"])
     assert code_hash.digest([], [stdlib_two]) == code_hash.digest([], [stdlib_three])
+
+
+def test_the_bound_leaves_other_files_and_odd_entries_are_misses(tmp_path, monkeypatch):
+    # Review of issue 55: a data folder's own JSON files were deleted past the bound; deep
+    # nesting raised RecursionError; a FIFO named like an entry hung; a read-only folder
+    # turned hits into misses.
+    monkeypatch.setenv(verdict_files.ENV, str(tmp_path))
+    monkeypatch.setattr(verdict_files, "MAX_FILES", 4)
+    for i in range(6):
+        mine = tmp_path / f"my_data_{i}.json"
+        mine.write_text("{}")
+        os.utime(mine, (1, 1))
+    for i in range(6):
+        verdict_files.save(f"k{i}", {"n": i})
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert [n for n in names if n.startswith("my_data_")] == [f"my_data_{i}.json" for i in range(6)]
+    assert len(names) - 6 <= 4
+
+    deep = verdict_files._file(str(tmp_path), "deep")[0]
+    Path(deep).write_text("[" * 100000 + "]" * 100000)
+    assert verdict_files.load("deep") is None  # (RecursionError inside: a miss)
+    fifo = verdict_files._file(str(tmp_path), "fifo")[0]
+    os.mkfifo(fifo)
+    code = (
+        "import os, sys; os.environ['CUSTOMOP_VERDICT_CACHE'] = sys.argv[1]\n"
+        "from customop.graphs import verdict_files\n"
+        "print(verdict_files.load('fifo'))\n"
+    )
+    got = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=120
+    )
+    assert got.returncode == 0 and got.stdout.strip() == "None", got.stderr
+
+    verdict_files.save("kept", {"n": 1})
+
+    def refused(*a, **k):
+        raise PermissionError("a read-only folder")
+
+    monkeypatch.setattr(os, "utime", refused)  # (root may write a 0500 folder: refused here)
+    assert verdict_files.load("kept") == {"n": 1}  # a hit still
+
+
+@pytest.mark.parametrize(
+    "outcome",
+    [
+        '{"graph": {"nodes": [], "heads": [], "constants": {}, "generic": [1e999]}}',
+        '{"value": ["<f4", [Infinity], "AAAA"]}',
+        '{"graph": {"nodes": [{"op": "null", "name": "x", "inputs": []}], "arg_nodes": [0],'
+        ' "heads": [[0, 0, 0]]}, "inlined": [], "switches": [], "dtype_generic": true,'
+        ' "input_shapes": {"x": [Infinity]}}',  # (int(inf): OverflowError)
+    ],
+)
+def test_corrupt_saved_graphs_splices_and_constants_are_misses(tmp_path, monkeypatch, outcome):
+    from customop import ops
+    from customop.graphs import saved_constants, saved_graphs, saved_splices
+
+    monkeypatch.setenv(verdict_files.ENV, str(tmp_path))
+
+    def planted(key):
+        path, digest = verdict_files._file(str(tmp_path), key)
+        Path(path).write_text(f'{{"format": 1, "key": "{digest}", "outcome": {outcome}}}')
+
+    shapes, dtypes = ((2, 10, 4), (1, 10, 4)), (np.dtype("float32"),) * 2
+    planted(saved_graphs._key(ops.box_decode, {}, shapes, dtypes, "train"))
+    assert saved_graphs.recalled(ops.box_decode, {}, shapes, dtypes, "train") is None
+    planted("splice")
+    assert saved_splices.recalled("splice", {"nodes": [{"op": "null", "name": "x"}]}) is None
+    part = {"nodes": [{"op": "_full", "name": "c", "inputs": [], "attrs": {"shape": "(2,)"}}]}
+    part["heads"] = [[0, 0, 0]]
+    planted(saved_constants._key(part))
+    assert saved_constants._array(verdict_files.load(saved_constants._key(part))) is None
