@@ -22,7 +22,12 @@ used (see :mod:`customop.runtime`).
 
 import importlib as _importlib
 import importlib.util as _util
+import time as _time
 from typing import TYPE_CHECKING, Any
+
+# When this process imported customop: a source file changed after it may differ from the
+# code that runs, so customop.graphs.code_hash names no source then (no verdict files).
+_imported_ns = _time.time_ns()
 
 
 def _mxnet_missing() -> bool:

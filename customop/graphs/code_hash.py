@@ -114,12 +114,15 @@ def digest(ran: Iterable[tuple[types.CodeType, dict]], roots: Iterable[Any]) -> 
     return hashlib.sha256(text.encode("utf-8", "backslashreplace")).hexdigest()
 
 
-_source: list[str] = []
+_source: list[str | None] = []
 
 
-def customop_source() -> str:
+def customop_source() -> str | None:
     """The digest of customop's own source (its core, graphs, runtime and operator library),
-    read once per process: the code that traces, builds and checks graphs.
+    read once per process: the code that traces, builds and checks graphs; None when it
+    cannot be told (then no verdict is read or saved): a file is missing, unreadable, or
+    changed after this process imported customop (a checkout while it runs: the code in
+    memory is not the files').
 
     A process that finds every file with the size and modification time an earlier process
     read (what Python's own bytecode cache trusts) takes that process's digest from the
@@ -127,21 +130,35 @@ def customop_source() -> str:
     it.
     """
     if not _source:
+        _source.append(_source_digest())
+    return _source[0]
+
+
+def _source_digest() -> str | None:
+    try:
         files = [
             os.path.join(folder, name)
             for folder in source_folders()
             for name in sorted(os.listdir(folder))
             if name.endswith(".py")
         ]
-        key = json.dumps(["customop source", _stamps(files)])
+        stamps = _stamps(files)
+        if any(when > _imported_ns() for _, _, when in stamps):
+            return None  # changed since the import: the code in memory may be the old one
+        key = json.dumps(["customop source", stamps])
         saved = verdict_files.load(key)
         digest = saved.get("digest") if saved is not None else None
         if not isinstance(digest, str):
             digest = _read_digest(files)
             if json.dumps(["customop source", _stamps(files)]) == key:  # none changed meanwhile
                 verdict_files.save(key, {"digest": digest})
-        _source.append(digest)
-    return _source[0]
+        return digest
+    except OSError:  # a file gone or unreadable (a checkout under way): no digest
+        return None
+
+
+def _imported_ns() -> int:
+    return sys.modules["customop"]._imported_ns
 
 
 def _stamps(files: list[str]) -> list[list]:
@@ -174,7 +191,37 @@ def _named(code: types.CodeType, globs: dict) -> bool:
     path = os.path.normcase(code.co_filename)
     if module in _NAMED and (module != "customop" or os.path.isabs(path)):
         return True  # (customop's own: read from its files; a doctest's code is read here)
-    return path.startswith("<frozen") or any(path.startswith(p) for p in _STDLIB)
+    if path.startswith("<frozen"):
+        return True
+    # (site-packages may sit inside the standard library's folder, as in python.org's,
+    # Docker's and conda's layouts: what is installed there is read, never named)
+    return any(path.startswith(p) for p in _STDLIB) and not _installed(path)
+
+
+def _installed(path: str) -> bool:
+    if not _SITE:
+        _SITE.extend(site_folders())
+    parts = path.split(os.sep)
+    return "site-packages" in parts or "dist-packages" in parts or path.startswith(tuple(_SITE))
+
+
+_SITE: list[str] = []
+
+
+def site_folders() -> list[str]:
+    """The folders packages are installed in (never the standard library's, even inside it)."""
+    import site
+
+    found = {sysconfig.get_paths()[k] for k in ("purelib", "platlib")}
+    try:
+        found.update(site.getsitepackages())
+    except AttributeError:  # (a virtualenv's old site module)
+        pass
+    try:
+        found.add(site.getusersitepackages())
+    except AttributeError:
+        pass
+    return sorted({os.path.normcase(os.path.join(f, "")) for f in found if f})
 
 
 def _names(code: types.CodeType) -> list[str]:

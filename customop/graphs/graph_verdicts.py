@@ -113,7 +113,8 @@ def native_graph(
             found = _saved(op, params, shapes, dtypes, purpose)
             if found is None:
                 found = _traced(op, dict(params), shapes, dtypes, purpose, None)
-                saved_graphs.keep(op, params, shapes, dtypes, purpose, found)
+                if rules.op_refusal(op, purpose) is None:  # (a registration's refusal: not saved)
+                    saved_graphs.keep(op, params, shapes, dtypes, purpose, found)
             cost = budget.TRACED
             if family is not None and found.graph is not None and found.graph.generic:
                 kept = [found, *(known or ())][:FAMILY_SIZE]
@@ -154,7 +155,11 @@ def _recalled(table: OrderedDict, key: tuple) -> Verdict | None:
 
 
 def _saved(op, params, shapes, dtypes, purpose) -> Verdict | None:
-    """A library op's verdict a process saved before (:mod:`customop.graphs.saved_graphs`)."""
+    """A library op's verdict a process saved before (:mod:`customop.graphs.saved_graphs`);
+    None for an op its registration refuses (``inline=False``...): that refusal is decided
+    here, never read from a file."""
+    if rules.op_refusal(op, purpose) is not None:
+        return None
     saved = saved_graphs.recalled(op, params, shapes, dtypes, purpose)
     if saved is None:
         return None

@@ -35,7 +35,7 @@ import mxnet as mx
 import numpy as np
 
 from ..symbol_json import NativeGraph
-from . import code_hash, verdict_files
+from . import code_hash, registration, verdict_files
 
 _NUMERIC = "biufc"  # dtype kinds a constant is saved with (others: not saved)
 
@@ -52,7 +52,7 @@ def recalled(op: Any, params: dict, shapes: tuple, dtypes: tuple, purpose: str) 
         if not isinstance(reason, str) or not isinstance(rule, str):
             return None
         graph = graph_of(data) if data is not None else None
-    except (KeyError, TypeError, ValueError, AttributeError):
+    except Exception:  # noqa: BLE001 - an entry that does not read back is a miss
         return None
     if graph is None and not reason:
         return None
@@ -73,17 +73,19 @@ def keep(op: Any, params: dict, shapes: tuple, dtypes: tuple, purpose: str, verd
 def _key(op: Any, params: dict, shapes: tuple, dtypes: tuple, purpose: str) -> str | None:
     if verdict_files.folder() is None or not library(op):
         return None
+    source = code_hash.customop_source()
+    if source is None:  # (changed since the import, or unreadable)
+        return None
     return json.dumps(
         [
             "library verdict",
-            op.op_type,
-            op.mode,
+            registration.fields(op),
             repr(sorted(params.items())),
             [list(s) for s in shapes],
             [str(d) for d in dtypes],
             purpose,
             os.environ.get("CUSTOMOP_RUNTIME_OFF", ""),
-            code_hash.customop_source(),
+            source,
             [mx.__version__, np.__version__, sys.version],
         ]
     )

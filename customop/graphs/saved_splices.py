@@ -50,7 +50,7 @@ import mxnet as mx
 import numpy as np
 
 from .. import symbol_json
-from . import code_hash, saved_graphs, splice, verdict_files
+from . import code_hash, registration, saved_graphs, splice, verdict_files
 
 _INIT = re.compile(r'"__init__": "(?:[^"\\]|\\.)*"')  # a variable's initializer in MXNet's JSON
 
@@ -70,17 +70,20 @@ def key_of(text: str, ops: list, signature: tuple) -> str | None:
         _seen.add(text)
     if verdict_files.folder() is None or not all(saved_graphs.library(op) for op in ops):
         return None
+    source = code_hash.customop_source()
+    if source is None:  # (changed since the import, or unreadable)
+        return None
     shapes, dtypes, grads = signature
     return json.dumps(
         [
             "spliced graph",
             _INIT.sub('"__init__": ""', text),
-            [op.op_type for op in ops],
+            [registration.fields(op) for op in ops],
             [[n, list(s)] for n, s in shapes],
             [[n, str(d)] for n, d in dtypes],
             None if grads is None else sorted(grads),
             os.environ.get("CUSTOMOP_RUNTIME_OFF", ""),
-            code_hash.customop_source(),
+            source,
             [mx.__version__, np.__version__, sys.version],
         ]
     )
@@ -106,7 +109,7 @@ def recalled(key: str, graph: dict[str, Any]) -> splice.Spliced | None:
         generic = saved["dtype_generic"]
         if not isinstance(generic, bool) or not all(isinstance(n, str) for n in inlined):
             return None
-    except (KeyError, TypeError, ValueError, AttributeError, mx.base.MXNetError):
+    except Exception:  # noqa: BLE001 - an entry that does not read back is a miss
         return None
     return splice.Spliced(
         sym, inlined=inlined, switches=switches, dtype_generic=generic, input_shapes=shapes

@@ -39,6 +39,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import stat
 import tempfile
 import time
@@ -48,6 +49,8 @@ ENV = "CUSTOMOP_VERDICT_CACHE"
 FORMAT = 1  # of an entry's JSON; another format is another key
 MAX_FILES = 2000
 _STALE_TEMP_S = 3600  # a temporary file older than this was left by a writer that died
+_ENTRY = re.compile(r"[0-9a-f]{64}\.json\Z")
+_TEMP = re.compile(r"\.tmp-[A-Za-z0-9_]+\.json\Z")  # tempfile.mkstemp's names
 
 
 def folder() -> str | None:
@@ -81,12 +84,21 @@ def load(key: str) -> dict[str, Any] | None:
     if where is None:
         return None
     path, digest = _file(where, key)
-    try:
-        with open(path, encoding="utf-8") as f:
-            entry = json.load(f)
-        os.utime(path)  # recently used
-    except (OSError, ValueError):
+    try:  # (non-blocking: a FIFO of that name opens at once, and is no entry)
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except OSError:
         return None
+    try:
+        with os.fdopen(fd, encoding="utf-8") as f:
+            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                return None
+            entry = json.load(f)
+    except Exception:  # noqa: BLE001 - any entry that does not read (deep nesting too) is a miss
+        return None
+    try:
+        os.utime(path)  # recently used
+    except OSError:  # (a read-only folder: still a hit)
+        pass
     if not isinstance(entry, dict) or entry.get("key") != digest:
         return None
     outcome = entry.get("outcome")
@@ -99,7 +111,10 @@ def save(key: str, outcome: dict[str, Any]) -> None:
     if where is None:
         return
     path, digest = _file(where, key)
-    text = json.dumps({"format": FORMAT, "key": digest, "outcome": outcome})
+    try:
+        text = json.dumps({"format": FORMAT, "key": digest, "outcome": outcome}, allow_nan=False)
+    except (TypeError, ValueError):  # not JSON data: not saved
+        return
     try:
         fd, temp = tempfile.mkstemp(prefix=".tmp-", suffix=".json", dir=where)  # 0600
         try:
@@ -116,8 +131,8 @@ def save(key: str, outcome: dict[str, Any]) -> None:
 
 def _bound(where: str) -> None:
     """Keep at most :data:`MAX_FILES` entries: the least recently used go first."""
-    with os.scandir(where) as found:
-        entries = [e for e in found if e.name.endswith(".json")]
+    with os.scandir(where) as found:  # (only names this module writes: the folder may hold others)
+        entries = [e for e in found if _ENTRY.match(e.name) or _TEMP.match(e.name)]
     if len(entries) <= MAX_FILES and not any(e.name.startswith(".tmp-") for e in entries):
         return
     now = time.time()
@@ -127,7 +142,7 @@ def _bound(where: str) -> None:
             when = e.stat().st_mtime
         except OSError:
             continue
-        if e.name.startswith(".tmp-"):
+        if _TEMP.match(e.name):
             if now - when > _STALE_TEMP_S:
                 _remove(e.path)
         else:

@@ -24,7 +24,7 @@ import mxnet as mx
 import numpy as np
 
 from ..symbol_json import NativeGraph
-from . import code_hash, compare, trace, verdict_files
+from . import code_hash, compare, registration, trace, verdict_files
 from . import constants as consts
 from .rules import RECORDED_REFUSALS, TRACE_REFUSALS, TRAIN, NotNative
 from .sample_inputs import other_dtypes, other_shapes, perturbed, shapes_text
@@ -138,6 +138,9 @@ def saved_key(builder: Builder, shapes, dtypes, first, rec1, ran: code_hash.Call
         code = code_hash.digest(ran.codes(), [op.fn, *op.grads.values()])
         if code is None:
             return None
+        source = code_hash.customop_source()
+        if source is None:  # (changed since the import, or unreadable)
+            return None
         parts = [
             type(builder).__name__,
             builder.purpose,
@@ -146,9 +149,7 @@ def saved_key(builder: Builder, shapes, dtypes, first, rec1, ran: code_hash.Call
             repr(sorted(builder.params.items())),
             [list(s) for s in shapes],
             [str(d) for d in dtypes],
-            [op.need_top_grad, sorted(op.no_grad), op.auto_grad, sorted(op.grads)],
-            sorted(op.grad_groups),
-            list(op.signature.inputs),
+            registration.fields(op),
             compare.structure(rec1),
             _arrays(first),
             _arrays(rec1.free[i] for i in sorted(rec1.free)),
@@ -161,7 +162,7 @@ def saved_key(builder: Builder, shapes, dtypes, first, rec1, ran: code_hash.Call
                 for i, c in getattr(rec1.closures, "picks", None) or ()
             ],
             code,
-            code_hash.customop_source(),
+            source,
             [mx.__version__, np.__version__, sys.version],
         ]
         return json.dumps(parts, default=repr)

@@ -7,6 +7,7 @@ import json
 import multiprocessing
 import os
 import stat
+import subprocess
 import sys
 import threading
 from pathlib import Path
@@ -440,3 +441,181 @@ def test_customops_source_digest_is_read_back_while_no_file_changed(monkeypatch,
     )
     monkeypatch.setattr(code_hash, "_source", [])
     assert code_hash.customop_source() == digest and reads == [1]  # a touched file: read again
+
+
+def _smooth_l1_sigma_grad(x, sigma):  # d/dsigma of sum(smooth_l1(x, sigma)), float64
+    x = np.asarray(x, np.float64)
+    near = np.abs(x) < 1.0 / sigma**2
+    return float(np.where(near, sigma * x**2, 1.0 / sigma**3).sum())
+
+
+def test_a_registration_with_other_no_grad_or_inline_does_not_take_anothers_saved_verdict(
+    tmp_path, monkeypatch
+):
+    # Review of issue 55: one library forward registered twice under one name with other
+    # no_grad (or inline=False) took the other registration's saved graph (or refusal).
+    import mxnet as mx
+
+    from customop import customop, ops
+    from customop.graphs import graph_verdicts, saved_graphs
+
+    monkeypatch.setenv(verdict_files.ENV, str(tmp_path))
+    x_np, sigma = [[-2.0, 0.1, 0.5]], 2.0
+
+    def sigma_grad(**kw):
+        graph_verdicts.clear_cache()
+        op = customop("mxnet", name="test.reg_l1", optional=("weight",), **kw)(ops.smooth_l1.fn)
+        x, s = mx.nd.array(x_np), mx.nd.array([sigma])
+        x.attach_grad()
+        s.attach_grad()
+        with mx.autograd.record():
+            y = op(x, s)
+        y.backward()
+        return float(s.grad.asnumpy()[0])
+
+    assert sigma_grad(no_grad=("sigma", "weight")) == 0.0
+    assert sigma_grad(no_grad=("weight",)) == pytest.approx(_smooth_l1_sigma_grad(x_np, sigma))
+
+    shapes, dtypes = [(2, 3), (1,)], ["float32", "float32"]
+
+    def verdict(**kw):
+        graph_verdicts.clear_cache()
+        op = customop("mxnet", name="test.reg_l1", optional=("weight",), **kw)(ops.smooth_l1.fn)
+        return graph_verdicts.native_graph(op, {}, shapes, dtypes, "train")
+
+    assert verdict(no_grad=("sigma", "weight")).inlines  # saved
+    other = customop("mxnet", name="test.reg_l1", optional=("weight",), no_grad=("weight",))(
+        ops.smooth_l1.fn
+    )
+    assert saved_graphs.recalled(other, {}, shapes, dtypes, "train") is None
+    assert verdict(no_grad=("sigma",), inline=False).rule == "inline-false"
+    assert verdict(no_grad=("sigma",)).inlines  # not the other's refusal
+    assert verdict(no_grad=("sigma",), inline=False).rule == "inline-false"  # not its graph
+    graph_verdicts.clear_cache()
+
+
+def test_source_changed_since_the_import_or_missing_keys_nothing(monkeypatch, tmp_path):
+    # Review of issue 55: a checkout while a process runs changed the files, not the code in
+    # memory; graphs traced by the old code were saved under the new files' digest.
+    from customop import ops
+    from customop.graphs import graph_verdicts, saved_graphs
+
+    monkeypatch.setenv(verdict_files.ENV, str(tmp_path))
+    files = [
+        os.path.join(folder, name)
+        for folder in code_hash.source_folders()
+        for name in os.listdir(folder)
+        if name.endswith(".py")
+    ]
+    newest = max(os.stat(p).st_mtime_ns for p in files)
+    monkeypatch.setattr(code_hash, "_imported_ns", lambda: newest - 1)  # one changed after it
+    monkeypatch.setattr(code_hash, "_source", [])
+    assert code_hash.customop_source() is None
+    shapes, dtypes = ((2, 10, 4), (1, 10, 4)), (np.dtype("float32"),) * 2
+    graph_verdicts.clear_cache()
+    assert graph_verdicts.native_graph(ops.box_decode, {}, shapes, dtypes, "train").inlines
+    assert saved_graphs.recalled(ops.box_decode, {}, shapes, dtypes, "train") is None
+    assert list(tmp_path.iterdir()) == []  # nothing saved
+    graph_verdicts.clear_cache()
+
+    def gone(files):
+        raise FileNotFoundError(files[0])
+
+    monkeypatch.setattr(code_hash, "_imported_ns", lambda: newest)
+    monkeypatch.setattr(code_hash, "_stamps", gone)  # a file removed mid-checkout
+    monkeypatch.setattr(code_hash, "_source", [])
+    assert code_hash.customop_source() is None
+
+
+def test_packages_installed_inside_the_standard_librarys_folder_are_read_not_named(monkeypatch):
+    # Review of issue 55: with site-packages inside the stdlib folder (python.org, Docker and
+    # conda layouts) a user's installed op package dropped out of the digest.
+    import sysconfig
+
+    base = {k: "/usr/local" for k in ("base", "installed_base", "platbase", "installed_platbase")}
+    paths = sysconfig.get_paths(scheme="posix_prefix", vars=base)
+    monkeypatch.setattr(code_hash, "_STDLIB", (paths["stdlib"], paths["platstdlib"]))
+
+    def made(source, folder):
+        globs = {"__name__": "userpkg.loss"}
+        exec(compile(source, os.path.join(folder, "userpkg", "loss.py"), "exec"), globs)
+        return globs["f"]
+
+    two = made("def f(x):\n    return 2 * x\n", paths["purelib"])
+    three = made("def f(x):\n    return 3 * x\n", paths["purelib"])
+    assert paths["purelib"].startswith(paths["stdlib"])
+    assert code_hash.digest([], [two]) != code_hash.digest([], [three])
+    stdlib_two = made("def f(x):\n    return 2 * x\n", paths["stdlib"])  # the stdlib: named
+    stdlib_three = made("def f(x):\n    return 3 * x\n", paths["stdlib"])
+    assert code_hash.digest([], [stdlib_two]) == code_hash.digest([], [stdlib_three])
+
+
+def test_the_bound_leaves_other_files_and_odd_entries_are_misses(tmp_path, monkeypatch):
+    # Review of issue 55: a data folder's own JSON files were deleted past the bound; deep
+    # nesting raised RecursionError; a FIFO named like an entry hung; a read-only folder
+    # turned hits into misses.
+    monkeypatch.setenv(verdict_files.ENV, str(tmp_path))
+    monkeypatch.setattr(verdict_files, "MAX_FILES", 4)
+    for i in range(6):
+        mine = tmp_path / f"my_data_{i}.json"
+        mine.write_text("{}")
+        os.utime(mine, (1, 1))
+    for i in range(6):
+        verdict_files.save(f"k{i}", {"n": i})
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert [n for n in names if n.startswith("my_data_")] == [f"my_data_{i}.json" for i in range(6)]
+    assert len(names) - 6 <= 4
+
+    deep = verdict_files._file(str(tmp_path), "deep")[0]
+    Path(deep).write_text("[" * 100000 + "]" * 100000)
+    assert verdict_files.load("deep") is None  # (RecursionError inside: a miss)
+    fifo = verdict_files._file(str(tmp_path), "fifo")[0]
+    os.mkfifo(fifo)
+    code = (
+        "import os, sys; os.environ['CUSTOMOP_VERDICT_CACHE'] = sys.argv[1]\n"
+        "from customop.graphs import verdict_files\n"
+        "print(verdict_files.load('fifo'))\n"
+    )
+    got = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=120
+    )
+    assert got.returncode == 0 and got.stdout.strip() == "None", got.stderr
+
+    verdict_files.save("kept", {"n": 1})
+
+    def refused(*a, **k):
+        raise PermissionError("a read-only folder")
+
+    monkeypatch.setattr(os, "utime", refused)  # (root may write a 0500 folder: refused here)
+    assert verdict_files.load("kept") == {"n": 1}  # a hit still
+
+
+@pytest.mark.parametrize(
+    "outcome",
+    [
+        '{"graph": {"nodes": [], "heads": [], "constants": {}, "generic": [1e999]}}',
+        '{"value": ["<f4", [Infinity], "AAAA"]}',
+        '{"graph": {"nodes": [{"op": "null", "name": "x", "inputs": []}], "arg_nodes": [0],'
+        ' "heads": [[0, 0, 0]]}, "inlined": [], "switches": [], "dtype_generic": true,'
+        ' "input_shapes": {"x": [Infinity]}}',  # (int(inf): OverflowError)
+    ],
+)
+def test_corrupt_saved_graphs_splices_and_constants_are_misses(tmp_path, monkeypatch, outcome):
+    from customop import ops
+    from customop.graphs import saved_constants, saved_graphs, saved_splices
+
+    monkeypatch.setenv(verdict_files.ENV, str(tmp_path))
+
+    def planted(key):
+        path, digest = verdict_files._file(str(tmp_path), key)
+        Path(path).write_text(f'{{"format": 1, "key": "{digest}", "outcome": {outcome}}}')
+
+    shapes, dtypes = ((2, 10, 4), (1, 10, 4)), (np.dtype("float32"),) * 2
+    planted(saved_graphs._key(ops.box_decode, {}, shapes, dtypes, "train"))
+    assert saved_graphs.recalled(ops.box_decode, {}, shapes, dtypes, "train") is None
+    planted("splice")
+    assert saved_splices.recalled("splice", {"nodes": [{"op": "null", "name": "x"}]}) is None
+    part = {"nodes": [{"op": "_full", "name": "c", "inputs": [], "attrs": {"shape": "(2,)"}}]}
+    part["heads"] = [[0, 0, 0]]
+    planted(saved_constants._key(part))
+    assert saved_constants._array(verdict_files.load(saved_constants._key(part))) is None
