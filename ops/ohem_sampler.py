@@ -10,24 +10,14 @@ from customop import customop
 from . import _checks
 
 
-def _check_shapes(
-    conf_data,
-    conf_target,
-    conf_weight,
-    ratio,
-    min_neg,
-    ignore_label,
-    loss_type,
-    from_logits,
-    data_dtype=None,
-):
+def _check_shapes(conf_data, conf_target, conf_weight, data_dtype=None, **params):
     # (data_dtype: conf_data's, checked where the forward checks it; None: not known yet)
     op = "ohem_sampler"
-    _checks.number(op, "ratio", ratio, 0)
-    _checks.integer(op, "min_neg", min_neg, 0)
-    _checks.integer(op, "ignore_label", ignore_label)
-    _checks.choice(op, "loss_type", loss_type, ("softmax",))
-    _checks.boolean(op, "from_logits", from_logits)
+    _checks.number(op, "ratio", params["ratio"], 0)
+    _checks.integer(op, "min_neg", params["min_neg"], 0)
+    _checks.integer(op, "ignore_label", params["ignore_label"])
+    _checks.choice(op, "loss_type", params["loss_type"], ("softmax",))
+    _checks.boolean(op, "from_logits", params["from_logits"])
     shape = tuple(conf_data)
     _checks.shape_is(
         op,
@@ -48,20 +38,8 @@ def _check_shapes(
     )
 
 
-def _check(
-    conf_data, conf_target, conf_weight, ratio, min_neg, ignore_label, loss_type, from_logits
-):
-    _check_shapes(
-        conf_data.shape,
-        conf_target.shape,
-        conf_weight.shape,
-        ratio,
-        min_neg,
-        ignore_label,
-        loss_type,
-        from_logits,
-        conf_data.dtype,
-    )
+def _check(conf_data, conf_target, conf_weight, **params):
+    _check_shapes(conf_data.shape, conf_target.shape, conf_weight.shape, conf_data.dtype, **params)
 
 
 def _check_same_dtype(target, weight):
@@ -85,20 +63,10 @@ def _wide(dtype):
 # Symbols, Module and hybridized blocks ask for the output shape and dtype at every new
 # signature: answered from the shapes and dtypes, with the forward's own checks, instead of
 # by a forward on placeholder inputs (as ops.box_iou and ops.smooth_l1)
-def _infer_shape(
-    conf_data,
-    conf_target,
-    conf_weight,
-    *,
-    ratio=3.0,
-    min_neg=0,
-    ignore_label=-1,
-    loss_type="softmax",
-    from_logits=True,
-):
-    _check_shapes(
-        conf_data, conf_target, conf_weight, ratio, min_neg, ignore_label, loss_type, from_logits
-    )
+def _infer_shape(conf_data, conf_target, conf_weight, **params):
+    # (MXNet hands over only the parameters a call set: the others are the op's defaults)
+    given = {**ohem_sampler.signature.defaults, **params}
+    _check_shapes(conf_data, conf_target, conf_weight, **given)
     return tuple(conf_weight)
 
 
@@ -201,9 +169,7 @@ def ohem_sampler(
         >>> ops.ohem_sampler(x, t, w, ratio=2).asnumpy().tolist()
         [[1.0, 1.0, 0.0, 1.0, 0.0]]
     """
-    _check(
-        conf_data, conf_target, conf_weight, ratio, min_neg, ignore_label, loss_type, from_logits
-    )
+    _check(**locals())  # the arguments, by name
     _check_same_dtype(conf_target.dtype, conf_weight.dtype)
     f64 = "float64"
     # Shapes come from the arrays through operators (reshape_like, slice_axis, 0 and -1 in
@@ -245,9 +211,7 @@ def _ohem_sampler_numpy(
     loss_type,
     from_logits,
 ):
-    _check(
-        conf_data, conf_target, conf_weight, ratio, min_neg, ignore_label, loss_type, from_logits
-    )
+    _check(**locals())  # the arguments, by name
     num_class = conf_data.shape[-1]
     labels = conf_target[conf_target != ignore_label]
     if np.any((labels < 0) | (labels >= num_class) | (labels != np.round(labels))):
