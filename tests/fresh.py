@@ -280,6 +280,13 @@ def run(
     return done
 
 
+def run_json(args, *, cwd, env=None, timeout=120):
+    """Run a Python child (as :func:`run`) that must succeed; the JSON its last line prints."""
+    done = run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 def _new_interpreter(
     args, *, timeout, input, capture_output, check, stderr, start_new_session, **kwargs
 ) -> subprocess.CompletedProcess:

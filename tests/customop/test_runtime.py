@@ -3,7 +3,6 @@
 See ``customop/runtime/`` for the list of patches.
 """
 
-import json
 import sys
 import textwrap
 from pathlib import Path
@@ -55,19 +54,29 @@ SNAPSHOT = textwrap.dedent("""
 """)
 
 
+# what a process that bound a graph of our ops has installed
+BOUND = {
+    "backlog",
+    "binds",
+    "deps",
+    "errors",
+    "fork",
+    "gluonshape",
+    "names",
+    "release",
+    "runahead",
+    "shapes",
+}
+
+
 def _run(code, env=None):
     import os
 
-    out = fresh.run(
+    return fresh.run_json(
         [sys.executable, "-c", SNAPSHOT + textwrap.dedent(code)],
         cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
         env={**os.environ, **(env or {})},
     )
-    assert out.returncode == 0, out.stderr[-3000:]
-    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def test_importing_customop_and_ops_changes_nothing():
@@ -175,20 +184,7 @@ def test_after_an_aux_op_is_used_only_its_own_graphs_wait():
     """)
     )
     assert result == {
-        "installed": [
-            "aux",
-            "auxsync",
-            "backlog",
-            "binds",
-            "deps",
-            "errors",
-            "fork",
-            "gluonshape",
-            "names",
-            "release",
-            "runahead",
-            "shapes",
-        ],
+        "installed": sorted(BOUND | {"aux", "auxsync"}),
         "aux executor": "_AuxExecutor",
         "aux cachedop": "_AuxCachedOp",
         "unrelated executor": "Executor",
@@ -309,21 +305,7 @@ def test_release_frees_only_our_operators_and_mxnet_still_deletes_them(off, rele
     result = releases[off]
     # MXNet's own deleter ran for every operator (ours through the release hook), and a
     # hand-written CustomOp is left to the cycle collector, as MXNet leaves it
-    installed = sorted(
-        {
-            "backlog",
-            "binds",
-            "deps",
-            "errors",
-            "fork",
-            "gluonshape",
-            "names",
-            "release",
-            "runahead",
-            "shapes",
-        }
-        - set(off.split(","))
-    )
+    installed = sorted(BOUND - set(off.split(",")))
     assert result == {
         "installed": installed,
         "left in registry": 0,

@@ -98,16 +98,7 @@ def _module(folder: Path, factor=2.0, inner=1.0) -> None:
 def _child(folder: Path, cache: str) -> dict:
     env = dict(os.environ, CUSTOMOP_VERDICT_CACHE=cache)
     env.pop("CUSTOMOP_RUNTIME_OFF", None)
-    done = fresh.run(
-        [sys.executable, "-c", CHILD, str(folder)],
-        cwd=str(ROOT),
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return fresh.run_json([sys.executable, "-c", CHILD, str(folder)], cwd=str(ROOT), env=env)
 
 
 def _want(factor, inner):  # float64, from the formula
