@@ -98,12 +98,12 @@ def spliced(
         cost = budget.RECALLED + SPLICE_FACTOR * len(text)
         with _splices_lock:
             _splices.keep(key, found, cost)
-            _read_first[text] = (sym, shapes, dtypes, grads)
+            _read_first[text] = found.signatures
         return found
     with _splices_lock:
         first = _read_first.pop(text, None)
     if first is not None:  # (the first splice of this graph was read: its tables are empty)
-        _fill(first, graph, text)
+        _fill(first, graph)
     try:
         found = splice.inline(
             sym,
@@ -138,21 +138,19 @@ def spliced(
 
 
 # Graphs whose first splice in this process was read from the saved files
-# (customop.graphs.saved_splices), by text, with that bind's signature: before another
-# signature of the graph splices, the first one is spliced in memory, which fills the tables
-# a first splice fills (the ops' graphs and their shape families, tidying), so that the new
-# signature is served by its family as it would have been (else it would be traced and
-# checked anew: its own verdict was never saved, its family's was).  The splice a read saves
-# at the first bind is paid there.
-_read_first: dict[str, tuple] = {}
+# (customop.graphs.saved_splices), by text, with the input signature of each node that
+# splice inlined: before another signature of the graph splices, the ops' graphs are asked
+# for at those signatures, as the first splice asked (read from the saved library graphs),
+# which fills their shape families, so that the new signature is served by its family as it
+# would have been (else it would be traced and checked anew: its own verdict was never
+# saved, its family's was).  The rest of what a first splice fills (the spliced graph, its
+# tidying and Symbol) is read back too (customop.graphs.saved_tidy, splice.adopt).
+_read_first: dict[str, dict] = {}
 
 
-def _fill(first: tuple, graph: dict[str, Any], text: str) -> None:
-    sym, shapes, dtypes, grads = first
+def _fill(signatures: dict[str, tuple], graph: dict[str, Any]) -> None:
     try:
-        splice.inline(
-            sym, shapes, dtypes, graph_verdicts.TRAIN, graph=graph, grads=grads, text=text
-        )
+        splice.ask(graph, signatures, graph_verdicts.TRAIN)
     except Exception:  # noqa: BLE001 - it passed in the process that saved it: the next one
         pass  # splices as it would have anyway
 
@@ -162,6 +160,7 @@ def clear_cache() -> None:
     with _splices_lock:
         _splices.clear()
         _read_first.clear()
+    splice.clear_cache()
     with _texts_lock:
         _texts.clear()
     with _orders_lock:

@@ -106,19 +106,33 @@ def recalled(key: str, graph: dict[str, Any]) -> splice.Spliced | None:
         sym = symbol_json.load(spliced)
         inlined, switches = list(saved["inlined"]), set(saved["switches"])
         shapes = {str(n): tuple(int(d) for d in s) for n, s in saved["input_shapes"].items()}
-        generic = saved["dtype_generic"]
-        if not isinstance(generic, bool) or not all(isinstance(n, str) for n in inlined):
+        generic, made = saved["dtype_generic"], saved["digest"]
+        signatures = {
+            str(n): ([tuple(int(d) for d in s) for s in sig[0]], [np.dtype(t) for t in sig[1]])
+            for n, sig in saved["signatures"].items()
+        }
+        if (
+            not isinstance(generic, bool)
+            or not isinstance(made, str)
+            or not all(isinstance(n, str) for n in inlined)
+        ):
             return None
     except Exception:  # noqa: BLE001 - an entry that does not read back is a miss
         return None
+    splice.adopt(made, sym)  # (the next signature of its family makes that graph again)
     return splice.Spliced(
-        sym, inlined=inlined, switches=switches, dtype_generic=generic, input_shapes=shapes
+        sym,
+        inlined=inlined,
+        switches=switches,
+        dtype_generic=generic,
+        input_shapes=shapes,
+        signatures=signatures,
     )
 
 
 def keep(key: str, found: splice.Spliced) -> None:
     """Save ``found`` under ``key`` when every node inlined (nothing kept, no new inputs)."""
-    if found.kept or found.constants or found.input_shapes is None:
+    if found.kept or found.constants or found.input_shapes is None or found.graph is None:
         return
     outcome: dict[str, Any] = {
         "graph": json.loads(found.symbol.tojson()),
@@ -126,6 +140,11 @@ def keep(key: str, found: splice.Spliced) -> None:
         "switches": sorted(found.switches),
         "dtype_generic": bool(found.dtype_generic),
         "input_shapes": {n: list(s) for n, s in found.input_shapes.items()},
+        "signatures": {
+            n: [[list(s) for s in shapes], [np.dtype(t).name for t in dtypes]]
+            for n, (shapes, dtypes) in found.signatures.items()
+        },
+        "digest": splice.digest(found.graph),
     }
     verdict_files.save(key, outcome)
 

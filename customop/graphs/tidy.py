@@ -32,7 +32,7 @@ from typing import Any, Callable, NamedTuple
 import numpy as np
 
 from .. import budget, symbol_json
-from . import rules, saved_constants
+from . import rules, saved_constants, saved_tidy
 
 # MXNet operators without inputs whose output is a function of their attributes
 _CONSTANT_SOURCES = frozenset({"_full", "_zeros", "_ones", "_arange"})
@@ -78,10 +78,14 @@ def unsettled(graph: dict[str, Any], count: int) -> dict[str, Any]:
     key = (text, rules_run)
     with _unsettled_lock:
         found = _unsettled.recall(key)
-    if found is None:
-        found = graph
-        for rule in rules_run:
-            found = rule.rewrite(found)
+    if found is None:  # (an earlier process's: customop.graphs.saved_tidy)
+        names = [rule.name for rule in rules_run]
+        found = saved_tidy.recalled(graph, text, names)
+        if found is None:
+            found = graph
+            for rule in rules_run:
+                found = rule.rewrite(found)
+            saved_tidy.keep(text, names, found)
         with _unsettled_lock:
             _unsettled.keep(key, found, budget.RECALLED + 2 * len(text))
     with _unsettled_lock:
