@@ -13,10 +13,11 @@ code: they pass again.
 
 Only an executor's bind reads or writes these files (``Symbol.simple_bind``/``bind``: a
 process often binds a model once), and only at a process's first look at a graph's text; its
-later signatures (a new box count) splice in memory.  After a read, the first of them fills
-the tables a first splice would have (the ops' graphs, tidying): the time a read saves is
-paid there once.  A hybridized block meets many signatures and splices in memory from its
-first one.
+later signatures (a new box count) splice in memory.  After a read, the first of them asks
+the ops' graphs at the signatures saved with the splice (their shape families serve the new
+one), reads the tidied graph (:mod:`customop.graphs.saved_tidy`) and takes the Symbol read
+when it makes the same graph (:func:`customop.graphs.splice.adopt`).  A hybridized block
+meets many signatures and splices in memory from its first one.
 
 Example:
     >>> import os, tempfile
