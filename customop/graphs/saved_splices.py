@@ -50,7 +50,6 @@ from typing import Any
 import mxnet as mx
 import numpy as np
 
-from .. import symbol_json
 from . import code_hash, registration, saved_graphs, splice, verdict_files
 
 _INIT = re.compile(r'"__init__": "(?:[^"\\]|\\.)*"')  # a variable's initializer in MXNet's JSON
@@ -104,7 +103,9 @@ def recalled(key: str, graph: dict[str, Any]) -> splice.Spliced | None:
                 node.pop("attrs", None)
                 if attrs[node["name"]]:  # (a variable of the saved graph is one of graph's)
                     node["attrs"] = attrs[node["name"]]
-        sym = symbol_json.load(spliced)
+        # (MXNet's own JSON, as tojson wrote it, its variables' attributes as MXNet wrote
+        # them: loaded as it is, without symbol_json.load's rewriting of every node)
+        sym = mx.sym.load_json(json.dumps(spliced))
         inlined, switches = list(saved["inlined"]), set(saved["switches"])
         shapes = {str(n): tuple(int(d) for d in s) for n, s in saved["input_shapes"].items()}
         generic, made = saved["dtype_generic"], saved["digest"]
