@@ -241,11 +241,14 @@ def _default_dtypes(
     # What simple_bind assumes: float32 for every argument without a __dtype__ attribute
     # (``read``: the graph's _Read, which keeps them).
     found = read.default_dtypes if read is not None else None
-    if found is None:
+    if found is None and read is not None:  # (the variables' attributes, read from its text)
+        attrs = {n["name"]: symbol_json.attrs(n) for n in read.graph["nodes"] if n["op"] == "null"}
+        found = read.default_dtypes = {
+            n: np.float32 for n in read.arguments_of(sym) if "__dtype__" not in attrs.get(n, {})
+        }
+    elif found is None:
         attrs = sym.attr_dict()
         found = {n: np.float32 for n in sym.list_arguments() if "__dtype__" not in attrs.get(n, {})}
-        if read is not None:
-            read.default_dtypes = found
     return {**found, **(type_dict or {})}
 
 
