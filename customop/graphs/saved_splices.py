@@ -121,7 +121,7 @@ def recalled(key: str, graph: dict[str, Any]) -> splice.Spliced | None:
             return None
     except Exception:  # noqa: BLE001 - an entry that does not read back is a miss
         return None
-    splice.adopt(made, sym)  # (the next signature of its family makes that graph again)
+    splice.adopt(made, sym, attrs)  # (the next signature of its family makes that graph again)
     return splice.Spliced(
         sym,
         inlined=inlined,

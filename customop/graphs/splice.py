@@ -337,7 +337,13 @@ def _loaded(graph: dict[str, Any]) -> mx.sym.Symbol:
     if _adopted:  # (a Symbol read back is taken for the graph it was saved from)
         key = digest(graph)
         with _symbols_lock:
-            sym = _adopted.pop(key, None)
+            found = _adopted.pop(key, None)
+        if found is not None and all(
+            (found[1].get(n["name"]) or None) == (n.get("attrs") or None)
+            for n in graph["nodes"]
+            if n["op"] == "null"
+        ):
+            sym = found[0]
     if sym is None:
         sym = symbol_json.load(graph)
     with _symbols_lock:
@@ -346,10 +352,12 @@ def _loaded(graph: dict[str, Any]) -> mx.sym.Symbol:
 
 
 # Symbols read back from the files of customop.graphs.saved_splices, by the digest of the
-# graph they were saved from: a process's first bind of a graph reads its Symbol there, and
-# its next signature of the same shape family, splicing in memory, makes the same graph
-# (loading it again: 1.2 ms for the RetinaNet-style head, measured).  Taken once.
-_adopted: dict[str, mx.sym.Symbol] = {}
+# graph they were saved from, with their variables' attributes: a process's first bind of a
+# graph reads its Symbol there, and its next signature of the same shape family, splicing in
+# memory, makes the same graph (loading it again: 1.2 ms for the RetinaNet-style head,
+# measured).  Taken once, by a graph whose variables have those attributes (initializers
+# included: the digest leaves them out).
+_adopted: dict[str, tuple] = {}
 _INIT = re.compile(r'"__init__": "(?:[^"\\]|\\.)*"')  # a variable's initializer in a graph's text
 
 
@@ -360,11 +368,12 @@ def digest(graph: dict[str, Any]) -> str:
     return hashlib.sha256(_INIT.sub('"__init__": ""', text).encode("utf-8")).hexdigest()
 
 
-def adopt(found: str, sym: mx.sym.Symbol) -> None:
-    """Take ``sym`` as the Symbol of the graph whose :func:`digest` is ``found``, the next
-    time a splice makes that graph."""
+def adopt(found: str, sym: mx.sym.Symbol, variables: dict[str, Any]) -> None:
+    """Take ``sym`` as the Symbol of the graph whose :func:`digest` is ``found`` and whose
+    variables have the attributes ``variables`` (by name), the next time a splice makes
+    that graph."""
     with _symbols_lock:
-        _adopted[found] = sym
+        _adopted[found] = (sym, variables)
 
 
 def clear_cache() -> None:

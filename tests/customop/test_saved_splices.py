@@ -173,3 +173,25 @@ def test_a_hybridized_block_splices_in_memory_and_saves_no_splice(folder):
     np.testing.assert_array_equal(x.grad.asnumpy(), np.full((2, 3), 2.0, "float32"))
     saved = [json.loads(p.read_text()) for p in folder.glob("*.json")]
     assert not any("inlined" in e["outcome"] for e in saved)
+
+
+def test_a_symbol_read_back_is_taken_only_by_a_graph_with_its_variables_attributes():
+    # splice.adopt: the digest leaves initializers out (Gluon names a Constant's by its id),
+    # so a graph of the same nodes whose variables have other attributes loads its own
+    def graph(init):
+        return {
+            "nodes": [
+                {"op": "null", "name": "c", "inputs": [], "attrs": {"__init__": init}},
+                {"op": "_mul_scalar", "name": "y", "inputs": [[0, 0, 0]], "attrs": {"scalar": "2"}},
+            ],
+            "heads": [[1, 0, 0]],
+        }
+
+    read = mx.sym.var("c") * 3  # (stands for the Symbol a saved splice read back)
+    same, other = graph('["zero", {}]'), graph('["one", {}]')
+    assert splice.digest(same) == splice.digest(other)
+    splice.adopt(splice.digest(same), read, {"c": {"__init__": '["zero", {}]'}})
+    assert splice._loaded(other) is not read
+    splice.adopt(splice.digest(same), read, {"c": {"__init__": '["zero", {}]'}})
+    assert splice._loaded(same) is read
+    binding.clear_cache()
