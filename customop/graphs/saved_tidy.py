@@ -7,8 +7,8 @@ they make of a spliced graph is decided by the graph's text, the rules' names, c
 source and those versions, and it is kept in :mod:`customop.graphs.verdict_files` under
 that key: a later process splicing the same graph (a bind after one that read its splice
 from :mod:`customop.graphs.saved_splices`, a hybridized block's first signature) reads it
-instead of running the rules again (2.4 ms of the RetinaNet-style head's 10 ms first new
-box count after such a read, measured).
+instead of running the rules again (most of what the first new box count after such a read
+paid: ``benchmarks/bind_cost.py``).
 
 Example:
     >>> import os, tempfile
