@@ -184,6 +184,25 @@ def gradient_sources(graph: dict[str, Any], entries: list) -> set[str]:
     return found
 
 
+# gradient_sources by graph and entries, for inline: the graphs binds and CachedOps splice are
+# one object per JSON text (customop.graphs.binding keeps them), so each new signature of a
+# graph finds them (the graph kept with them: its id is in the key).  Under the memory budget.
+_sources = budget.Table()
+_sources_lock = threading.Lock()
+
+
+def _sources_of(graph: dict[str, Any], entries: list) -> frozenset[str]:
+    key = (id(graph), tuple((e[0], e[1]) for e in entries))
+    with _sources_lock:
+        found = _sources.recall(key)
+    if found is not None and found[0] is graph:
+        return found[1]
+    sources = frozenset(gradient_sources(graph, entries))
+    with _sources_lock:
+        _sources.keep(key, (graph, sources), budget.RECALLED)
+    return sources
+
+
 def ours(graph: dict[str, Any]) -> list[tuple[int, Any]]:
     """``(index, operator)`` of the ``Custom`` nodes of decorated operators."""
     found = []
@@ -269,7 +288,7 @@ def inline(
             result.verdicts[node["name"]] = verdict
             result.dtype_generic &= verdict.graph.dtype_generic
             if verdict.graph.forward_only is not None and grads is not None:
-                sources = gradient_sources(
+                sources = _sources_of(
                     graph, [node["inputs"][k] for k in verdict.graph.differentiates]
                 )
                 result.switches |= sources
