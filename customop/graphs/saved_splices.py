@@ -96,16 +96,8 @@ def recalled(key: str, graph: dict[str, Any]) -> splice.Spliced | None:
     if saved is None:
         return None
     try:
-        spliced = saved["graph"]
         attrs = {n["name"]: n.get("attrs") for n in graph["nodes"] if n["op"] == "null"}
-        for node in spliced["nodes"]:
-            if node["op"] == "null":
-                node.pop("attrs", None)
-                if attrs[node["name"]]:  # (a variable of the saved graph is one of graph's)
-                    node["attrs"] = attrs[node["name"]]
-        # (MXNet's own JSON, as tojson wrote it, its variables' attributes as MXNet wrote
-        # them: loaded as it is, without symbol_json.load's rewriting of every node)
-        sym = mx.sym.load_json(json.dumps(spliced))
+        sym = mx.sym.load_json(_joined(saved["graph"], attrs))
         inlined, switches = list(saved["inlined"]), set(saved["switches"])
         shapes = {str(n): tuple(int(d) for d in s) for n, s in saved["input_shapes"].items()}
         generic, made = saved["dtype_generic"], saved["digest"]
@@ -137,7 +129,7 @@ def keep(key: str, found: splice.Spliced) -> None:
     if found.kept or found.constants or found.input_shapes is None or found.graph is None:
         return
     outcome: dict[str, Any] = {
-        "graph": json.loads(found.symbol.tojson()),
+        "graph": _pieces(json.loads(found.symbol.tojson())),
         "inlined": list(found.inlined),
         "switches": sorted(found.switches),
         "dtype_generic": bool(found.dtype_generic),
@@ -149,6 +141,39 @@ def keep(key: str, found: splice.Spliced) -> None:
         "digest": splice.digest(found.graph),
     }
     verdict_files.save(key, outcome)
+
+
+# A saved graph is MXNet's JSON text cut where each variable's attributes go: the text
+# before it, the variable's name, the text after, ... (a few dozen strings where the parsed
+# graph was a few thousand objects to read back, and to write again for MXNet's loader).
+# A read fills in the attributes of the graph being bound.
+
+
+def _pieces(graph: dict[str, Any]) -> list[str]:
+    """``graph`` (MXNet's JSON, parsed) as text pieces around its variables' attributes."""
+    pieces, text = [], '{"nodes": ['
+    for k, node in enumerate(graph["nodes"]):
+        text += ", " if k else ""
+        if node["op"] == "null":
+            body = json.dumps({a: v for a, v in node.items() if a != "attrs"})
+            pieces += [text + body[:-1], node["name"]]
+            text = "}"
+        else:
+            text += json.dumps(node)
+    rest = {a: v for a, v in graph.items() if a != "nodes"}
+    return [*pieces, text + "], " + json.dumps(rest)[1:]]
+
+
+def _joined(pieces: list[str], attrs: dict[str, Any]) -> str:
+    """The text of :func:`_pieces`, each variable with the attributes ``attrs`` names
+    (by name; a variable ``attrs`` lacks raises ``KeyError``)."""
+    out = []
+    for k, piece in enumerate(pieces):
+        if k % 2 == 0:
+            out.append(piece)
+        elif attrs[piece]:
+            out.append(', "attrs": ' + json.dumps(attrs[piece]))
+    return "".join(out)
 
 
 def forget_seen() -> None:
