@@ -66,12 +66,18 @@ def spliced(
     if runtime.disabled("inline"):
         return None
     if text is None:
-        if "Op:Custom," not in sym.debug_str():  # symbol_json.graph_of's cheap look
-            return None
+        handle = sym.handle.value
+        if handle not in _holding:
+            if "Op:Custom," not in sym.debug_str():  # symbol_json.graph_of's cheap look
+                return None
+            if len(_holding) >= _HOLDING_MAX:
+                _holding.clear()
+            _holding.add(handle)
         text = sym.tojson()
     read = _read(text)
     graph = read.graph
-    if not splice.candidates(graph, graph_verdicts.TRAIN):
+    ours = splice.ours(graph)
+    if not any(not graph_verdicts.static_reason(op, graph_verdicts.TRAIN) for _, op in ours):
         return None
     if callable(shapes):
         shapes = shapes()
@@ -81,7 +87,7 @@ def spliced(
         grads = grads(read)
     key = (
         text,
-        tuple(op for _, op in splice.ours(graph)),
+        tuple(op for _, op in ours),
         _signature(shapes),
         _signature(dtypes),
         None if grads is None else frozenset(grads),
@@ -98,12 +104,12 @@ def spliced(
         cost = budget.RECALLED + SPLICE_FACTOR * len(text)
         with _splices_lock:
             _splices.keep(key, found, cost)
-            _read_first[text] = (sym, shapes, dtypes, grads)
+            _read_first[text] = found.signatures
         return found
     with _splices_lock:
         first = _read_first.pop(text, None)
     if first is not None:  # (the first splice of this graph was read: its tables are empty)
-        _fill(first, graph, text)
+        _fill(first, graph)
     try:
         found = splice.inline(
             sym,
@@ -137,22 +143,29 @@ def spliced(
     return found
 
 
+# The handles of Symbols seen holding a Custom node: a rebind of the same Symbol skips the
+# cheap look for one (debug_str, 0.05-0.1 ms of a rebind of the RetinaNet-style head,
+# measured) and reads its text, which decides everything else.  Only "holds one" is kept: a
+# Symbol changed in place (``_compose``), or another one at a freed handle's address, is
+# read from its text all the same (one without our nodes then binds as it is).
+_holding: set[int] = set()
+_HOLDING_MAX = 4096
+
+
 # Graphs whose first splice in this process was read from the saved files
-# (customop.graphs.saved_splices), by text, with that bind's signature: before another
-# signature of the graph splices, the first one is spliced in memory, which fills the tables
-# a first splice fills (the ops' graphs and their shape families, tidying), so that the new
-# signature is served by its family as it would have been (else it would be traced and
-# checked anew: its own verdict was never saved, its family's was).  The splice a read saves
-# at the first bind is paid there.
-_read_first: dict[str, tuple] = {}
+# (customop.graphs.saved_splices), by text, with the input signature of each node that
+# splice inlined: before another signature of the graph splices, the ops' graphs are asked
+# for at those signatures, as the first splice asked (read from the saved library graphs),
+# which fills their shape families, so that the new signature is served by its family as it
+# would have been (else it would be traced and checked anew: its own verdict was never
+# saved, its family's was).  The rest of what a first splice fills (the spliced graph, its
+# tidying and Symbol) is read back too (customop.graphs.saved_tidy, splice.adopt).
+_read_first: dict[str, dict] = {}
 
 
-def _fill(first: tuple, graph: dict[str, Any], text: str) -> None:
-    sym, shapes, dtypes, grads = first
+def _fill(signatures: dict[str, tuple], graph: dict[str, Any]) -> None:
     try:
-        splice.inline(
-            sym, shapes, dtypes, graph_verdicts.TRAIN, graph=graph, grads=grads, text=text
-        )
+        splice.ask(graph, signatures, graph_verdicts.TRAIN)
     except Exception:  # noqa: BLE001 - it passed in the process that saved it: the next one
         pass  # splices as it would have anyway
 
@@ -162,6 +175,8 @@ def clear_cache() -> None:
     with _splices_lock:
         _splices.clear()
         _read_first.clear()
+        _holding.clear()
+    splice.clear_cache()
     with _texts_lock:
         _texts.clear()
     with _orders_lock:
@@ -226,11 +241,14 @@ def _default_dtypes(
     # What simple_bind assumes: float32 for every argument without a __dtype__ attribute
     # (``read``: the graph's _Read, which keeps them).
     found = read.default_dtypes if read is not None else None
-    if found is None:
+    if found is None and read is not None:  # (the variables' attributes, read from its text)
+        attrs = {n["name"]: symbol_json.attrs(n) for n in read.graph["nodes"] if n["op"] == "null"}
+        found = read.default_dtypes = {
+            n: np.float32 for n in read.arguments_of(sym) if "__dtype__" not in attrs.get(n, {})
+        }
+    elif found is None:
         attrs = sym.attr_dict()
         found = {n: np.float32 for n in sym.list_arguments() if "__dtype__" not in attrs.get(n, {})}
-        if read is not None:
-            read.default_dtypes = found
     return {**found, **(type_dict or {})}
 
 

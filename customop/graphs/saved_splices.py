@@ -13,10 +13,11 @@ code: they pass again.
 
 Only an executor's bind reads or writes these files (``Symbol.simple_bind``/``bind``: a
 process often binds a model once), and only at a process's first look at a graph's text; its
-later signatures (a new box count) splice in memory.  After a read, the first of them fills
-the tables a first splice would have (the ops' graphs, tidying): the time a read saves is
-paid there once.  A hybridized block meets many signatures and splices in memory from its
-first one.
+later signatures (a new box count) splice in memory.  After a read, the first of them asks
+the ops' graphs at the signatures saved with the splice (their shape families serve the new
+one), reads the tidied graph (:mod:`customop.graphs.saved_tidy`) and takes the Symbol read
+when it makes the same graph (:func:`customop.graphs.splice.adopt`).  A hybridized block
+meets many signatures and splices in memory from its first one.
 
 Example:
     >>> import os, tempfile
@@ -49,7 +50,6 @@ from typing import Any
 import mxnet as mx
 import numpy as np
 
-from .. import symbol_json
 from . import code_hash, registration, saved_graphs, splice, verdict_files
 
 _INIT = re.compile(r'"__init__": "(?:[^"\\]|\\.)*"')  # a variable's initializer in MXNet's JSON
@@ -96,38 +96,84 @@ def recalled(key: str, graph: dict[str, Any]) -> splice.Spliced | None:
     if saved is None:
         return None
     try:
-        spliced = saved["graph"]
         attrs = {n["name"]: n.get("attrs") for n in graph["nodes"] if n["op"] == "null"}
-        for node in spliced["nodes"]:
-            if node["op"] == "null":
-                node.pop("attrs", None)
-                if attrs[node["name"]]:  # (a variable of the saved graph is one of graph's)
-                    node["attrs"] = attrs[node["name"]]
-        sym = symbol_json.load(spliced)
+        sym = mx.sym.load_json(_joined(saved["graph"], attrs))
         inlined, switches = list(saved["inlined"]), set(saved["switches"])
         shapes = {str(n): tuple(int(d) for d in s) for n, s in saved["input_shapes"].items()}
-        generic = saved["dtype_generic"]
-        if not isinstance(generic, bool) or not all(isinstance(n, str) for n in inlined):
+        generic, made = saved["dtype_generic"], saved["digest"]
+        signatures = {
+            str(n): ([tuple(int(d) for d in s) for s in sig[0]], [np.dtype(t) for t in sig[1]])
+            for n, sig in saved["signatures"].items()
+        }
+        if (
+            not isinstance(generic, bool)
+            or not isinstance(made, str)
+            or not all(isinstance(n, str) for n in inlined)
+        ):
             return None
     except Exception:  # noqa: BLE001 - an entry that does not read back is a miss
         return None
+    splice.adopt(made, sym, attrs)  # (the next signature of its family makes that graph again)
     return splice.Spliced(
-        sym, inlined=inlined, switches=switches, dtype_generic=generic, input_shapes=shapes
+        sym,
+        inlined=inlined,
+        switches=switches,
+        dtype_generic=generic,
+        input_shapes=shapes,
+        signatures=signatures,
     )
 
 
 def keep(key: str, found: splice.Spliced) -> None:
     """Save ``found`` under ``key`` when every node inlined (nothing kept, no new inputs)."""
-    if found.kept or found.constants or found.input_shapes is None:
+    if found.kept or found.constants or found.input_shapes is None or found.graph is None:
         return
     outcome: dict[str, Any] = {
-        "graph": json.loads(found.symbol.tojson()),
+        "graph": _pieces(json.loads(found.symbol.tojson())),
         "inlined": list(found.inlined),
         "switches": sorted(found.switches),
         "dtype_generic": bool(found.dtype_generic),
         "input_shapes": {n: list(s) for n, s in found.input_shapes.items()},
+        "signatures": {
+            n: [[list(s) for s in shapes], [np.dtype(t).name for t in dtypes]]
+            for n, (shapes, dtypes) in found.signatures.items()
+        },
+        "digest": splice.digest(found.graph),
     }
     verdict_files.save(key, outcome)
+
+
+# A saved graph is MXNet's JSON text cut where each variable's attributes go: the text
+# before it, the variable's name, the text after, ... (a few dozen strings where the parsed
+# graph was a few thousand objects to read back, and to write again for MXNet's loader).
+# A read fills in the attributes of the graph being bound.
+
+
+def _pieces(graph: dict[str, Any]) -> list[str]:
+    """``graph`` (MXNet's JSON, parsed) as text pieces around its variables' attributes."""
+    pieces, text = [], '{"nodes": ['
+    for k, node in enumerate(graph["nodes"]):
+        text += ", " if k else ""
+        if node["op"] == "null":
+            body = json.dumps({a: v for a, v in node.items() if a != "attrs"})
+            pieces += [text + body[:-1], node["name"]]
+            text = "}"
+        else:
+            text += json.dumps(node)
+    rest = {a: v for a, v in graph.items() if a != "nodes"}
+    return [*pieces, text + "], " + json.dumps(rest)[1:]]
+
+
+def _joined(pieces: list[str], attrs: dict[str, Any]) -> str:
+    """The text of :func:`_pieces`, each variable with the attributes ``attrs`` names
+    (by name; a variable ``attrs`` lacks raises ``KeyError``)."""
+    out = []
+    for k, piece in enumerate(pieces):
+        if k % 2 == 0:
+            out.append(piece)
+        elif attrs[piece]:
+            out.append(', "attrs": ' + json.dumps(attrs[piece]))
+    return "".join(out)
 
 
 def forget_seen() -> None:

@@ -9,7 +9,9 @@ Symbol is unchanged).  Nodes it cannot inline stay, each with its reason.
 
 from __future__ import annotations
 
+import hashlib
 import json
+import re
 import threading
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -53,6 +55,10 @@ class Spliced:
     input_shapes: dict[str, tuple] | None = None
     # the JSON text of the graph spliced, where the caller gave it (customop.graphs.binding)
     source: str | None = None
+    # each inlined node's input signature, by name: (shapes, dtypes) its graph was asked at
+    signatures: dict[str, tuple] = field(default_factory=dict)
+    # the graph ``symbol`` was loaded from (None: read back, customop.graphs.saved_splices)
+    graph: dict[str, Any] | None = None
 
 
 @dataclass
@@ -178,6 +184,25 @@ def gradient_sources(graph: dict[str, Any], entries: list) -> set[str]:
     return found
 
 
+# gradient_sources by graph and entries, for inline: the graphs binds and CachedOps splice are
+# one object per JSON text (customop.graphs.binding keeps them), so each new signature of a
+# graph finds them (the graph kept with them: its id is in the key).  Under the memory budget.
+_sources = budget.Table()
+_sources_lock = threading.Lock()
+
+
+def _sources_of(graph: dict[str, Any], entries: list) -> frozenset[str]:
+    key = (id(graph), tuple((e[0], e[1]) for e in entries))
+    with _sources_lock:
+        found = _sources.recall(key)
+    if found is not None and found[0] is graph:
+        return found[1]
+    sources = frozenset(gradient_sources(graph, entries))
+    with _sources_lock:
+        _sources.keep(key, (graph, sources), budget.RECALLED)
+    return sources
+
+
 def ours(graph: dict[str, Any]) -> list[tuple[int, Any]]:
     """``(index, operator)`` of the ``Custom`` nodes of decorated operators."""
     found = []
@@ -255,6 +280,7 @@ def inline(
             {k: v for k, v in symbol_json.attrs(node).items() if k != "op_type"}
         )[0]
         verdict = graph_verdicts.native_graph(op, params, found[0], found[1], purpose)
+        result.signatures[node["name"]] = found
         if verdict.graph is None:
             result.kept.append(Kept(node["name"], verdict.op_type, verdict.reason, verdict.rule))
         else:
@@ -262,7 +288,7 @@ def inline(
             result.verdicts[node["name"]] = verdict
             result.dtype_generic &= verdict.graph.dtype_generic
             if verdict.graph.forward_only is not None and grads is not None:
-                sources = gradient_sources(
+                sources = _sources_of(
                     graph, [node["inputs"][k] for k in verdict.graph.differentiates]
                 )
                 result.switches |= sources
@@ -270,11 +296,23 @@ def inline(
                     graphs[i] = verdict.graph.forward_only
     if graphs:
         new, result.constants = _spliced_once(graph, graphs, text)
-        result.symbol = _loaded(
-            tidy.tidied(new, shapes if purpose == graph_verdicts.TRAIN else None)
-        )
+        result.graph = tidy.tidied(new, shapes if purpose == graph_verdicts.TRAIN else None)
+        result.symbol = _loaded(result.graph)
         result.inlined = [nodes[i]["name"] for i in graphs]
     return result
+
+
+def ask(graph: dict[str, Any], signatures: dict[str, tuple], purpose: str) -> None:
+    """Ask :mod:`customop.graphs.graph_verdicts` for the graph of each ``Custom`` node of ours
+    named in ``signatures``, at its input signature there (``(shapes, dtypes)``, as
+    :attr:`Spliced.signatures` holds them): what :func:`inline` asks, without splicing (its
+    tables, the ops' shape families among them, are then filled as that splice fills them)."""
+    nodes = graph["nodes"]
+    for i, op in ours(graph):
+        found = signatures.get(nodes[i]["name"])
+        if found is not None:
+            kwargs = {k: v for k, v in symbol_json.attrs(nodes[i]).items() if k != "op_type"}
+            graph_verdicts.native_graph(op, decode_cached(kwargs)[0], *found, purpose)
 
 
 # Spliced graphs by the graph and the native graphs put in: a shape family's signatures get
@@ -314,10 +352,53 @@ def _loaded(graph: dict[str, Any]) -> mx.sym.Symbol:
         found = _symbols.recall(id(graph))
     if found is not None and found[0] is graph:
         return found[1]
-    sym = symbol_json.load(graph)
+    sym = None
+    if _adopted:  # (a Symbol read back is taken for the graph it was saved from)
+        key = digest(graph)
+        with _symbols_lock:
+            found = _adopted.pop(key, None)
+        if found is not None and all(
+            (found[1].get(n["name"]) or None) == (n.get("attrs") or None)
+            for n in graph["nodes"]
+            if n["op"] == "null"
+        ):
+            sym = found[0]
+    if sym is None:
+        sym = symbol_json.load(graph)
     with _symbols_lock:
         _symbols.keep(id(graph), (graph, sym), budget.RECALLED + 400 * len(graph["nodes"]))
     return sym
+
+
+# Symbols read back from the files of customop.graphs.saved_splices, by the digest of the
+# graph they were saved from, with their variables' attributes: a process's first bind of a
+# graph reads its Symbol there, and its next signature of the same shape family, splicing in
+# memory, makes the same graph (loading it again: 1.2 ms for the RetinaNet-style head,
+# measured).  Taken once, by a graph whose variables have those attributes (initializers
+# included: the digest leaves them out).
+_adopted: dict[str, tuple] = {}
+_INIT = re.compile(r'"__init__": "(?:[^"\\]|\\.)*"')  # a variable's initializer in a graph's text
+
+
+def digest(graph: dict[str, Any]) -> str:
+    """A digest of ``graph``'s nodes and heads, variables' initializers aside (Gluon names a
+    ``Constant``'s by its ``id``, another in each process)."""
+    text = json.dumps({"nodes": graph["nodes"], "heads": graph["heads"]}, sort_keys=True)
+    return hashlib.sha256(_INIT.sub('"__init__": ""', text).encode("utf-8")).hexdigest()
+
+
+def adopt(found: str, sym: mx.sym.Symbol, variables: dict[str, Any]) -> None:
+    """Take ``sym`` as the Symbol of the graph whose :func:`digest` is ``found`` and whose
+    variables have the attributes ``variables`` (by name), the next time a splice makes
+    that graph."""
+    with _symbols_lock:
+        _adopted[found] = (sym, variables)
+
+
+def clear_cache() -> None:
+    """Forget the Symbols :func:`adopt` was given (tests)."""
+    with _symbols_lock:
+        _adopted.clear()
 
 
 class _Refused(NamedTuple):

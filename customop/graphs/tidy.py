@@ -32,7 +32,7 @@ from typing import Any, Callable, NamedTuple
 import numpy as np
 
 from .. import budget, symbol_json
-from . import rules, saved_constants
+from . import rules, saved_constants, saved_tidy
 
 # MXNet operators without inputs whose output is a function of their attributes
 _CONSTANT_SOURCES = frozenset({"_full", "_zeros", "_ones", "_arange"})
@@ -78,10 +78,14 @@ def unsettled(graph: dict[str, Any], count: int) -> dict[str, Any]:
     key = (text, rules_run)
     with _unsettled_lock:
         found = _unsettled.recall(key)
-    if found is None:
-        found = graph
-        for rule in rules_run:
-            found = rule.rewrite(found)
+    if found is None:  # (an earlier process's: customop.graphs.saved_tidy)
+        names = [rule.name for rule in rules_run]
+        found = saved_tidy.recalled(graph, text, names)
+        if found is None:
+            found = graph
+            for rule in rules_run:
+                found = rule.rewrite(found)
+            saved_tidy.keep(text, names, found)
         with _unsettled_lock:
             _unsettled.keep(key, found, budget.RECALLED + 2 * len(text))
     with _unsettled_lock:
@@ -240,6 +244,8 @@ class _ArgmaxPlan(NamedTuple):
     asked: list  # (entries, test of their shapes) of each question the scan asked
     part: Any  # a Symbol whose outputs are the asked entries (None: none asked)
     result: dict[str, Any]  # the graph rewritten where every question holds
+    wanted: list  # the asked entries, each once, in the order of part's outputs
+    inputs: list  # part's inputs' names (read once: each signature's shape pass gives them)
 
 
 # argmax_indices' plans by graph: the graph the unsettled rules leave is one object per spliced
@@ -269,7 +275,8 @@ def _argmax_plan(graph: dict[str, Any]) -> _ArgmaxPlan:
     if wanted:
         heads = [[e[0], e[1], 0] for e in wanted]
         part = symbol_json.load(symbol_json.reachable({"nodes": graph["nodes"], "heads": heads}))
-    plan = _ArgmaxPlan(graph, asked, part, result)
+    inputs = part.list_inputs() if part is not None else []
+    plan = _ArgmaxPlan(graph, asked, part, result, wanted, inputs)
     with _plans_lock:
         _plans.keep(id(graph), plan, budget.RECALLED + 400 * len(graph["nodes"]))
     return plan
@@ -406,8 +413,8 @@ def _broadcasts_to(found) -> bool:
 def _entry_shapes(plan: _ArgmaxPlan, shapes) -> dict[tuple, tuple | None]:
     # the shapes of the plan's entries at the settled signature (None where unknown), from one
     # shape pass of the part of the graph that computes them
-    wanted = list(dict.fromkeys(e for entries, _ in plan.asked for e in entries))
-    given = {n: tuple(shapes[n]) for n in plan.part.list_inputs() if n in shapes}
+    wanted = plan.wanted
+    given = {n: tuple(shapes[n]) for n in plan.inputs if n in shapes}
     try:
         _, out, _ = plan.part.infer_shape_partial(**given)
     except Exception:  # noqa: BLE001 - unknown: each is asked alone (_shape)
