@@ -20,6 +20,8 @@ from typing import Any
 import mxnet as mx
 import numpy as np
 
+from .host_arrays import ndarray
+
 
 @dataclass
 class NativeGraph:
@@ -200,9 +202,9 @@ def evaluate(
 ) -> list[np.ndarray]:
     """``graph``'s outputs on these inputs (its constants, or those given)."""
     names = [f"input{i}" for i in range(len(inputs))]
-    args = {n: mx.nd.array(v, dtype=v.dtype) for n, v in zip(names, inputs)}
+    args = {n: ndarray(v) for n, v in zip(names, inputs)}
     for name, value in (constants if constants is not None else graph.constants).items():
-        args[name] = mx.nd.array(value, dtype=value.dtype)
+        args[name] = ndarray(value)
     return run(to_json(graph, names), args)
 
 

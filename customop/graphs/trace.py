@@ -24,6 +24,7 @@ import numpy as np
 from mxnet.base import _LIB, check_call, py_str
 
 from .. import kernel, value_checks
+from ..host_arrays import ndarray
 from ..runtime import hooks
 from ..side_thread import SideThread
 from . import recorded_closures as gradient_closures
@@ -97,6 +98,7 @@ class Recording:
     guarded: dict[str, list] = field(default_factory=dict)  # node -> dtypes (rules.INDEX_GUARDS)
     forward_reads: int = 0  # reads[:forward_reads] happened in the forward (then: closures)
     closures: gradient_closures.Recorded | None = None  # what record(closures=) added
+    held: bool = True  # whether every require check held on these values (with closures)
 
 
 class Log:
@@ -198,7 +200,7 @@ def record(
     (:mod:`customop.graphs.recorded_closures`; :mod:`customop.graphs.backward` transposes them).
     """
     ctx = ctx or mx.cpu()
-    xs = [mx.nd.array(v, ctx=ctx, dtype=v.dtype) for v in values]
+    xs = [ndarray(v, ctx) for v in values]
     for x in xs:
         x.attach_grad()
     log = Log()
@@ -270,6 +272,7 @@ def record(
         if found in by_name:
             nodes[by_name[found]]["attrs"]["__dtype__"] = np.dtype(copy.dtype).name
     inputs = [by_name.get(name) for name in names]
+    held = closures is None or log.poison is None or bool(np.isfinite(log.poison.asnumpy()).all())
     return Recording(
         nodes=nodes,
         inputs=inputs,
@@ -284,6 +287,7 @@ def record(
         guarded={_graph_name(o): d for o, d in log.guarded},
         forward_reads=forward_reads,
         closures=added,
+        held=held,
         inner=list(dict.fromkeys(log.inner)),
         paused={
             i
