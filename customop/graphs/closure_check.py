@@ -24,13 +24,12 @@ def run_graph(
 ) -> tuple[list[np.ndarray], list[np.ndarray | None]]:
     """The graph's outputs and MXNet's gradients of its inputs for these head gradients."""
     names = [f"input{i}" for i in range(len(inputs))]
-    sym = symbol_json.load(symbol_json.to_json(graph, names))
+    sym, cached = symbol_json.cached_op(symbol_json.to_json(graph, names))
     arrays = {nm: ndarray(v) for nm, v in zip(names, inputs)}
     for a in arrays.values():
         if np.issubdtype(a.dtype, np.floating):
             a.attach_grad()
     used = sym.list_inputs()
-    cached = mx.nd.CachedOp(sym)
     with mx.autograd.record():
         outs = cached(*[arrays[nm] for nm in used])
     outs = list(outs) if isinstance(outs, (list, tuple)) else [outs]
