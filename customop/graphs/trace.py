@@ -240,6 +240,7 @@ def record(
                 op, closures, xs, outs, saved, params, log, np.random.RandomState(seed)
             )
             xs, outs = [*xs, *added.heads], [*outs, *added.grads]
+        inline = value_checks.applied()
     names = [mx.autograd.get_symbol(x).name for x in xs]
     symbols: list[Any] = []
     for o in outs:
@@ -285,7 +286,8 @@ def record(
         if found in by_name:
             nodes[by_name[found]]["attrs"]["__dtype__"] = np.dtype(copy.dtype).name
     inputs = [by_name.get(name) for name in names]
-    held = closures is None or log.poison is None or bool(np.isfinite(log.poison.asnumpy()).all())
+    # (read after the recording: its reads are not the forward's)
+    held = closures is None or value_checks.all_hold([*conditions, *inline])
     return Recording(
         nodes=nodes,
         inputs=inputs,
