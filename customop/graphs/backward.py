@@ -121,6 +121,9 @@ class TransposedGraph(ForwardGraph):
     def other_values(self, first, shapes) -> list[np.ndarray]:
         return grown(first, shapes)
 
+    def passing(self, first: list) -> list[np.ndarray]:
+        return closure_check.passing(self.op, self.params, first)
+
     def at(self, inputs, shapes) -> tuple[NativeGraph, trace.Recording]:
         rec = self.recorded(inputs)
         return self.build(rec, shapes), rec

@@ -175,7 +175,7 @@ def _traced(*args) -> Verdict:
 
 
 def _decide(op, params, shapes, dtypes, purpose, values) -> Verdict:
-    from . import backward, closure_check, verify
+    from . import backward, verify
     from .forward import ForwardGraph
     from .sample_inputs import placeholders
 
@@ -187,17 +187,14 @@ def _decide(op, params, shapes, dtypes, purpose, values) -> Verdict:
     try:
         if BFLOAT16 in dtypes:
             raise NotNative.of("bfloat16")
+        first = list(values) if values is not None else placeholders(shapes, dtypes, 1)
+        passing = False
         if purpose == TRAIN and backward.has_own_gradient(op):
-            first = (
-                list(values)
-                if values is not None
-                else closure_check.passing(op, params, placeholders(shapes, dtypes, 1))
-            )
             builder = backward.TransposedGraph(op, params)
+            passing = values is None  # (placeholders: values the op's checks pass on)
         else:
-            first = list(values) if values is not None else placeholders(shapes, dtypes, 1)
             builder = ForwardGraph(op, params, purpose)
-        verdict.graph = verify.verified(builder, shapes, dtypes, first)
+        verdict.graph = verify.verified(builder, shapes, dtypes, first, passing)
     except NotNative as exc:
         verdict.reason, verdict.rule = str(exc), exc.rule
     return verdict

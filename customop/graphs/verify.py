@@ -54,16 +54,21 @@ class Builder(Protocol):
 
     def guarded(self, graph: NativeGraph, rec: trace.Recording) -> NativeGraph: ...
 
+    def passing(self, first: list) -> list: ...  # (asked only with verified(passing=True))
 
-def verified(builder: Builder, shapes, dtypes, first: list) -> NativeGraph:
+
+def verified(builder: Builder, shapes, dtypes, first: list, passing: bool = False) -> NativeGraph:
     """The builder's graph at this signature, traced on ``first``, once it passes every
     check (raises :class:`~customop.graphs.rules.NotNative` naming the one it fails).
+
+    ``passing``: ``first`` are placeholders, and the values traced on are the first of
+    ``builder.passing(first)``'s on which the op's own checks pass (see
+    :func:`customop.graphs.closure_check.passing`).
 
     The first recording keys a verdict kept on disk (:mod:`customop.graphs.verdict_files`):
     when a process checked the same recording of the same code before, its verdict stands
     and the other recordings and checks do not run."""
-    with code_hash.Calls(verdict_files.folder() is not None) as ran:  # (off: no tracer)
-        rec1 = builder.recorded(first, seed=5)
+    rec1, ran, first = _first_recording(builder, first, passing)
     key = saved_key(builder, shapes, dtypes, first, rec1, ran)
     if key is not None:
         graph = _recalled(builder, rec1, shapes, verdict_files.load(key))
@@ -80,6 +85,29 @@ def verified(builder: Builder, shapes, dtypes, first: list) -> NativeGraph:
             key, {"generic": list(graph.generic), "dtype_generic": graph.dtype_generic}
         )
     return builder.guarded(graph, rec1)
+
+
+def _first_recording(builder: Builder, first: list, passing: bool):
+    """The first recording, the code it ran and the values it ran on.
+
+    With ``passing``, the placeholders are recorded first: a recording that ran and whose
+    ``require`` checks all held (``rec.held``) is what ``builder.passing`` would have asked
+    of them (its first candidate, the placeholders, taken where the op's forward and
+    closures run without a failed check), so they are the values.  Otherwise
+    ``builder.passing`` picks them as before and they are recorded."""
+    on = verdict_files.folder() is not None  # (off: no tracer)
+    with code_hash.Calls(on) as ran:
+        try:
+            rec1 = builder.recorded(first, seed=5)
+        except NotNative:
+            if not passing:
+                raise
+            rec1 = None
+    if passing and (rec1 is None or not rec1.held):
+        first = builder.passing(first)
+        with code_hash.Calls(on) as ran:
+            rec1 = builder.recorded(first, seed=5)
+    return rec1, ran, first
 
 
 def _checked(builder: Builder, shapes, dtypes, first: list, rec1: trace.Recording) -> NativeGraph:

@@ -11,6 +11,7 @@ import pytest
 
 import customop
 from customop import customop as decorate
+from customop import value_checks
 from customop.graphs import backward, closure_check, graph_verdicts, trace
 from customop.host_arrays import ndarray
 
@@ -75,6 +76,15 @@ def checked(x, label):
 checked.def_grad(lambda ans, x, label: lambda g: g * 2)
 
 
+@decorate("mxnet", no_grad=("scale",))
+def scaled(x, scale):  # its check poisons the scale only (value_checks.nan_unless)
+    scale = value_checks.nan_unless(scale, scale > 0, "scale", "must be positive")
+    return mx.nd.broadcast_mul(x, scale)
+
+
+scaled.def_grad(lambda ans, x, scale: lambda g: mx.nd.broadcast_mul(g, scale))
+
+
 @decorate("mxnet")
 def half_owned(a, b):
     return a * b
@@ -117,6 +127,27 @@ def test_the_replay_runs_the_op_again_where_a_check_failed_or_mxnet_differentiat
     assert _both(checked, graph, [x, np.ones((2, 3), np.float32)]) == ("", "")
     replayed, run = _both(checked, graph, [x, -np.ones((2, 3), np.float32)])
     assert replayed is None and "must be >= 0" in run
+    graph = _graph(scaled, [(2, 3), (1,)])
+    assert _both(scaled, graph, [x, np.float32([2])]) == ("", "")
+    replayed, run = _both(scaled, graph, [x, np.float32([-2])])
+    assert replayed is None and "must be positive" in run
     graph = _graph(half_owned, [(2, 3), (2, 3)])
     replayed, run = _both(half_owned, graph, [x, x + 1])
     assert replayed is None and run == ""
+
+
+@decorate("mxnet", no_grad=("weight",))
+def weighted(x, weight):  # placeholders (0.1 to 1) fail its check; all 1 pass
+    customop.require(weight >= 1, "weight", "must be >= 1")
+    return x * weight
+
+
+weighted.def_grad(lambda ans, x, weight: lambda g: g * weight)
+
+
+def test_placeholders_that_fail_the_ops_checks_are_replaced_by_passing_values():
+    shapes = [(2, 3), (2, 3)]
+    graph = _graph(weighted, shapes)
+    x = rng.uniform(-1, 1, (2, 3)).astype(np.float32)
+    weight = rng.uniform(1, 3, (2, 3)).astype(np.float32)
+    assert trace.aside(closure_check.mismatch, weighted, {}, graph, [x, weight]) == ""
