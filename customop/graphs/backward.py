@@ -124,6 +124,9 @@ class TransposedGraph(ForwardGraph):
     def passing(self, first: list) -> list[np.ndarray]:
         return closure_check.passing(self.op, self.params, first)
 
+    def candidates(self, first: list) -> list[list[np.ndarray]]:
+        return closure_check.candidates(self.op, first)
+
     def at(self, inputs, shapes) -> tuple[NativeGraph, trace.Recording]:
         rec = self.recorded(inputs)
         return self.build(rec, shapes), rec

@@ -175,6 +175,17 @@ def passing(op, params, first: list[np.ndarray]) -> list[np.ndarray]:
     passes, ``first`` is returned and the comparison names the failure.  Only the
     signature decides (never the values a graph will see): the verdict is cached by it.
     """
+    for values in candidates(op, first):
+        try:
+            closure_gradients(op, params, values, lambda outs: [np.ones_like(o) for o in outs])
+        except Exception:  # noqa: BLE001 - a check failed on these values: try the next
+            continue
+        return values
+    return list(first)
+
+
+def candidates(op, first: list[np.ndarray]) -> list[list[np.ndarray]]:
+    """The values :func:`passing` tries, in its order."""
     fixed = [
         i
         for i, (name, v) in enumerate(zip(op.signature.inputs, first))
@@ -185,15 +196,8 @@ def passing(op, params, first: list[np.ndarray]) -> list[np.ndarray]:
         lambda v: np.zeros_like(v),
         lambda v: (np.arange(v.size) % 2).reshape(v.shape).astype(v.dtype),
     ]
-    candidates = [list(first)] + (
+    return [list(first)] + (
         [[fill(v) if i in fixed else v for i, v in enumerate(first)] for fill in fills]
         if fixed
         else []
     )
-    for values in candidates:
-        try:
-            closure_gradients(op, params, values, lambda outs: [np.ones_like(o) for o in outs])
-        except Exception:  # noqa: BLE001 - a check failed on these values: try the next
-            continue
-        return values
-    return list(first)

@@ -54,7 +54,10 @@ class Builder(Protocol):
 
     def guarded(self, graph: NativeGraph, rec: trace.Recording) -> NativeGraph: ...
 
-    def passing(self, first: list) -> list: ...  # (asked only with verified(passing=True))
+    # (asked only with verified(passing=True))
+    def passing(self, first: list) -> list: ...
+
+    def candidates(self, first: list) -> list[list]: ...
 
 
 def verified(builder: Builder, shapes, dtypes, first: list, passing: bool = False) -> NativeGraph:
@@ -90,23 +93,24 @@ def verified(builder: Builder, shapes, dtypes, first: list, passing: bool = Fals
 def _first_recording(builder: Builder, first: list, passing: bool):
     """The first recording, the code it ran and the values it ran on.
 
-    With ``passing``, the placeholders are recorded first: a recording that ran and whose
-    ``require`` checks all held (``rec.held``) is what ``builder.passing`` would have asked
-    of them (its first candidate, the placeholders, taken where the op's forward and
-    closures run without a failed check), so they are the values.  Otherwise
-    ``builder.passing`` picks them as before and they are recorded."""
+    With ``passing``, ``builder.passing``'s candidates are recorded in its order, and the
+    first whose recording ran with every ``require`` check holding (``rec.held``) is taken:
+    the one ``builder.passing`` takes, the first on which the op's forward and closures run
+    without a failed check (it runs them once more for that).  Where a recording fails, or
+    none holds, ``builder.passing`` picks the values as before and they are recorded."""
     on = verdict_files.folder() is not None  # (off: no tracer)
-    with code_hash.Calls(on) as ran:
-        try:
-            rec1 = builder.recorded(first, seed=5)
-        except NotNative:
-            if not passing:
-                raise
-            rec1 = None
-    if passing and (rec1 is None or not rec1.held):
+    if passing:
+        for values in builder.candidates(first):
+            with code_hash.Calls(on) as ran:
+                try:
+                    rec1 = builder.recorded(values, seed=5)
+                except NotNative:
+                    break
+            if rec1.held:
+                return rec1, ran, values
         first = builder.passing(first)
-        with code_hash.Calls(on) as ran:
-            rec1 = builder.recorded(first, seed=5)
+    with code_hash.Calls(on) as ran:
+        rec1 = builder.recorded(first, seed=5)
     return rec1, ran, first
 
 
