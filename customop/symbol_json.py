@@ -22,7 +22,7 @@ from typing import Any
 import mxnet as mx
 import numpy as np
 
-from .host_arrays import ndarray
+from .nd_copies import ndarray
 
 
 @dataclass
@@ -187,9 +187,9 @@ def cached_op(graph: dict[str, Any]) -> tuple[mx.sym.Symbol, mx.nd.CachedOp]:
     :data:`KEPT_OPS` graphs.
 
     A graph's checks run it several times (on other values, at grown shapes): loading it and
-    making its ``CachedOp`` took about 0.9 ms of a 3 ms run of a 92-operator training graph
-    (MXNet 1.9.1), and a ``CachedOp``'s first call sets up its graph.  Per thread: one
-    ``CachedOp`` is never called from two threads at once.
+    making its ``CachedOp`` cost a third of a run, and a ``CachedOp``'s first call sets up
+    its graph (measured: docs/design.md).  Per thread: one ``CachedOp`` is never called from
+    two threads at once.
 
     Example:
         >>> import mxnet as mx

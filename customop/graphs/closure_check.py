@@ -13,7 +13,7 @@ import mxnet as mx
 import numpy as np
 
 from .. import kernel, symbol_json
-from ..host_arrays import ndarray
+from ..nd_copies import ndarray
 from ..runtime import hooks
 from ..symbol_json import NativeGraph
 from . import compare, trace

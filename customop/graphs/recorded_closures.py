@@ -15,7 +15,7 @@ import mxnet as mx
 import numpy as np
 
 from .. import gradients
-from ..host_arrays import ndarray
+from ..nd_copies import ndarray
 from ..opinfo import Differentiable
 from .rules import NotNative
 

@@ -24,7 +24,7 @@ import numpy as np
 from mxnet.base import _LIB, check_call, py_str
 
 from .. import kernel, value_checks
-from ..host_arrays import ndarray
+from ..nd_copies import ndarray
 from ..runtime import hooks
 from ..side_thread import SideThread
 from . import recorded_closures as gradient_closures

@@ -1,12 +1,11 @@
-"""NDArrays made from NumPy values without waiting for MXNet's engine.
+"""NDArrays made from NumPy values without waiting for MXNet's engine: :func:`ndarray`.
 
 ``mx.nd.array(value)`` copies synchronously: it pushes a write to MXNet's engine and waits
-for the engine's thread, about 90 us an array on MXNet 1.9.1 on CPU (measured here, 4 small
-arrays: 88 us, against 13 us for :func:`ndarray`).  A first run's checks of one model's
-graphs make over 200 of them.  :func:`ndarray` copies the value in NumPy and hands MXNet
-that copy (``mx.nd.from_numpy`` with ``zero_copy``: MXNet keeps the copy alive until it
-frees the array), so the values are the same bytes and nothing waits.  Where MXNet cannot
-take the copy (another device, a dtype outside DLPack's table, no elements, no axes) it is
+for the engine's thread, and a first run's checks of a model's graphs make hundreds of them
+(measured: docs/design.md).  :func:`ndarray` copies the value in NumPy and hands MXNet that
+copy (``mx.nd.from_numpy`` with ``zero_copy``: MXNet keeps the copy alive until it frees
+the array), so the values are the same bytes and nothing waits.  Where MXNet cannot take the
+copy (another device, a dtype outside its DLPack table, no elements, no axes) it is
 ``mx.nd.array``.
 """
 
@@ -26,7 +25,7 @@ def ndarray(value: np.ndarray, ctx: mx.Context | None = None, dtype=None) -> mx.
 
     Example:
         >>> import numpy as np
-        >>> from customop.host_arrays import ndarray
+        >>> from customop.nd_copies import ndarray
         >>> a = ndarray(np.arange(6, dtype=np.int32).reshape(2, 3))
         >>> a.dtype.__name__, a.shape, a.asnumpy().tolist()
         ('int32', (2, 3), [[0, 1, 2], [3, 4, 5]])
