@@ -37,6 +37,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import mxnet as mx
 import numpy as np
 
 from .. import budget, errors, families
@@ -174,7 +175,20 @@ def _traced(*args) -> Verdict:
     return trace.aside(_decide, *args)
 
 
+# The checks run a few thousand small operators on the trace thread, which MXNet's engine
+# takes in segments of _BULK (mx.engine.bulk: a setting of this thread only, put back after)
+# instead of one push and one hand-off to its worker each: the RetinaNet head's four ops
+# checked in 69.5 ms instead of 76.4 (medians of 8, MXNet 1.9.1, 2 cores).  The same
+# operators run in the same order, so the values are the same; a read waits for the segment.
+_BULK = 16
+
+
 def _decide(op, params, shapes, dtypes, purpose, values) -> Verdict:
+    with mx.engine.bulk(_BULK):
+        return _decided(op, params, shapes, dtypes, purpose, values)
+
+
+def _decided(op, params, shapes, dtypes, purpose, values) -> Verdict:
     from . import backward, verify
     from .forward import ForwardGraph
     from .sample_inputs import placeholders
