@@ -151,3 +151,9 @@ def test_placeholders_that_fail_the_ops_checks_are_replaced_by_passing_values():
     x = rng.uniform(-1, 1, (2, 3)).astype(np.float32)
     weight = rng.uniform(1, 3, (2, 3)).astype(np.float32)
     assert trace.aside(closure_check.mismatch, weighted, {}, graph, [x, weight]) == ""
+
+
+def test_the_checks_put_the_trace_threads_engine_setting_back():
+    # (they run with MXNet's engine bulking operators on that thread: graph_verdicts._BULK)
+    _graph(cube, [(5, 2)])
+    assert trace.aside(mx.engine.set_bulk_size, 0) == 0
