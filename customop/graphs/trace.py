@@ -24,6 +24,7 @@ import numpy as np
 from mxnet.base import _LIB, check_call, py_str
 
 from .. import kernel, value_checks
+from ..nd_copies import ndarray
 from ..runtime import hooks
 from ..side_thread import SideThread
 from . import recorded_closures as gradient_closures
@@ -35,6 +36,7 @@ if TYPE_CHECKING:
 _HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the customop package
 _MXNET = os.path.dirname(os.path.abspath(mx.__file__))
 _op_names: dict[int, list[str]] = {}
+_op_kinds: dict[int, tuple] = {}  # handle -> what Log.invoked asks of its names
 
 
 def is_tracing() -> bool:
@@ -97,6 +99,7 @@ class Recording:
     guarded: dict[str, list] = field(default_factory=dict)  # node -> dtypes (rules.INDEX_GUARDS)
     forward_reads: int = 0  # reads[:forward_reads] happened in the forward (then: closures)
     closures: gradient_closures.Recorded | None = None  # what record(closures=) added
+    held: bool = True  # whether every require check held on these values (with closures)
 
 
 class Log:
@@ -109,7 +112,9 @@ class Log:
     def __init__(self, recorded: bool = True):
         self.recorded = recorded
         self.inputs: set[str] = set()  # the graph's names of the forward's inputs
-        self.arrays: list[mx.nd.NDArray] = []  # every array an operator read or wrote
+        self.arrays: list[mx.nd.NDArray] = []  # every array an operator read
+        # (and every array one wrote, kept alive so that no array handle is reused meanwhile)
+        self.written: list[mx.nd.NDArray] = []
         self.copies: list[mx.nd.NDArray] = []  # outputs of _copyto: astype() or a device copy
         self.randoms: list[str] = []
         self.reads: list[str] = []
@@ -146,18 +151,25 @@ class Log:
     def invoked(self, handle: int, ndargs: Any, result: Any) -> None:
         outs = result if isinstance(result, (list, tuple)) else [result]
         self.arrays.extend(ndargs)
-        self.arrays.extend(o for o in outs if isinstance(o, mx.nd.NDArray))
-        names = op_names(handle)
-        guarded = next((n for n in names if n in INDEX_GUARDS), None)
-        if guarded is not None and outs and len(ndargs) > 1:
+        self.written.extend(o for o in outs if isinstance(o, mx.nd.NDArray))
+        kinds = _op_kinds.get(handle)
+        if kinds is None:
+            names = op_names(handle)
+            kinds = _op_kinds[handle] = (
+                any(n in INDEX_GUARDS for n in names),
+                "_copyto" in names,
+                names[0] if any(RANDOM.search(n) for n in names) else None,
+            )
+        guarded, copy, random_name = kinds
+        if guarded and outs and len(ndargs) > 1:
             # the dtypes its index guard needs: each output's, then the index input's
             self.guarded.append(
                 (outs[0], [np.dtype(o.dtype) for o in outs] + [np.dtype(ndargs[1].dtype)])
             )
-        if "_copyto" in names and outs:
+        if copy and outs:
             self.copies.append(outs[0])
-        elif any(RANDOM.search(n) for n in names):
-            self.randoms.append(names[0])
+        elif random_name is not None:
+            self.randoms.append(random_name)
 
     def read(self, array: mx.nd.NDArray) -> None:
         if self.inputs & set(_graph_inputs(array)):
@@ -198,7 +210,7 @@ def record(
     (:mod:`customop.graphs.recorded_closures`; :mod:`customop.graphs.backward` transposes them).
     """
     ctx = ctx or mx.cpu()
-    xs = [mx.nd.array(v, ctx=ctx, dtype=v.dtype) for v in values]
+    xs = [ndarray(v, ctx) for v in values]
     for x in xs:
         x.attach_grad()
     log = Log()
@@ -228,6 +240,7 @@ def record(
                 op, closures, xs, outs, saved, params, log, np.random.RandomState(seed)
             )
             xs, outs = [*xs, *added.heads], [*outs, *added.grads]
+        inline = value_checks.applied()
     names = [mx.autograd.get_symbol(x).name for x in xs]
     symbols: list[Any] = []
     for o in outs:
@@ -248,7 +261,10 @@ def record(
     ]
     by_name = {n["name"]: i for i, n in enumerate(nodes)}
     heads_iter = iter([(int(h[0]), int(h[1])) for h in graph["heads"]])
-    free_values = _free_values(log.arrays, {n["name"] for n in nodes if n["op"] == "null"})
+    free_values = _free_values(
+        [*log.arrays, *log.written],
+        {n["name"] for n in nodes if n["op"] == "null"}.difference(names),
+    )
     heads: list[tuple[int, int]] = []
     free: dict[int, np.ndarray] = {}
     for sym, out in zip(symbols, outs):
@@ -270,6 +286,8 @@ def record(
         if found in by_name:
             nodes[by_name[found]]["attrs"]["__dtype__"] = np.dtype(copy.dtype).name
     inputs = [by_name.get(name) for name in names]
+    # (read after the recording: its reads are not the forward's)
+    held = closures is None or value_checks.all_hold([*conditions, *inline])
     return Recording(
         nodes=nodes,
         inputs=inputs,
@@ -284,6 +302,7 @@ def record(
         guarded={_graph_name(o): d for o, d in log.guarded},
         forward_reads=forward_reads,
         closures=added,
+        held=held,
         inner=list(dict.fromkeys(log.inner)),
         paused={
             i
@@ -309,9 +328,13 @@ def _graph_name(array: mx.nd.NDArray) -> str | None:
 def _free_values(arrays: list[mx.nd.NDArray], wanted: set[str]) -> dict[str, np.ndarray]:
     # A free array that a recorded operator read is given a variable node of its own
     # ('nullN') as its graph entry, so get_symbol on it names that node.
+    # (the arrays read come first: a free value is one; an array written is one only where
+    # the forward attached a gradient to it, as a head of its own)
     found: dict[str, np.ndarray] = {}
     seen: set[int] = set()
     for a in arrays:
+        if len(found) == len(wanted):
+            break
         key = a.handle.value
         if key in seen:
             continue

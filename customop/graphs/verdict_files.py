@@ -129,10 +129,22 @@ def save(key: str, outcome: dict[str, Any]) -> None:
         pass
 
 
+# Per folder, the entries this process counted at its last listing plus the files it wrote
+# there since.  The folder is listed at a process's first save in it and again once that
+# count passes MAX_FILES (another process's new entries count at the next listing): a listing
+# of a folder near the bound cost more than the write it follows (measured: docs/design.md).
+_counted: dict[str, int] = {}
+
+
 def _bound(where: str) -> None:
     """Keep at most :data:`MAX_FILES` entries: the least recently used go first."""
+    counted = _counted.get(where)
+    if counted is not None and counted < MAX_FILES:
+        _counted[where] = counted + 1
+        return
     with os.scandir(where) as found:  # (only names this module writes: the folder may hold others)
         entries = [e for e in found if _ENTRY.match(e.name) or _TEMP.match(e.name)]
+    _counted[where] = sum(1 for e in entries if _ENTRY.match(e.name))
     if len(entries) <= MAX_FILES and not any(e.name.startswith(".tmp-") for e in entries):
         return
     now = time.time()
@@ -148,8 +160,10 @@ def _bound(where: str) -> None:
         else:
             kept.append((when, e.path))
     kept.sort()
-    for _, path in kept[: max(0, len(kept) - MAX_FILES * 3 // 4) if len(kept) > MAX_FILES else 0]:
+    gone = max(0, len(kept) - MAX_FILES * 3 // 4) if len(kept) > MAX_FILES else 0
+    for _, path in kept[:gone]:
         _remove(path)
+    _counted[where] = len(kept) - gone
 
 
 def _remove(path: str) -> None:

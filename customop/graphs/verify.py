@@ -54,16 +54,24 @@ class Builder(Protocol):
 
     def guarded(self, graph: NativeGraph, rec: trace.Recording) -> NativeGraph: ...
 
+    # (asked only with verified(passing=True))
+    def passing(self, first: list) -> list: ...
 
-def verified(builder: Builder, shapes, dtypes, first: list) -> NativeGraph:
+    def candidates(self, first: list) -> list[list]: ...
+
+
+def verified(builder: Builder, shapes, dtypes, first: list, passing: bool = False) -> NativeGraph:
     """The builder's graph at this signature, traced on ``first``, once it passes every
     check (raises :class:`~customop.graphs.rules.NotNative` naming the one it fails).
+
+    ``passing``: ``first`` are placeholders, and the values traced on are the first of
+    ``builder.passing(first)``'s on which the op's own checks pass (see
+    :func:`customop.graphs.closure_check.passing`).
 
     The first recording keys a verdict kept on disk (:mod:`customop.graphs.verdict_files`):
     when a process checked the same recording of the same code before, its verdict stands
     and the other recordings and checks do not run."""
-    with code_hash.Calls(verdict_files.folder() is not None) as ran:  # (off: no tracer)
-        rec1 = builder.recorded(first, seed=5)
+    rec1, ran, first = _first_recording(builder, first, passing)
     key = saved_key(builder, shapes, dtypes, first, rec1, ran)
     if key is not None:
         graph = _recalled(builder, rec1, shapes, verdict_files.load(key))
@@ -80,6 +88,30 @@ def verified(builder: Builder, shapes, dtypes, first: list) -> NativeGraph:
             key, {"generic": list(graph.generic), "dtype_generic": graph.dtype_generic}
         )
     return builder.guarded(graph, rec1)
+
+
+def _first_recording(builder: Builder, first: list, passing: bool):
+    """The first recording, the code it ran and the values it ran on.
+
+    With ``passing``, ``builder.passing``'s candidates are recorded in its order, and the
+    first whose recording ran with every ``require`` check holding (``rec.held``) is taken:
+    the one ``builder.passing`` takes, the first on which the op's forward and closures run
+    without a failed check (it runs them once more for that).  Where a recording fails, or
+    none holds, ``builder.passing`` picks the values as before and they are recorded."""
+    on = verdict_files.folder() is not None  # (off: no tracer)
+    if passing:
+        for values in builder.candidates(first):
+            with code_hash.Calls(on) as ran:
+                try:
+                    rec1 = builder.recorded(values, seed=5)
+                except NotNative:
+                    break
+            if rec1.held:
+                return rec1, ran, values
+        first = builder.passing(first)
+    with code_hash.Calls(on) as ran:
+        rec1 = builder.recorded(first, seed=5)
+    return rec1, ran, first
 
 
 def _checked(builder: Builder, shapes, dtypes, first: list, rec1: trace.Recording) -> NativeGraph:

@@ -610,3 +610,19 @@ def test_corrupt_saved_graphs_splices_and_constants_are_misses(tmp_path, monkeyp
     part["heads"] = [[0, 0, 0]]
     planted(saved_constants._key(part))
     assert saved_constants._array(verdict_files.load(saved_constants._key(part))) is None
+
+
+def test_a_process_lists_the_folder_at_its_first_save_and_past_the_bound(tmp_path, monkeypatch):
+    monkeypatch.setenv(verdict_files.ENV, str(tmp_path))
+    monkeypatch.setattr(verdict_files, "MAX_FILES", 6)
+    listed = []
+    scandir = os.scandir
+    monkeypatch.setattr(os, "scandir", lambda path: listed.append(path) or scandir(path))
+    for i in range(6):
+        verdict_files.save(f"k{i}", {"n": i})
+        os.utime(verdict_files._file(str(tmp_path), f"k{i}")[0], (1000 + i, 1000 + i))
+    assert len(listed) == 1  # (its first save)
+    verdict_files.save("k6", {"n": 6})  # the seventh: listed, the least recent go, down to 4
+    assert len(listed) == 2
+    left = {k for k in (f"k{i}" for i in range(7)) if verdict_files.load(k) is not None}
+    assert left == {"k3", "k4", "k5", "k6"}
