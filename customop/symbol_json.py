@@ -41,7 +41,9 @@ class NativeGraph:
     specialized: str = ""  # why the graph holds only at this signature ("" when it does not)
     checks: int = 0  # customop.require conditions carried as NaN poisoning
     guards: list[str] = field(default_factory=list)  # operators given index guards
-    dtype_generic: bool = True
+    # Not checked (False): a signature at another dtype is verified on its own, as the
+    # verdicts and their shape families are keyed by dtype (customop.graphs.verify).
+    dtype_generic: bool = False
     generic: tuple = ()  # the sizes the graph was checked to hold at another value of
     note: str = ""  # how a def_grad op's gradient is carried (customop.graphs.backward)
     # A def_grad op's graph without its transposed closures, for graphs where none of the

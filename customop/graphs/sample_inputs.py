@@ -68,15 +68,5 @@ def grown(values, shapes) -> list[np.ndarray]:
     return out
 
 
-def other_dtypes(dtypes) -> tuple:
-    """The signature's float32 inputs as float64 and its other floats as float32."""
-    return tuple(
-        np.dtype(np.float64 if d == np.float32 else np.float32)
-        if np.issubdtype(d, np.floating)
-        else np.dtype(d)
-        for d in dtypes
-    )
-
-
 def shapes_text(shapes) -> str:
     return ", ".join(str(tuple(s)) for s in shapes)

@@ -73,6 +73,60 @@ def op_names(handle: int) -> list[str]:
     return _op_names.get(handle, [])
 
 
+def op_kinds(handle: int) -> tuple[bool, bool, str | None]:
+    """What a recording asks of an operator's names, by its handle: whether one is an
+    index guard's (rules.INDEX_GUARDS), whether one is ``_copyto``, and its first name
+    (:func:`op_names`) where one is random (rules.RANDOM), else None.
+
+    Told without :func:`op_names`' table of every operator (1,167 names looked up, about
+    1.5 ms at a process's first trace): the guards' and ``_copyto``'s handles are looked up
+    by name, and an operator is random where its own name is (in MXNet 1.9.1 an operator
+    has a random alias exactly where its own name is random: tested over every operator);
+    only a random operator's first name reads the table."""
+    if not _named:
+        for name in (*INDEX_GUARDS, "_copyto"):
+            _named[name] = _handle(name)
+    random = RANDOM.search(_own_name(handle)) is not None
+    names = op_names(handle) if random else ()
+    return (
+        any(_named[n] == handle for n in INDEX_GUARDS),
+        _named["_copyto"] == handle,
+        names[0] if names else None,
+    )
+
+
+_named: dict[str, int | None] = {}  # operator name -> its handle (None: not an operator)
+
+
+def _handle(name: str) -> int | None:
+    h = ctypes.c_void_p()
+    try:
+        check_call(_LIB.NNGetOpHandle(ctypes.c_char_p(name.encode()), ctypes.byref(h)))
+    except mx.base.MXNetError:
+        return None
+    return h.value
+
+
+def _own_name(handle: int) -> str:
+    """The name an operator was registered with (not an alias)."""
+    name, text = ctypes.c_char_p(), ctypes.c_char_p()
+    count = ctypes.c_uint()
+    names, types, texts = (ctypes.POINTER(ctypes.c_char_p)() for _ in range(3))
+    check_call(
+        _LIB.NNGetOpInfo(
+            ctypes.c_void_p(handle),
+            ctypes.byref(name),
+            ctypes.byref(text),
+            ctypes.byref(count),
+            ctypes.byref(names),
+            ctypes.byref(types),
+            ctypes.byref(texts),
+            ctypes.byref(text),
+        )
+    )
+    return py_str(name.value)
+
+
 @dataclass
 class Recording:
     """One run of a forward under ``record()``, read back as a graph.
@@ -154,12 +208,7 @@ class Log:
         self.written.extend(o for o in outs if isinstance(o, mx.nd.NDArray))
         kinds = _op_kinds.get(handle)
         if kinds is None:
-            names = op_names(handle)
-            kinds = _op_kinds[handle] = (
-                any(n in INDEX_GUARDS for n in names),
-                "_copyto" in names,
-                names[0] if any(RANDOM.search(n) for n in names) else None,
-            )
+            kinds = _op_kinds[handle] = op_kinds(handle)
         guarded, copy, random_name = kinds
         if guarded and outs and len(ndargs) > 1:
             # the dtypes its index guard needs: each output's, then the index input's

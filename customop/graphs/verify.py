@@ -27,7 +27,7 @@ from ..symbol_json import NativeGraph
 from . import code_hash, compare, registration, trace, verdict_files
 from . import constants as consts
 from .rules import RECORDED_REFUSALS, TRACE_REFUSALS, TRAIN, NotNative
-from .sample_inputs import other_dtypes, other_shapes, perturbed, shapes_text
+from .sample_inputs import other_shapes, perturbed, shapes_text
 
 
 class Builder(Protocol):
@@ -78,15 +78,13 @@ def verified(builder: Builder, shapes, dtypes, first: list, passing: bool = Fals
         if graph is not None:
             return builder.guarded(graph, rec1)
     try:
-        graph = _checked(builder, shapes, dtypes, first, rec1)
+        graph = _checked(builder, shapes, first, rec1)
     except NotNative as exc:
         if key is not None:
             verdict_files.save(key, {"rule": exc.rule, "reason": str(exc)})
         raise
     if key is not None:
-        verdict_files.save(
-            key, {"generic": list(graph.generic), "dtype_generic": graph.dtype_generic}
-        )
+        verdict_files.save(key, {"generic": list(graph.generic)})
     return builder.guarded(graph, rec1)
 
 
@@ -114,7 +112,7 @@ def _first_recording(builder: Builder, first: list, passing: bool):
     return rec1, ran, first
 
 
-def _checked(builder: Builder, shapes, dtypes, first: list, rec1: trace.Recording) -> NativeGraph:
+def _checked(builder: Builder, shapes, first: list, rec1: trace.Recording) -> NativeGraph:
     second = perturbed(first)
     rec2 = builder.recorded(second, seed=6)
     if compare.structure(rec1) != compare.structure(rec2):
@@ -130,7 +128,6 @@ def _checked(builder: Builder, shapes, dtypes, first: list, rec1: trace.Recordin
         graph.specialized = generality(builder, graph, shapes, first)
         if graph.specialized:
             raise NotNative.of("shape-specialized", graph.specialized)
-        graph.dtype_generic = dtype_generic(builder, graph, shapes, dtypes, first)
     return graph
 
 
@@ -146,15 +143,15 @@ def _recalled(builder: Builder, rec1: trace.Recording, shapes, saved) -> NativeG
     rule, reason = saved.get("rule"), saved.get("reason")
     if isinstance(rule, str) and isinstance(reason, str) and rule in _RULES:
         raise NotNative(reason, rule)
-    generic, same_dtypes = saved.get("generic"), saved.get("dtype_generic")
-    if not isinstance(generic, list) or not isinstance(same_dtypes, bool):
+    generic = saved.get("generic")
+    if not isinstance(generic, list):
         return None
     if not all(type(d) is int and d > 0 for d in generic):
         return None
     graph = builder.build(rec1, shapes)
     graph.checks = rec1.checks
     if builder.purpose == TRAIN:
-        graph.generic, graph.dtype_generic = tuple(generic), same_dtypes
+        graph.generic = tuple(generic)
     return graph
 
 
@@ -241,16 +238,3 @@ def generality(builder: Builder, graph: NativeGraph, shapes, first) -> str:
     return (
         "not checked: the forward refused every other input shape tried (" + "; ".join(tried) + ")"
     )
-
-
-def dtype_generic(builder: Builder, graph: NativeGraph, shapes, dtypes, first: list) -> bool:
-    """Whether the graph is the same with the float inputs of another precision (then one
-    graph serves both, else calls are keyed by dtype)."""
-    other = other_dtypes(dtypes)
-    if other == tuple(dtypes):
-        return True
-    try:
-        alt, _ = builder.at([v.astype(d) for v, d in zip(first, other)], shapes)
-    except Exception:  # noqa: BLE001 - then calls are keyed by dtype
-        return False
-    return not compare.difference(graph, alt)

@@ -284,13 +284,26 @@ def test_traces_are_cached_per_op_params_and_signature():
     calls["square"] = 0
     first = graph_verdicts.native_graph(square, {}, [(2, 3)], ["float32"], TRAIN)
     traced = calls["square"]
-    assert traced >= 2  # two values, then other shapes and dtypes
+    assert traced >= 2  # two values, then other shapes
     assert graph_verdicts.native_graph(square, {}, [(2, 3)], ["float32"], TRAIN) is first
     assert calls["square"] == traced
     graph_verdicts.native_graph(square, {}, [(5, 7)], ["float32"], TRAIN)  # other sizes
     assert calls["square"] == traced  # (checked at other values of both: it serves these)
     graph_verdicts.native_graph(square, {}, [(2, 1)], ["float32"], TRAIN)  # an axis of size 1
     assert calls["square"] > traced
+
+
+def test_another_dtype_is_its_own_signature_checked_when_called():
+    graph_verdicts.clear_cache()
+    calls["square"] = 0
+    first = graph_verdicts.native_graph(square, {}, [(2, 3)], ["float32"], TRAIN)
+    traced = calls["square"]
+    wide = graph_verdicts.native_graph(square, {}, [(2, 3)], ["float64"], TRAIN)
+    assert calls["square"] > traced  # recorded and checked at float64, not taken from float32
+    assert wide is not first and wide.inlines, wide.reason
+    x = np.random.RandomState(4).randn(4, 5)  # (its family: other sizes of float64)
+    np.testing.assert_array_equal(symbol_json.evaluate(wide.graph, [x])[0], x * x)
+    assert symbol_json.evaluate(wide.graph, [x])[0].dtype == np.float64
 
 
 def test_is_tracing_is_true_inside_a_traced_forward_only():

@@ -172,3 +172,31 @@ def test_a_bfloat16_signature_is_refused_by_its_entry():
     )
     assert verdict.graph is None and verdict.rule == "bfloat16"
     assert verdict.reason == rules.TRACE_REFUSALS["bfloat16"]
+
+
+def test_what_a_trace_asks_of_an_operator_is_what_all_its_names_say():
+    # trace.op_kinds reads an operator's own name and a few handles, not the table of every
+    # name; the table here is MXNet's list of every name and alias, looked up one by one
+    import ctypes
+
+    from mxnet.base import _LIB, check_call, py_str
+
+    from customop.graphs import trace
+
+    size, listed = ctypes.c_uint(), ctypes.POINTER(ctypes.c_char_p)()
+    check_call(_LIB.MXListAllOpNames(ctypes.byref(size), ctypes.byref(listed)))
+    names: dict[int, list[str]] = {}
+    for i in range(size.value):
+        name, h = py_str(listed[i]), ctypes.c_void_p()
+        check_call(_LIB.NNGetOpHandle(ctypes.c_char_p(name.encode()), ctypes.byref(h)))
+        names.setdefault(h.value, []).append(name)
+    assert len(names) > 500
+    for handle, its in names.items():
+        random = any(rules.RANDOM.search(n) for n in its)
+        want = (
+            any(n in rules.INDEX_GUARDS for n in its),
+            "_copyto" in its,
+            its[0] if random else None,
+        )
+        assert trace.op_kinds(handle) == want, its
+    assert sum(trace.op_kinds(h)[2] is not None for h in names) > 20  # (random ones are seen)
