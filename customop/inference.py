@@ -80,6 +80,9 @@ class Inference:
         # entry is found again by the same placeholder run)
         self.by_signature = budget.Table()
         self.by_shapes = budget.Table()
+        # infer_shape='s answer by (parameters' key, input shapes): the type pass asks again
+        # at the shapes the shape pass just asked, with dtypes (infer_shape= reads no dtype)
+        self.user_shapes = budget.Table()
 
     def record(
         self,
@@ -109,7 +112,7 @@ class Inference:
             return found
         op = self.op
         if op.user_infer_shape is not None:
-            metas = self._from_user(params, shapes, dtypes)
+            metas = self._from_user(params, shapes, dtypes, pkey)
         elif dtypes is not None:
             metas = self._run(params, shapes, dtypes)
         else:
@@ -220,17 +223,21 @@ class Inference:
                 continue
         return False
 
-    def _from_user(self, params, shapes, dtypes) -> tuple[OutputMeta, ...]:
+    def _from_user(self, params, shapes, dtypes, pkey=None) -> tuple[OutputMeta, ...]:
         op = self.op
         n = op.outputs.of(params)
-        out_shapes = op.user_infer_shape(*[tuple(s) for s in shapes], **params)
-        if (
-            n == 1
-            or isinstance(out_shapes, tuple)
-            and all(isinstance(d, (int, np.integer)) for d in out_shapes)
-        ):
-            out_shapes = [out_shapes]
-        out_shapes = list(out_shapes)
+        out_shapes = self.user_shapes.recall((pkey, shapes)) if pkey is not None else None
+        if out_shapes is None:
+            out_shapes = op.user_infer_shape(*[tuple(s) for s in shapes], **params)
+            if (
+                n == 1
+                or isinstance(out_shapes, tuple)
+                and all(isinstance(d, (int, np.integer)) for d in out_shapes)
+            ):
+                out_shapes = [out_shapes]
+            out_shapes = list(out_shapes)
+            if pkey is not None and len(out_shapes) == n:
+                self.user_shapes.keep((pkey, shapes), out_shapes, INFERRED)
         out_dtypes = self.dtypes_only(params, dtypes or tuple(np.dtype(np.float32) for _ in shapes))
         if len(out_shapes) != n:
             raise op.error(
