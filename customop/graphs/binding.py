@@ -48,6 +48,7 @@ def spliced(
     known: splice.Inferred | None = None,
     text: str | None = None,
     saved: bool = False,
+    remember: bool = True,
 ) -> splice.Spliced | None:
     """``sym`` inlined for training, or None when nothing in it inlines.
 
@@ -61,7 +62,10 @@ def spliced(
     nothing changes).  ``saved``: a process's first splice of this graph may be read from
     (and is written to) :mod:`customop.graphs.saved_splices` (executors' binds: a process
     often binds a model once; a hybridized block, which meets many signatures, fills this
-    process's tables at its first one instead).
+    process's tables at its first one instead).  ``remember``: the splice is kept in this
+    module's table by signature (binds); a caller that keeps its own per signature (a
+    hybridized block's plan) passes False: its entries would only be found again by that
+    caller, which never asks twice, and would take the budget's room from the others.
     """
     if runtime.disabled("inline"):
         return None
@@ -85,17 +89,19 @@ def spliced(
         dtypes = dtypes(read)
     if callable(grads):
         grads = grads(read)
-    key = (
-        text,
-        tuple(op for _, op in ours),
-        _signature(shapes),
-        _signature(dtypes),
-        None if grads is None else frozenset(grads),
-    )
-    with _splices_lock:
-        if key in _splices:
-            _splices.move_to_end(key)
-            return _splices[key]
+    key = None
+    if remember or saved:
+        key = (
+            text,
+            tuple(op for _, op in ours),
+            _signature(shapes),
+            _signature(dtypes),
+            None if grads is None else frozenset(grads),
+        )
+        with _splices_lock:
+            if key in _splices:
+                _splices.move_to_end(key)
+                return _splices[key]
     # (a process's first look at the graph reads the splice an earlier process saved)
     file_key = saved_splices.key_of(text, list(key[1]), key[2:]) if saved else None
     found = saved_splices.recalled(file_key, graph) if file_key is not None else None
@@ -137,9 +143,10 @@ def spliced(
         found.source = text
     if found is not None and file_key is not None:
         saved_splices.keep(file_key, found)
-    cost = budget.RECALLED + (SPLICE_FACTOR * len(text) if found is not None else len(text))
-    with _splices_lock:
-        _splices.keep(key, found, cost)
+    if key is not None:
+        cost = budget.RECALLED + (SPLICE_FACTOR * len(text) if found is not None else len(text))
+        with _splices_lock:
+            _splices.keep(key, found, cost)
     return found
 
 

@@ -177,7 +177,9 @@ class CachedPlan:
             }
         else:
             grads = {self.names[i] for i, m in zip(by_grads.inputs, mask) if m}
-        found = binding.spliced(self.sym, shapes, dtypes, grads, known, self.text)
+        found = binding.spliced(
+            self.sym, shapes, dtypes, grads, known, self.text, remember=False
+        )  # (kept here, by signature: self.built)
         built = self._cached(found)
         if by_grads is not None:
             by_grads.built[mask] = built

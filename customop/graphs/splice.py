@@ -141,25 +141,59 @@ def _types_hold(graph: dict[str, Any], out_shapes: list, types: list) -> bool:
     rows = graph.get("node_row_ptr")
     if rows is None or len(types) != rows[-1] or len(out_shapes or ()) != rows[-1]:
         return False
-    for i, node, op_type in symbol_json.custom_nodes(graph):
-        op = registry.lookup(op_type)
-        if op is None or op.signature.aux:
+    nodes = _typed_nodes(graph)
+    if nodes is None:
+        return False
+    for op, params, pkey, entries, outs in nodes:
+        try:
+            in_shapes = tuple(tuple(int(d) for d in out_shapes[r]) for r in entries)
+            if not all(s and all(d > 0 for d in s) for s in in_shapes):
+                return False
+            in_types = tuple(np.dtype(types[r]) for r in entries)
+            metas = op.inference.outputs(pkey, dict(params), in_shapes, in_types)
+        except Exception:  # noqa: BLE001 - the pass runs, and raises it as before
             return False
+        if [m.dtype for m in metas] != [np.dtype(t) for t in types[outs]]:
+            return False
+    return True
+
+
+# What _types_hold reads of each Custom node of a graph, by the graph (kept with it: its id
+# is the key): the operator, its decoded parameters and their key, the rows of its inputs
+# and the slice of its outputs; None where a node is not one of ours without aux states, or
+# its attributes do not decode (the type pass then runs, and raises what it raises).  A
+# graph binds and CachedOps splice is one object per JSON text (customop.graphs.binding),
+# so each new signature finds it; an operator redefined in place is looked up again (its
+# registration is in the key).  Under the memory budget of customop.budget.
+_typed = budget.Table()
+_typed_lock = threading.Lock()
+
+
+def _typed_nodes(graph: dict[str, Any]) -> list | None:
+    found_ops = [(i, node, registry.lookup(t)) for i, node, t in symbol_json.custom_nodes(graph)]
+    key = (id(graph), tuple(op for _, _, op in found_ops))
+    with _typed_lock:
+        found = _typed.recall(key)
+    if found is not None and found[0] is graph:
+        return found[1]
+    rows = graph["node_row_ptr"]
+    nodes: list | None = []
+    for i, node, op in found_ops:
+        if op is None or op.signature.aux:
+            nodes = None
+            break
         kwargs = {k: v for k, v in symbol_json.attrs(node).items() if k != "op_type"}
         kwargs.pop(errors.CALL_KEY, None)
         try:
             params, pkey = decode_cached(kwargs)
-            entries = [(e[0], e[1]) for e in node["inputs"]]
-            in_shapes = tuple(tuple(int(d) for d in out_shapes[rows[j] + k]) for j, k in entries)
-            if not all(s and all(d > 0 for d in s) for s in in_shapes):
-                return False
-            in_types = tuple(np.dtype(types[rows[j] + k]) for j, k in entries)
-            metas = op.inference.outputs(pkey, params, in_shapes, in_types)
         except Exception:  # noqa: BLE001 - the pass runs, and raises it as before
-            return False
-        if [m.dtype for m in metas] != [np.dtype(t) for t in types[rows[i] : rows[i + 1]]]:
-            return False
-    return True
+            nodes = None
+            break
+        entries = tuple(rows[e[0]] + e[1] for e in node["inputs"])
+        nodes.append((op, params, pkey, entries, slice(rows[i], rows[i + 1])))
+    with _typed_lock:
+        _typed.keep(key, (graph, nodes), budget.RECALLED)
+    return nodes
 
 
 def gradient_sources(graph: dict[str, Any], entries: list) -> set[str]:

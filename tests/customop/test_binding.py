@@ -323,3 +323,27 @@ def test_a_new_shape_runs_each_ops_type_function_and_its_checks_not_the_type_pas
         run(7, np.float16)
     assert type_passes  # (the pass ran again, and raised)
     run(7, np.float32)  # other dtypes: their own type pass
+
+
+class _Rebound(mx.gluon.HybridBlock):
+    def hybrid_forward(self, F, x, w):
+        return _rebound(x, w) + 1
+
+
+def test_a_hybridized_blocks_signatures_are_kept_by_its_plan_not_in_the_binds_table():
+    # each new signature settles once in the block's plan (customop.graphs.inline); the binds'
+    # table of splices by signature would only hold copies no one asks for, and budget room
+    binding.clear_cache()
+    block = _Rebound()
+    block.hybridize()
+    w = np.full((1, 3), 0.5)
+    for rows in (2, 3, 4, 3):
+        x = np.random.RandomState(rows).randn(rows, 3)
+        out = block(mx.nd.array(x), mx.nd.array(w)).asnumpy()
+        np.testing.assert_allclose(out, _expected(x, w)[0], rtol=1e-5)
+    assert len(binding._splices) == 0
+    exe = _sym().simple_bind(mx.cpu(), x=(2, 3), w=(1, 3))  # a bind keeps its splice
+    assert len(binding._splices) == 1
+    x = np.random.RandomState(2).randn(2, 3)
+    for found, expected in zip(_run(exe, x, w), _expected(x, w)):
+        np.testing.assert_allclose(found, expected, rtol=1e-5)

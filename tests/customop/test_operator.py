@@ -256,6 +256,37 @@ def test_explicit_infer_shape_and_infer_type_for_forwards_that_cannot_run_on_pla
     assert "infer_shape=" in "".join(getattr(err.value, "__notes__", [])) + str(err.value)
 
 
+def test_infer_shape_runs_once_per_signature_and_the_type_pass_still_runs_infer_type():
+    # the type pass asks again at the shapes the shape pass asked, with dtypes: infer_shape=
+    # (which reads no dtype) answers from its first run there; infer_type= runs, checks and all
+    shapes_asked, types_asked = [], []
+
+    def infer_type(xt):
+        types_asked.append(np.dtype(xt))
+        if np.dtype(xt) == np.float16:
+            raise TypeError("customop 'tests.doubled_rows': x must not be float16")
+        return xt
+
+    op = customop(
+        "numpy",
+        name="tests.doubled_rows",
+        infer_shape=lambda xs: shapes_asked.append(xs) or (xs[0] * 2, *xs[1:]),
+        infer_type=infer_type,
+    )(lambda x: np.concatenate([x, x]))
+    sym = op(mx.sym.var("x"))
+    for n in (3, 4):
+        args, outs, _ = sym.infer_shape(x=(n, 5))
+        assert outs == [(2 * n, 5)]
+        assert sym.infer_type(x=np.float64)[1] == [np.float64]
+        exe = sym.simple_bind(mx.cpu(), x=(n, 5), type_dict={"x": np.float64}, grad_req="null")
+        x = np.arange(n * 5, dtype=np.float64).reshape(n, 5)
+        np.testing.assert_array_equal(exe.forward(x=x)[0].asnumpy(), np.concatenate([x, x]))
+    assert shapes_asked == [(3, 5), (4, 5)]  # (its own answer at a signature it answered)
+    assert np.dtype(np.float64) in types_asked
+    with pytest.raises(TypeError, match="x must not be float16"):
+        sym.simple_bind(mx.cpu(), x=(4, 5), type_dict={"x": np.float16}, grad_req="null")
+
+
 # ---- 5. keyword parameters -------------------------------------------------------------------
 PARAMS = dict(alpha=0.5, mode="valid", axes=(1, 2), flag=True, extra=None)
 
