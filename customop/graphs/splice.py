@@ -47,7 +47,6 @@ class Spliced:
     verdicts: dict[str, Any] = field(default_factory=dict)  # node -> its graph_verdicts.Verdict
     kept: list[Kept] = field(default_factory=list)
     constants: dict[str, np.ndarray] = field(default_factory=dict)  # new variables (export)
-    dtype_generic: bool = True
     # inputs of the graph whose need of a gradient chose a node's forward-only graph or its
     # full one (see inline's grads=)
     switches: set[str] = field(default_factory=set)
@@ -320,7 +319,6 @@ def inline(
         else:
             graphs[i] = verdict.graph
             result.verdicts[node["name"]] = verdict
-            result.dtype_generic &= verdict.graph.dtype_generic
             if verdict.graph.forward_only is not None and grads is not None:
                 sources = _sources_of(
                     graph, [node["inputs"][k] for k in verdict.graph.differentiates]

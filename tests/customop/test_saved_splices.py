@@ -146,6 +146,30 @@ def test_a_bad_signature_still_raises_the_ops_error_and_corrupt_entries_miss(fol
     assert exe.customop_inlined is not None  # spliced again
 
 
+@pytest.mark.parametrize("source_read", [True, False])
+def test_an_entry_another_customop_source_saved_is_a_miss(folder, monkeypatch, source_read):
+    # Issue 55: customop's source is checked in the entry (the key leaves it out, so that a
+    # process's first look at its source runs while MXNet reads the saved graph on another
+    # thread): an entry saved under another source is never taken, whether the source was
+    # read before the bind or is read during it.
+    from customop.graphs import code_hash
+
+    sym = ops.smooth_l1(mx.sym.var("x") * 2, mx.sym.var("s"))
+    first = sym.simple_bind(mx.cpu(), x=(2, 3), s=(1,)).customop_inlined.tojson()
+    ours = code_hash.customop_source()
+    inlines = []
+    inline = splice.inline
+    monkeypatch.setattr(splice, "inline", lambda *a, **k: inlines.append(a) or inline(*a, **k))
+    # (each miss splices and saves anew: the entry then holds that process's source)
+    for source, taken in ((ours, True), ("another source", False), (ours, False)):
+        _as_new_process()
+        inlines.clear()
+        monkeypatch.setattr(code_hash, "_source", [source] if source_read else [])
+        monkeypatch.setattr(code_hash, "_source_digest", lambda s=source: s)
+        exe = sym.simple_bind(mx.cpu(), x=(2, 3), s=(1,))
+        assert (inlines == []) is taken and exe.customop_inlined.tojson() == first
+
+
 def test_a_graph_with_an_op_outside_the_library_is_not_saved(folder):
     @customop("mxnet")
     def twice(x):
