@@ -119,8 +119,14 @@ def recalled(key: str, graph: dict[str, Any]) -> splice.Spliced | None:
     if sym is None:
         return None
     splice.adopt(made, sym, attrs)  # (the next signature of its family makes that graph again)
+    verdicts = saved.get("verdicts")
     return splice.Spliced(
-        sym, inlined=inlined, switches=switches, input_shapes=shapes, signatures=signatures
+        sym,
+        inlined=inlined,
+        switches=switches,
+        input_shapes=shapes,
+        signatures=signatures,
+        saved_verdicts=verdicts if isinstance(verdicts, str) else None,
     )
 
 
@@ -166,8 +172,20 @@ def keep(key: str, found: splice.Spliced) -> None:
             for n, (shapes, dtypes) in found.signatures.items()
         },
         "digest": splice.digest(found.graph),
+        # (the ops' verdicts, as saved_graphs saves them: the first new box count after a
+        # read asks for them with this one file read; JSON text, parsed only then)
+        "verdicts": json.dumps(_verdicts(found)),
     }
     verdict_files.save(key, outcome)
+
+
+def _verdicts(found: splice.Spliced) -> dict[str, Any]:
+    out = {}
+    for name, verdict in found.verdicts.items():
+        data = saved_graphs.data_of(verdict.graph) if verdict.graph is not None else None
+        if data is not None:
+            out[name] = {"graph": data, "reason": verdict.reason, "rule": verdict.rule}
+    return out
 
 
 # A saved graph is MXNet's JSON text cut where each variable's attributes go: the text

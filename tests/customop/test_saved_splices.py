@@ -92,7 +92,8 @@ def test_a_new_box_count_after_a_read_takes_the_graph_read_and_computes_the_same
     folder, monkeypatch
 ):
     # Issue 55: after a first bind that read its splice, a new box count of the same family
-    # asks the ops' graphs at the saved signatures (no splice of the first one), reads the
+    # asks the ops' graphs at the saved signatures (their verdicts read with the splice, no
+    # splice of the first one), reads the
     # tidied graph (customop.graphs.saved_tidy: no rule but the settled one runs) and takes
     # the Symbol read at the first bind (the same graph: not loaded again).  Its forward and
     # gradients are those of a process that spliced both signatures.
@@ -122,7 +123,14 @@ def test_a_new_box_count_after_a_read_takes_the_graph_read_and_computes_the_same
         ),
     )
     before = sorted(p.name for p in folder.glob("*.json"))
+    from customop.graphs import verdict_files
+
+    read = []
+    load = verdict_files.load
+    monkeypatch.setattr(verdict_files, "load", lambda key: read.append(key) or load(key))
     exe, found = _step(sym, fixed, num_gt=4)
+    # (the ops' verdicts came with the splice's entry: no file of their own is read)
+    assert [json.loads(k)[0] for k in read] == ["tidied graph"]
     assert ran == [r.name for r in tidy.RULES if r.settled]
     assert exe.customop_inlined is first_exe.customop_inlined
     assert sorted(p.name for p in folder.glob("*.json")) == before
