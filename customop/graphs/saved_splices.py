@@ -42,6 +42,7 @@ Example:
 
 from __future__ import annotations
 
+import _thread
 import json
 import os
 import re
@@ -119,32 +120,40 @@ def recalled(key: str, graph: dict[str, Any]) -> splice.Spliced | None:
     if sym is None:
         return None
     splice.adopt(made, sym, attrs)  # (the next signature of its family makes that graph again)
-    verdicts = saved.get("verdicts")
     return splice.Spliced(
         sym,
         inlined=inlined,
         switches=switches,
         input_shapes=shapes,
         signatures=signatures,
-        saved_verdicts=verdicts if isinstance(verdicts, str) else None,
+        verdicts_key=_verdicts_key(key),
     )
 
 
 def _loaded_checking(text: str, source: str) -> mx.sym.Symbol | None:
     """The Symbol of ``text`` when customop's source is ``source`` (else None).  At a
-    process's first look at its source (90 files' sizes and times, 0.4-0.7 ms) MXNet reads
-    the graph meanwhile on another thread (1 ms for the RetinaNet-style head's 165 nodes;
-    ctypes lets go of the GIL)."""
+    process's first look at its source (90 files' sizes and times, 0.4-0.7 ms) another
+    thread reads it while MXNet reads the graph here (1 ms for the RetinaNet-style head's
+    165 nodes; ctypes lets go of the GIL meanwhile).  (A bare thread: ``threading``'s
+    start waits until the thread runs, 0.15-0.2 ms, the time this saves.)"""
     if code_hash.source_known():
         return _symbol(text) if code_hash.customop_source() == source else None
     found: list = []
-    reader = threading.Thread(target=lambda: found.append(_symbol(text)), daemon=True)
-    reader.start()
+    done = _thread.allocate_lock()
+    done.acquire()
+
+    def read() -> None:
+        try:
+            found.append(code_hash.customop_source())
+        finally:
+            done.release()
+
+    _thread.start_new_thread(read, ())
     try:
-        same = code_hash.customop_source() == source
+        sym = _symbol(text)
     finally:
-        reader.join()
-    return found[0] if same and found else None
+        done.acquire()
+    return sym if found and found[0] == source else None
 
 
 def _symbol(text: str) -> mx.sym.Symbol | None:
@@ -172,11 +181,27 @@ def keep(key: str, found: splice.Spliced) -> None:
             for n, (shapes, dtypes) in found.signatures.items()
         },
         "digest": splice.digest(found.graph),
-        # (the ops' verdicts, as saved_graphs saves them: the first new box count after a
-        # read asks for them with this one file read; JSON text, parsed only then)
-        "verdicts": json.dumps(_verdicts(found)),
     }
     verdict_files.save(key, outcome)
+    # (the ops' verdicts, as saved_graphs saves them, in a file of their own: the first new box
+    # count after a read reads one file for them, and the first bind does not read them)
+    verdict_files.save(_verdicts_key(key), {"source": source, "verdicts": _verdicts(found)})
+
+
+def verdicts(key: str) -> dict[str, Any] | None:
+    """The inlined ops' verdicts saved with a splice (``key``: its
+    :attr:`~customop.graphs.splice.Spliced.verdicts_key`), by node, as
+    :func:`customop.graphs.saved_graphs.recalled` takes them; None: no entry, or one another
+    customop source saved."""
+    saved = verdict_files.load(key)
+    if saved is None or saved.get("source") != code_hash.customop_source():
+        return None
+    found = saved.get("verdicts")
+    return found if isinstance(found, dict) else None
+
+
+def _verdicts_key(key: str) -> str:
+    return json.dumps(["spliced graph's verdicts", key])
 
 
 def _verdicts(found: splice.Spliced) -> dict[str, Any]:

@@ -58,8 +58,8 @@ class Spliced:
     signatures: dict[str, tuple] = field(default_factory=dict)
     # the graph ``symbol`` was loaded from (None: read back, customop.graphs.saved_splices)
     graph: dict[str, Any] | None = None
-    # read back: the inlined ops' saved verdicts, by node, as JSON text (or None)
-    saved_verdicts: str | None = None
+    # read back: the file key of the inlined ops' saved verdicts (customop.graphs.saved_splices)
+    verdicts_key: str | None = None
 
 
 @dataclass

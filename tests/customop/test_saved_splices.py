@@ -92,8 +92,8 @@ def test_a_new_box_count_after_a_read_takes_the_graph_read_and_computes_the_same
     folder, monkeypatch
 ):
     # Issue 55: after a first bind that read its splice, a new box count of the same family
-    # asks the ops' graphs at the saved signatures (their verdicts read with the splice, no
-    # splice of the first one), reads the
+    # asks the ops' graphs at the saved signatures (their verdicts saved with the splice, one
+    # file; no splice of the first one), reads the
     # tidied graph (customop.graphs.saved_tidy: no rule but the settled one runs) and takes
     # the Symbol read at the first bind (the same graph: not loaded again).  Its forward and
     # gradients are those of a process that spliced both signatures.
@@ -129,8 +129,8 @@ def test_a_new_box_count_after_a_read_takes_the_graph_read_and_computes_the_same
     load = verdict_files.load
     monkeypatch.setattr(verdict_files, "load", lambda key: read.append(key) or load(key))
     exe, found = _step(sym, fixed, num_gt=4)
-    # (the ops' verdicts came with the splice's entry: no file of their own is read)
-    assert [json.loads(k)[0] for k in read] == ["tidied graph"]
+    # (the ops' verdicts saved with the splice, in one file: no file of each op's is read)
+    assert [json.loads(k)[0] for k in read] == ["spliced graph's verdicts", "tidied graph"]
     assert ran == [r.name for r in tidy.RULES if r.settled]
     assert exe.customop_inlined is first_exe.customop_inlined
     assert sorted(p.name for p in folder.glob("*.json")) == before
@@ -227,3 +227,19 @@ def test_a_symbol_read_back_is_taken_only_by_a_graph_with_its_variables_attribut
     splice.adopt(splice.digest(same), read, {"c": {"__init__": '["zero", {}]'}})
     assert splice._loaded(same) is read
     binding.clear_cache()
+
+
+def test_the_ops_verdicts_saved_with_a_splice_are_taken_only_under_the_same_source(
+    folder, monkeypatch
+):
+    # Issue 55: the inlined ops' verdicts kept beside a splice (one file for the first new box
+    # count after a read) hold customop's source: another source's are never taken.
+    from customop.graphs import code_hash, verdict_files
+
+    key = saved_splices._verdicts_key("a splice's key")
+    held = {"node": {"graph": None, "reason": "r", "rule": ""}}
+    verdict_files.save(key, {"source": code_hash.customop_source(), "verdicts": held})
+    assert saved_splices.verdicts(key) == held
+    monkeypatch.setattr(code_hash, "_source", ["another source"])
+    assert saved_splices.verdicts(key) is None
+    assert saved_splices.verdicts(saved_splices._verdicts_key("another key")) is None
