@@ -6,12 +6,12 @@ makes of it, tidied, is decided by the graph's text, the signature it is bound a
 inputs that need gradients, customop's source and MXNet's, NumPy's and Python's versions.
 So the first splice of a graph in a process is kept in
 :mod:`customop.graphs.verdict_files` under that key (customop's source is held in the entry
-and checked at a read: a process's first look at its source then runs while MXNet reads the
-saved graph on another thread), and a later process's first bind of the
-same graph at the same signature reads it instead of running the ``Custom`` nodes' shape
-pass, recalling the ops' graphs and tidying (half of such a bind: ``BENCHMARKS.md``).  The
-signature read back passed every op's checks in the process that saved it, with the same
-code: they pass again.
+and checked at a read: a process's first look at its source then runs on another thread
+while MXNet reads the saved graph; the inlined ops' verdicts are kept in a file beside it),
+and a later process's first bind of the same graph at the same signature reads it instead
+of running the ``Custom`` nodes' shape pass, recalling the ops' graphs and tidying (half
+of such a bind: ``BENCHMARKS.md``).  The signature read back passed every op's checks in
+the process that saved it, with the same code: they pass again.
 
 Only an executor's bind reads or writes these files (``Symbol.simple_bind``/``bind``: a
 process often binds a model once), and only at a process's first look at a graph's text; its
