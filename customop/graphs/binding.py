@@ -110,7 +110,7 @@ def spliced(
         cost = budget.RECALLED + SPLICE_FACTOR * len(text)
         with _splices_lock:
             _splices.keep(key, found, cost)
-            _read_first[text] = found.signatures
+            _read_first[text] = (found.signatures, found.verdicts_key)
         return found
     with _splices_lock:
         first = _read_first.pop(text, None)
@@ -161,18 +161,21 @@ _HOLDING_MAX = 4096
 
 # Graphs whose first splice in this process was read from the saved files
 # (customop.graphs.saved_splices), by text, with the input signature of each node that
-# splice inlined: before another signature of the graph splices, the ops' graphs are asked
-# for at those signatures, as the first splice asked (read from the saved library graphs),
+# splice inlined and the key of the ops' verdicts saved with it: before another signature of
+# the graph splices, the ops' graphs are asked for at those signatures, as the first splice
+# asked (taken from those verdicts: one file, not one per op),
 # which fills their shape families, so that the new signature is served by its family as it
 # would have been (else it would be traced and checked anew: its own verdict was never
 # saved, its family's was).  The rest of what a first splice fills (the spliced graph, its
 # tidying and Symbol) is read back too (customop.graphs.saved_tidy, splice.adopt).
-_read_first: dict[str, dict] = {}
+_read_first: dict[str, tuple] = {}
 
 
-def _fill(signatures: dict[str, tuple], graph: dict[str, Any]) -> None:
+def _fill(first: tuple, graph: dict[str, Any]) -> None:
+    signatures, key = first  # (the ops' verdicts saved with the splice: one file)
     try:
-        splice.ask(graph, signatures, graph_verdicts.TRAIN)
+        saved = saved_splices.verdicts(key) if key is not None else None
+        splice.ask(graph, signatures, graph_verdicts.TRAIN, saved)
     except Exception:  # noqa: BLE001 - it passed in the process that saved it: the next one
         pass  # splices as it would have anyway
 

@@ -86,6 +86,7 @@ def native_graph(
     dtypes: Sequence[Any],
     purpose: str,
     values: Sequence[np.ndarray] | None = None,
+    saved: dict | None = None,
 ) -> Verdict:
     """The native graph of ``op`` at this signature for ``purpose``, or why there is none.
 
@@ -93,7 +94,9 @@ def native_graph(
     own gradient too.  ``values``: the inputs to trace on first (default: placeholders).
     A verdict traced on given values is not cached: the cached verdict, which every graph
     uses, is a function of the operator, its parameters and the signature only, whatever
-    ran before.
+    ran before.  ``saved``: a library op's outcome an earlier process saved for this
+    verdict, read by the caller with its own entry (:mod:`customop.graphs.saved_splices`),
+    taken where this op's own entry would be read.
     """
     if purpose not in PURPOSES:
         raise ValueError(f"purpose must be one of {PURPOSES}, got {purpose!r}")
@@ -111,7 +114,7 @@ def native_graph(
             found = Verdict(errors.shown(op.op_type), purpose, shapes, dtypes, graph)
             cost = budget.RECALLED
         else:
-            found = _saved(op, params, shapes, dtypes, purpose)
+            found = _saved(op, params, shapes, dtypes, purpose, saved)
             if found is None:
                 found = _traced(op, dict(params), shapes, dtypes, purpose, None)
                 if rules.op_refusal(op, purpose) is None:  # (a registration's refusal: not saved)
@@ -155,13 +158,13 @@ def _recalled(table: OrderedDict, key: tuple) -> Verdict | None:
         return found
 
 
-def _saved(op, params, shapes, dtypes, purpose) -> Verdict | None:
+def _saved(op, params, shapes, dtypes, purpose, given=None) -> Verdict | None:
     """A library op's verdict a process saved before (:mod:`customop.graphs.saved_graphs`);
     None for an op its registration refuses (``inline=False``...): that refusal is decided
     here, never read from a file."""
     if rules.op_refusal(op, purpose) is not None:
         return None
-    saved = saved_graphs.recalled(op, params, shapes, dtypes, purpose)
+    saved = saved_graphs.recalled(op, params, shapes, dtypes, purpose, given)
     if saved is None:
         return None
     return Verdict(errors.shown(op.op_type), purpose, shapes, dtypes, **saved)

@@ -40,12 +40,19 @@ from . import code_hash, registration, verdict_files
 _NUMERIC = "biufc"  # dtype kinds a constant is saved with (others: not saved)
 
 
-def recalled(op: Any, params: dict, shapes: tuple, dtypes: tuple, purpose: str) -> dict | None:
+def recalled(
+    op: Any, params: dict, shapes: tuple, dtypes: tuple, purpose: str, given: Any = None
+) -> dict | None:
     """``{"graph": NativeGraph | None, "reason": str, "rule": str}`` saved for this library
-    op's verdict, or None (not a library op, no entry, or one that does not read back)."""
-    key = _key(op, params, shapes, dtypes, purpose)
-    saved = verdict_files.load(key) if key is not None else None
-    if saved is None:
+    op's verdict, or None (not a library op, no entry, or one that does not read back).
+    ``given``: the entry's outcome, read by the caller from a file holding it under the
+    same source (:mod:`customop.graphs.saved_splices`): no file of its own is read."""
+    if given is not None:
+        saved = given
+    else:
+        key = _key(op, params, shapes, dtypes, purpose)
+        saved = verdict_files.load(key) if key is not None else None
+    if not isinstance(saved, dict):
         return None
     try:
         reason, rule, data = saved["reason"], saved["rule"], saved["graph"]

@@ -5,11 +5,13 @@ When every ``Custom`` node of a graph is one of customop's own library operators
 makes of it, tidied, is decided by the graph's text, the signature it is bound at, the
 inputs that need gradients, customop's source and MXNet's, NumPy's and Python's versions.
 So the first splice of a graph in a process is kept in
-:mod:`customop.graphs.verdict_files` under that key, and a later process's first bind of the
-same graph at the same signature reads it instead of running the ``Custom`` nodes' shape
-pass, recalling the ops' graphs and tidying (half of such a bind: ``BENCHMARKS.md``).  The
-signature read back passed every op's checks in the process that saved it, with the same
-code: they pass again.
+:mod:`customop.graphs.verdict_files` under that key (customop's source is held in the entry
+and checked at a read: a process's first look at its source then runs on another thread
+while MXNet reads the saved graph; the inlined ops' verdicts are kept in a file beside it),
+and a later process's first bind of the same graph at the same signature reads it instead
+of running the ``Custom`` nodes' shape pass, recalling the ops' graphs and tidying (half
+of such a bind: ``BENCHMARKS.md``).  The signature read back passed every op's checks in
+the process that saved it, with the same code: they pass again.
 
 Only an executor's bind reads or writes these files (``Symbol.simple_bind``/``bind``: a
 process often binds a model once), and only at a process's first look at a graph's text; its
@@ -40,6 +42,7 @@ Example:
 
 from __future__ import annotations
 
+import _thread
 import json
 import os
 import re
@@ -63,15 +66,14 @@ def key_of(text: str, ops: list, signature: tuple) -> str | None:
     """The file key of ``text``'s splice at ``signature`` (``binding.spliced``'s shapes,
     dtypes and gradient inputs), or None: not this process's first look at ``text``, the
     files are off, or an op is not the library's.  Variables' initializers are not in the
-    key: they compute nothing in the graph, and Gluon names a ``Constant``'s by its ``id``."""
+    key: they compute nothing in the graph, and Gluon names a ``Constant``'s by its ``id``.
+    customop's source is not in the key but in the entry (:func:`recalled` checks it while
+    MXNet reads the graph); its folder is (two checkouts keep an entry each)."""
     with _seen_lock:
         if text in _seen:
             return None
         _seen.add(text)
     if verdict_files.folder() is None or not all(saved_graphs.library(op) for op in ops):
-        return None
-    source = code_hash.customop_source()
-    if source is None:  # (changed since the import, or unreadable)
         return None
     shapes, dtypes, grads = signature
     return json.dumps(
@@ -83,56 +85,96 @@ def key_of(text: str, ops: list, signature: tuple) -> str | None:
             [[n, str(d)] for n, d in dtypes],
             None if grads is None else sorted(grads),
             os.environ.get("CUSTOMOP_RUNTIME_OFF", ""),
-            source,
+            code_hash.source_folders()[0],
             [mx.__version__, np.__version__, sys.version],
         ]
     )
 
 
 def recalled(key: str, graph: dict[str, Any]) -> splice.Spliced | None:
-    """The splice saved under ``key``, or None (no entry, or one that does not read back);
-    its variables take their attributes from ``graph``'s (the graph being bound)."""
+    """The splice saved under ``key``, or None (no entry, one that does not read back, or one
+    another customop source saved); its variables take their attributes from ``graph``'s
+    (the graph being bound)."""
     saved = verdict_files.load(key)
     if saved is None:
         return None
     try:
         attrs = {n["name"]: n.get("attrs") for n in graph["nodes"] if n["op"] == "null"}
-        sym = mx.sym.load_json(_joined(saved["graph"], attrs))
+        text = _joined(saved["graph"], attrs)
         inlined, switches = list(saved["inlined"]), set(saved["switches"])
         shapes = {str(n): tuple(int(d) for d in s) for n, s in saved["input_shapes"].items()}
-        generic, made = saved["dtype_generic"], saved["digest"]
+        made, source = saved["digest"], saved["source"]
         signatures = {
             str(n): ([tuple(int(d) for d in s) for s in sig[0]], [np.dtype(t) for t in sig[1]])
             for n, sig in saved["signatures"].items()
         }
         if (
-            not isinstance(generic, bool)
-            or not isinstance(made, str)
+            not isinstance(made, str)
+            or not isinstance(source, str)
             or not all(isinstance(n, str) for n in inlined)
         ):
             return None
     except Exception:  # noqa: BLE001 - an entry that does not read back is a miss
+        return None
+    sym = _loaded_checking(text, source)
+    if sym is None:
         return None
     splice.adopt(made, sym, attrs)  # (the next signature of its family makes that graph again)
     return splice.Spliced(
         sym,
         inlined=inlined,
         switches=switches,
-        dtype_generic=generic,
         input_shapes=shapes,
         signatures=signatures,
+        verdicts_key=_verdicts_key(key),
     )
+
+
+def _loaded_checking(text: str, source: str) -> mx.sym.Symbol | None:
+    """The Symbol of ``text`` when customop's source is ``source`` (else None).  At a
+    process's first look at its source (90 files' sizes and times, 0.4-0.7 ms) another
+    thread reads it while MXNet reads the graph here (1 ms for the RetinaNet-style head's
+    165 nodes; ctypes lets go of the GIL meanwhile).  (A bare thread: ``threading``'s
+    start waits until the thread runs, 0.15-0.2 ms, the time this saves.)"""
+    if code_hash.source_known():
+        return _symbol(text) if code_hash.customop_source() == source else None
+    found: list = []
+    done = _thread.allocate_lock()
+    done.acquire()
+
+    def read() -> None:
+        try:
+            found.append(code_hash.customop_source())
+        finally:
+            done.release()
+
+    _thread.start_new_thread(read, ())
+    try:
+        sym = _symbol(text)
+    finally:
+        done.acquire()
+    return sym if found and found[0] == source else None
+
+
+def _symbol(text: str) -> mx.sym.Symbol | None:
+    try:
+        return mx.sym.load_json(text)
+    except Exception:  # noqa: BLE001 - an entry MXNet does not read is a miss
+        return None
 
 
 def keep(key: str, found: splice.Spliced) -> None:
     """Save ``found`` under ``key`` when every node inlined (nothing kept, no new inputs)."""
     if found.kept or found.constants or found.input_shapes is None or found.graph is None:
         return
+    source = code_hash.customop_source()
+    if source is None:  # (changed since the import, or unreadable)
+        return
     outcome: dict[str, Any] = {
         "graph": _pieces(json.loads(found.symbol.tojson())),
         "inlined": list(found.inlined),
         "switches": sorted(found.switches),
-        "dtype_generic": bool(found.dtype_generic),
+        "source": source,
         "input_shapes": {n: list(s) for n, s in found.input_shapes.items()},
         "signatures": {
             n: [[list(s) for s in shapes], [np.dtype(t).name for t in dtypes]]
@@ -141,6 +183,34 @@ def keep(key: str, found: splice.Spliced) -> None:
         "digest": splice.digest(found.graph),
     }
     verdict_files.save(key, outcome)
+    # (the ops' verdicts, as saved_graphs saves them, in a file of their own: the first new box
+    # count after a read reads one file for them, and the first bind does not read them)
+    verdict_files.save(_verdicts_key(key), {"source": source, "verdicts": _verdicts(found)})
+
+
+def verdicts(key: str) -> dict[str, Any] | None:
+    """The inlined ops' verdicts saved with a splice (``key``: its
+    :attr:`~customop.graphs.splice.Spliced.verdicts_key`), by node, as
+    :func:`customop.graphs.saved_graphs.recalled` takes them; None: no entry, or one another
+    customop source saved."""
+    saved = verdict_files.load(key)
+    if saved is None or saved.get("source") != code_hash.customop_source():
+        return None
+    found = saved.get("verdicts")
+    return found if isinstance(found, dict) else None
+
+
+def _verdicts_key(key: str) -> str:
+    return json.dumps(["spliced graph's verdicts", key])
+
+
+def _verdicts(found: splice.Spliced) -> dict[str, Any]:
+    out = {}
+    for name, verdict in found.verdicts.items():
+        data = saved_graphs.data_of(verdict.graph) if verdict.graph is not None else None
+        if data is not None:
+            out[name] = {"graph": data, "reason": verdict.reason, "rule": verdict.rule}
+    return out
 
 
 # A saved graph is MXNet's JSON text cut where each variable's attributes go: the text

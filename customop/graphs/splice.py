@@ -47,7 +47,6 @@ class Spliced:
     verdicts: dict[str, Any] = field(default_factory=dict)  # node -> its graph_verdicts.Verdict
     kept: list[Kept] = field(default_factory=list)
     constants: dict[str, np.ndarray] = field(default_factory=dict)  # new variables (export)
-    dtype_generic: bool = True
     # inputs of the graph whose need of a gradient chose a node's forward-only graph or its
     # full one (see inline's grads=)
     switches: set[str] = field(default_factory=set)
@@ -59,6 +58,8 @@ class Spliced:
     signatures: dict[str, tuple] = field(default_factory=dict)
     # the graph ``symbol`` was loaded from (None: read back, customop.graphs.saved_splices)
     graph: dict[str, Any] | None = None
+    # read back: the file key of the inlined ops' saved verdicts (customop.graphs.saved_splices)
+    verdicts_key: str | None = None
 
 
 @dataclass
@@ -320,7 +321,6 @@ def inline(
         else:
             graphs[i] = verdict.graph
             result.verdicts[node["name"]] = verdict
-            result.dtype_generic &= verdict.graph.dtype_generic
             if verdict.graph.forward_only is not None and grads is not None:
                 sources = _sources_of(
                     graph, [node["inputs"][k] for k in verdict.graph.differentiates]
@@ -336,17 +336,25 @@ def inline(
     return result
 
 
-def ask(graph: dict[str, Any], signatures: dict[str, tuple], purpose: str) -> None:
+def ask(
+    graph: dict[str, Any],
+    signatures: dict[str, tuple],
+    purpose: str,
+    saved: dict[str, Any] | None = None,
+) -> None:
     """Ask :mod:`customop.graphs.graph_verdicts` for the graph of each ``Custom`` node of ours
     named in ``signatures``, at its input signature there (``(shapes, dtypes)``, as
     :attr:`Spliced.signatures` holds them): what :func:`inline` asks, without splicing (its
-    tables, the ops' shape families among them, are then filled as that splice fills them)."""
+    tables, the ops' shape families among them, are then filled as that splice fills them).
+    ``saved``: by node, its op's saved verdict read with the splice (no file of its own)."""
     nodes = graph["nodes"]
     for i, op in ours(graph):
-        found = signatures.get(nodes[i]["name"])
+        name = nodes[i]["name"]
+        found = signatures.get(name)
         if found is not None:
             kwargs = {k: v for k, v in symbol_json.attrs(nodes[i]).items() if k != "op_type"}
-            graph_verdicts.native_graph(op, decode_cached(kwargs)[0], *found, purpose)
+            given = (saved or {}).get(name)
+            graph_verdicts.native_graph(op, decode_cached(kwargs)[0], *found, purpose, saved=given)
 
 
 # Spliced graphs by the graph and the native graphs put in: a shape family's signatures get

@@ -92,7 +92,8 @@ def test_a_new_box_count_after_a_read_takes_the_graph_read_and_computes_the_same
     folder, monkeypatch
 ):
     # Issue 55: after a first bind that read its splice, a new box count of the same family
-    # asks the ops' graphs at the saved signatures (no splice of the first one), reads the
+    # asks the ops' graphs at the saved signatures (their verdicts saved with the splice, one
+    # file; no splice of the first one), reads the
     # tidied graph (customop.graphs.saved_tidy: no rule but the settled one runs) and takes
     # the Symbol read at the first bind (the same graph: not loaded again).  Its forward and
     # gradients are those of a process that spliced both signatures.
@@ -122,7 +123,14 @@ def test_a_new_box_count_after_a_read_takes_the_graph_read_and_computes_the_same
         ),
     )
     before = sorted(p.name for p in folder.glob("*.json"))
+    from customop.graphs import verdict_files
+
+    read = []
+    load = verdict_files.load
+    monkeypatch.setattr(verdict_files, "load", lambda key: read.append(key) or load(key))
     exe, found = _step(sym, fixed, num_gt=4)
+    # (the ops' verdicts saved with the splice, in one file: no file of each op's is read)
+    assert [json.loads(k)[0] for k in read] == ["spliced graph's verdicts", "tidied graph"]
     assert ran == [r.name for r in tidy.RULES if r.settled]
     assert exe.customop_inlined is first_exe.customop_inlined
     assert sorted(p.name for p in folder.glob("*.json")) == before
@@ -144,6 +152,30 @@ def test_a_bad_signature_still_raises_the_ops_error_and_corrupt_entries_miss(fol
     _as_new_process()
     exe = sym.simple_bind(mx.cpu(), x=(2, 3), s=(1,))
     assert exe.customop_inlined is not None  # spliced again
+
+
+@pytest.mark.parametrize("source_read", [True, False])
+def test_an_entry_another_customop_source_saved_is_a_miss(folder, monkeypatch, source_read):
+    # Issue 55: customop's source is checked in the entry (the key leaves it out, so that a
+    # process's first look at its source runs while MXNet reads the saved graph on another
+    # thread): an entry saved under another source is never taken, whether the source was
+    # read before the bind or is read during it.
+    from customop.graphs import code_hash
+
+    sym = ops.smooth_l1(mx.sym.var("x") * 2, mx.sym.var("s"))
+    first = sym.simple_bind(mx.cpu(), x=(2, 3), s=(1,)).customop_inlined.tojson()
+    ours = code_hash.customop_source()
+    inlines = []
+    inline = splice.inline
+    monkeypatch.setattr(splice, "inline", lambda *a, **k: inlines.append(a) or inline(*a, **k))
+    # (each miss splices and saves anew: the entry then holds that process's source)
+    for source, taken in ((ours, True), ("another source", False), (ours, False)):
+        _as_new_process()
+        inlines.clear()
+        monkeypatch.setattr(code_hash, "_source", [source] if source_read else [])
+        monkeypatch.setattr(code_hash, "_source_digest", lambda s=source: s)
+        exe = sym.simple_bind(mx.cpu(), x=(2, 3), s=(1,))
+        assert (inlines == []) is taken and exe.customop_inlined.tojson() == first
 
 
 def test_a_graph_with_an_op_outside_the_library_is_not_saved(folder):
@@ -195,3 +227,19 @@ def test_a_symbol_read_back_is_taken_only_by_a_graph_with_its_variables_attribut
     splice.adopt(splice.digest(same), read, {"c": {"__init__": '["zero", {}]'}})
     assert splice._loaded(same) is read
     binding.clear_cache()
+
+
+def test_the_ops_verdicts_saved_with_a_splice_are_taken_only_under_the_same_source(
+    folder, monkeypatch
+):
+    # Issue 55: the inlined ops' verdicts kept beside a splice (one file for the first new box
+    # count after a read) hold customop's source: another source's are never taken.
+    from customop.graphs import code_hash, verdict_files
+
+    key = saved_splices._verdicts_key("a splice's key")
+    held = {"node": {"graph": None, "reason": "r", "rule": ""}}
+    verdict_files.save(key, {"source": code_hash.customop_source(), "verdicts": held})
+    assert saved_splices.verdicts(key) == held
+    monkeypatch.setattr(code_hash, "_source", ["another source"])
+    assert saved_splices.verdicts(key) is None
+    assert saved_splices.verdicts(saved_splices._verdicts_key("another key")) is None
