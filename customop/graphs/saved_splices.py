@@ -148,7 +148,10 @@ def _loaded_checking(text: str, source: str) -> mx.sym.Symbol | None:
         finally:
             done.release()
 
-    _thread.start_new_thread(read, ())
+    try:
+        _thread.start_new_thread(read, ())
+    except RuntimeError:  # (no thread to be had: read here)
+        read()
     try:
         sym = _symbol(text)
     finally:
