@@ -43,6 +43,28 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: rank.get(item.path.relative_to(root).as_posix(), len(rank)))
 
 
+@pytest.fixture
+def tidy_rules_ran(monkeypatch):
+    """A function: from its call on, customop.graphs.tidy's rules append their names, as
+    they run, to the list it returns."""
+
+    def counting() -> list:
+        from customop.graphs import tidy
+
+        ran: list = []
+        monkeypatch.setattr(
+            tidy,
+            "RULES",
+            tuple(
+                r._replace(rewrite=lambda *a, _r=r: ran.append(_r.name) or _r.rewrite(*a))
+                for r in tidy.RULES
+            ),
+        )
+        return ran
+
+    return counting
+
+
 @pytest.fixture(autouse=True)
 def _seed():
     np.random.seed(0)

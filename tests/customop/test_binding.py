@@ -212,22 +212,16 @@ def _retinanet_head():
     return retinanet_head
 
 
-def test_a_new_box_count_of_a_verified_family_tidies_only_at_its_signature(counted, monkeypatch):
+def test_a_new_box_count_of_a_verified_family_tidies_only_at_its_signature(
+    counted, monkeypatch, tidy_rules_ran
+):
     # the rules that read the graph alone ran once for the family's spliced graph; at a new
     # box count only the settled one runs again, and the graph is the one tidying anew gives
     from customop.graphs import tidy
 
     R = _retinanet_head()
 
-    ran = []
-    monkeypatch.setattr(
-        tidy,
-        "RULES",
-        tuple(
-            r._replace(rewrite=lambda *a, _r=r: ran.append(_r.name) or _r.rewrite(*a))
-            for r in tidy.RULES
-        ),
-    )
+    ran = tidy_rules_ran()
     tidy.clear_cache()
     head = R.make_block()
     head.initialize()

@@ -89,7 +89,7 @@ def test_a_later_first_bind_reads_the_splice_with_the_same_bits(folder, monkeypa
 
 
 def test_a_new_box_count_after_a_read_takes_the_graph_read_and_computes_the_same_bits(
-    folder, monkeypatch
+    folder, monkeypatch, tidy_rules_ran
 ):
     # Issue 55: after a first bind that read its splice, a new box count of the same family
     # asks the ops' graphs at the saved signatures (their verdicts saved with the splice, one
@@ -113,15 +113,7 @@ def test_a_new_box_count_after_a_read_takes_the_graph_read_and_computes_the_same
     as_fresh_process()
     sym, fixed = _head_symbol()
     first_exe, _ = _step(sym, fixed)
-    ran = []
-    monkeypatch.setattr(
-        tidy,
-        "RULES",
-        tuple(
-            r._replace(rewrite=lambda *a, _r=r: ran.append(_r.name) or _r.rewrite(*a))
-            for r in tidy.RULES
-        ),
-    )
+    ran = tidy_rules_ran()
     before = sorted(p.name for p in folder.glob("*.json"))
     from customop.graphs import verdict_files
 
