@@ -13,6 +13,7 @@ exported graph (names, batch sizes, shape checks) are :mod:`customop.deploy.rewr
 from __future__ import annotations
 
 import json
+import re
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -218,6 +219,22 @@ def cached_op(graph: dict[str, Any]) -> tuple[mx.sym.Symbol, mx.nd.CachedOp]:
     else:
         ops.move_to_end(text)
     return found
+
+
+_INIT = re.compile(r'"__init__": "(?:[^"\\]|\\.)*"')  # a variable's initializer in JSON text
+
+
+def without_initializers(text: str) -> str:
+    """A graph's JSON ``text`` with each variable's initializer left empty: it computes
+    nothing in the graph, and Gluon names a ``Constant``'s by its ``id`` (another in each
+    process), so keys and digests of a graph leave it out.
+
+    Example:
+        >>> from customop.symbol_json import without_initializers
+        >>> without_initializers('{"attrs": {"__init__": "[\\\\"constant_13\\\\", {}]"}}')
+        '{"attrs": {"__init__": ""}}'
+    """
+    return _INIT.sub('"__init__": ""', text)
 
 
 def load(graph: dict[str, Any]) -> mx.sym.Symbol:

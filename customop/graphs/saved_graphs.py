@@ -31,7 +31,6 @@ import sys
 import types
 from typing import Any
 
-import mxnet as mx
 import numpy as np
 
 from ..symbol_json import NativeGraph
@@ -93,7 +92,7 @@ def _key(op: Any, params: dict, shapes: tuple, dtypes: tuple, purpose: str) -> s
             purpose,
             os.environ.get("CUSTOMOP_RUNTIME_OFF", ""),
             source,
-            [mx.__version__, np.__version__, sys.version],
+            verdict_files.VERSIONS,
         ]
     )
 

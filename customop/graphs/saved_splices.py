@@ -45,17 +45,14 @@ from __future__ import annotations
 import _thread
 import json
 import os
-import re
-import sys
 import threading
 from typing import Any
 
 import mxnet as mx
 import numpy as np
 
+from .. import symbol_json
 from . import code_hash, registration, saved_graphs, splice, verdict_files
-
-_INIT = re.compile(r'"__init__": "(?:[^"\\]|\\.)*"')  # a variable's initializer in MXNet's JSON
 
 # graph texts this process looked up: only the first look reads or writes a file
 _seen: set[str] = set()
@@ -79,14 +76,14 @@ def key_of(text: str, ops: list, signature: tuple) -> str | None:
     return json.dumps(
         [
             "spliced graph",
-            _INIT.sub('"__init__": ""', text),
+            symbol_json.without_initializers(text),
             [registration.fields(op) for op in ops],
             [[n, list(s)] for n, s in shapes],
             [[n, str(d)] for n, d in dtypes],
             None if grads is None else sorted(grads),
             os.environ.get("CUSTOMOP_RUNTIME_OFF", ""),
             code_hash.source_folders()[0],
-            [mx.__version__, np.__version__, sys.version],
+            verdict_files.VERSIONS,
         ]
     )
 

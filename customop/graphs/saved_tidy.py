@@ -28,16 +28,10 @@ Example:
 from __future__ import annotations
 
 import json
-import re
-import sys
 from typing import Any, Sequence
 
-import mxnet as mx
-import numpy as np
-
+from .. import symbol_json
 from . import code_hash, verdict_files
-
-_INIT = re.compile(r'"__init__": "(?:[^"\\]|\\.)*"')  # a variable's initializer in a graph's text
 
 
 def recalled(graph: dict[str, Any], text: str, rules: Sequence[str]) -> dict[str, Any] | None:
@@ -82,8 +76,7 @@ def _key(text: str, rules: Sequence[str]) -> str | None:
     source = code_hash.customop_source()  # (the rules are customop's code)
     if source is None:
         return None
-    versions = [mx.__version__, np.__version__, sys.version]
     # (variables' initializers compute nothing in the graph: Gluon names a Constant's by its
     # id, another in each process; a graph read back takes the variables' attributes anew)
-    text = _INIT.sub('"__init__": ""', text)
-    return json.dumps(["tidied graph", text, list(rules), source, versions])
+    text = symbol_json.without_initializers(text)
+    return json.dumps(["tidied graph", text, list(rules), source, verdict_files.VERSIONS])

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 import threading
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -173,10 +172,10 @@ _typed_lock = threading.Lock()
 def _typed_nodes(graph: dict[str, Any]) -> list | None:
     found_ops = [(i, node, registry.lookup(t)) for i, node, t in symbol_json.custom_nodes(graph)]
     key = (id(graph), tuple(op for _, _, op in found_ops))
-    with _typed_lock:
-        found = _typed.recall(key)
-    if found is not None and found[0] is graph:
-        return found[1]
+    return _per_graph(_typed, _typed_lock, key, graph, lambda: _typed_read(graph, found_ops))
+
+
+def _typed_read(graph: dict[str, Any], found_ops: list) -> list | None:
     rows = graph["node_row_ptr"]
     nodes: list | None = []
     for i, node, op in found_ops:
@@ -192,9 +191,20 @@ def _typed_nodes(graph: dict[str, Any]) -> list | None:
             break
         entries = tuple(rows[e[0]] + e[1] for e in node["inputs"])
         nodes.append((op, params, pkey, entries, slice(rows[i], rows[i + 1])))
-    with _typed_lock:
-        _typed.keep(key, (graph, nodes), budget.RECALLED)
     return nodes
+
+
+def _per_graph(table: budget.Table, lock: threading.Lock, key: tuple, graph: dict, make) -> Any:
+    # make()'s value kept in table under key (whose first item is id(graph)), with the graph
+    # itself: a graph freed and another made at its address is not mistaken for it
+    with lock:
+        found = table.recall(key)
+    if found is not None and found[0] is graph:
+        return found[1]
+    value = make()
+    with lock:
+        table.keep(key, (graph, value), budget.RECALLED)
+    return value
 
 
 def gradient_sources(graph: dict[str, Any], entries: list) -> set[str]:
@@ -228,14 +238,9 @@ _sources_lock = threading.Lock()
 
 def _sources_of(graph: dict[str, Any], entries: list) -> frozenset[str]:
     key = (id(graph), tuple((e[0], e[1]) for e in entries))
-    with _sources_lock:
-        found = _sources.recall(key)
-    if found is not None and found[0] is graph:
-        return found[1]
-    sources = frozenset(gradient_sources(graph, entries))
-    with _sources_lock:
-        _sources.keep(key, (graph, sources), budget.RECALLED)
-    return sources
+    return _per_graph(
+        _sources, _sources_lock, key, graph, lambda: frozenset(gradient_sources(graph, entries))
+    )
 
 
 def ours(graph: dict[str, Any]) -> list[tuple[int, Any]]:
@@ -419,14 +424,13 @@ def _loaded(graph: dict[str, Any]) -> mx.sym.Symbol:
 # measured).  Taken once, by a graph whose variables have those attributes (initializers
 # included: the digest leaves them out).
 _adopted: dict[str, tuple] = {}
-_INIT = re.compile(r'"__init__": "(?:[^"\\]|\\.)*"')  # a variable's initializer in a graph's text
 
 
 def digest(graph: dict[str, Any]) -> str:
     """A digest of ``graph``'s nodes and heads, variables' initializers aside (Gluon names a
     ``Constant``'s by its ``id``, another in each process)."""
     text = json.dumps({"nodes": graph["nodes"], "heads": graph["heads"]}, sort_keys=True)
-    return hashlib.sha256(_INIT.sub('"__init__": ""', text).encode("utf-8")).hexdigest()
+    return hashlib.sha256(symbol_json.without_initializers(text).encode("utf-8")).hexdigest()
 
 
 def adopt(found: str, sym: mx.sym.Symbol, variables: dict[str, Any]) -> None:

@@ -83,16 +83,20 @@ def op_kinds(handle: int) -> tuple[bool, bool, str | None]:
     by name, and an operator is random where its own name is (in MXNet 1.9.1 an operator
     has a random alias exactly where its own name is random: tested over every operator);
     only a random operator's first name reads the table."""
+    found = _op_kinds.get(handle)
+    if found is not None:
+        return found
     if not _named:
         for name in (*INDEX_GUARDS, "_copyto"):
             _named[name] = _handle(name)
     random = RANDOM.search(_own_name(handle)) is not None
     names = op_names(handle) if random else ()
-    return (
+    found = _op_kinds[handle] = (
         any(_named[n] == handle for n in INDEX_GUARDS),
         _named["_copyto"] == handle,
         names[0] if names else None,
     )
+    return found
 
 
 _named: dict[str, int | None] = {}  # operator name -> its handle (None: not an operator)
@@ -206,10 +210,7 @@ class Log:
         outs = result if isinstance(result, (list, tuple)) else [result]
         self.arrays.extend(ndargs)
         self.written.extend(o for o in outs if isinstance(o, mx.nd.NDArray))
-        kinds = _op_kinds.get(handle)
-        if kinds is None:
-            kinds = _op_kinds[handle] = op_kinds(handle)
-        guarded, copy, random_name = kinds
+        guarded, copy, random_name = op_kinds(handle)
         if guarded and outs and len(ndargs) > 1:
             # the dtypes its index guard needs: each output's, then the index input's
             self.guarded.append(

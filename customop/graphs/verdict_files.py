@@ -41,13 +41,19 @@ import json
 import os
 import re
 import stat
+import sys
 import tempfile
 import time
 from typing import Any
 
+import mxnet as mx
+import numpy as np
+
 ENV = "CUSTOMOP_VERDICT_CACHE"
 FORMAT = 1  # of an entry's JSON; another format is another key
 MAX_FILES = 2000
+# what decides a verdict besides customop's code, in every key (a list in its JSON)
+VERSIONS = (mx.__version__, np.__version__, sys.version)
 _STALE_TEMP_S = 3600  # a temporary file older than this was left by a writer that died
 _ENTRY = re.compile(r"[0-9a-f]{64}\.json\Z")
 _TEMP = re.compile(r"\.tmp-[A-Za-z0-9_]+\.json\Z")  # tempfile.mkstemp's names

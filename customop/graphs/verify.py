@@ -17,10 +17,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-import sys
 from typing import Any, Protocol
 
-import mxnet as mx
 import numpy as np
 
 from ..symbol_json import NativeGraph
@@ -192,7 +190,7 @@ def saved_key(builder: Builder, shapes, dtypes, first, rec1, ran: code_hash.Call
             ],
             code,
             source,
-            [mx.__version__, np.__version__, sys.version],
+            verdict_files.VERSIONS,
         ]
         return json.dumps(parts, default=repr)
     except Exception:  # noqa: BLE001 - a key that cannot be told is no key
